@@ -1,0 +1,205 @@
+// pybind11 module fedkernels._C. It does not link libtorch: every kernel takes raw data pointers,
+// row strides (in elements), a [rows, cols] extent, a dtype code and, for CUDA, a device index and
+// stream handle. Validation happens in Python (fedkernels/_validate.py) before anything here runs,
+// so a rejected call never touches a buffer.
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <tuple>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#define FK_HAVE_PIPE_PROBE 1
+#endif
+
+#include "dispatch.h"
+
+namespace py = pybind11;
+using namespace fk;
+
+namespace {
+
+enum Backend : int { kCpu = 0, kCuda = 1, kCudaEmulated = 2 };
+
+EmulationConfig g_emulation;
+
+template <class Args>
+void run(int backend, const Launch& L, const Args& a, void (*cpu)(const Launch&, const Args&),
+         void (*cuda)(const Launch&, const Args&),
+         void (*emulated)(const Launch&, const Args&, const EmulationConfig&)) {
+  switch (backend) {
+    case kCpu: {
+      py::gil_scoped_release release;
+      cpu(L, a);
+      break;
+    }
+    case kCuda:
+      cuda(L, a);
+      break;
+    case kCudaEmulated:
+      emulated(L, a, g_emulation);
+      break;
+    default:
+      throw std::invalid_argument("fedkernels: unknown backend " + std::to_string(backend));
+  }
+}
+
+#define FK_RUN(name, L, a) run(backend, L, a, &name##_cpu, &name##_cuda, &name##_cuda_emulated)
+
+Launch make_launch(int dtype, int device, uintptr_t stream, int64_t rows, int64_t cols) {
+  Launch L;
+  L.dtype = dtype;
+  L.device = device;
+  L.stream = stream;
+  L.rows = rows;
+  L.cols = cols;
+  return L;
+}
+
+Operand operand(uintptr_t p, int64_t s) {
+  Operand o;
+  o.ptr = p;
+  o.row_stride = s;
+  return o;
+}
+
+ProxPlan plan_checked(int kind, double step, double p1, double p2) {
+  const ProxPlan plan = plan_prox(kind, step, p1, p2);
+  if (plan.impl < 0) throw std::invalid_argument("fedkernels: unknown prox kind " + std::to_string(kind));
+  return plan;
+}
+
+// True if [ptr, ptr + nbytes) can be written. Probes the first and last byte by read()-ing the
+// byte's own value back into it from a pipe: the kernel reports EFAULT for a read-only page
+// instead of faulting, and a writable byte ends up unchanged.
+bool is_writable(uintptr_t ptr, int64_t nbytes) {
+#ifdef FK_HAVE_PIPE_PROBE
+  if (nbytes <= 0 || ptr == 0) return true;
+  thread_local int fds[2] = {-1, -1};
+  if (fds[0] < 0 && pipe(fds) != 0) return true;  // cannot probe; assume writable
+  auto probe = [](char* p) {
+    char value = *p;
+    if (write(fds[1], &value, 1) != 1) return true;
+    if (read(fds[0], p, 1) == 1) return true;
+    char drain;
+    (void)!read(fds[0], &drain, 1);  // the byte is still in the pipe after EFAULT
+    return false;
+  };
+  char* first = reinterpret_cast<char*>(ptr);
+  return probe(first) && (nbytes == 1 || probe(first + nbytes - 1));
+#else
+  (void)ptr;
+  (void)nbytes;
+  return true;
+#endif
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "fedkernels raw kernels (pointer-level; use fedkernels.ops or fedkernels.raw instead)";
+
+  m.def("prox", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows, int64_t cols,
+                   uintptr_t x, int64_t xs, uintptr_t out, int64_t outs, int kind, double step,
+                   double p1, double p2) {
+    ProxArgs a{operand(x, xs), operand(out, outs), plan_checked(kind, step, p1, p2)};
+    FK_RUN(prox, make_launch(dtype, device, stream, rows, cols), a);
+  });
+
+  m.def("box_tensor", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
+                         int64_t cols, uintptr_t x, int64_t xs, uintptr_t out, int64_t outs,
+                         uintptr_t lo, int64_t los, uintptr_t hi, int64_t his) {
+    BoxTensorArgs a{operand(x, xs), operand(out, outs), operand(lo, los), operand(hi, his)};
+    FK_RUN(box_tensor, make_launch(dtype, device, stream, rows, cols), a);
+  });
+
+  m.def("cv_step", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
+                      int64_t cols, uintptr_t x, int64_t xs, uintptr_t g, int64_t gs, uintptr_t c,
+                      int64_t cs, double beta) {
+    CvStepArgs a{operand(x, xs), operand(g, gs), operand(c, cs), beta};
+    FK_RUN(cv_step, make_launch(dtype, device, stream, rows, cols), a);
+  });
+
+  m.def("normalized_delta", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
+                               int64_t cols, uintptr_t out, int64_t outs, uintptr_t z, int64_t zs,
+                               uintptr_t x, int64_t xs, double inv_scale) {
+    NormalizedDeltaArgs a{operand(out, outs), operand(z, zs), operand(x, xs), inv_scale};
+    FK_RUN(normalized_delta, make_launch(dtype, device, stream, rows, cols), a);
+  });
+
+  m.def("control_update", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
+                             int64_t cols, uintptr_t c, int64_t cs, uintptr_t dbar, int64_t dbs,
+                             uintptr_t d, int64_t ds) {
+    ControlUpdateArgs a{operand(c, cs), operand(dbar, dbs), operand(d, ds)};
+    FK_RUN(control_update, make_launch(dtype, device, stream, rows, cols), a);
+  });
+
+  m.def("prox_grad_step", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
+                             int64_t cols, uintptr_t x, int64_t xs, uintptr_t g, int64_t gs,
+                             double lr, int kind, double step, double p1, double p2) {
+    ProxGradStepArgs a{operand(x, xs), operand(g, gs), lr, plan_checked(kind, step, p1, p2)};
+    FK_RUN(prox_grad_step, make_launch(dtype, device, stream, rows, cols), a);
+  });
+
+  m.def("normal_map_step", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
+                              int64_t cols, uintptr_t z, int64_t zs, uintptr_t x, int64_t xs,
+                              uintptr_t g, int64_t gs, uintptr_t c, int64_t cs, double eta,
+                              double inv_lam, int kind, double step, double p1, double p2) {
+    NormalMapArgs a{operand(z, zs), operand(x, xs), operand(g, gs), operand(c, cs),
+                    eta,           inv_lam,         plan_checked(kind, step, p1, p2)};
+    FK_RUN(normal_map_step, make_launch(dtype, device, stream, rows, cols), a);
+  });
+
+  m.def("za1_step", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
+                       int64_t cols, uintptr_t zhat, int64_t zhs, uintptr_t z, int64_t zs,
+                       uintptr_t g, int64_t gs, uintptr_t c, int64_t cs, double eta, int kind,
+                       double step, double p1, double p2) {
+    Za1StepArgs a{operand(zhat, zhs), operand(z, zs), operand(g, gs), operand(c, cs), eta,
+                  plan_checked(kind, step, p1, p2)};
+    FK_RUN(za1_step, make_launch(dtype, device, stream, rows, cols), a);
+  });
+
+  m.def("depositum_step", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
+                             int64_t cols, uintptr_t x, int64_t xs, uintptr_t mm, int64_t ms,
+                             uintptr_t y, int64_t ys, double alpha, double beta, double w,
+                             bool snag, int kind, double step, double p1, double p2) {
+    DepositumArgs a{operand(x, xs), operand(mm, ms), operand(y, ys), alpha, beta, w, snag,
+                    plan_checked(kind, step, p1, p2)};
+    FK_RUN(depositum_step, make_launch(dtype, device, stream, rows, cols), a);
+  });
+
+  m.def("sumsq", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
+                    int64_t cols, uintptr_t x, int64_t xs, uintptr_t center, int64_t cs,
+                    bool has_center, uintptr_t out) {
+    SumSqArgs a{operand(x, xs), operand(center, cs), out, has_center};
+    FK_RUN(sumsq, make_launch(dtype, device, stream, rows, cols), a);
+  });
+
+  m.def("l2_ball_scale", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
+                            int64_t cols, uintptr_t x, int64_t xs, uintptr_t center, int64_t cs,
+                            bool has_center, uintptr_t sumsq, double radius) {
+    L2BallArgs a{operand(x, xs), operand(center, cs), sumsq, radius, has_center};
+    FK_RUN(l2_ball_scale, make_launch(dtype, device, stream, rows, cols), a);
+  });
+
+  m.def("plan_prox", [](int kind, double step, double p1, double p2) {
+    const ProxPlan p = plan_checked(kind, step, p1, p2);
+    return std::make_tuple(p.impl, p.c0, p.c1, p.c2, p.c3, p.c4);
+  });
+  m.def("set_emulation_config", [](int64_t gx, int64_t gy, int64_t block) {
+    if (gx < 1 || gy < 1 || block < 1) throw std::invalid_argument("emulation grid must be >= 1");
+    g_emulation = EmulationConfig{gx, gy, block};
+  });
+  m.def("is_writable", &is_writable);
+  m.def("set_num_threads", &cpu_set_num_threads);
+  m.def("get_num_threads", &cpu_get_num_threads);
+  m.def("simd", &cpu_simd_description);
+  m.def("cuda_compiled", &cuda_compiled);
+  m.def("cuda_archs", &cuda_archs);
+  m.def("cuda_runtime_version", &cuda_runtime_version);
+  m.def("cuda_device_count", []() {
+    std::string err;
+    const int n = cuda_device_count(&err);
+    return std::make_tuple(n, err);
+  });
+}

@@ -1,0 +1,66 @@
+// Runtime choice of the CPU kernel variant, and CPU threading settings.
+#include <omp.h>
+
+#include <atomic>
+#include <string>
+
+#include "isa.h"
+
+namespace fk {
+namespace {
+
+// Below this many elements a parallel region costs more than it saves (waking a thread costs a
+// few microseconds, about what one core streams through 32 K floats).
+constexpr int64_t kParallelMinElements = 1 << 15;
+
+std::atomic<int> g_num_threads{0};  // 0 = OpenMP's default
+
+bool use_avx2() {
+#if defined(FK_HAVE_AVX2_VARIANT)
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+int cpu_threads_for(int64_t n) {
+  if (n < kParallelMinElements) return 1;
+  const int t = g_num_threads.load(std::memory_order_relaxed);
+  return t > 0 ? t : omp_get_max_threads();
+}
+
+#if defined(FK_HAVE_AVX2_VARIANT)
+#define FK_DEFINE_DISPATCH(name, Args, Op, prox)                       \
+  void name##_cpu(const Launch& L, const Args& a) {                    \
+    if (use_avx2()) return avx2::name(L, a);                           \
+    return baseline::name(L, a);                                       \
+  }
+#else
+#define FK_DEFINE_DISPATCH(name, Args, Op, prox) \
+  void name##_cpu(const Launch& L, const Args& a) { return baseline::name(L, a); }
+#endif
+FK_ELEMENTWISE_OPS(FK_DEFINE_DISPATCH)
+FK_DEFINE_DISPATCH(sumsq, SumSqArgs, unused, false)
+#undef FK_DEFINE_DISPATCH
+
+void cpu_set_num_threads(int n) { g_num_threads.store(n < 0 ? 0 : n); }
+int cpu_get_num_threads() {
+  const int t = g_num_threads.load();
+  return t > 0 ? t : omp_get_max_threads();
+}
+
+std::string cpu_simd_description() {
+  if (use_avx2()) return "avx2+fma (runtime-selected; baseline variant also built)";
+#if defined(__ARM_NEON)
+  return "neon";
+#elif defined(__SSE2__)
+  return "sse2 (baseline x86-64)";
+#else
+  return "scalar";
+#endif
+}
+
+}  // namespace fk

@@ -1,0 +1,53 @@
+"""fedkernels: fused C++/CUDA proximal and federated-update kernels on flat parameter buffers.
+
+    import fedkernels as fk
+    reg = fk.SCAD(lam=1e-3)
+    reg.prox_(flat_params, step=0.1)             # one fused kernel over the whole model
+    fk.fused.prox_grad_step_(z, dbar, 0.1, reg, 0.1, fast=True)   # FedCanon server step
+
+Layers: ``fk.raw`` (validated, low-overhead kernel calls), ``fk.ops`` (the same as registered
+torch ops, for torch.compile), regularizer objects (``fk.L1`` ... ``fk.L2Ball``), ``fk.fused``
+(regularizer-aware fused updates), ``fk.FlatParams`` (a model as one vector).
+"""
+
+from . import fused, ops, raw
+from ._backend import backend_info, emulate_cuda, get_num_threads, set_num_threads
+from .flat import FlatParams
+from .profiling import ProxStats, prox_stats
+from .regularizers import (
+    MCP,
+    SCAD,
+    Box,
+    ElasticNet,
+    L1,
+    L2Ball,
+    NonNeg,
+    Regularizer,
+    Scaled,
+    Zero,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "backend_info",
+    "set_num_threads",
+    "get_num_threads",
+    "emulate_cuda",
+    "raw",
+    "ops",
+    "fused",
+    "FlatParams",
+    "prox_stats",
+    "ProxStats",
+    "Regularizer",
+    "Zero",
+    "L1",
+    "ElasticNet",
+    "MCP",
+    "SCAD",
+    "Box",
+    "NonNeg",
+    "L2Ball",
+    "Scaled",
+]

@@ -1,0 +1,115 @@
+"""Loading of the compiled extension and the tables shared with C++.
+
+The codes below mirror ``csrc/math/common.h`` (dtypes) and ``csrc/math/prox.h`` (penalty kinds);
+tests/test_backend.py checks both sides agree by planning every kind through ``_C.plan_prox``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import torch
+
+from . import _C
+
+__all__ = ["backend_info", "set_num_threads", "get_num_threads", "emulate_cuda"]
+
+DTYPE_CODES = {
+    torch.float32: 0,
+    torch.float64: 1,
+    torch.float16: 2,
+    torch.bfloat16: 3,
+}
+
+# Penalty kinds for the separable prox kernels (csrc/math/prox.h, enum ProxKind).
+KIND_CODES = {
+    "zero": 0,
+    "l1": 1,
+    "elastic_net": 2,
+    "mcp": 3,
+    "scad": 4,
+    "box": 5,
+    "nonneg": 6,
+}
+
+# Backends understood by _C (csrc/bindings.cpp, enum Backend).
+CPU, CUDA, CUDA_EMULATED = 0, 1, 2
+
+_state = threading.local()
+
+
+def _emulating() -> bool:
+    return getattr(_state, "emulate", False)
+
+
+@contextlib.contextmanager
+def emulate_cuda(max_grid_x: int = 3, max_grid_y: int = 2, block: int = 32):
+    """Route CPU tensors through the CUDA thread bodies, executed on the host.
+
+    Inside this context every kernel call on CPU tensors runs the *device* code path
+    (``csrc/cuda/launch_body.h``): each (block, thread) of a deliberately small grid runs serially,
+    so grid-stride loops take several trips. It is slow and exists for tests, so that device code is
+    exercised on machines without a GPU.
+    """
+    _C.set_emulation_config(int(max_grid_x), int(max_grid_y), int(block))
+    previous = _emulating()
+    _state.emulate = True
+    try:
+        yield
+    finally:
+        _state.emulate = previous
+
+
+def backend_for(t: torch.Tensor) -> tuple[int, int, int]:
+    """(backend code, device index, stream handle) for a tensor."""
+    if t.is_cpu:
+        return (CUDA_EMULATED if getattr(_state, "emulate", False) else CPU), -1, 0
+    dev = t.device
+    if dev.type == "cuda":
+        if not _C.cuda_compiled():
+            raise RuntimeError(
+                "fedkernels was built without CUDA support, but got a CUDA tensor. Reinstall "
+                "with a CUDA compiler on PATH (or CUDACXX set), e.g. FEDKERNELS_REQUIRE_CUDA=1 "
+                "pip install ."
+            )
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return CUDA, index, torch.cuda.current_stream(index).cuda_stream
+    raise ValueError(f"fedkernels supports CPU and CUDA tensors, got a tensor on {dev}")
+
+
+def set_num_threads(n: int) -> None:
+    """Number of OpenMP threads the CPU kernels use (0 = OpenMP's default)."""
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    _C.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    return _C.get_num_threads()
+
+
+def backend_info() -> dict:
+    """What this build of fedkernels can do on this machine.
+
+    Keys: ``cpu_threads``, ``simd`` (instruction sets the CPU kernels were compiled for),
+    ``cuda_compiled``, ``cuda_archs`` (list of SM versions), ``cuda_runtime`` (static cudart
+    version), ``cuda_available`` (a usable GPU is present), ``cuda_device_count``, ``cuda_error``
+    (why not, if not), ``torch_version``, ``extension`` (path of the loaded module).
+    """
+    compiled = bool(_C.cuda_compiled())
+    count, error = _C.cuda_device_count()
+    archs = [a for a in _C.cuda_archs().split(",") if a] if compiled else []
+    return {
+        "cpu_threads": _C.get_num_threads(),
+        "simd": _C.simd(),
+        "cuda_compiled": compiled,
+        "cuda_archs": archs,
+        "cuda_runtime": _C.cuda_runtime_version() or None,
+        "cuda_available": count > 0,
+        "cuda_device_count": count,
+        "cuda_error": None if count > 0 else (error or "no CUDA device found"),
+        "torch_version": torch.__version__,
+        "extension": os.path.abspath(_C.__file__),
+    }

@@ -1,0 +1,185 @@
+"""Argument checks shared by every entry point (raw path, torch ops, regularizers).
+
+All checks run before any kernel, so a rejected call leaves every buffer as it was. Errors name
+the argument and the rule: ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong
+value, shape, device or memory layout, ``RuntimeError`` for an in-place op on a tensor that
+autograd tracks.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from . import _C
+from ._backend import DTYPE_CODES, KIND_CODES
+
+# Names of each penalty's two parameters, for error messages.
+PARAM_NAMES = {
+    "zero": (),
+    "l1": ("kappa",),
+    "elastic_net": ("l1", "l2"),
+    "mcp": ("lam", "gamma"),
+    "scad": ("lam", "a"),
+    "box": ("lo", "hi"),
+    "nonneg": (),
+}
+
+_DTYPE_NAMES = "float32, float64, float16 or bfloat16"
+
+
+def real(name: str, value) -> float:
+    """A finite real scalar (Python number or one-element tensor)."""
+    tv = type(value)
+    if tv is float or tv is int:  # fast path: the common case costs ~0.2 us
+        value = float(value)
+        if value - value == 0.0:  # false for +-inf and NaN
+            return value
+        raise ValueError(f"{name} must be finite, got {value}")
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"{name} must be a real scalar, got a tensor of shape {tuple(value.shape)}")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
+def nonneg(name: str, value) -> float:
+    value = real(name, value)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def positive(name: str, value) -> float:
+    value = real(name, value)
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    return value
+
+
+def positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def kind_code(kind) -> int:
+    if isinstance(kind, str) and kind in KIND_CODES:
+        return KIND_CODES[kind]
+    raise ValueError(f"kind must be one of {sorted(KIND_CODES)}, got {kind!r}")
+
+
+def prox_params(kind: str, p1, p2) -> tuple[float, float]:
+    """Validate a separable penalty's parameters (ALGORITHMS.md §2)."""
+    names = PARAM_NAMES[kind]
+    if kind == "l1":
+        return nonneg(names[0], p1), 0.0
+    if kind == "elastic_net":
+        return nonneg(names[0], p1), nonneg(names[1], p2)
+    if kind == "mcp":
+        return positive("lam", p1), positive("gamma", p2)
+    if kind == "scad":
+        lam = positive("lam", p1)
+        a = real("a", p2)
+        if a <= 2:
+            raise ValueError(f"a must be > 2 for SCAD, got {a}")
+        return lam, a
+    if kind == "box":
+        lo, hi = bound("lo", p1), bound("hi", p2)
+        if lo > hi:
+            raise ValueError(f"lo must be <= hi, got lo={lo} > hi={hi}")
+        return lo, hi
+    return 0.0, 0.0
+
+
+def bound(name: str, value) -> float:
+    """A box bound: a real number, +-inf allowed, NaN not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{name} must not be NaN")
+    return value
+
+
+def float_tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in DTYPE_CODES:
+        raise TypeError(f"{name} must be a floating-point tensor ({_DTYPE_NAMES}), got {t.dtype}")
+    return t
+
+
+def mutable(name: str, t) -> torch.Tensor:
+    """A tensor written in place: contiguous, writable, not tracked by autograd."""
+    float_tensor(name, t)
+    if not t.is_contiguous():
+        raise ValueError(
+            f"{name} must be contiguous because it is written in place; use the out-of-place op "
+            f"or pass {name}.contiguous() and keep the result"
+        )
+    if t.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{name} requires grad; an in-place fedkernels op would silently break autograd. "
+            f"Call it under torch.no_grad() or on {name}.detach()"
+        )
+    if t.is_cpu and t.numel() > 0:
+        if not _C.is_writable(t.data_ptr(), 1):
+            raise ValueError(f"{name} is backed by read-only memory and cannot be written in place")
+    return t
+
+
+def extent(t: torch.Tensor) -> tuple[int, int]:
+    """[rows, cols] of a target buffer: a 2-D tensor is a stack of rows, anything else one row."""
+    if t.dim() == 2:
+        return t.shape[0], t.shape[1]
+    return 1, t.numel()
+
+
+def operand(name: str, t, ref: torch.Tensor, ref_name: str, *, broadcast: bool = False):
+    """A tensor read alongside `ref`: same dtype and device, and either ref's shape or (with
+    broadcast=True and a 2-D ref) one row of it, shared by every row.
+
+    Returns (tensor, row_stride); a non-contiguous tensor is replaced by a contiguous copy.
+    """
+    float_tensor(name, t)
+    if t.dtype != ref.dtype:
+        raise TypeError(
+            f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; all tensors of one call "
+            f"must share a dtype"
+        )
+    if t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
+    rows, cols = extent(ref)
+    if t.shape == ref.shape:
+        stride = cols
+    elif broadcast and ref.dim() == 2 and t.dim() == 1 and t.shape[0] == cols:
+        stride = 0
+    else:
+        expected = f"{tuple(ref.shape)}" + (f" or ({cols},)" if broadcast and ref.dim() == 2 else "")
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {expected} (the shape of {ref_name})")
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t, stride
+
+
+def distinct(**tensors: torch.Tensor) -> None:
+    """Buffers written by one call must not share memory with each other."""
+    items = [(n, t) for n, t in tensors.items() if t.numel() > 0]
+    for i, (na, a) in enumerate(items):
+        a0 = a.data_ptr()
+        a1 = a0 + a.numel() * a.element_size()
+        for nb, b in items[i + 1 :]:
+            b0 = b.data_ptr()
+            b1 = b0 + b.numel() * b.element_size()
+            if a0 < b1 and b0 < a1:
+                raise ValueError(f"{na} and {nb} share memory; both are written, so they must not overlap")

@@ -1,0 +1,90 @@
+"""Flat parameter buffers: a module's parameters (and their .grad) as views into one vector.
+
+    flat = fk.FlatParams(model)
+    loss.backward()            # gradients land in flat.grad, a single [d] tensor
+    fk.raw.prox_(flat.params, "l1", 0.01, 1.0)   # one kernel over the whole model
+
+Clients can then be rows of an ``[N, d]`` stack: ``flat.bind_(X[i])`` points the module's
+parameters at row i without copying, so a forward/backward pass reads and its gradient is written
+where the algorithm keeps them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["FlatParams"]
+
+
+class FlatParams:
+    """Make ``module``'s trainable parameters views into one contiguous buffer.
+
+    Args:
+        module: the model. Parameters with ``requires_grad=False`` and buffers (e.g. BatchNorm
+            running statistics) are left alone.
+        dtype, device: of the flat buffer (default: those of the first parameter).
+
+    Attributes:
+        params: the [d] buffer the parameters view.
+        grad: the [d] buffer the parameters' ``.grad`` view. Use ``zero_grad()`` rather than
+            ``module.zero_grad()`` / ``optimizer.zero_grad()``, which set ``.grad`` to None by
+            default and would detach it from this buffer.
+        numel: d.
+    """
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype | None = None, device=None):
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        self.module = module
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        if not self._params:
+            raise ValueError("module has no trainable parameters")
+        first = self._params[0]
+        dtype = dtype or first.dtype
+        device = torch.device(device) if device is not None else first.device
+        self.shapes = [p.shape for p in self._params]
+        self.sizes = [p.numel() for p in self._params]
+        self.numel = sum(self.sizes)
+        with torch.no_grad():
+            params = torch.cat([p.detach().reshape(-1).to(dtype=dtype, device=device) for p in self._params])
+        self.params = params
+        self.grad = torch.zeros_like(params)
+        self.bind_(params, self.grad)
+
+    def views(self, vector: torch.Tensor) -> list[torch.Tensor]:
+        """Per-parameter views of a [d] vector, shaped like the parameters."""
+        if vector.dim() != 1 or vector.numel() != self.numel:
+            raise ValueError(f"vector must have shape ({self.numel},), got {tuple(vector.shape)}")
+        return [v.view(s) for v, s in zip(vector.split(self.sizes), self.shapes)]
+
+    def bind_(self, params: torch.Tensor, grad: torch.Tensor | None = None) -> "FlatParams":
+        """Point the module's parameters (and optionally their .grad) at other [d] buffers,
+        e.g. rows of an [N, d] client stack. No data is copied."""
+        if not params.is_contiguous():
+            raise ValueError("params must be contiguous")
+        for p, v in zip(self._params, self.views(params)):
+            p.data = v
+        self.params = params
+        if grad is not None:
+            if grad.shape != params.shape or not grad.is_contiguous():
+                raise ValueError("grad must be a contiguous tensor shaped like params")
+            for p, v in zip(self._params, self.views(grad)):
+                p.grad = v
+            self.grad = grad
+        return self
+
+    def zero_grad(self) -> None:
+        """Zero the flat gradient buffer (keeping every .grad a view of it)."""
+        self.grad.zero_()
+        for p, v in zip(self._params, self.views(self.grad)):
+            if p.grad is None or p.grad.data_ptr() != v.data_ptr():
+                p.grad = v
+
+    def load_(self, vector: torch.Tensor) -> None:
+        """Copy a [d] vector into the bound parameter buffer."""
+        with torch.no_grad():
+            self.params.copy_(vector)
+
+    def __repr__(self):
+        return f"FlatParams(numel={self.numel}, tensors={len(self._params)}, dtype={self.params.dtype})"

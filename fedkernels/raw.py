@@ -1,0 +1,260 @@
+"""The low-overhead path: validated kernel calls without the torch dispatcher.
+
+Every function here checks its arguments exactly like the registered ops (``fedkernels.ops``)
+and then calls the compiled kernel directly, skipping ``torch.library`` dispatch (about 25 us per
+call) for a few microseconds of Python. Use it in hot loops, e.g. thousands of small client steps
+per round; use ``fedkernels.ops`` (or the regularizer objects) where ``torch.compile`` or autograd
+tracing must see the call. Results are identical: the ops' implementations are these functions.
+
+Conventions: penalties are named by ``kind`` (``"zero"``, ``"l1"``, ``"elastic_net"``, ``"mcp"``,
+``"scad"``, ``"box"``, ``"nonneg"``) with parameters ``p1, p2`` (kappa; l1, l2; lam, gamma;
+lam, a; lo, hi) and an effective prox ``step`` >= 0 (``step = 0`` is the identity). A target may
+be any contiguous tensor (one flat model) or a 2-D ``[N, d]`` stack; operands marked
+"row-broadcast" may be a single ``[d]`` row shared by all N rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _C
+from . import _validate as V
+from ._backend import DTYPE_CODES, backend_for
+from .profiling import run_counted
+
+__all__ = [
+    "prox_",
+    "prox",
+    "box_tensor_",
+    "box_tensor",
+    "l2_ball_",
+    "cv_step_",
+    "normalized_delta",
+    "normalized_delta_",
+    "control_update_",
+    "prox_grad_step_",
+    "normal_map_step_",
+    "za1_step_",
+    "depositum_step_",
+]
+
+
+def _penalty(kind, step, p1, p2):
+    code = V.kind_code(kind)
+    p1, p2 = V.prox_params(kind, p1, p2)
+    return code, V.nonneg("step", step), p1, p2
+
+
+def _launch(t: torch.Tensor):
+    b, dev, stream = backend_for(t)
+    rows, cols = V.extent(t)
+    return b, DTYPE_CODES[t.dtype], dev, stream, rows, cols
+
+
+def _prox_into(x: torch.Tensor, out: torch.Tensor, kind, step, p1, p2) -> None:
+    code, step, p1, p2 = _penalty(kind, step, p1, p2)
+    b, dt, dev, stream, rows, cols = _launch(out)
+    run_counted(rows if code else 0, _C.prox, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, out.data_ptr(), cols, code, step, p1, p2)
+
+
+def prox_(x: torch.Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 0.0) -> torch.Tensor:
+    """In place: x <- prox_{step * p}(x). Returns x."""
+    V.mutable("x", x)
+    _prox_into(x, x, kind, step, p1, p2)
+    return x
+
+
+def prox(x: torch.Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 0.0) -> torch.Tensor:
+    """Out of place: returns prox_{step * p}(x) as a new contiguous tensor."""
+    V.float_tensor("x", x)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _prox_into(x, out, kind, step, p1, p2)
+    return out
+
+
+def _box_into(x, out, lo, hi):
+    lo, ls = V.operand("lo", lo, out, "x", broadcast=True)
+    hi, hs = V.operand("hi", hi, out, "x", broadcast=True)
+    b, dt, dev, stream, rows, cols = _launch(out)
+    run_counted(rows, _C.box_tensor, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, out.data_ptr(), cols,
+                  lo.data_ptr(), ls, hi.data_ptr(), hs)
+
+
+def box_tensor_(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """In place: x <- clip(x, lo, hi) with tensor bounds (row-broadcast allowed).
+
+    ``lo <= hi`` is not re-checked here (that is a reduction); ``fedkernels.Box`` checks it once.
+    """
+    V.mutable("x", x)
+    _box_into(x, x, lo, hi)
+    return x
+
+
+def box_tensor(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    V.float_tensor("x", x)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _box_into(x, out, lo, hi)
+    return out
+
+
+def l2_ball_(x: torch.Tensor, radius: float, center: torch.Tensor | None = None) -> torch.Tensor:
+    """In place: project x (each row of a 2-D stack) onto {u : ||u - center|| <= radius}.
+
+    Two passes: a row reduction in float64, then a scale pass that reads the norm on the device
+    (no host synchronisation). A row containing NaN or +-Inf becomes NaN.
+    """
+    V.mutable("x", x)
+    radius = V.nonneg("radius", radius)
+    if center is None:
+        c, cs, has_center = x, 0, False
+    else:
+        c, cs = V.operand("center", center, x, "x", broadcast=True)
+        has_center = True
+    b, dt, dev, stream, rows, cols = _launch(x)
+    sumsq = torch.empty(rows, dtype=torch.float64, device=x.device)
+    run_counted(rows, _C.sumsq, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, c.data_ptr(), cs, has_center,
+             sumsq.data_ptr())
+    _C.l2_ball_scale(b, dt, dev, stream, rows, cols, x.data_ptr(), cols, c.data_ptr(), cs,
+                     has_center, sumsq.data_ptr(), radius)
+    return x
+
+
+def cv_step_(x: torch.Tensor, g: torch.Tensor, c: torch.Tensor, beta: float) -> torch.Tensor:
+    """Control-variate local step, in place: x <- x - beta * (g + c). c may be row-broadcast."""
+    V.mutable("x", x)
+    g, gs = V.operand("g", g, x, "x", broadcast=True)
+    c, cs = V.operand("c", c, x, "x", broadcast=True)
+    beta = V.nonneg("beta", beta)
+    b, dt, dev, stream, rows, cols = _launch(x)
+    _C.cv_step(b, dt, dev, stream, rows, cols, x.data_ptr(), cols, g.data_ptr(), gs, c.data_ptr(), cs, beta)
+    return x
+
+
+def _delta_into(out, z, x, beta, K):
+    beta = V.positive("beta", beta)
+    K = V.positive_int("K", K)
+    z, zs = V.operand("z", z, out, "x", broadcast=True)
+    b, dt, dev, stream, rows, cols = _launch(out)
+    _C.normalized_delta(b, dt, dev, stream, rows, cols, out.data_ptr(), cols, z.data_ptr(), zs,
+                        x.data_ptr(), cols, 1.0 / (beta * K))
+
+
+def normalized_delta(z: torch.Tensor, x: torch.Tensor, beta: float, K: int) -> torch.Tensor:
+    """FedCanon normalized update: returns (z - x) / (beta * K). z may be row-broadcast over x."""
+    V.float_tensor("x", x)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _delta_into(out, z, x, beta, K)
+    return out
+
+
+def normalized_delta_(x: torch.Tensor, z: torch.Tensor, beta: float, K: int) -> torch.Tensor:
+    """In place into the local model: x <- (z - x) / (beta * K). Returns x (now the delta)."""
+    V.mutable("x", x)
+    _delta_into(x, z, x, beta, K)
+    return x
+
+
+def control_update_(c: torch.Tensor, dbar: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Control-variate update, in place: c <- c + dbar - d. dbar may be row-broadcast."""
+    V.mutable("c", c)
+    dbar, dbs = V.operand("dbar", dbar, c, "c", broadcast=True)
+    d, ds = V.operand("d", d, c, "c")
+    b, dt, dev, stream, rows, cols = _launch(c)
+    _C.control_update(b, dt, dev, stream, rows, cols, c.data_ptr(), cols, dbar.data_ptr(), dbs, d.data_ptr(), ds)
+    return c
+
+
+def prox_grad_step_(x: torch.Tensor, g: torch.Tensor, lr: float, kind: str, step: float,
+                    p1: float = 0.0, p2: float = 0.0) -> torch.Tensor:
+    """Proximal gradient step, in place: x <- prox_{step * p}(x - lr * g). g may be row-broadcast.
+
+    The FedCanon server step is ``prox_grad_step_(z, dbar, alpha, kind, alpha * kappa, ...)``.
+    """
+    V.mutable("x", x)
+    g, gs = V.operand("g", g, x, "x", broadcast=True)
+    lr = V.nonneg("lr", lr)
+    code, step, p1, p2 = _penalty(kind, step, p1, p2)
+    b, dt, dev, stream, rows, cols = _launch(x)
+    run_counted(rows if code else 0, _C.prox_grad_step, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, g.data_ptr(), gs, lr, code, step, p1, p2)
+    return x
+
+
+def normal_map_step_(z: torch.Tensor, x: torch.Tensor, g: torch.Tensor, c: torch.Tensor, eta: float,
+                     lam: float, kind: str, step: float, p1: float = 0.0,
+                     p2: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """FedNMap local step (5b) fused with the next step's prox (5a), in place on z and x:
+
+        z <- z - eta * (g + c + (z - x) / lam);   x <- prox_{step * p}(z)
+
+    ``lam`` is the normal map's prox parameter and ``step`` the effective step of prox_{lam h}:
+    ``lam`` for h = p, ``lam * kappa`` for h = kappa * p. c may be row-broadcast.
+    """
+    V.mutable("z", z)
+    V.mutable("x", x)
+    V.distinct(z=z, x=x)
+    x, _ = V.operand("x", x, z, "z")
+    g, gs = V.operand("g", g, z, "z", broadcast=True)
+    c, cs = V.operand("c", c, z, "z", broadcast=True)
+    eta = V.nonneg("eta", eta)
+    lam = V.positive("lam", lam)
+    code, step, p1, p2 = _penalty(kind, step, p1, p2)
+    b, dt, dev, stream, rows, cols = _launch(z)
+    run_counted(rows if code else 0, _C.normal_map_step, b, dt, dev, stream, rows, cols, z.data_ptr(), cols, x.data_ptr(), cols,
+                       g.data_ptr(), gs, c.data_ptr(), cs, eta, 1.0 / lam, code, step, p1, p2)
+    return z, x
+
+
+def za1_step_(zhat: torch.Tensor, z: torch.Tensor, g: torch.Tensor, c: torch.Tensor, eta: float,
+              kind: str, step: float, p1: float = 0.0, p2: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """ZA1 local step, in place: zhat <- zhat - eta * (g + c); z <- prox_{step * p}(zhat).
+
+    ZA1 uses step = (t + 1) * eta at local step t. c may be row-broadcast.
+    """
+    V.mutable("zhat", zhat)
+    V.mutable("z", z)
+    V.distinct(zhat=zhat, z=z)
+    z, _ = V.operand("z", z, zhat, "zhat")
+    g, gs = V.operand("g", g, zhat, "zhat", broadcast=True)
+    c, cs = V.operand("c", c, zhat, "zhat", broadcast=True)
+    eta = V.nonneg("eta", eta)
+    code, step, p1, p2 = _penalty(kind, step, p1, p2)
+    b, dt, dev, stream, rows, cols = _launch(zhat)
+    run_counted(rows if code else 0, _C.za1_step, b, dt, dev, stream, rows, cols, zhat.data_ptr(), cols, z.data_ptr(), cols,
+                g.data_ptr(), gs, c.data_ptr(), cs, eta, code, step, p1, p2)
+    return zhat, z
+
+
+MOMENTUM = ("shb", "snag")
+
+
+def depositum_step_(x: torch.Tensor, m: torch.Tensor, y: torch.Tensor, alpha: float, beta: float,
+                    kind: str, step: float, p1: float = 0.0, p2: float = 0.0, *,
+                    momentum: str = "shb", normalized: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """DEPOSITUM momentum + direction + prox (ALGORITHMS.md §4.5, eqs. 10-12a before mixing):
+
+        m <- beta * m + w * y          (w = 1 - beta if normalized, else 1; ambiguity A1)
+        dir = m (SHB) | beta * m + w * y (SNAG)
+        x <- prox_{step * p}(x - alpha * dir)
+
+    In place on x and m; y may be row-broadcast. ``beta`` must lie in [0, 1).
+    """
+    V.mutable("x", x)
+    V.mutable("m", m)
+    V.distinct(x=x, m=m)
+    m, _ = V.operand("m", m, x, "x")
+    y, ys = V.operand("y", y, x, "x", broadcast=True)
+    alpha = V.nonneg("alpha", alpha)
+    beta = V.nonneg("beta", beta)
+    if beta >= 1.0:
+        raise ValueError(f"beta must be in [0, 1), got {beta}")
+    if momentum not in MOMENTUM:
+        raise ValueError(f"momentum must be one of {MOMENTUM}, got {momentum!r}")
+    w = 1.0 - beta if normalized else 1.0
+    code, step, p1, p2 = _penalty(kind, step, p1, p2)
+    b, dt, dev, stream, rows, cols = _launch(x)
+    run_counted(rows if code else 0, _C.depositum_step, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, m.data_ptr(), cols,
+                      y.data_ptr(), ys, alpha, beta, w, momentum == "snag", code, step, p1, p2)
+    return x, m

@@ -1,0 +1,287 @@
+"""Regularizer objects h for composite objectives f(x) + h(x) (ALGORITHMS.md §2).
+
+Each regularizer knows its value, its weak-convexity modulus ``rho`` (h + rho/2 ||.||^2 is convex)
+and its prox:
+
+    reg.prox_(x, step)   # in place, x <- argmin_u step * h(u) + ||u - x||^2 / 2; returns x
+    reg.prox(x, step)    # out of place
+    reg.value(x)         # h(x), summed over all elements (a 0-d tensor, differentiable)
+
+``step = 0`` is always the identity. MCP and SCAD are exact for **every** step (the kernels switch
+to the hard-threshold / two-candidate formulas past step = gamma / a - 1), so no step range is
+rejected here; algorithms that rely on a unique, Lipschitz prox check ``step * rho < 1`` themselves.
+
+``kappa * reg`` scales a regularizer (h = kappa * p): the prox uses the effective step
+``step * kappa`` (§1.3), the value and ``rho`` scale by kappa.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from . import _validate as V
+from . import ops
+
+__all__ = ["Regularizer", "Zero", "L1", "ElasticNet", "MCP", "SCAD", "Box", "NonNeg", "L2Ball", "Scaled"]
+
+
+class Regularizer:
+    """Base class. Separable penalties with scalar parameters implement ``spec``; the fused
+    kernels then apply their prox inside the same pass. Others override ``prox_``."""
+
+    rho: float = 0.0
+
+    def spec(self, step: float) -> Optional[tuple[str, float, float, float]]:
+        """(kind, effective step, p1, p2) for the fused kernels, or None if not expressible."""
+        return None
+
+    def prox_(self, x: torch.Tensor, step: float) -> torch.Tensor:
+        kind, s, p1, p2 = self._spec_or_raise(step)
+        return ops.prox_(x, kind, s, p1, p2)
+
+    def prox(self, x: torch.Tensor, step: float) -> torch.Tensor:
+        kind, s, p1, p2 = self._spec_or_raise(step)
+        return ops.prox(x, kind, s, p1, p2)
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _spec_or_raise(self, step):
+        spec = self.spec(V.nonneg("step", step))
+        if spec is None:
+            raise NotImplementedError(f"{type(self).__name__} must override prox_ and prox")
+        return spec
+
+    def __rmul__(self, kappa: float) -> "Regularizer":
+        return Scaled(kappa, self)
+
+    def __mul__(self, kappa: float) -> "Regularizer":
+        return Scaled(kappa, self)
+
+
+class Zero(Regularizer):
+    """h = 0 (smooth problems). Its prox is the identity."""
+
+    def spec(self, step):
+        return ("zero", step, 0.0, 0.0)
+
+    def prox_(self, x, step):
+        V.nonneg("step", step)
+        return x
+
+    def prox(self, x, step):
+        V.nonneg("step", step)
+        return x.clone(memory_format=torch.contiguous_format)
+
+    def value(self, x):
+        return x.new_zeros(())
+
+    def __repr__(self):
+        return "Zero()"
+
+
+class L1(Regularizer):
+    """h(x) = kappa * ||x||_1; prox = soft thresholding at step * kappa (§2.1)."""
+
+    def __init__(self, kappa: float):
+        self.kappa = V.nonneg("kappa", kappa)
+
+    def spec(self, step):
+        return ("l1", step, self.kappa, 0.0)
+
+    def value(self, x):
+        return self.kappa * x.abs().sum()
+
+    def __repr__(self):
+        return f"L1(kappa={self.kappa:g})"
+
+
+class ElasticNet(Regularizer):
+    """h(x) = l1 * ||x||_1 + (l2 / 2) * ||x||^2 (§2.2)."""
+
+    def __init__(self, l1: float, l2: float):
+        self.l1, self.l2 = V.prox_params("elastic_net", l1, l2)
+
+    def spec(self, step):
+        return ("elastic_net", step, self.l1, self.l2)
+
+    def value(self, x):
+        return self.l1 * x.abs().sum() + 0.5 * self.l2 * (x * x).sum()
+
+    def __repr__(self):
+        return f"ElasticNet(l1={self.l1:g}, l2={self.l2:g})"
+
+
+class MCP(Regularizer):
+    """Minimax concave penalty MCP(lam, gamma), rho = 1 / gamma (§2.3).
+
+    Prox: firm thresholding for step < gamma, hard thresholding at lam * sqrt(step * gamma) for
+    step >= gamma (exact; unique except exactly at the threshold, where 0 is returned).
+    """
+
+    def __init__(self, lam: float, gamma: float = 3.0):
+        self.lam, self.gamma = V.prox_params("mcp", lam, gamma)
+        self.rho = 1.0 / self.gamma
+
+    def spec(self, step):
+        return ("mcp", step, self.lam, self.gamma)
+
+    def value(self, x):
+        t = x.abs()
+        inner = self.lam * t - t * t / (2 * self.gamma)
+        outer = torch.full_like(t, 0.5 * self.gamma * self.lam**2)
+        return torch.where(t <= self.gamma * self.lam, inner, outer).sum()
+
+    def __repr__(self):
+        return f"MCP(lam={self.lam:g}, gamma={self.gamma:g})"
+
+
+class SCAD(Regularizer):
+    """Smoothly clipped absolute deviation SCAD(lam, a), rho = 1 / (a - 1) (§2.4).
+
+    Prox: the four-piece closed form for step < a - 1, the exact best-of-two-candidates rule for
+    step >= a - 1 (ties resolved to the smaller magnitude).
+    """
+
+    def __init__(self, lam: float, a: float = 3.7):
+        self.lam, self.a = V.prox_params("scad", lam, a)
+        self.rho = 1.0 / (self.a - 1.0)
+
+    def spec(self, step):
+        return ("scad", step, self.lam, self.a)
+
+    def value(self, x):
+        lam, a = self.lam, self.a
+        t = x.abs()
+        p1 = lam * t
+        p2 = (2 * a * lam * t - t * t - lam**2) / (2 * (a - 1))
+        p3 = torch.full_like(t, lam**2 * (a + 1) / 2)
+        return torch.where(t <= lam, p1, torch.where(t <= a * lam, p2, p3)).sum()
+
+    def __repr__(self):
+        return f"SCAD(lam={self.lam:g}, a={self.a:g})"
+
+
+class Box(Regularizer):
+    """Indicator of {lo <= x <= hi}; prox = clip, independent of the step (§2.5).
+
+    ``lo`` and ``hi`` are numbers (+-inf allowed) or tensors broadcastable to the parameter vector
+    (same shape, or one [d] row for a [N, d] stack); ``lo <= hi`` is checked once, here.
+    """
+
+    def __init__(self, lo=-math.inf, hi=math.inf):
+        self._tensor = isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor)
+        if self._tensor:
+            lo_t = lo if isinstance(lo, torch.Tensor) else None
+            hi_t = hi if isinstance(hi, torch.Tensor) else None
+            ref = lo_t if lo_t is not None else hi_t
+            V.float_tensor("lo" if lo_t is not None else "hi", ref)
+            lo_t = lo_t if lo_t is not None else torch.full_like(ref, V.bound("lo", lo))
+            hi_t = hi_t if hi_t is not None else torch.full_like(ref, V.bound("hi", hi))
+            V.operand("hi", hi_t, lo_t, "lo")
+            if torch.isnan(lo_t).any() or torch.isnan(hi_t).any():
+                raise ValueError("lo and hi must not contain NaN")
+            if (lo_t > hi_t).any():
+                bad = int((lo_t > hi_t).nonzero()[0].item()) if lo_t.dim() == 1 else "some"
+                raise ValueError(f"lo must be <= hi elementwise (violated at index {bad})")
+            self.lo, self.hi = lo_t.contiguous(), hi_t.contiguous()
+        else:
+            self.lo, self.hi = V.prox_params("box", lo, hi)
+
+    def spec(self, step):
+        return None if self._tensor else ("box", step, self.lo, self.hi)
+
+    def _bounds_for(self, x):
+        return self.lo.to(x.dtype), self.hi.to(x.dtype)
+
+    def prox_(self, x, step):
+        V.nonneg("step", step)
+        if not self._tensor:
+            return ops.prox_(x, "box", 0.0, self.lo, self.hi)
+        return ops.box_tensor_(x, *self._bounds_for(x))
+
+    def prox(self, x, step):
+        V.nonneg("step", step)
+        if not self._tensor:
+            return ops.prox(x, "box", 0.0, self.lo, self.hi)
+        return ops.box_tensor(x, *self._bounds_for(x))
+
+    def value(self, x):
+        lo, hi = (self.lo, self.hi)
+        inside = (x >= lo) & (x <= hi)
+        return x.new_zeros(()) if bool(inside.all()) else x.new_full((), math.inf)
+
+    def __repr__(self):
+        if self._tensor:
+            return f"Box(lo=<tensor {tuple(self.lo.shape)}>, hi=<tensor {tuple(self.hi.shape)}>)"
+        return f"Box(lo={self.lo:g}, hi={self.hi:g})"
+
+
+class NonNeg(Regularizer):
+    """Indicator of {x >= 0}; prox = max(x, 0) (§2.7)."""
+
+    def spec(self, step):
+        return ("nonneg", step, 0.0, 0.0)
+
+    def value(self, x):
+        return x.new_zeros(()) if bool((x >= 0).all()) else x.new_full((), math.inf)
+
+    def __repr__(self):
+        return "NonNeg()"
+
+
+class L2Ball(Regularizer):
+    """Indicator of {||x - center||_2 <= radius} (§2.6). Not separable: its prox is a reduction
+    followed by a scale pass; for a [N, d] stack each row is projected on its own."""
+
+    def __init__(self, radius: float, center: Optional[torch.Tensor] = None):
+        self.radius = V.nonneg("radius", radius)
+        if center is not None:
+            V.float_tensor("center", center)
+        self.center = center
+
+    def prox_(self, x, step):
+        V.nonneg("step", step)
+        c = None if self.center is None else self.center.to(x.dtype)
+        return ops.l2_ball_(x, self.radius, c)
+
+    def prox(self, x, step):
+        out = x.clone(memory_format=torch.contiguous_format)
+        return self.prox_(out, step)
+
+    def value(self, x):
+        d = x if self.center is None else x - self.center
+        return x.new_zeros(()) if float(d.norm()) <= self.radius * (1 + 1e-12) else x.new_full((), math.inf)
+
+    def __repr__(self):
+        c = "0" if self.center is None else f"<tensor {tuple(self.center.shape)}>"
+        return f"L2Ball(radius={self.radius:g}, center={c})"
+
+
+class Scaled(Regularizer):
+    """h = kappa * base (write ``kappa * base``). prox_{s h} = prox_{(s kappa) base} (§1.3)."""
+
+    def __init__(self, kappa: float, base: Regularizer):
+        if not isinstance(base, Regularizer):
+            raise TypeError(f"base must be a Regularizer, got {type(base).__name__}")
+        self.kappa = V.nonneg("kappa", kappa)
+        self.base = base
+        self.rho = self.kappa * base.rho
+
+    def spec(self, step):
+        return self.base.spec(step * self.kappa)
+
+    def prox_(self, x, step):
+        return self.base.prox_(x, V.nonneg("step", step) * self.kappa)
+
+    def prox(self, x, step):
+        return self.base.prox(x, V.nonneg("step", step) * self.kappa)
+
+    def value(self, x):
+        return self.kappa * self.base.value(x)
+
+    def __repr__(self):
+        return f"{self.kappa:g} * {self.base!r}"
