@@ -7,12 +7,48 @@ tests/test_backend.py checks both sides agree by planning every kind through ``_
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
+import importlib.util
 import os
+import sys
 import threading
 
 import torch
 
-from . import _C
+
+def _load_extension():
+    """Import fedkernels._C.
+
+    In an installed copy it sits next to this file. When this package is imported from a source
+    checkout (e.g. ``python -m pytest`` in the repository root, which puts the checkout first on
+    sys.path), the compiled module is not in the tree: use the one ``pip install .`` put in
+    site-packages, built from the same sources.
+    """
+    try:
+        from . import _C
+
+        return _C
+    except ImportError:
+        pass
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        pkg = os.path.join(os.path.abspath(entry or os.curdir), "fedkernels")
+        if os.path.abspath(pkg) == here or not os.path.isdir(pkg):
+            continue
+        spec = importlib.machinery.PathFinder.find_spec("fedkernels._C", [pkg])
+        if spec is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["fedkernels._C"] = module
+        spec.loader.exec_module(module)
+        return module
+    raise ImportError(
+        "fedkernels' compiled extension (fedkernels._C) was not found. Install the package first: "
+        "pip install torch==2.13.0 (or any torch >= 2.4), then pip install . in the repository root"
+    )
+
+
+_C = _load_extension()
 
 __all__ = ["backend_info", "set_num_threads", "get_num_threads", "emulate_cuda"]
 

@@ -13,7 +13,7 @@ import numbers
 
 import torch
 
-from . import _C
+from ._backend import _C
 from ._backend import DTYPE_CODES, KIND_CODES
 
 # Names of each penalty's two parameters, for error messages.
@@ -127,15 +127,20 @@ def mutable(name: str, t) -> torch.Tensor:
             f"{name} must be contiguous because it is written in place; use the out-of-place op "
             f"or pass {name}.contiguous() and keep the result"
         )
-    if t.requires_grad and torch.is_grad_enabled():
-        raise RuntimeError(
-            f"{name} requires grad; an in-place fedkernels op would silently break autograd. "
-            f"Call it under torch.no_grad() or on {name}.detach()"
-        )
+    not_tracked(name, t)
     if t.is_cpu and t.numel() > 0:
         if not _C.is_writable(t.data_ptr(), 1):
             raise ValueError(f"{name} is backed by read-only memory and cannot be written in place")
     return t
+
+
+def not_tracked(name: str, t) -> None:
+    """In-place writes to a tensor autograd is tracking would silently break its graph."""
+    if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{name} requires grad; an in-place fedkernels op would silently break autograd. "
+            f"Call it under torch.no_grad() or on {name}.detach()"
+        )
 
 
 def extent(t: torch.Tensor) -> tuple[int, int]:

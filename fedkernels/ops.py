@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from . import raw
+from ._validate import not_tracked
 
 __all__ = [
     "prox_",
@@ -66,6 +67,7 @@ def _(x, kind, step, p1, p2):
 
 def prox_(x: Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 0.0) -> Tensor:
     """In place: x <- prox_{step * p}(x) for the separable penalty ``kind``. Returns x."""
+    not_tracked("x", x)
     torch.ops.fedkernels.prox_(x, kind, step, p1, p2)
     return x
 
@@ -100,6 +102,7 @@ def _(x, lo, hi):
 
 def box_tensor_(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
     """In place: x <- clip(x, lo, hi) with tensor bounds."""
+    not_tracked("x", x)
     torch.ops.fedkernels.box_tensor_(x, lo, hi)
     return x
 
@@ -120,6 +123,7 @@ def _(x, radius, center):
 
 def l2_ball_(x: Tensor, radius: float, center: Optional[Tensor] = None) -> Tensor:
     """In place: project x (each row of a 2-D stack) onto the ball ||u - center|| <= radius."""
+    not_tracked("x", x)
     torch.ops.fedkernels.l2_ball_(x, radius, center)
     return x
 
@@ -139,6 +143,7 @@ def _(x, g, c, beta):
 
 def cv_step_(x: Tensor, g: Tensor, c: Tensor, beta: float) -> Tensor:
     """x <- x - beta * (g + c), in place."""
+    not_tracked("x", x)
     torch.ops.fedkernels.cv_step_(x, g, c, beta)
     return x
 
@@ -170,6 +175,7 @@ def normalized_delta(z: Tensor, x: Tensor, beta: float, K: int) -> Tensor:
 
 def normalized_delta_(x: Tensor, z: Tensor, beta: float, K: int) -> Tensor:
     """x <- (z - x) / (beta * K), in place."""
+    not_tracked("x", x)
     torch.ops.fedkernels.normalized_delta_(x, z, beta, K)
     return x
 
@@ -186,6 +192,7 @@ def _(c, dbar, d):
 
 def control_update_(c: Tensor, dbar: Tensor, d: Tensor) -> Tensor:
     """c <- c + dbar - d, in place."""
+    not_tracked("c", c)
     torch.ops.fedkernels.control_update_(c, dbar, d)
     return c
 
@@ -203,6 +210,7 @@ def _(x, g, lr, kind, step, p1, p2):
 def prox_grad_step_(x: Tensor, g: Tensor, lr: float, kind: str, step: float, p1: float = 0.0,
                     p2: float = 0.0) -> Tensor:
     """x <- prox_{step * p}(x - lr * g), in place."""
+    not_tracked("x", x)
     torch.ops.fedkernels.prox_grad_step_(x, g, lr, kind, step, p1, p2)
     return x
 
@@ -221,6 +229,8 @@ def _(z, x, g, c, eta, lam, kind, step, p1, p2):
 def normal_map_step_(z: Tensor, x: Tensor, g: Tensor, c: Tensor, eta: float, lam: float, kind: str,
                      step: float, p1: float = 0.0, p2: float = 0.0) -> tuple[Tensor, Tensor]:
     """z <- z - eta (g + c + (z - x)/lam); x <- prox_{step * p}(z), in place."""
+    not_tracked("z", z)
+    not_tracked("x", x)
     torch.ops.fedkernels.normal_map_step_(z, x, g, c, eta, lam, kind, step, p1, p2)
     return z, x
 
@@ -239,6 +249,8 @@ def _(zhat, z, g, c, eta, kind, step, p1, p2):
 def za1_step_(zhat: Tensor, z: Tensor, g: Tensor, c: Tensor, eta: float, kind: str, step: float,
               p1: float = 0.0, p2: float = 0.0) -> tuple[Tensor, Tensor]:
     """zhat <- zhat - eta (g + c); z <- prox_{step * p}(zhat), in place."""
+    not_tracked("zhat", zhat)
+    not_tracked("z", z)
     torch.ops.fedkernels.za1_step_(zhat, z, g, c, eta, kind, step, p1, p2)
     return zhat, z
 
@@ -258,5 +270,7 @@ def depositum_step_(x: Tensor, m: Tensor, y: Tensor, alpha: float, beta: float, 
                     p1: float = 0.0, p2: float = 0.0, *, momentum: str = "shb",
                     normalized: bool = True) -> tuple[Tensor, Tensor]:
     """DEPOSITUM momentum + direction + prox, in place on x and m (see raw.depositum_step_)."""
+    not_tracked("x", x)
+    not_tracked("m", m)
     torch.ops.fedkernels.depositum_step_(x, m, y, alpha, beta, kind, step, p1, p2, momentum, normalized)
     return x, m

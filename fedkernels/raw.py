@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _C
+from ._backend import _C
 from . import _validate as V
 from ._backend import DTYPE_CODES, backend_for
 from .profiling import run_counted

@@ -1,0 +1,82 @@
+"""Build facts, the tables shared between Python and C++, threads, profiling counters, and int64
+indexing beyond 2^31 elements."""
+
+import math
+
+import pytest
+import torch
+
+import fedkernels as fk
+from fedkernels import _C
+from fedkernels._backend import DTYPE_CODES, KIND_CODES
+from conftest import mem_available_gib
+
+
+def test_backend_info_keys():
+    info = fk.backend_info()
+    for key in ("cpu_threads", "simd", "cuda_compiled", "cuda_archs", "cuda_available", "cuda_error"):
+        assert key in info
+    assert info["cpu_threads"] >= 1
+    if info["cuda_compiled"]:
+        assert info["cuda_archs"] and all(a.isdigit() for a in info["cuda_archs"])
+    if not info["cuda_available"]:
+        assert isinstance(info["cuda_error"], str) and info["cuda_error"]
+
+
+def test_kind_table_agrees_with_cpp_planner():
+    # the planner's regime choice is visible through its formula id (csrc/math/prox.h ProxImpl)
+    impl = {k: _C.plan_prox(code, 1.0, 0.5, 3.7)[0] for k, code in KIND_CODES.items()}
+    assert impl == {"zero": 0, "l1": 1, "elastic_net": 2, "mcp": 3, "scad": 5, "box": 7, "nonneg": 8}
+    assert _C.plan_prox(KIND_CODES["mcp"], 3.7, 0.5, 3.7)[0] == 4     # step >= gamma: hard threshold
+    assert _C.plan_prox(KIND_CODES["scad"], 2.7, 0.5, 3.7)[0] == 6    # step >= a - 1: two candidates
+    assert _C.plan_prox(KIND_CODES["mcp"], 3.0, 1.0, 3.0)[1] == pytest.approx(3.0)  # lam sqrt(s gamma)
+    with pytest.raises(ValueError, match="unknown prox kind"):
+        _C.plan_prox(42, 1.0, 0.0, 0.0)
+    assert sorted(DTYPE_CODES.values()) == [0, 1, 2, 3]
+
+
+def test_set_num_threads_changes_nothing_numerically():
+    x = torch.randn(200_000, dtype=torch.float64)
+    old = fk.get_num_threads()
+    try:
+        fk.set_num_threads(1)
+        a = fk.raw.prox(x, "scad", 0.5, 1.0, 3.7)
+        fk.set_num_threads(2)
+        b = fk.raw.prox(x, "scad", 0.5, 1.0, 3.7)
+    finally:
+        fk.set_num_threads(0 if old == torch.get_num_threads() else old)
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError):
+        fk.set_num_threads(-1)
+
+
+def test_prox_stats_counts_through_the_kernel_layer():
+    X = torch.randn(4, 100)
+    with fk.prox_stats() as st:
+        fk.raw.prox_(X, "l1", 0.1, 1.0)              # 4 models
+        fk.raw.prox_grad_step_(X[0], X[1], 0.1, "l1", 0.1, 1.0)  # 1 model
+        fk.raw.prox_(X, "zero", 0.1)                 # identity: not an evaluation
+        fk.raw.cv_step_(X, X.clone(), X.clone(), 0.1)  # no prox
+        fk.SCAD(1.0).prox(X[0], 0.1)                 # through the registered ops: counted too
+    assert st.evaluations == 6 and st.calls == 3 and st.seconds > 0
+
+
+@pytest.mark.bigmem
+@pytest.mark.skipif(mem_available_gib() < 10, reason="needs ~5 GiB free memory")
+def test_more_than_2_31_elements():
+    n = 2**31 + 1000
+    x = torch.zeros(n, dtype=torch.float16)  # 4 GiB
+    head = torch.tensor([3.0, -3.0, 0.5], dtype=torch.float16)
+    x[:3] = head
+    x[-3:] = head
+    x[2**31 - 1 : 2**31 + 2] = head
+    fk.raw.prox_(x, "l1", 1.0, 1.0)
+    want = torch.tensor([2.0, -2.0, 0.0], dtype=torch.float16)
+    assert torch.equal(x[:3], want)
+    assert torch.equal(x[2**31 - 1 : 2**31 + 2], want)
+    assert torch.equal(x[-3:], want)
+    # a stack whose rows*cols exceeds 2^31 but each row fits in int32
+    X = x.view(2, n // 2)
+    X[1, -1] = 5.0
+    fk.raw.prox_grad_step_(X, X[0], 0.0, "l1", 1.0, 1.0)
+    assert X[1, -1] == 4.0
