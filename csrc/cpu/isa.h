@@ -22,6 +22,10 @@ namespace avx2 {
 FK_ELEMENTWISE_OPS(FK_DECLARE_ISA)
 FK_DECLARE_ISA(sumsq, SumSqArgs, unused, false)
 }  // namespace avx2
+namespace avx512 {
+FK_ELEMENTWISE_OPS(FK_DECLARE_ISA)
+FK_DECLARE_ISA(sumsq, SumSqArgs, unused, false)
+}  // namespace avx512
 #undef FK_DECLARE_ISA
 
 }  // namespace fk

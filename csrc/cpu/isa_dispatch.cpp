@@ -15,13 +15,21 @@ constexpr int64_t kParallelMinElements = 1 << 15;
 
 std::atomic<int> g_num_threads{0};  // 0 = OpenMP's default
 
-bool use_avx2() {
-#if defined(FK_HAVE_AVX2_VARIANT)
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-#else
-  return false;
+enum class Isa { kBaseline, kAvx2, kAvx512 };
+
+Isa detect_isa() {
+#if defined(FK_HAVE_X86_VARIANTS)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+    return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
 #endif
+  return Isa::kBaseline;
+}
+
+Isa isa() {
+  static const Isa chosen = detect_isa();
+  return chosen;
 }
 
 }  // namespace
@@ -32,11 +40,14 @@ int cpu_threads_for(int64_t n) {
   return t > 0 ? t : omp_get_max_threads();
 }
 
-#if defined(FK_HAVE_AVX2_VARIANT)
-#define FK_DEFINE_DISPATCH(name, Args, Op, prox)                       \
-  void name##_cpu(const Launch& L, const Args& a) {                    \
-    if (use_avx2()) return avx2::name(L, a);                           \
-    return baseline::name(L, a);                                       \
+#if defined(FK_HAVE_X86_VARIANTS)
+#define FK_DEFINE_DISPATCH(name, Args, Op, prox)            \
+  void name##_cpu(const Launch& L, const Args& a) {         \
+    switch (isa()) {                                        \
+      case Isa::kAvx512: return avx512::name(L, a);         \
+      case Isa::kAvx2: return avx2::name(L, a);             \
+      default: return baseline::name(L, a);                 \
+    }                                                       \
   }
 #else
 #define FK_DEFINE_DISPATCH(name, Args, Op, prox) \
@@ -53,7 +64,8 @@ int cpu_get_num_threads() {
 }
 
 std::string cpu_simd_description() {
-  if (use_avx2()) return "avx2+fma (runtime-selected; baseline variant also built)";
+  if (isa() == Isa::kAvx512) return "avx512 (runtime-selected from avx512, avx2+fma, baseline)";
+  if (isa() == Isa::kAvx2) return "avx2+fma (runtime-selected from avx512, avx2+fma, baseline)";
 #if defined(__ARM_NEON)
   return "neon";
 #elif defined(__SSE2__)
