@@ -1,0 +1,254 @@
+"""``simulate``: run an algorithm on in-process clients and record the metrics of ALGORITHMS.md §3.
+
+    hist = simulate(FedCanon(alpha=0.1, beta=0.01, local_steps=10), model, F.cross_entropy,
+                    clients=[(X1, y1), (X2, y2), ...], rounds=100, regularizer=fk.SCAD(1e-3))
+    hist.params            # flat [d] model the algorithm reports
+    hist.metrics[-1]       # {"round": 100, "f": ..., "f+h": ..., "grad_map_sq": ..., ...}
+
+Metrics of one round (``History.metrics[t-1]``, round t = 1..T; ``History.initial`` holds the
+objective metrics at the starting point). Every round:
+
+* ``round``, ``wall_time`` (seconds in ``algorithm.round``), ``elapsed`` (cumulative),
+* ``prox_time`` / ``prox_evals`` (inside prox-bearing kernels, through ``fk.prox_stats``; the
+  metric pass below is not counted),
+* ``grad_time`` / ``grad_evals`` (client gradient calls: binding the client's row, batch
+  sampling, forward, backward), ``fwd_bwd_time`` (the forward + backward passes alone),
+* ``up`` / ``down`` (d-vectors each client sent / received this round).
+
+Every ``metrics_every`` rounds (and after the last), on the reported model x (M7), using one
+extra full-gradient pass over all training data:
+
+* ``f``, ``h``, ``f+h``;
+* ``grad_map_sq`` = ||G_s(x)||², G_s(x) = (x − prox_{s h}(x − s ∇f(x)))/s (M1), with
+  ``grad_map_step`` s = ``metric_step`` or the algorithm's default (FedCanon: α; see README);
+* ``normal_map_sq`` = ||F_nor^λ(z)||², F_nor^λ(z) = ∇f(prox_{λh}(z)) + (z − prox_{λh}(z))/λ (M3),
+  where the algorithm has a normal-map variable z (FedNMap: z, λ; ZA1: x̂, η_g η τ; FedDA: the
+  dual z, the elapsed step) and λρ < 1; otherwise absent;
+* ``sparsity`` (fraction of exact zeros) and ``hoyer`` (M6);
+* whatever ``eval_fn(params)`` returns (called with the model holding ``params``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+import fedkernels as fk
+
+from .core import Algorithm, ClientSet, SequentialClients, _seeds, prox
+
+__all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity"]
+
+
+@dataclasses.dataclass
+class History:
+    """Result of :func:`simulate`."""
+
+    params: torch.Tensor  # [d] the reported model after the last round
+    metrics: list  # one dict per round
+    initial: dict  # objective metrics at the starting point (round 0)
+    algorithm: str
+    hparams: dict
+    state: Any = None  # the algorithm's final state (NamedTuple)
+
+    def series(self, key: str) -> list:
+        """``[m.get(key) for m in metrics]``."""
+        return [m.get(key) for m in self.metrics]
+
+    @property
+    def last(self) -> dict:
+        return self.metrics[-1] if self.metrics else self.initial
+
+
+def sparsity(x: torch.Tensor) -> float:
+    """Fraction of exact zeros (meaningful for prox outputs)."""
+    return float((x == 0).sum()) / max(x.numel(), 1)
+
+
+def hoyer(x: torch.Tensor) -> float:
+    """Hoyer sparsity (sqrt(d) − ||x||_1/||x||_2)/(sqrt(d) − 1) in [0, 1] (M6); NaN for x = 0 or d = 1."""
+    d = x.numel()
+    l2 = float(x.norm())
+    if d < 2 or l2 == 0.0:
+        return math.nan
+    return (math.sqrt(d) - float(x.abs().sum()) / l2) / (math.sqrt(d) - 1)
+
+
+def objective_metrics(clients: ClientSet, reg: fk.Regularizer, x: torch.Tensor, step: float,
+                      normal_map: Optional[tuple] = None) -> dict:
+    """f, h, f+h, ||G_s||², ||F_nor||² (if ``normal_map = (z, lam)`` and lam·rho < 1), sparsity, Hoyer."""
+    with torch.no_grad():
+        x = x.detach()
+        g = torch.empty_like(x)
+        f = clients.full_objective_(x, g)
+        h = float(reg.value(x))
+        G = (x - prox(x - step * g, reg, step)) / step
+        out = {
+            "f": f,
+            "h": h,
+            "f+h": f + h,
+            "grad_map_sq": float(G.dot(G)),
+            "grad_map_step": step,
+            "sparsity": sparsity(x),
+            "hoyer": hoyer(x),
+        }
+        if normal_map is not None:
+            z, lam = normal_map
+            if lam > 0 and float(getattr(reg, "rho", 0.0)) * lam < 1:
+                xz = prox(z, reg, lam)
+                gz = g
+                if not torch.equal(xz, x):  # the normal map's model is not the reported one
+                    gz = torch.empty_like(x)
+                    clients.full_objective_(xz, gz)
+                F = gz + (z - xz) / lam
+                out["normal_map_sq"] = float(F.dot(F))
+                out["normal_map_lam"] = lam
+        return out
+
+
+def _restore(snap: dict, algorithm: Algorithm, model: nn.Module, cs: ClientSet, rng: torch.Generator):
+    """Undo a ``checkpoint`` snapshot: returns (state, initial, metrics, elapsed, next round)."""
+    if snap.get("algorithm") != algorithm.name or snap.get("hparams") != algorithm.hparams():
+        raise ValueError(f"cannot resume: the snapshot is of {snap.get('algorithm')} {snap.get('hparams')}, "
+                         f"not {algorithm.name} {algorithm.hparams()}")
+    rng.set_state(snap["rng"])
+    cs.set_rng_state(snap["client_rng"])
+    torch.set_rng_state(snap["torch_rng"])
+    buffers = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in snap["buffers"].items():
+            buffers[name].copy_(value)
+    return (snap["state"], dict(snap["initial"]), list(snap["metrics"]), float(snap["elapsed"]),
+            int(snap["round"]) + 1)
+
+
+def simulate(
+    algorithm: Algorithm,
+    model: nn.Module,
+    loss_fn: Callable,
+    clients: Sequence,
+    rounds: int,
+    regularizer: fk.Regularizer = fk.Zero(),
+    batch_size: Optional[int] = None,
+    seed: int = 0,
+    eval_fn: Optional[Callable[[torch.Tensor], dict]] = None,
+    callbacks: Sequence[Callable] = (),
+    *,
+    metrics_every: int = 1,
+    metric_step: Optional[float] = None,
+    backend: Optional[Callable[..., ClientSet]] = None,
+    resume: Optional[dict] = None,
+    checkpoint: Optional[Callable[[dict], None]] = None,
+    checkpoint_every: int = 0,
+) -> History:
+    """Run ``rounds`` rounds of ``algorithm`` from the model's current parameters.
+
+    Args:
+        algorithm: an :class:`~python_algos.core.Algorithm` (e.g. ``FedCanon(alpha=.., beta=.., local_steps=..)``).
+        model: the ``nn.Module``. Its trainable parameters become views of flat buffers
+            (``fk.FlatParams``); on return the model holds ``History.params``.
+        loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss.
+        clients: one ``(X, y)`` pair of tensors (or Dataset) per client. Floating-point data
+            are cast to the model's dtype.
+        rounds: number of communication rounds T.
+        regularizer: h (a ``fedkernels`` Regularizer). ``algorithm.validate(h)`` runs first and
+            raises ``ValueError`` for invalid step sizes (e.g. FedCanon with alpha * rho >= 1).
+        batch_size: minibatch size B; ``None`` means full local gradients (deterministic run).
+        seed: seeds the per-client minibatch generators and the server generator (SCAFFNEW's coin).
+        eval_fn: ``eval_fn(params) -> dict`` merged into the metrics (e.g. test accuracy, distance
+            to x*); called on metric rounds with the model holding ``params``.
+        callbacks: ``cb(t, state, metrics)`` after every round t = 1..T; returning ``True`` stops.
+        metrics_every: compute the objective metrics every this many rounds and after the last
+            (0: only the per-round timing / count metrics).
+        metric_step: the step s of G_s (default ``algorithm.metric_step()``).
+        backend: ``backend(model, loss_fn, clients, batch_size=, seed=, flat=)`` -> ClientSet;
+            default :class:`~python_algos.core.SequentialClients`.
+        resume: a snapshot given earlier to ``checkpoint`` (e.g. saved and loaded by
+            :mod:`python_algos.checkpoint`): instead of ``init``, restore the algorithm state, every
+            generator, module buffers, the metrics so far and ``elapsed``, and continue with round
+            ``snapshot["round"] + 1`` up to ``rounds``. With full or minibatch gradients the result is
+            bit-identical to an uninterrupted run on CPU. Same algorithm and hyper-parameters required.
+        checkpoint: ``checkpoint(snapshot)`` after round 0 of a fresh run, every ``checkpoint_every``
+            rounds and after the last round, once the callbacks have accepted the round (a round a
+            callback stops on is never checkpointed). The snapshot (``round``, ``algorithm``,
+            ``hparams``, ``state``, ``rng``, ``client_rng``, ``torch_rng``, ``buffers``, ``metrics``,
+            ``initial``, ``elapsed``) references live buffers: write it out before returning.
+        checkpoint_every: see ``checkpoint`` (0: only round 0 and the last round).
+    """
+    if not isinstance(algorithm, Algorithm):
+        raise TypeError(f"algorithm must be a python_algos Algorithm, got {type(algorithm).__name__}")
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
+        raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
+    if isinstance(metrics_every, bool) or not isinstance(metrics_every, int) or metrics_every < 0:
+        raise ValueError(f"metrics_every must be an int >= 0, got {metrics_every!r}")
+    algorithm.validate(regularizer)
+    step = float(metric_step) if metric_step is not None else float(algorithm.metric_step())
+    if not step > 0:
+        raise ValueError(f"metric_step must be > 0, got {step}")
+
+    flat = fk.FlatParams(model)
+    x0 = flat.params.detach().clone()
+    make = backend if backend is not None else SequentialClients
+    cs = make(model, loss_fn, clients, batch_size=batch_size, seed=seed, flat=flat)
+    rng = torch.Generator().manual_seed(_seeds(seed, 1, stream=1)[0])  # server side (e.g. SCAFFNEW's coin)
+
+    def evaluate(st) -> dict:
+        x = algorithm.report(st, regularizer).detach()
+        out = objective_metrics(cs, regularizer, x, step, algorithm.normal_map_point(st))
+        if eval_fn is not None:
+            flat.bind_(x.clone())
+            out.update(eval_fn(x))
+        return out
+
+    def snapshot(t: int) -> dict:  # everything a resumed run needs (references, not copies)
+        return {"round": t, "algorithm": algorithm.name, "hparams": algorithm.hparams(), "state": state,
+                "rng": rng.get_state(), "client_rng": cs.rng_state(), "torch_rng": torch.get_rng_state(),
+                "buffers": dict(model.named_buffers()), "metrics": metrics, "initial": initial, "elapsed": elapsed}
+
+    if resume is None:
+        state = algorithm.init(x0, cs)
+        initial = {"round": 0, **evaluate(state)} if metrics_every else {"round": 0}
+        metrics, elapsed, start = [], 0.0, 1
+        if checkpoint is not None:
+            checkpoint(snapshot(0))
+    else:
+        state, initial, metrics, elapsed, start = _restore(resume, algorithm, model, cs, rng)
+    for t in range(start, rounds + 1):
+        up, down = cs.comm.up, cs.comm.down
+        g_sec, g_n, fb_sec = cs.grad_seconds, cs.grad_evals, cs.fwd_bwd_seconds
+        t0 = time.perf_counter()
+        with fk.prox_stats() as stats:
+            state = algorithm.round(state, cs, regularizer, rng)
+        wall = time.perf_counter() - t0
+        elapsed += wall
+        m = {
+            "round": t,
+            "wall_time": wall,
+            "elapsed": elapsed,
+            "prox_time": stats.seconds,
+            "prox_evals": stats.evaluations,
+            "grad_time": cs.grad_seconds - g_sec,
+            "grad_evals": cs.grad_evals - g_n,
+            "fwd_bwd_time": cs.fwd_bwd_seconds - fb_sec,
+            "up": cs.comm.up - up,
+            "down": cs.comm.down - down,
+        }
+        if metrics_every and (t % metrics_every == 0 or t == rounds):
+            m.update(evaluate(state))
+        metrics.append(m)
+        stop = [cb(t, state, m) for cb in callbacks]
+        if any(s is True for s in stop):
+            break
+        if checkpoint is not None and ((checkpoint_every and t % checkpoint_every == 0) or t == rounds):
+            checkpoint(snapshot(t))
+
+    params = algorithm.report(state, regularizer).detach().clone()
+    flat.bind_(params.clone(), torch.zeros_like(params))
+    return History(params=params, metrics=metrics, initial=initial, algorithm=algorithm.name,
+                   hparams=algorithm.hparams(), state=state)
