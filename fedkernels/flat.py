@@ -74,6 +74,36 @@ class FlatParams:
             self.grad = grad
         return self
 
+    def row_binder(self, params_stack: torch.Tensor, grad_stack: torch.Tensor | None = None):
+        """A fast ``bind(i)``: point the module at row i of a [N, d] stack (and its gradient stack).
+
+        The per-parameter views of every row are built once here, so each ``bind(i)`` only
+        re-points ``.data`` / ``.grad`` (a few microseconds per parameter tensor), instead of
+        re-slicing the buffers as ``bind_`` does. The returned callable keeps the stacks alive;
+        build a new binder if the stacks are reallocated.
+        """
+        for name, stack in (("params_stack", params_stack), ("grad_stack", grad_stack)):
+            if stack is None:
+                continue
+            if stack.dim() != 2 or stack.shape[1] != self.numel or not stack.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous [N, {self.numel}] tensor, got {tuple(stack.shape)}")
+        if grad_stack is not None and grad_stack.shape != params_stack.shape:
+            raise ValueError("grad_stack must have the shape of params_stack")
+        rows = [self.views(r) for r in params_stack]
+        grows = [self.views(r) for r in grad_stack] if grad_stack is not None else None
+        params = self._params
+
+        def bind(i: int) -> None:
+            for p, v in zip(params, rows[i]):
+                p.data = v
+            self.params = params_stack[i]
+            if grows is not None:
+                for p, g in zip(params, grows[i]):
+                    p.grad = g
+                self.grad = grad_stack[i]
+
+        return bind
+
     def zero_grad(self) -> None:
         """Zero the flat gradient buffer (keeping every .grad a view of it)."""
         self.grad.zero_()

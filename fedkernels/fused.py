@@ -32,7 +32,9 @@ def prox_(x: torch.Tensor, reg: Regularizer, step: float, *, fast: bool = False)
     """x <- prox_{step h}(x), in place."""
     spec = _check_reg(reg).spec(step)
     if spec is None:
-        return reg.prox_(x, step)
+        return reg.prox_(x, step, fast=fast)
+    if spec[0] == "zero":  # identity: skip the pass over memory
+        return x
     return _impl(fast).prox_(x, *spec)
 
 
@@ -42,7 +44,7 @@ def prox_grad_step_(x: torch.Tensor, g: torch.Tensor, lr: float, reg: Regularize
     spec = _check_reg(reg).spec(step)
     if spec is None:
         _impl(fast).prox_grad_step_(x, g, lr, "zero", 0.0)
-        return reg.prox_(x, step)
+        return reg.prox_(x, step, fast=fast)
     return _impl(fast).prox_grad_step_(x, g, lr, *spec)
 
 
@@ -52,7 +54,7 @@ def normal_map_step_(z: torch.Tensor, x: torch.Tensor, g: torch.Tensor, c: torch
     spec = _check_reg(reg).spec(lam)
     if spec is None:
         _impl(fast).normal_map_step_(z, x, g, c, eta, lam, "zero", 0.0)
-        reg.prox_(x, lam)
+        reg.prox_(x, lam, fast=fast)
         return z, x
     return _impl(fast).normal_map_step_(z, x, g, c, eta, lam, *spec)
 
@@ -63,7 +65,7 @@ def za1_step_(zhat: torch.Tensor, z: torch.Tensor, g: torch.Tensor, c: torch.Ten
     spec = _check_reg(reg).spec(step)
     if spec is None:
         _impl(fast).za1_step_(zhat, z, g, c, eta, "zero", 0.0)
-        reg.prox_(z, step)
+        reg.prox_(z, step, fast=fast)
         return zhat, z
     return _impl(fast).za1_step_(zhat, z, g, c, eta, *spec)
 
@@ -75,6 +77,6 @@ def depositum_step_(x: torch.Tensor, m: torch.Tensor, y: torch.Tensor, alpha: fl
     spec = _check_reg(reg).spec(step)
     if spec is None:
         _impl(fast).depositum_step_(x, m, y, alpha, beta, "zero", 0.0, momentum=momentum, normalized=normalized)
-        reg.prox_(x, step)
+        reg.prox_(x, step, fast=fast)
         return x, m
     return _impl(fast).depositum_step_(x, m, y, alpha, beta, *spec, momentum=momentum, normalized=normalized)

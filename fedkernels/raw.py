@@ -64,11 +64,18 @@ def prox_(x: torch.Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 
     return x
 
 
-def prox(x: torch.Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 0.0) -> torch.Tensor:
-    """Out of place: returns prox_{step * p}(x) as a new contiguous tensor."""
+def prox(x: torch.Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 0.0, *,
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """Out of place: returns prox_{step * p}(x), written into ``out`` if given (a contiguous
+    tensor shaped like x, not overlapping it) or into a new contiguous tensor."""
     V.float_tensor("x", x)
-    x = x.contiguous()
-    out = torch.empty_like(x)
+    if out is None:
+        x = x.contiguous()
+        out = torch.empty_like(x)
+    else:
+        V.mutable("out", out)
+        x, _ = V.operand("x", x, out, "out")
+        V.distinct(out=out, x=x)
     _prox_into(x, out, kind, step, p1, p2)
     return out
 

@@ -5,6 +5,7 @@ and its prox:
 
     reg.prox_(x, step)   # in place, x <- argmin_u step * h(u) + ||u - x||^2 / 2; returns x
     reg.prox(x, step)    # out of place
+    reg.prox_(x, step, fast=True)   # same, on the low-overhead path (fedkernels.raw)
     reg.value(x)         # h(x), summed over all elements (a 0-d tensor, differentiable)
 
 ``step = 0`` is always the identity. MCP and SCAD are exact for **every** step (the kernels switch
@@ -23,9 +24,13 @@ from typing import Optional
 import torch
 
 from . import _validate as V
-from . import ops
+from . import ops, raw
 
 __all__ = ["Regularizer", "Zero", "L1", "ElasticNet", "MCP", "SCAD", "Box", "NonNeg", "L2Ball", "Scaled"]
+
+
+def _impl(fast: bool):
+    return raw if fast else ops
 
 
 class Regularizer:
@@ -38,13 +43,16 @@ class Regularizer:
         """(kind, effective step, p1, p2) for the fused kernels, or None if not expressible."""
         return None
 
-    def prox_(self, x: torch.Tensor, step: float) -> torch.Tensor:
+    def prox_(self, x: torch.Tensor, step: float, *, fast: bool = False) -> torch.Tensor:
+        """In place: x <- prox_{step h}(x); returns x. ``fast=True`` skips the torch dispatcher
+        (``fedkernels.raw``: ~10 us instead of ~80 us per call; not traceable by torch.compile)."""
         kind, s, p1, p2 = self._spec_or_raise(step)
-        return ops.prox_(x, kind, s, p1, p2)
+        return _impl(fast).prox_(x, kind, s, p1, p2)
 
-    def prox(self, x: torch.Tensor, step: float) -> torch.Tensor:
+    def prox(self, x: torch.Tensor, step: float, *, fast: bool = False) -> torch.Tensor:
+        """Out of place: prox_{step h}(x) as a new contiguous tensor."""
         kind, s, p1, p2 = self._spec_or_raise(step)
-        return ops.prox(x, kind, s, p1, p2)
+        return _impl(fast).prox(x, kind, s, p1, p2)
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -68,11 +76,11 @@ class Zero(Regularizer):
     def spec(self, step):
         return ("zero", step, 0.0, 0.0)
 
-    def prox_(self, x, step):
+    def prox_(self, x, step, *, fast=False):
         V.nonneg("step", step)
         return x
 
-    def prox(self, x, step):
+    def prox(self, x, step, *, fast=False):
         V.nonneg("step", step)
         return x.clone(memory_format=torch.contiguous_format)
 
@@ -197,17 +205,17 @@ class Box(Regularizer):
     def _bounds_for(self, x):
         return self.lo.to(x.dtype), self.hi.to(x.dtype)
 
-    def prox_(self, x, step):
+    def prox_(self, x, step, *, fast=False):
         V.nonneg("step", step)
         if not self._tensor:
-            return ops.prox_(x, "box", 0.0, self.lo, self.hi)
-        return ops.box_tensor_(x, *self._bounds_for(x))
+            return _impl(fast).prox_(x, "box", 0.0, self.lo, self.hi)
+        return _impl(fast).box_tensor_(x, *self._bounds_for(x))
 
-    def prox(self, x, step):
+    def prox(self, x, step, *, fast=False):
         V.nonneg("step", step)
         if not self._tensor:
-            return ops.prox(x, "box", 0.0, self.lo, self.hi)
-        return ops.box_tensor(x, *self._bounds_for(x))
+            return _impl(fast).prox(x, "box", 0.0, self.lo, self.hi)
+        return _impl(fast).box_tensor(x, *self._bounds_for(x))
 
     def value(self, x):
         lo, hi = (self.lo, self.hi)
@@ -243,14 +251,14 @@ class L2Ball(Regularizer):
             V.float_tensor("center", center)
         self.center = center
 
-    def prox_(self, x, step):
+    def prox_(self, x, step, *, fast=False):
         V.nonneg("step", step)
         c = None if self.center is None else self.center.to(x.dtype)
-        return ops.l2_ball_(x, self.radius, c)
+        return _impl(fast).l2_ball_(x, self.radius, c)
 
-    def prox(self, x, step):
+    def prox(self, x, step, *, fast=False):
         out = x.clone(memory_format=torch.contiguous_format)
-        return self.prox_(out, step)
+        return self.prox_(out, step, fast=fast)
 
     def value(self, x):
         d = x if self.center is None else x - self.center
@@ -274,11 +282,11 @@ class Scaled(Regularizer):
     def spec(self, step):
         return self.base.spec(step * self.kappa)
 
-    def prox_(self, x, step):
-        return self.base.prox_(x, V.nonneg("step", step) * self.kappa)
+    def prox_(self, x, step, *, fast=False):
+        return self.base.prox_(x, V.nonneg("step", step) * self.kappa, fast=fast)
 
-    def prox(self, x, step):
-        return self.base.prox(x, V.nonneg("step", step) * self.kappa)
+    def prox(self, x, step, *, fast=False):
+        return self.base.prox(x, V.nonneg("step", step) * self.kappa, fast=fast)
 
     def value(self, x):
         return self.kappa * self.base.value(x)

@@ -70,3 +70,23 @@ def test_errors():
         flat.bind_(torch.zeros(3))
     with pytest.raises(ValueError, match="grad must be"):
         flat.bind_(torch.zeros(flat.numel), torch.zeros(flat.numel + 1))
+
+
+def test_row_binder_matches_bind():
+    model = small_model()
+    flat = fk.FlatParams(model)
+    X = torch.randn(4, flat.numel)
+    G = torch.zeros_like(X)
+    bind = flat.row_binder(X, G)
+    x = torch.randn(2, 5)
+    for i in (2, 0, 3):
+        bind(i)
+        out = model(x)
+        flat.bind_(X[i])
+        torch.testing.assert_close(out, model(x))
+        bind(i)
+        model(x).sum().backward()
+        assert G[i].abs().sum() > 0
+        assert flat.params.data_ptr() == X[i].data_ptr()
+    with pytest.raises(ValueError, match="params_stack must be a contiguous"):
+        flat.row_binder(torch.zeros(3, flat.numel + 1))

@@ -187,3 +187,14 @@ def test_zero_length_tensors():
         fk.raw.cv_step_(x, torch.empty(shape), torch.empty(shape), 0.1)
         fk.raw.l2_ball_(x, 1.0)
         assert fk.raw.prox(x, "l1", 1.0, 1.0).shape == x.shape
+
+
+def test_prox_into_out_buffer():
+    x = torch.randn(3, 40, dtype=torch.float64)
+    out = torch.empty_like(x)
+    assert fk.raw.prox(x, "scad", 0.7, 1.0, 3.7, out=out) is out
+    torch.testing.assert_close(out, ref_prox("scad", x, 0.7, 1.0, 3.7))
+    with pytest.raises(ValueError, match="out and x share memory"):
+        fk.raw.prox(x, "l1", 1.0, 1.0, out=x)
+    with pytest.raises(ValueError, match="x has shape"):
+        fk.raw.prox(x[0], "l1", 1.0, 1.0, out=out)

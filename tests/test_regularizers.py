@@ -106,3 +106,15 @@ def test_zero_prox_is_identity_copy():
     x = torch.randn(10)
     y = fk.Zero().prox(x, 3.0)
     assert torch.equal(x, y) and y.data_ptr() != x.data_ptr()
+
+
+@pytest.mark.parametrize("name", sorted(REGULARIZERS))
+def test_fast_path_equals_registered_op_path(name):
+    reg = REGULARIZERS[name]()
+    x = torch.randn(300, dtype=torch.float64) * 2
+    assert torch.equal(reg.prox(x, 0.8, fast=True), reg.prox(x, 0.8))
+    y = x.clone()
+    reg.prox_(y, 0.8, fast=True)
+    assert torch.equal(y, reg.prox(x, 0.8))
+    for extra in (fk.Box(-torch.ones(300, dtype=torch.float64), torch.ones(300, dtype=torch.float64)), fk.L2Ball(2.0), 0.5 * reg):
+        assert torch.equal(extra.prox(x, 0.8, fast=True), extra.prox(x, 0.8))
