@@ -11,7 +11,6 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-import threading
 
 import torch
 
@@ -73,11 +72,11 @@ KIND_CODES = {
 # Backends understood by _C (csrc/bindings.cpp, enum Backend).
 CPU, CUDA, CUDA_EMULATED = 0, 1, 2
 
-_state = threading.local()
-
-
-def _emulating() -> bool:
-    return getattr(_state, "emulate", False)
+# Emulation is a process-wide test switch (a plain global keeps backend_for at ~0.2 us: it runs on
+# every kernel call).
+_emulate = False
+_CPU_LAUNCH = (CPU, -1, 0)
+_EMULATED_LAUNCH = (CUDA_EMULATED, -1, 0)
 
 
 @contextlib.contextmanager
@@ -87,21 +86,22 @@ def emulate_cuda(max_grid_x: int = 3, max_grid_y: int = 2, block: int = 32):
     Inside this context every kernel call on CPU tensors runs the *device* code path
     (``csrc/cuda/launch_body.h``): each (block, thread) of a deliberately small grid runs serially,
     so grid-stride loops take several trips. It is slow and exists for tests, so that device code is
-    exercised on machines without a GPU.
+    exercised on machines without a GPU. The switch is process-wide (not per thread).
     """
+    global _emulate
     _C.set_emulation_config(int(max_grid_x), int(max_grid_y), int(block))
-    previous = _emulating()
-    _state.emulate = True
+    previous = _emulate
+    _emulate = True
     try:
         yield
     finally:
-        _state.emulate = previous
+        _emulate = previous
 
 
 def backend_for(t: torch.Tensor) -> tuple[int, int, int]:
     """(backend code, device index, stream handle) for a tensor."""
     if t.is_cpu:
-        return (CUDA_EMULATED if getattr(_state, "emulate", False) else CPU), -1, 0
+        return _EMULATED_LAUNCH if _emulate else _CPU_LAUNCH
     dev = t.device
     if dev.type == "cuda":
         if not _C.cuda_compiled():
