@@ -10,13 +10,18 @@ algorithms reach clients only through :class:`ClientSet` (gradients, mean, broad
                     rounds=100, regularizer=fk.SCAD(1e-3))
 """
 
+from . import topology
 from .core import Algorithm, ClientSet, CommCounter, Costs, SequentialClients
+from .depositum import DEPOSITUM, DEPOSITUMState
+from .fedadmm import FedADMM, FedADMMState
 from .fedavg import FedAvg, FedAvgState
 from .fedcanon import FedCanon, FedCanonState
 from .fedcanon2 import FedCanonII, FedCanonIIState
 from .fedda import FedDA, FedDAState
+from .feddr import FedDR, FedDRState
 from .fedmid import FedMiD, FedMiDState
 from .fednmap import FedNMap, FedNMapState
+from .fedprox import FedProx, FedProxState
 from .prox_fedavg import ProxFedAvg, ProxFedAvgState
 from .registry import ALGORITHMS, make
 from .scaffnew import SCAFFNEW, SCAFFNEWState
@@ -57,4 +62,13 @@ __all__ = [
     "SCAFFOLDState",
     "SCAFFNEW",
     "SCAFFNEWState",
+    "FedDR",
+    "FedDRState",
+    "FedADMM",
+    "FedADMMState",
+    "FedProx",
+    "FedProxState",
+    "DEPOSITUM",
+    "DEPOSITUMState",
+    "topology",
 ]

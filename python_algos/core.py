@@ -13,6 +13,9 @@ loop over parameters. It sees:
                                 per call (full local gradient when ``batch_size=None``)
   ``clients.mean(S)``           uplink + aggregation: ``(1/N) sum_i S[i]`` -> ``[d]``
   ``clients.broadcast(v)``      downlink: the server's ``[d]`` vector as the clients see it
+  ``clients.gossip_(X, W)``     decentralized: ``X <- W X``, each client averaging its
+                                neighbours' rows (no server; DEPOSITUM)
+  ``clients.participants()``    this round's sampled client set S (partial participation)
   ============================  ==========================================================
 
   plus buffer allocation (``new_stack``, ``workspace``). A torch.distributed backend implements
@@ -22,17 +25,30 @@ loop over parameters. It sees:
   communication column is measured, not just declared.
 
 :class:`SequentialClients` is the first backend: every client in this process, one after the
-other, sharing one ``nn.Module`` whose parameters are re-pointed (``fk.FlatParams.bind_``) at
-the stack row being evaluated, so no parameters are copied.
+other, sharing one ``nn.Module`` whose parameters are re-pointed at the stack row being evaluated
+(``fk.FlatParams.row_binder``, one cached binder per stack), so no parameters are copied.
 
-Partial participation is out of scope for now (ALGORITHMS.md §1.4); a later backend can add a
-participant set to ``gradients_`` / ``mean`` without changing the signatures used here.
+**Partial participation** (ALGORITHMS.md §1.4). ``simulate(..., participation=0.5)`` or
+``clients_per_round=k`` makes ``clients.participants()`` draw, once per round, k clients uniformly
+without replacement from the client set's own generator (``participation_rng``, seeded from the
+run's seed, stream 2, so it is saved by ``rng_state`` with the minibatch generators). It returns
+their sorted ids (a LongTensor), or ``None`` under full participation. An algorithm that supports
+it works on *compact* ``[k, d]`` stacks whose row j is client ``ids[j]``:
+``gradients_(X, G, ids)``, ``mean(S, ids)`` = ``(1/k) sum_j S[j]`` (or ``(1/N) sum_j S[j]`` with
+``divisor=N``, e.g. SCAFFOLD's server control variate and FedDR's running average of the latest
+uploads), ``workspace(name, rows=k)``, and :func:`rows_` / :func:`put_rows_` to gather / scatter
+the participants' rows of per-client state; the other clients' state stays as it was (stale).
+With ``ids = None`` every helper is the full-participation path, bit for bit. Algorithms declare
+``partial_participation = True``; ``simulate`` rejects a sampled run for the others with a
+``ValueError`` giving ``participation_note``. ``up``/``down`` count d-vectors per *participating*
+client.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import math
 import time
 import warnings
@@ -57,6 +73,9 @@ __all__ = [
     "prox_",
     "sgd_step_",
     "load_rows_",
+    "rows_",
+    "put_rows_",
+    "damped_step_",
     "warn_smooth",
 ]
 
@@ -96,29 +115,89 @@ class ClientSet(abc.ABC):
         self.grad_seconds = 0.0  # time in gradient calls (binding, batch sampling, forward, backward)
         self.fwd_bwd_seconds = 0.0  # of which forward + backward passes only
         self.grad_evals = 0  # number of per-client gradient calls
-        self._workspace: dict[str, torch.Tensor] = {}
+        self._workspace: dict[tuple, torch.Tensor] = {}
+        self.clients_per_round: Optional[int] = None  # k < N: partial participation (set_participation)
 
     # -- client-local work ------------------------------------------------------------
     @abc.abstractmethod
-    def gradients_(self, X: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-        """``G[i] <- g_i(X[i])`` for every row held here (fresh minibatch per call). Returns G."""
+    def gradients_(self, X: torch.Tensor, G: torch.Tensor, ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``G[j] <- g_i(X[j])`` with i = ``ids[j]`` (i = j for every row held here when ``ids`` is
+        None), a fresh minibatch per call. Returns G."""
+
+    # -- participation ------------------------------------------------------------------
+    def set_participation(self, clients_per_round: Optional[int], seed: int = 0) -> None:
+        """Sample ``clients_per_round`` clients per round (None or N: full participation), from a
+        generator seeded by (``seed``, stream 2)."""
+        n = self.num_clients
+        if clients_per_round is None or clients_per_round == n:
+            self.clients_per_round = None
+            return
+        if isinstance(clients_per_round, bool) or not isinstance(clients_per_round, (int, np.integer)) \
+                or not 1 <= clients_per_round <= n:
+            raise ValueError(f"clients_per_round must be an int in [1, N = {n}], got {clients_per_round!r}")
+        self.clients_per_round = int(clients_per_round)
+        self.participation_rng = torch.Generator().manual_seed(_seeds(seed, 1, stream=2)[0])
+
+    def participants(self) -> Optional[torch.Tensor]:
+        """This round's participating clients: sorted ids (LongTensor, ``clients_per_round`` of them,
+        uniformly without replacement), or None under full participation. Call once per round."""
+        if self.clients_per_round is None:
+            return None
+        perm = torch.randperm(self.num_clients, generator=self.participation_rng)
+        return perm[: self.clients_per_round].sort().values.to(self.device)
+
+    def active_rows(self, ids: Optional[torch.Tensor]) -> int:
+        """Rows of a compact participant stack: ``len(ids)``, or ``rows`` when ids is None."""
+        return self.rows if ids is None else int(ids.numel())
 
     # -- aggregation ------------------------------------------------------------------
-    def mean(self, S: torch.Tensor) -> torch.Tensor:
-        """Uplink of one d-vector per client and its uniform average ``(1/N) sum_i S[i]``."""
+    def mean(self, S: torch.Tensor, ids: Optional[torch.Tensor] = None, *, divisor: Optional[int] = None) -> torch.Tensor:
+        """Uplink of one d-vector per (participating) client and their uniform average
+        ``(1/n) sum_j S[j]`` over the n rows of S, or ``(1/divisor) sum_j S[j]`` (e.g. divisor = N
+        with a participant stack: the server's update of an average over all clients)."""
         self.comm.up += 1
-        return self._mean(S)
+        return self._mean(S, divisor)
 
     def broadcast(self, v: torch.Tensor) -> torch.Tensor:
-        """Downlink of one d-vector (the server's ``v``) to every client; returns the clients' copy."""
+        """Downlink of one d-vector (the server's ``v``) to every (participating) client; returns the clients' copy."""
         self.comm.down += 1
         return self._broadcast(v)
 
+    def gossip_(self, X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        """Decentralized mixing, in place: ``X <- W X`` over the ``[N, d]`` client stack (W dense or
+        sparse COO, ``[N, N]``). Client i sends its row to, and receives the rows of, its deg(i)
+        neighbours: ``up``/``down`` grow by the mean degree."""
+        self.comm.up += self._mean_degree(W)
+        self.comm.down += self._mean_degree(W)
+        return self._gossip_(X, W)
+
     @abc.abstractmethod
-    def _mean(self, S: torch.Tensor) -> torch.Tensor: ...
+    def _mean(self, S: torch.Tensor, divisor: Optional[int] = None) -> torch.Tensor: ...
 
     @abc.abstractmethod
     def _broadcast(self, v: torch.Tensor) -> torch.Tensor: ...
+
+    def _gossip_(self, X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        """In-process mixing: one (sparse or dense) matrix product over the stack."""
+        if self.rows != self.num_clients:
+            raise NotImplementedError(f"{type(self).__name__} holds {self.rows} of {self.num_clients} clients: "
+                                      f"gossip needs a neighbour exchange, which this backend does not implement")
+        buf = self.workspace("_gossip")
+        torch.mm(W, X, out=buf)
+        return X.copy_(buf)
+
+    def _mean_degree(self, W: torch.Tensor) -> float:
+        n = W.shape[0]
+        if W.layout == torch.sparse_coo:
+            vals = W._values()
+            nnz = int(torch.count_nonzero(vals))
+            diag = W._indices()
+            nnz_diag = int(torch.count_nonzero(vals[diag[0] == diag[1]]))
+        else:
+            nnz = int(torch.count_nonzero(W))
+            nnz_diag = int(torch.count_nonzero(torch.diagonal(W)))
+        deg = (nnz - nnz_diag) / n
+        return int(deg) if deg == int(deg) else deg
 
     # -- buffers ----------------------------------------------------------------------
     def new_vector(self, fill: Optional[torch.Tensor | float] = None) -> torch.Tensor:
@@ -129,11 +208,13 @@ class ClientSet(abc.ABC):
         """A new ``[rows, d]`` client stack: zeros, a constant, or every row a copy of a ``[d]`` tensor."""
         return self._new((self.rows, self.dim), fill)
 
-    def workspace(self, name: str) -> torch.Tensor:
-        """A cached ``[rows, d]`` scratch stack (contents undefined), reused across rounds."""
-        buf = self._workspace.get(name)
+    def workspace(self, name: str, rows: Optional[int] = None) -> torch.Tensor:
+        """A cached ``[rows, d]`` scratch stack (contents undefined), reused across rounds; ``rows``
+        defaults to the rows held here (a participant stack: ``active_rows(ids)``)."""
+        rows = self.rows if rows is None else int(rows)
+        buf = self._workspace.get((name, rows))
         if buf is None:
-            buf = self._workspace[name] = torch.empty(self.rows, self.dim, dtype=self.dtype, device=self.device)
+            buf = self._workspace[(name, rows)] = torch.empty(rows, self.dim, dtype=self.dtype, device=self.device)
         return buf
 
     def _new(self, shape, fill):
@@ -247,16 +328,34 @@ class SequentialClients(ClientSet):
         self._params = [p for p in model.parameters() if p.requires_grad]  # FlatParams' order
         if [p.numel() for p in self._params] != list(self.flat.sizes):
             raise ValueError("flat must be fk.FlatParams(model) of this model")
-        self._row_views: dict[int, list] = {}
+        self._binders: dict[tuple, Callable[[int], None]] = {}
 
     # -- client-local work ------------------------------------------------------------
-    def gradients_(self, X, G):
-        for i in range(self.rows):
-            self.local_gradient_(i, X[i], G[i])
+    def gradients_(self, X, G, ids=None):
+        binder = self._binder(X)
+        for j, i in enumerate(range(self.rows) if ids is None else ids.tolist()):
+            self.local_gradient_(i, X[j], G[j], bind=None if binder is None else functools.partial(binder, j))
         return G
 
-    def local_gradient_(self, i: int, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """``g <- g_i(x)`` for client i, ``x`` and ``g`` being ``[d]`` rows (no parameter copy)."""
+    def _binder(self, X: torch.Tensor) -> Optional[Callable[[int], None]]:
+        """``fk.FlatParams.row_binder`` of the stack X (per-row parameter views built once), cached
+        per stack: algorithms reuse the same state / workspace stacks every step. A cached binder
+        keeps its stack alive, so its address cannot be reused by another stack while cached."""
+        if X.dim() != 2 or not X.is_contiguous():
+            return None
+        key = (X.data_ptr(), tuple(X.shape), X.dtype)
+        binder = self._binders.get(key)
+        if binder is None:
+            if len(self._binders) >= 32:  # stacks that are gone (e.g. per-round copies): drop them
+                self._binders.clear()
+            binder = self._binders[key] = self.flat.row_binder(X)
+        return binder
+
+    def local_gradient_(self, i: int, x: torch.Tensor, g: torch.Tensor,
+                        bind: Optional[Callable[[], None]] = None) -> torch.Tensor:
+        """``g <- g_i(x)`` for client i, ``x`` and ``g`` being ``[d]`` rows (no parameter copy).
+        ``bind()`` points the module's parameters at x (a row binder's ``bind(j)``; default
+        ``fk.FlatParams.bind_(x)``)."""
         t0 = time.perf_counter()
         Xi, yi = self.data[i]
         n = Xi.shape[0]
@@ -266,7 +365,10 @@ class SequentialClients(ClientSet):
         if Xi.shape[0] <= self.chunk:
             # One pass: parameters re-pointed at row x, gradients returned by autograd and
             # written into g by one cat (cheaper than zeroing g and accumulating into it).
-            self._bind_params(x)
+            if bind is not None:
+                bind()
+            else:
+                self.flat.bind_(x)
             t1 = time.perf_counter()
             with torch.enable_grad():
                 grads = torch.autograd.grad(self.loss_fn(self.model(Xi), yi), self._params,
@@ -285,19 +387,6 @@ class SequentialClients(ClientSet):
         self.grad_evals += 1
         return g
 
-    def _bind_params(self, x: torch.Tensor) -> None:
-        """Point the module's parameters at the [d] row x (what ``FlatParams.bind_(x)`` does),
-        with the per-parameter views of each row cached: rows of the algorithm's stacks are reused
-        every step, and building the views dominates ``bind_`` for small models."""
-        views = self._row_views.get(x.data_ptr())
-        if views is None:
-            if len(self._row_views) >= 16 * self.rows:  # stacks that are gone: drop their views
-                self._row_views.clear()
-            views = self._row_views[x.data_ptr()] = self.flat.views(x)
-        for p, v in zip(self._params, views):
-            p.data = v
-        self.flat.params = x
-
     def _accumulate(self, X, y, weight: float) -> float:
         """Backward of ``weight * mean loss`` over (X, y), in chunks; gradients accumulate into
         the bound grad buffer. Returns the weighted loss."""
@@ -314,8 +403,8 @@ class SequentialClients(ClientSet):
         return total
 
     # -- aggregation ------------------------------------------------------------------
-    def _mean(self, S):
-        return S.mean(dim=0)
+    def _mean(self, S, divisor=None):
+        return S.mean(dim=0) if divisor is None else S.sum(dim=0).div_(divisor)
 
     def _broadcast(self, v):
         return v
@@ -342,9 +431,10 @@ class Costs(NamedTuple):
 
     client_prox: int  # prox evaluations on clients, all clients together
     server_prox: int  # prox evaluations on the server
-    up: int  # d-vectors each client sends
+    up: int  # d-vectors each client sends (DEPOSITUM: 2·deg, the mean over clients for irregular graphs)
     down: int  # d-vectors each client receives
     grads: float  # stochastic gradients per client (expected value 1/p for SCAFFNEW)
+    comm_every: int = 1  # up/down as declared every comm_every-th round, none in between (DEPOSITUM: τ)
 
 
 class Algorithm(abc.ABC):
@@ -363,6 +453,12 @@ class Algorithm(abc.ABC):
     * ``metric_step()``: default step s of the prox-gradient mapping G_s (§3 M1).
     * ``normal_map_point(state)``: ``(z, lam)`` if the state holds a normal-map variable z with
       model ``prox_{lam h}(z)`` (§3 M3), else None.
+    * ``state_metrics(state, clients)``: algorithm-specific metrics of the state (e.g. DEPOSITUM's
+      consensus errors, §3 M5), merged into the metrics on metric rounds; default none.
+
+    ``partial_participation``: True if ``round`` samples ``clients.participants()`` (§1.4);
+    otherwise ``simulate`` rejects ``participation`` / ``clients_per_round`` citing
+    ``participation_note``.
     """
 
     name: ClassVar[str]
@@ -371,6 +467,8 @@ class Algorithm(abc.ABC):
     reports: ClassVar[str]  # which variable ``report`` returns
     switches: ClassVar[tuple[str, ...]] = ()  # reconstruction switches (field names)
     composite: ClassVar[bool] = True  # False: h never enters the update (smooth method)
+    partial_participation: ClassVar[bool] = False  # True: round() works on a sampled client set
+    participation_note: ClassVar[str] = "the spec defines it for full participation only (ALGORITHMS.md §1.4)"
 
     @abc.abstractmethod
     def init(self, x0: torch.Tensor, clients: ClientSet): ...
@@ -393,6 +491,9 @@ class Algorithm(abc.ABC):
 
     def normal_map_point(self, state):
         return None
+
+    def state_metrics(self, state, clients: ClientSet) -> dict:
+        return {}
 
     def hparams(self) -> dict:
         return dataclasses.asdict(self)
@@ -465,6 +566,32 @@ def sgd_step_(X: torch.Tensor, G: torch.Tensor, lr: float) -> torch.Tensor:
 def load_rows_(X: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Every row of the stack X <- v (a [d] vector), or X <- v for a same-shape v."""
     return X.copy_(v.expand_as(X))
+
+
+def rows_(T: torch.Tensor, ids: Optional[torch.Tensor], out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The participants' rows of a per-client stack (a gathered copy, into ``out`` if given), or
+    T itself under full participation (``ids`` None)."""
+    if ids is None:
+        return T
+    return torch.index_select(T, 0, ids, out=out) if out is not None else T.index_select(0, ids)
+
+
+def put_rows_(T: torch.Tensor, ids: Optional[torch.Tensor], V: torch.Tensor) -> torch.Tensor:
+    """Write a participant stack V back into rows ``ids`` of T (nothing to do when ids is None:
+    V is T)."""
+    if ids is not None:
+        T.index_copy_(0, ids, V)
+    return T
+
+
+def damped_step_(X: torch.Tensor, G: torch.Tensor, C: torch.Tensor, lr: float, mu: float) -> torch.Tensor:
+    """In place ``X <- X − lr (G + C + mu X)`` = ``(1 − lr mu) X − lr (G + C)``: a gradient step on
+    ``f_i(x) + <C, x> + (mu/2)||x||²`` — the proximal-point local solvers of FedDR, FedADMM and
+    FedProx, whose anchor term ``mu (x − a)`` is ``mu x + C`` with ``C = −mu a`` (+ duals) fixed
+    for the round. Two passes (a scale and the fused control-variate step)."""
+    if mu != 0.0:
+        X.mul_(1.0 - lr * mu)
+    return fk.raw.cv_step_(X, G, C, lr)
 
 
 def warn_smooth(algorithm: str, reg: fk.Regularizer) -> None:

@@ -4,7 +4,9 @@
                upload x_i^{t,K} − x^t
     server:    x^{t+1} = x^t + η_g (1/N) Σ_i (x_i^{t,K} − x^t)      (η_g = 1: plain averaging)
 
-Per round: up 1, down 1, no prox. With a nonzero regularizer the update ignores h (a warning is
+Per round: up 1, down 1, no prox. Partial participation (the spec's sampled set S,
+``simulate(..., clients_per_round=k)``): the server averages the k participants' updates.
+With a nonzero regularizer the update ignores h (a warning is
 issued); the metrics still report f + h of x.
 """
 
@@ -40,6 +42,7 @@ class FedAvg(Algorithm):
     status = "EXACT"
     reports = "x (the server model)"
     composite = False
+    partial_participation = True
 
     def __post_init__(self):
         positive("lr_local", self.lr_local)
@@ -61,14 +64,16 @@ class FedAvg(Algorithm):
 
     def round(self, state, clients, reg, rng=None):
         x = state.x
-        X, G = clients.workspace("x"), clients.workspace("g")
+        ids = clients.participants()  # None: all N clients
+        k = clients.active_rows(ids)
+        X, G = clients.workspace("x", k), clients.workspace("g", k)
         with torch.no_grad():
             load_rows_(X, x)  # x_i^{t,0} = x^t
             for _ in range(self.local_steps):
-                clients.gradients_(X, G)
+                clients.gradients_(X, G, ids)
                 sgd_step_(X, G, self.lr_local)  # x_i <- x_i − η_l g_i
             neg_delta = fk.raw.normalized_delta_(X, x, 1.0, 1)  # x^t − x_i^{t,K}
-            sgd_step_(x, clients.mean(neg_delta), self.lr_global)  # x <- x + η_g mean(x_i^{t,K} − x^t)
+            sgd_step_(x, clients.mean(neg_delta, ids), self.lr_global)  # x <- x + η_g mean(x_i^{t,K} − x^t)
             x = clients.broadcast(x)
         return FedAvgState(x=x, t=state.t + 1)
 

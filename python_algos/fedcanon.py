@@ -48,6 +48,8 @@ class FedCanon(Algorithm):
     spec = "ALGORITHMS.md §4.1"
     status = "EXACT"
     reports = "z (the server model, a prox output)"
+    participation_note = ("its control variates keep the invariant sum_i c_i = 0 only when every client "
+                          "updates every round; naive sampling breaks it (ALGORITHMS.md §1.4, §7.2)")
 
     def __post_init__(self):
         positive("alpha", self.alpha)

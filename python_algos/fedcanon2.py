@@ -47,6 +47,8 @@ class FedCanonII(Algorithm):
     spec = "ALGORITHMS.md §4.2"
     status = "EXACT"
     reports = "z (the clients' common replica x̂_i^{t,0}, a prox output)"
+    participation_note = ("its control variates keep the invariant sum_i c_i = 0 only when every client "
+                          "updates every round; naive sampling breaks it (ALGORITHMS.md §1.4, §7.2)")
 
     def __post_init__(self):
         positive("alpha", self.alpha)

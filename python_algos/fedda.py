@@ -15,7 +15,8 @@ The dual step and the next primal retrieval are one fused kernel (``fk.fused.za1
 zero correction); the primal after the last dual step is never used and is not computed. Per
 round: N·K client prox evaluations (the one at η̃_{0,0} = 0 is the identity but still a kernel
 evaluation) + 1 on the server (the output); up 1, down 1 (plus the scalar elapsed step, which
-every party can compute from r).
+every party can compute from r). Partial participation (the spec's sampled set S,
+``simulate(..., clients_per_round=k)``): z averages the k participants' Δ, k·K + 1 prox.
 
 No step-size rule is enforced: the cumulative prox step η̃ grows without bound, so no constraint
 can hold for all rounds (§7.4). FedDA does not rely on a unique prox; for MCP/SCAD past
@@ -55,6 +56,7 @@ class FedDA(Algorithm):
     spec = "ALGORITHMS.md §5.4"
     status = "EXACT"
     reports = "x = prox(z) (the primal of the server's dual state)"
+    partial_participation = True
 
     def __post_init__(self):
         positive("lr_client", self.lr_client)
@@ -85,19 +87,21 @@ class FedDA(Algorithm):
     def round(self, state, clients, reg, rng=None):
         eta_c, eta_s, K, r = self.lr_client, self.lr_server, self.local_steps, state.t
         z, x = state.z, state.x
-        Z, X, G = clients.workspace("z"), clients.workspace("x"), clients.workspace("g")
+        ids = clients.participants()  # None: all N clients
+        n = clients.active_rows(ids)
+        Z, X, G = clients.workspace("z", n), clients.workspace("x", n), clients.workspace("g", n)
         no_correction = torch.zeros_like(z)
         with torch.no_grad():
             load_rows_(Z, z)  # z_{r,0}^m = z_r
             prox_(load_rows_(X, Z), reg, self.elapsed(r, 0))  # x_{r,0}^m = prox_{η̃_{r,0} h}(z_{r,0}^m)
             for k in range(K):
-                clients.gradients_(X, G)  # g_m(x_{r,k})
+                clients.gradients_(X, G, ids)  # g_m(x_{r,k})
                 if k < K - 1:  # z <- z − η_c g;  x <- prox_{η̃_{r,k+1} h}(z)
                     fk.fused.za1_step_(Z, X, G, no_correction, eta_c, reg, self.elapsed(r, k + 1), fast=True)
                 else:
                     fk.raw.cv_step_(Z, G, no_correction, eta_c)
             delta = Z.sub_(z)  # Δ_r^m = z_{r,K}^m − z_{r,0}^m
-            z.add_(clients.mean(delta), alpha=eta_s)  # z_{r+1} = z_r + η_s mean Δ
+            z.add_(clients.mean(delta, ids), alpha=eta_s)  # z_{r+1} = z_r + η_s mean Δ
             prox_(x.copy_(z), reg, self.elapsed(r + 1))  # x_{r+1} = prox_{η_s η_c (r+1) K h}(z_{r+1})
             z = clients.broadcast(z)
         return FedDAState(z=z, x=x, t=r + 1)

@@ -7,7 +7,8 @@ Yuan, Zaheer, Reddi, "Federated Composite Optimization", ICML 2021:
 
 As in the reference code (``fed_avg_schedule.py``), the server takes an SGD step with −Δ as the
 gradient and learning rate η_s, then the prox with step η_s × (sum of client lrs) = η_s η_c K.
-Per round: N·K + 1 prox evaluations; up 1, down 1.
+Per round: N·K + 1 prox evaluations; up 1, down 1. Partial participation (the spec's sampled
+set S, ``simulate(..., clients_per_round=k)``): Δ_r averages the k participants, k·K + 1 prox.
 Validity (§7.4): η_c < 1/ρ and η_s η_c K < 1/ρ.
 """
 
@@ -42,6 +43,7 @@ class FedMiD(Algorithm):
     spec = "ALGORITHMS.md §5.3"
     status = "EXACT"
     reports = "x (the server model, a prox output)"
+    partial_participation = True
 
     def __post_init__(self):
         positive("lr_client", self.lr_client)
@@ -71,14 +73,16 @@ class FedMiD(Algorithm):
     def round(self, state, clients, reg, rng=None):
         eta_c, eta_s, K = self.lr_client, self.lr_server, self.local_steps
         x = state.x
-        X, G = clients.workspace("x"), clients.workspace("g")
+        ids = clients.participants()  # None: all N clients
+        k = clients.active_rows(ids)
+        X, G = clients.workspace("x", k), clients.workspace("g", k)
         with torch.no_grad():
             load_rows_(X, x)  # x_{r,0}^m = x_r
             for _ in range(K):
-                clients.gradients_(X, G)
+                clients.gradients_(X, G, ids)
                 fk.fused.prox_grad_step_(X, G, eta_c, reg, eta_c, fast=True)  # prox_{η_c h}(x − η_c g)
             neg_delta = fk.raw.normalized_delta_(X, x, 1.0, 1)  # x_r − x_{r,K}^m = −Δ^m (the pseudo-gradient)
-            g_server = clients.mean(neg_delta)  # −Δ_r
+            g_server = clients.mean(neg_delta, ids)  # −Δ_r
             fk.fused.prox_grad_step_(x, g_server, eta_s, reg, self.server_step, fast=True)  # prox(x_r + η_s Δ_r)
             x = clients.broadcast(x)
         return FedMiDState(x=x, t=state.t + 1)

@@ -79,6 +79,8 @@ class FedNMap(Algorithm):
     spec = "ALGORITHMS.md §4.4"
     status = "RECONSTRUCTED"
     reports = "x = prox_{λh}(z)"
+    participation_note = ("its control variates keep the invariant sum_i c_i = 0 only when every client "
+                          "updates every round; naive sampling breaks it (ALGORITHMS.md §1.4, §7.2)")
     switches = ("c_update_at", "downlink", "server_scale")
 
     def __post_init__(self):

@@ -43,6 +43,8 @@ class ProxFedAvg(Algorithm):
     spec = "ALGORITHMS.md §5.2"
     status = "EXACT"
     reports = "z (the server model, a prox output)"
+    participation_note = ("FedCanon eq. (3) averages all N clients (ALGORITHMS.md §5.2); FedMiD (§5.3) "
+                          "is the same scheme with a sampled set S")
 
     def __post_init__(self):
         positive("alpha", self.alpha)

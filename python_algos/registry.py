@@ -6,7 +6,9 @@
 
 ``Entry.from_lr(lr, K)`` maps one local step size and K local steps to each algorithm's own
 hyper-parameters with the usual matching (FedCanon's heuristic α = βK of its Remark 4, η_g = 1,
-η_s = 1, FedNMap λ = ηK, SCAFFNEW p = 1/K). Tests, benchmarks and a CLI use it to run every
+η_s = 1, FedNMap λ = ηK, SCAFFNEW p = 1/K, FedDR / FedADMM η = lr·K with K inner steps of lr,
+FedProx μ = 0.01, DEPOSITUM α = lr, γ = 1, β = 0.9 on a ring gossiping every τ = K iterations —
+one DEPOSITUM round is one iteration). Tests, benchmarks and a CLI use it to run every
 algorithm on comparable settings. ``python -m python_algos`` prints the README table.
 """
 
@@ -16,12 +18,16 @@ import dataclasses
 from typing import Callable
 
 from .core import Algorithm
+from .depositum import DEPOSITUM
+from .fedadmm import FedADMM
 from .fedavg import FedAvg
 from .fedcanon import FedCanon
 from .fedcanon2 import FedCanonII
 from .fedda import FedDA
+from .feddr import FedDR
 from .fedmid import FedMiD
 from .fednmap import FedNMap
+from .fedprox import FedProx
 from .prox_fedavg import ProxFedAvg
 from .scaffnew import SCAFFNEW
 from .scaffold import SCAFFOLD
@@ -35,6 +41,7 @@ class Entry:
     cls: type
     from_lr: Callable[[float, int], dict]  # (local lr, K) -> constructor kwargs
     down_note: str = ""  # README detail for the communication column
+    comm_note: str = ""  # README text for both communication columns (replaces the counts)
 
 
 ALGORITHMS: dict[str, Entry] = {
@@ -49,6 +56,11 @@ ALGORITHMS: dict[str, Entry] = {
     "fedavg": Entry(FedAvg, lambda lr, K: dict(lr_local=lr, lr_global=1.0, local_steps=K)),
     "scaffold": Entry(SCAFFOLD, lambda lr, K: dict(lr_local=lr, lr_global=1.0, local_steps=K)),
     "scaffnew": Entry(SCAFFNEW, lambda lr, K: dict(lr=lr, p=1.0 / K)),
+    "feddr": Entry(FedDR, lambda lr, K: dict(eta=lr * K, lr_local=lr, local_steps=K)),
+    "fedadmm": Entry(FedADMM, lambda lr, K: dict(eta=lr * K, lr_local=lr, local_steps=K)),
+    "fedprox": Entry(FedProx, lambda lr, K: dict(lr_local=lr, local_steps=K, mu=0.01)),
+    "depositum": Entry(DEPOSITUM, lambda lr, K: dict(alpha=lr, gamma=1.0, beta=0.9, period=K),
+                       comm_note="2·deg(i) to / from neighbours per gossip iteration (every τ), no server"),
 }
 
 
@@ -71,7 +83,9 @@ def markdown_table() -> str:
         alg = make(key, lr=0.01, local_steps=7)
         c = alg.costs(1000)
         client = {0: "0", 1000: "N (1 each)", 7000: "N·K"}.get(c.client_prox, str(c.client_prox))
-        if key == "scaffnew":
+        if e.comm_note:
+            up = down = e.comm_note
+        elif key == "scaffnew":
             down = f"{c.down} per communication"
             up = f"{c.up} per communication"
         else:

@@ -51,6 +51,8 @@ class SCAFFNEW(Algorithm):
     spec = "ALGORITHMS.md §5.7"
     status = "EXACT"
     reports = "x̄ (the averaged model)"
+    participation_note = ("every client takes every local step and each communication averages all N "
+                          "clients, keeping sum_i h_i = 0 (ProxSkip, ALGORITHMS.md §5.7)")
     composite = False
 
     def __post_init__(self):

@@ -8,7 +8,10 @@ Karimireddy et al., ICML 2020:
                upload (y_i − x, c_i^+ − c_i);  c_i <- c_i^+
     server:    x <- x + η_g (1/N) Σ_i (y_i − x);   c <- c + (1/N) Σ_i (c_i^+ − c_i)
 
-Per round: up 2, down 2 (x, c); no prox; K gradients. With h = 0 and full participation,
+Per round: up 2, down 2 (x, c); no prox; K gradients. Partial participation (the spec's sampled
+set S, ``simulate(..., clients_per_round=k)``): only the participants run and update c_i (the
+others keep theirs); x averages their model updates, c <- c + (1/N) Σ_{i∈S} (c_i^+ − c_i).
+With h = 0 and full participation,
 SCAFFOLD, FedCanon (η_l = β, η_g = α/(βK)) and FedNMap (η_l = η, η_g = γ_s) produce identical
 iterates (§7.3). With a nonzero regularizer the update ignores h (a warning is issued).
 """
@@ -22,7 +25,7 @@ import torch
 
 import fedkernels as fk
 
-from .core import Algorithm, Costs, load_rows_, positive, positive_int, warn_smooth
+from .core import Algorithm, Costs, load_rows_, positive, positive_int, put_rows_, rows_, warn_smooth
 
 __all__ = ["SCAFFOLD", "SCAFFOLDState"]
 
@@ -47,6 +50,7 @@ class SCAFFOLD(Algorithm):
     status = "EXACT"
     reports = "x (the server model)"
     composite = False
+    partial_participation = True
 
     def __post_init__(self):
         positive("lr_local", self.lr_local)
@@ -69,19 +73,23 @@ class SCAFFOLD(Algorithm):
     def round(self, state, clients, reg, rng=None):
         eta_l, eta_g, K = self.lr_local, self.lr_global, self.local_steps
         x, c, c_i = state.x, state.c, state.c_i
-        Y, G, corr = clients.workspace("y"), clients.workspace("g"), clients.workspace("corr")
+        ids = clients.participants()  # None: all N clients
+        k = clients.active_rows(ids)
+        Y, G, corr = clients.workspace("y", k), clients.workspace("g", k), clients.workspace("corr", k)
+        Ci = rows_(c_i, ids, clients.workspace("c_i", k))  # the participants' c_i (c_i itself when all)
         with torch.no_grad():
-            torch.sub(c, c_i, out=corr)  # c − c_i, fixed during the round
+            torch.sub(c, Ci, out=corr)  # c − c_i, fixed during the round
             load_rows_(Y, x)  # y_i = x
             for _ in range(K):
-                clients.gradients_(Y, G)
+                clients.gradients_(Y, G, ids)
                 fk.raw.cv_step_(Y, G, corr, eta_l)  # y_i <- y_i − η_l (g_i − c_i + c)
             dy = Y.sub_(x)  # y_i − x
             dc = torch.div(dy, -K * eta_l, out=corr).sub_(c)  # c_i^+ − c_i = −c + (x − y_i)/(K η_l)
-            c_i.add_(dc)  # c_i <- c_i^+
+            put_rows_(c_i, ids, Ci.add_(dc))  # c_i <- c_i^+
             # server
-            x.add_(clients.mean(dy), alpha=eta_g)  # x <- x + η_g mean(y_i − x)
-            c.add_(clients.mean(dc))  # c <- c + (1/N) Σ (c_i^+ − c_i)
+            x.add_(clients.mean(dy, ids), alpha=eta_g)  # x <- x + η_g (1/|S|) Σ_{i∈S} (y_i − x)
+            n_all = None if ids is None else clients.num_clients
+            c.add_(clients.mean(dc, ids, divisor=n_all))  # c <- c + (1/N) Σ_{i∈S} (c_i^+ − c_i)
             x, c = clients.broadcast(x), clients.broadcast(c)
         return SCAFFOLDState(x=x, c=c, c_i=c_i, t=state.t + 1)
 

@@ -128,6 +128,28 @@ def _restore(snap: dict, algorithm: Algorithm, model: nn.Module, cs: ClientSet, 
             int(snap["round"]) + 1)
 
 
+def _clients_per_round(algorithm: Algorithm, n: int, participation, clients_per_round) -> Optional[int]:
+    """k clients per round (None: all), checked against what the algorithm supports."""
+    if participation is not None and clients_per_round is not None:
+        raise ValueError("give participation (a fraction) or clients_per_round (a count), not both")
+    k = None
+    if participation is not None:
+        if isinstance(participation, bool) or not isinstance(participation, (int, float)) or not 0 < participation <= 1:
+            raise ValueError(f"participation must be a fraction in (0, 1], got {participation!r}")
+        k = max(1, int(round(participation * n)))
+    elif clients_per_round is not None:
+        if isinstance(clients_per_round, bool) or not isinstance(clients_per_round, (int, np.integer)) \
+                or not 1 <= clients_per_round <= n:
+            raise ValueError(f"clients_per_round must be an int in [1, N = {n}], got {clients_per_round!r}")
+        k = int(clients_per_round)
+    if k is None or k == n:
+        return None
+    if not algorithm.partial_participation:
+        raise ValueError(f"{algorithm.name} does not support partial participation ({k} of {n} clients per round): "
+                         f"{algorithm.participation_note}")
+    return k
+
+
 def simulate(
     algorithm: Algorithm,
     model: nn.Module,
@@ -146,6 +168,8 @@ def simulate(
     resume: Optional[dict] = None,
     checkpoint: Optional[Callable[[dict], None]] = None,
     checkpoint_every: int = 0,
+    participation: Optional[float] = None,
+    clients_per_round: Optional[int] = None,
 ) -> History:
     """Run ``rounds`` rounds of ``algorithm`` from the model's current parameters.
 
@@ -156,7 +180,8 @@ def simulate(
         loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss.
         clients: one ``(X, y)`` pair of tensors (or Dataset) per client. Floating-point data
             are cast to the model's dtype.
-        rounds: number of communication rounds T.
+        rounds: number of communication rounds T (DEPOSITUM, which has no server: iterations,
+            gossiping every ``period`` of them).
         regularizer: h (a ``fedkernels`` Regularizer). ``algorithm.validate(h)`` runs first and
             raises ``ValueError`` for invalid step sizes (e.g. FedCanon with alpha * rho >= 1).
         batch_size: minibatch size B; ``None`` means full local gradients (deterministic run).
@@ -180,6 +205,12 @@ def simulate(
             ``hparams``, ``state``, ``rng``, ``client_rng``, ``torch_rng``, ``buffers``, ``metrics``,
             ``initial``, ``elapsed``) references live buffers: write it out before returning.
         checkpoint_every: see ``checkpoint`` (0: only round 0 and the last round).
+        participation: fraction of clients sampled each round, k = max(1, round(participation * N))
+            uniformly without replacement (ALGORITHMS.md §1.4); None or 1: full participation.
+        clients_per_round: the same as an int k (give at most one of the two). The sample comes
+            from the client set's own generator, seeded by ``seed``. Only algorithms with
+            ``partial_participation = True`` accept k < N (FedMiD, FedDA, FedAvg, SCAFFOLD, FedProx,
+            FedDR, FedADMM); the others raise ``ValueError``.
     """
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"algorithm must be a python_algos Algorithm, got {type(algorithm).__name__}")
@@ -188,6 +219,7 @@ def simulate(
     if isinstance(metrics_every, bool) or not isinstance(metrics_every, int) or metrics_every < 0:
         raise ValueError(f"metrics_every must be an int >= 0, got {metrics_every!r}")
     algorithm.validate(regularizer)
+    k = _clients_per_round(algorithm, len(clients), participation, clients_per_round)
     step = float(metric_step) if metric_step is not None else float(algorithm.metric_step())
     if not step > 0:
         raise ValueError(f"metric_step must be > 0, got {step}")
@@ -196,11 +228,13 @@ def simulate(
     x0 = flat.params.detach().clone()
     make = backend if backend is not None else SequentialClients
     cs = make(model, loss_fn, clients, batch_size=batch_size, seed=seed, flat=flat)
+    cs.set_participation(k, seed)
     rng = torch.Generator().manual_seed(_seeds(seed, 1, stream=1)[0])  # server side (e.g. SCAFFNEW's coin)
 
     def evaluate(st) -> dict:
         x = algorithm.report(st, regularizer).detach()
         out = objective_metrics(cs, regularizer, x, step, algorithm.normal_map_point(st))
+        out.update(algorithm.state_metrics(st, cs))
         if eval_fn is not None:
             flat.bind_(x.clone())
             out.update(eval_fn(x))

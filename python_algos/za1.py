@@ -61,6 +61,8 @@ class ZA1(Algorithm):
     spec = "ALGORITHMS.md §4.3"
     status = "HC-RECON"
     reports = "x (the post-prox global model)"
+    participation_note = ("its control variates keep the invariant sum_i c_i = 0 only when every client "
+                          "updates every round; naive sampling breaks it (ALGORITHMS.md §1.4, §7.2)")
 
     def __post_init__(self):
         positive("eta", self.eta)

@@ -164,7 +164,7 @@ def test_registry_table_lists_every_algorithm():
     table = pa.registry.markdown_table()
     for name, entry in ALGORITHMS.items():
         assert f"`{name}`" in table
-    assert len(ALGORITHMS) == 10
+    assert len(ALGORITHMS) == 14
 
 
 def test_chunked_full_batch_matches_one_pass():
