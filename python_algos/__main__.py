@@ -1,5 +1,8 @@
-"""``python -m python_algos``: print the algorithm table (declared costs) in markdown."""
+"""``python -m python_algos``: the command line (see :mod:`python_algos.cli`); no arguments runs the
+demo, ``python -m python_algos algorithms`` prints the algorithm table."""
 
-from .registry import markdown_table
+import sys
 
-print(markdown_table())
+from .cli import main
+
+sys.exit(main())

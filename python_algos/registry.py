@@ -9,7 +9,7 @@ hyper-parameters with the usual matching (FedCanon's heuristic α = βK of its R
 η_s = 1, FedNMap λ = ηK, SCAFFNEW p = 1/K, FedDR / FedADMM η = lr·K with K inner steps of lr,
 FedProx μ = 0.01, DEPOSITUM α = lr, γ = 1, β = 0.9 on a ring gossiping every τ = K iterations —
 one DEPOSITUM round is one iteration). Tests, benchmarks and a CLI use it to run every
-algorithm on comparable settings. ``python -m python_algos`` prints the README table.
+algorithm on comparable settings. ``python -m python_algos algorithms`` prints the README table.
 """
 
 from __future__ import annotations

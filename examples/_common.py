@@ -1,0 +1,105 @@
+"""Shared pieces of the paper-experiment scripts: arguments, data fallback, runs, slopes, reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from python_algos.data import DataNotFoundError, load_dataset
+from python_algos.experiment import Config, prepare_data, run_experiment
+
+__all__ = ["parser", "paper_data", "Runner", "loglog_slope", "write_report", "table"]
+
+
+def parser(name: str, doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m examples.{name}", description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a few rounds on a tiny problem (smoke test, seconds)")
+    p.add_argument("--data-dir", default=None, help="folder with the paper's dataset files (used when present)")
+    p.add_argument("--out", default=os.path.join("results", "examples", name), help="results folder")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--progress", action="store_true", help="progress bars for every run")
+    return p
+
+
+def paper_data(paper: str, data_dir: Optional[str], fallback: str, fallback_opts: dict, log=print):
+    """``(dataset, data_opts, data_dir, note)``: the paper's dataset if its files are in ``data_dir``,
+    else the built-in ``fallback`` generator, with a note saying which one is used and why."""
+    if data_dir is not None:
+        try:
+            load_dataset(paper, data_dir)
+            note = f"dataset: {paper} from {data_dir} (as in the paper)"
+            log(note)
+            return paper, {}, data_dir, note
+        except DataNotFoundError as e:
+            reason = str(e).splitlines()[0]
+    else:
+        reason = "no --data-dir given"
+    note = (f"dataset: built-in generator {fallback}({', '.join(f'{k}={v}' for k, v in fallback_opts.items())}) "
+            f"instead of the paper's {paper} ({reason})")
+    log(note)
+    return fallback, dict(fallback_opts), None, note
+
+
+class Runner:
+    """Runs configs into ``out/<label>`` with one printed line per run; caches data splits."""
+
+    def __init__(self, out: str, progress: bool = False, log=print):
+        self.out, self.progress, self.log = out, progress, log
+        self._fed = {}
+        os.makedirs(out, exist_ok=True)
+
+    def fed(self, cfg: Config):
+        key = json.dumps({k: v for k, v in cfg.to_dict().items()
+                          if k in ("dataset", "data_dir", "data_opts", "test_fraction", "partition", "num_clients",
+                                   "eta", "min_size", "shards_per_client", "seed")}, sort_keys=True)
+        if key not in self._fed:
+            self._fed[key] = prepare_data(cfg)
+        return self._fed[key]
+
+    def run(self, cfg: Config, label: str, extra_eval: Optional[Callable] = None) -> dict:
+        t0 = time.perf_counter()
+        s = run_experiment(cfg, os.path.join(self.out, label), fed=self.fed(cfg), progress=self.progress,
+                           extra_eval=extra_eval, label=label, log=self.log)
+        f = s["final"]
+        keys = [k for k in ("f+h", "grad_map_sq", "normal_map_sq", "dist_to_opt", "test_acc") if f.get(k) is not None]
+        self.log(f"  {label:28s} " + "  ".join(f"{k}={f[k]:.4g}" for k in keys)
+                 + f"  [{s['status']}, {time.perf_counter() - t0:.1f}s]")
+        if s["status"] != "completed":
+            self.log("  " + s["message"])
+        return s
+
+
+def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of log(y) against log(x)."""
+    lx, ly = np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float))
+    return float(np.polyfit(lx, ly, 1)[0])
+
+
+def tail_mean(rows: list, key: str, frac: float = 0.1) -> float:
+    """Mean of ``key`` over the last ``frac`` of the metric rounds (smooths minibatch noise)."""
+    vals = [r[key] for r in rows if r.get(key) is not None and r.get("round", 0) > 0]
+    k = max(1, int(math.ceil(len(vals) * frac)))
+    return float(np.mean(vals[-k:])) if vals else float("nan")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    from python_algos.experiment import format_table
+
+    return format_table(header, rows)
+
+
+def write_report(out: str, name: str, command: str, note: str, body: str, data: dict) -> str:
+    """``out/RESULTS.md`` (command, data note, tables, outcome) and ``out/results.json``."""
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(data, f, indent=2, default=float)
+    path = os.path.join(out, "RESULTS.md")
+    with open(path, "w") as f:
+        f.write(f"# {name}\n\n`{command}`\n\n{note}\n\n{body}\n")
+    return path

@@ -1,0 +1,153 @@
+"""Atomic checkpoints of a :func:`~python_algos.simulate.simulate` run, and their restoration.
+
+    from python_algos import checkpoint, simulate
+    hist = simulate(..., checkpoint=checkpoint.Checkpointer("run/checkpoint.pt"), checkpoint_every=10)
+    snap = checkpoint.load("run/checkpoint.pt")               # after a crash / kill
+    hist = simulate(..., resume=snap)                           # continues bit-identically
+
+A checkpoint holds the full run state that ``simulate`` hands to its ``checkpoint`` hook: the
+algorithm state (a NamedTuple of tensors: models, control variates, duals, trackers, counters),
+the server generator, every client generator (minibatch sampler positions), torch's global RNG,
+module buffers, the metrics so far and the elapsed time. It is written with ``torch.save`` to a
+temporary file in the same folder, flushed to disk, then ``os.replace``-d over the previous one,
+so a kill at any moment leaves either the old or the new checkpoint, never a torn one.
+
+Files are loaded with ``torch.load(weights_only=True)``: NamedTuple states are stored as plain
+dicts tagged with their class and rebuilt from already-imported modules, so loading a file runs
+no code from it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any, Optional
+
+import torch
+
+__all__ = ["save", "load", "atomic_save", "encode", "decode", "Checkpointer", "Diverged", "FORMAT"]
+
+FORMAT = 1
+_NT = "__namedtuple__"
+
+
+class Diverged(RuntimeError):
+    """The run produced NaN / Inf values; the last good checkpoint is kept."""
+
+
+def encode(obj: Any) -> Any:
+    """NamedTuples -> tagged dicts (recursively), so the result loads with ``weights_only=True``."""
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        cls = type(obj)
+        return {_NT: f"{cls.__module__}:{cls.__qualname__}", "fields": {k: encode(v) for k, v in obj._asdict().items()}}
+    if isinstance(obj, dict):
+        return {k: encode(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(encode(v) for v in obj)
+    return obj
+
+
+def decode(obj: Any) -> Any:
+    """Inverse of :func:`encode`. NamedTuple classes are looked up in already-imported modules."""
+    if isinstance(obj, dict):
+        if _NT in obj:
+            mod, _, qual = obj[_NT].partition(":")
+            module = sys.modules.get(mod)
+            cls = module
+            for part in qual.split("."):
+                cls = getattr(cls, part, None)
+            if module is None or not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
+                raise ValueError(f"checkpoint names state class {obj[_NT]!r}, which is not an imported NamedTuple "
+                                 f"(import the algorithm's module first)")
+            return cls(**{k: decode(v) for k, v in obj["fields"].items()})
+        return {k: decode(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(decode(v) for v in obj)
+    return obj
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """``torch.save(obj, path)`` atomically: temp file in the same folder, fsync, ``os.replace``."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    try:  # make the rename itself durable
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def save(path: str, snapshot: dict, extra: Optional[dict] = None) -> None:
+    """Write a ``simulate`` snapshot (plus ``extra`` user data) atomically to ``path``."""
+    atomic_save({"format": FORMAT, "snapshot": encode(snapshot), "extra": encode(extra or {})}, path)
+
+
+def load(path: str, map_location="cpu") -> dict:
+    """Read a checkpoint written by :func:`save`; returns the snapshot (``extra`` under key ``"extra"``)."""
+    import python_algos  # noqa: F401  (imports every algorithm module, so their state classes resolve)
+
+    blob = torch.load(os.fspath(path), map_location=map_location, weights_only=True)
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a python_algos checkpoint (format {FORMAT})")
+    snap = decode(blob["snapshot"])
+    snap["extra"] = decode(blob.get("extra", {}))
+    return snap
+
+
+def _nonfinite(obj) -> Optional[str]:
+    """Name of the first non-finite tensor field in a (nested) state, or None."""
+    if isinstance(obj, torch.Tensor):
+        return None if (not obj.is_floating_point() or bool(torch.isfinite(obj).all())) else "tensor"
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        for k, v in obj._asdict().items():
+            bad = _nonfinite(v)
+            if bad:
+                return k
+        return None
+    if isinstance(obj, (list, tuple)):
+        for v in obj:
+            bad = _nonfinite(v)
+            if bad:
+                return bad
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "value"
+    return None
+
+
+class Checkpointer:
+    """A ``simulate(checkpoint=...)`` hook that saves every snapshot it receives to ``path``.
+
+    A snapshot whose algorithm state holds NaN/Inf is not written: :class:`Diverged` is raised
+    instead, so the file keeps the last good state. ``on_save(snapshot)`` runs after each write.
+    ``last_round`` is the round of the last checkpoint written.
+    """
+
+    def __init__(self, path: str, extra: Optional[dict] = None, on_save=None):
+        self.path = os.fspath(path)
+        self.extra = extra
+        self.on_save = on_save
+        self.last_round: Optional[int] = None
+
+    def __call__(self, snapshot: dict) -> None:
+        bad = _nonfinite(snapshot["state"])
+        if bad:
+            raise Diverged(f"round {snapshot['round']}: the algorithm state field {bad!r} holds NaN/Inf")
+        save(self.path, snapshot, self.extra)
+        self.last_round = int(snapshot["round"])
+        if self.on_save is not None:
+            self.on_save(snapshot)

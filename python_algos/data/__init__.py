@@ -1,0 +1,22 @@
+"""Data for the experiments: file readers (no downloads), built-in generators, client partitions.
+
+    from python_algos.data import load_dataset, federate
+    fed = federate(load_dataset("synthetic", alpha=1, beta=1, num_clients=30), "natural", 30)
+    simulate(alg, model, loss_fn, fed.clients, rounds=100)
+
+See :mod:`.datasets` for the names, :mod:`.loaders` for the expected files, :mod:`.partitions`
+for the splits.
+"""
+
+from .datasets import BUILTIN, DATASETS, Dataset, FederatedData, federate, load_dataset
+from .loaders import (DataNotFoundError, load_a9a, load_cifar10, load_femnist, load_libsvm, load_mnist,
+                      read_idx)
+from .partitions import PARTITIONS, by_group, dirichlet, iid, label_histograms, label_shards
+from .synthetic import fedprox_synthetic, image_like, sparse_regression
+
+__all__ = [
+    "Dataset", "FederatedData", "DATASETS", "BUILTIN", "PARTITIONS", "load_dataset", "federate",
+    "DataNotFoundError", "read_idx", "load_mnist", "load_cifar10", "load_libsvm", "load_a9a", "load_femnist",
+    "iid", "dirichlet", "label_shards", "by_group", "label_histograms",
+    "fedprox_synthetic", "sparse_regression", "image_like",
+]

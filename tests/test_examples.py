@@ -1,0 +1,26 @@
+"""Smoke test of the paper-experiment scripts in --quick mode (a few rounds each; the outcomes
+are checked by running them in full, see examples/RESULTS.md)."""
+
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.mark.parametrize("name", ["fedcanon_fig2", "fedcanon_fig1", "za1_fig1", "fednmap_figs34"])
+def test_example_quick(tmp_path, name, capsys):
+    import importlib
+
+    mod = importlib.import_module(f"examples.{name}")
+    plot = [] if importlib.util.find_spec("matplotlib") else ["--no-plot"]
+    assert mod.main(["--quick", "--out", str(tmp_path), *plot]) == 0
+    out = capsys.readouterr().out
+    assert "built-in generator" in out or name == "za1_fig1"
+    report = (tmp_path / "RESULTS.md").read_text()
+    assert "**Outcome:**" in report and "--quick" in report
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["outcome"]
+    if not plot:
+        assert any(f.endswith(".png") for f in os.listdir(tmp_path))
