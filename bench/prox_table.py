@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import fedkernels as fk
-from python_algos.models import build_model, count_parameters
+from python_algos.experiments.models import build_model, count_parameters
 
 from . import reference as R
 from .bandwidth import (

@@ -6,7 +6,7 @@
     python -m bench.table_v --out bench/results/table_v.md   # also write the tables to a file
 
 Setting (FedCanon v2 §VI, Table V: FMNIST, CNN, SCAD, 10 clients, i.i.d., T = 200): a CNN
-(``python_algos.models.CNN``, 268,362 parameters) on MNIST-shaped synthetic data (1x28x28, 10
+(``python_algos.experiments.models.CNN``, 268,362 parameters) on MNIST-shaped synthetic data (1x28x28, 10
 classes, class-dependent means plus noise, i.i.d. over clients), SCAD regularizer, minibatch
 gradients, FedCanon vs FedMiD vs FedDA vs ZA1 with the same local step and K, run through
 ``python_algos.simulate``.
@@ -31,7 +31,7 @@ from torch import nn
 
 import fedkernels as fk
 import python_algos as pa
-from python_algos.models import CNN
+from python_algos.experiments.models import CNN
 
 ALGORITHMS: Dict[str, Callable[[float, int], pa.Algorithm]] = {
     "FedCanon": lambda lr, K: pa.FedCanon(alpha=lr * K, beta=lr, local_steps=K),

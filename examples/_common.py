@@ -11,8 +11,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from python_algos.data import DataNotFoundError, load_dataset
-from python_algos.experiment import Config, prepare_data, run_experiment
+from python_algos.experiments.data import DataNotFoundError, load_dataset
+from python_algos.experiments.runner import Config, prepare_data, run_experiment
 
 __all__ = ["parser", "paper_data", "Runner", "loglog_slope", "write_report", "table"]
 
@@ -90,7 +90,7 @@ def tail_mean(rows: list, key: str, frac: float = 0.1) -> float:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
-    from python_algos.experiment import format_table
+    from python_algos.experiments.runner import format_table
 
     return format_table(header, rows)
 

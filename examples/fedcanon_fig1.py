@@ -19,7 +19,7 @@ import os
 import sys
 
 from examples._common import Runner, paper_data, parser, table, tail_mean, write_report
-from python_algos.experiment import Config, read_metrics
+from python_algos.experiments.runner import Config, read_metrics
 
 ALPHAS = (0.01, 0.02, 0.05, 0.1, 0.2)
 BETAS = (0.005, 0.01, 0.02, 0.05)
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     print(outcome)
     plots = []
     if not args.no_plot:
-        from python_algos.plotting import plot_runs
+        from python_algos.experiments.plotting import plot_runs
 
         plots += plot_runs([os.path.join(args.out, f"alpha={a:g}") for a in alphas], out_dir=args.out,
                            metrics=["grad_map_sq", "f+h"], x_axes=["round"], title="β = 0.02, α varied",

@@ -7,7 +7,7 @@ drift), the control-variate methods do not.
 Paper setting (FedCanon v2 §VI): FMNIST, MLP, N = 10, K = 20, T = 200, one learning rate for all.
 Here (scaled to ~2-3 minutes on 2 cores): K = 10, T = 60; Fashion-MNIST if its IDX files are in
 --data-dir, otherwise the built-in image_like task (10 classes, 1x12x12, three modes per class,
-noise 2); the MLP of python_algos.models (128-64 hidden), minibatch B = 32, one local step size
+noise 2); the MLP of python_algos.experiments.models (128-64 hidden), minibatch B = 32, one local step size
 0.05 for all methods (FedCanon's α = βK heuristic, SCAFFNEW p = 1/K). Reported per (method,
 partition): test accuracy and test loss over the last 3 metric rounds (the test set is the same for every partition;
 the training objective f = (1/N) Σ f_i is not, since client sizes change with the split), and per
@@ -20,7 +20,7 @@ import os
 import sys
 
 from examples._common import Runner, paper_data, parser, table, write_report
-from python_algos.experiment import Config, read_metrics
+from python_algos.experiments.runner import Config, read_metrics
 
 METHODS = ("fedavg", "scaffold", "scaffnew", "fedcanon")
 PARTITIONS = (("iid", None), ("Dir(0.1)", 0.1), ("Dir(0.01)", 0.01))
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     print(outcome)
     plots = []
     if not args.no_plot:
-        from python_algos.plotting import plot_runs
+        from python_algos.experiments.plotting import plot_runs
 
         for pname, _ in PARTITIONS:
             runs = [os.path.join(args.out, folder(pname, m)) for m in METHODS]

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 
 from examples._common import Runner, loglog_slope, paper_data, parser, table, tail_mean, write_report
-from python_algos.experiment import Config, read_metrics
+from python_algos.experiments.runner import Config, read_metrics
 
 ALPHA = 1.0
 
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
 
 
 def _plot(out, by_n, by_q, slope_n, slope_q):
-    from python_algos.plotting import _mpl
+    from python_algos.experiments.plotting import _mpl
 
     plt = _mpl()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))

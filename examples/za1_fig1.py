@@ -20,8 +20,9 @@ import sys
 import torch
 
 from examples._common import Runner, parser, table, write_report
-from python_algos.core import SequentialClients, prox
-from python_algos.experiment import Config, build_model, build_regularizer, loss_function, read_metrics
+from python_algos.algorithms.steps import prox
+from python_algos.clients import SequentialClients
+from python_algos.experiments.runner import Config, build_model, build_regularizer, loss_function, read_metrics
 
 METHODS = ("za1", "fedmid", "fedda")
 METHOD_NAMES = {"za1": "ZA1", "fedmid": "FedMiD", "fedda": "FedDA"}
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
     print(outcome)
     plots = []
     if not args.no_plot:
-        from python_algos.plotting import plot_runs
+        from python_algos.experiments.plotting import plot_runs
 
         plots = plot_runs([os.path.join(args.out, m) for m in METHODS], out_dir=args.out,
                           metrics=["dist_to_opt", "f+h"], x_axes=["round"], title="full gradients",

@@ -1,8 +1,14 @@
-"""Composite federated learning algorithms on fedkernels (ALGORITHMS.md §4–§5).
+"""Composite federated learning on fedkernels: algorithms, client executors, ``simulate``.
 
-Each algorithm is one file: hyper-parameters (spec symbols), a State NamedTuple, ``init``,
-``round`` and ``report``; clients are rows of ``[N, d]`` stacks updated by fused kernels, and
-algorithms reach clients only through :class:`ClientSet` (gradients, mean, broadcast).
+Layers, bottom to top (each imports only from the ones above it in this list):
+
+* :mod:`python_algos.clients` — the :class:`ClientSet` interface and its executors (how the
+  clients' gradients are computed: sequentially, batched, ...);
+* :mod:`python_algos.algorithms` — one file per algorithm: hyper-parameters (the papers'
+  symbols), a State NamedTuple, ``init`` / ``round`` / ``report``; clients are rows of
+  ``[N, d]`` stacks updated by fused kernels, reached only through a ``ClientSet``;
+* :mod:`python_algos.simulate` — drives an algorithm through a ``ClientSet`` and records metrics;
+* :mod:`python_algos.experiments` — the application: CLI, data, models, checkpoints, plots.
 
     import fedkernels as fk
     from python_algos import FedCanon, simulate
@@ -10,24 +16,13 @@ algorithms reach clients only through :class:`ClientSet` (gradients, mean, broad
                     rounds=100, regularizer=fk.SCAD(1e-3))
 """
 
-from . import topology
-from .core import Algorithm, ClientSet, CommCounter, Costs, SequentialClients
-from .depositum import DEPOSITUM, DEPOSITUMState
-from .fedadmm import FedADMM, FedADMMState
-from .fedavg import FedAvg, FedAvgState
-from .fedcanon import FedCanon, FedCanonState
-from .fedcanon2 import FedCanonII, FedCanonIIState
-from .fedda import FedDA, FedDAState
-from .feddr import FedDR, FedDRState
-from .fedmid import FedMiD, FedMiDState
-from .fednmap import FedNMap, FedNMapState
-from .fedprox import FedProx, FedProxState
-from .prox_fedavg import ProxFedAvg, ProxFedAvgState
-from .registry import ALGORITHMS, make
-from .scaffnew import SCAFFNEW, SCAFFNEWState
-from .scaffold import SCAFFOLD, SCAFFOLDState
+from .algorithms import (ALGORITHMS, DEPOSITUM, SCAFFNEW, SCAFFOLD, ZA1, Algorithm, Costs, DEPOSITUMState,
+                         FedADMM, FedADMMState, FedAvg, FedAvgState, FedCanon, FedCanonII, FedCanonIIState,
+                         FedCanonState, FedDA, FedDAState, FedDR, FedDRState, FedMiD, FedMiDState, FedNMap,
+                         FedNMapState, FedProx, FedProxState, ProxFedAvg, ProxFedAvgState, SCAFFNEWState,
+                         SCAFFOLDState, ZA1State, make, topology)
+from .clients import ClientSet, CommCounter, SequentialClients
 from .simulate import History, simulate
-from .za1 import ZA1, ZA1State
 
 FedCanon2 = FedCanonII  # alias matching the registry name "fedcanon2"
 

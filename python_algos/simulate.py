@@ -41,7 +41,10 @@ from torch import nn
 
 import fedkernels as fk
 
-from .core import Algorithm, ClientSet, SequentialClients, _seeds, prox
+from .algorithms.base import Algorithm
+from .algorithms.steps import prox
+from .clients import ClientSet, SequentialClients
+from .clients.base import seeds
 
 __all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity"]
 
@@ -174,7 +177,7 @@ def simulate(
     """Run ``rounds`` rounds of ``algorithm`` from the model's current parameters.
 
     Args:
-        algorithm: an :class:`~python_algos.core.Algorithm` (e.g. ``FedCanon(alpha=.., beta=.., local_steps=..)``).
+        algorithm: an :class:`~python_algos.algorithms.Algorithm` (e.g. ``FedCanon(alpha=.., beta=.., local_steps=..)``).
         model: the ``nn.Module``. Its trainable parameters become views of flat buffers
             (``fk.FlatParams``); on return the model holds ``History.params``.
         loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss.
@@ -193,9 +196,9 @@ def simulate(
             (0: only the per-round timing / count metrics).
         metric_step: the step s of G_s (default ``algorithm.metric_step()``).
         backend: ``backend(model, loss_fn, clients, batch_size=, seed=, flat=)`` -> ClientSet;
-            default :class:`~python_algos.core.SequentialClients`.
+            default :class:`~python_algos.clients.SequentialClients`.
         resume: a snapshot given earlier to ``checkpoint`` (e.g. saved and loaded by
-            :mod:`python_algos.checkpoint`): instead of ``init``, restore the algorithm state, every
+            :mod:`python_algos.experiments.checkpoint`): instead of ``init``, restore the algorithm state, every
             generator, module buffers, the metrics so far and ``elapsed``, and continue with round
             ``snapshot["round"] + 1`` up to ``rounds``. With full or minibatch gradients the result is
             bit-identical to an uninterrupted run on CPU. Same algorithm and hyper-parameters required.
@@ -229,7 +232,7 @@ def simulate(
     make = backend if backend is not None else SequentialClients
     cs = make(model, loss_fn, clients, batch_size=batch_size, seed=seed, flat=flat)
     cs.set_participation(k, seed)
-    rng = torch.Generator().manual_seed(_seeds(seed, 1, stream=1)[0])  # server side (e.g. SCAFFNEW's coin)
+    rng = torch.Generator().manual_seed(seeds(seed, 1, stream=1)[0])  # server side (e.g. SCAFFNEW's coin)
 
     def evaluate(st) -> dict:
         x = algorithm.report(st, regularizer).detach()

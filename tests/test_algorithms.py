@@ -17,7 +17,7 @@ from torch import nn
 
 import fedkernels as fk
 import python_algos as pa
-from python_algos.registry import ALGORITHMS, make
+from python_algos.algorithms.registry import ALGORITHMS, make
 
 N, D, M = 6, 20, 40
 KAPPA = 0.3

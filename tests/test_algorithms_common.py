@@ -14,7 +14,7 @@ from torch import nn
 
 import fedkernels as fk
 import python_algos as pa
-from python_algos.registry import ALGORITHMS, make
+from python_algos.algorithms.registry import ALGORITHMS, make
 
 N_CLIENTS, IN, HIDDEN, CLASSES = 4, 5, 8, 3
 REGULARIZERS = [fk.Zero(), fk.L1(1e-2), fk.MCP(1e-2, 3.0), fk.SCAD(1e-2)]
@@ -161,7 +161,7 @@ def test_simulate_argument_errors():
 
 
 def test_registry_table_lists_every_algorithm():
-    table = pa.registry.markdown_table()
+    table = pa.algorithms.registry.markdown_table()
     for name, entry in ALGORITHMS.items():
         assert f"`{name}`" in table
     assert len(ALGORITHMS) == 14

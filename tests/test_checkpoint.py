@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 import fedkernels as fk
-from python_algos import checkpoint as ckpt
+from python_algos.experiments import checkpoint as ckpt
 from python_algos import simulate
-from python_algos.experiment import KILL_ENV, Config, read_metrics, run_experiment
-from python_algos.registry import ALGORITHMS, make
+from python_algos.experiments.runner import KILL_ENV, Config, read_metrics, run_experiment
+from python_algos.algorithms.registry import ALGORITHMS, make
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +36,7 @@ def tiny_model(bn=False):
 
 
 def test_encode_decode_namedtuple_states(tmp_path):
-    from python_algos.fednmap import FedNMapState
+    from python_algos.algorithms.fednmap import FedNMapState
 
     st = FedNMapState(z=torch.randn(4), c=torch.randn(2, 4), d=torch.zeros(2, 4), dbar=torch.ones(4), z_prev=None, t=3)
     snap = {"round": 3, "state": st, "metrics": [{"f": float("nan")}], "nested": [(st, 1)]}

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from python_algos.cli import main
-from python_algos.experiment import read_metrics
+from python_algos.experiments.cli import main
+from python_algos.experiments.runner import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--dataset", "sparse_logistic", "--data-opt", "n=200", "--data-opt", "dim=10", "--data-opt", "nnz=3",
@@ -119,7 +119,7 @@ def test_yaml_config(tmp_path):
 def test_progress_bar_on_a_terminal():
     import io
 
-    from python_algos.progress import Progress
+    from python_algos.experiments.progress import Progress
 
     class Tty(io.StringIO):
         def isatty(self):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from python_algos.data import (DataNotFoundError, fedprox_synthetic, image_like, load_a9a, load_cifar10,
+from python_algos.experiments.data import (DataNotFoundError, fedprox_synthetic, image_like, load_a9a, load_cifar10,
                                load_dataset, load_femnist, load_libsvm, load_mnist, read_idx, sparse_regression,
                                federate)
 

@@ -1,4 +1,4 @@
-"""DEPOSITUM (ALGORITHMS.md §4.5) and the topologies of python_algos.topology.
+"""DEPOSITUM (ALGORITHMS.md §4.5) and the topologies of python_algos.algorithms.topology.
 
 Heterogeneous least squares (N = 6, d = 20, float64, full gradients unless stated). References are
 plain torch: the server form of DEPOSITUM (W = J, τ = 1, paper Remark 3) with closed-form gradients,
@@ -16,7 +16,7 @@ import torch
 
 import fedkernels as fk
 import python_algos as pa
-from python_algos import topology as topo
+from python_algos.algorithms import topology as topo
 
 from _problems import LeastSquares, soft
 

@@ -1,10 +1,10 @@
-"""Tests for python_algos.models: parameter counts, shapes, registry, gradients."""
+"""Tests for python_algos.experiments.models: parameter counts, shapes, registry, gradients."""
 
 import pytest
 import torch
 from torch import nn
 
-from python_algos.models import (
+from python_algos.experiments.models import (
     CNN,
     MLP,
     MODELS,

@@ -15,7 +15,7 @@ import torch
 
 import fedkernels as fk
 import python_algos as pa
-from python_algos.registry import ALGORITHMS, make
+from python_algos.algorithms.registry import ALGORITHMS, make
 
 from _problems import LeastSquares, soft
 

@@ -2,7 +2,7 @@
 (RECONSTRUCTED; seed 002, formulas stripped).
 
 Zhou, Shi, Li, Zhong, Wen, Cao, arXiv:2504.12742. No server: N clients on an undirected connected
-graph with a symmetric doubly-stochastic mixing matrix W (:mod:`python_algos.topology`), which
+graph with a symmetric doubly-stochastic mixing matrix W (:mod:`python_algos.algorithms.topology`), which
 is used every ``period`` = τ iterations (W_t = W if (t + 1) mod τ == 0, else I). Iteration
 t = 0..T−1, every client i (adapt-then-combine):
 
@@ -49,7 +49,7 @@ import torch
 import fedkernels as fk
 
 from . import topology as topo
-from .core import Algorithm, Costs, check_prox_step, one_of, positive, positive_int
+from .base import Algorithm, Costs, check_prox_step, one_of, positive, positive_int
 
 __all__ = ["DEPOSITUM", "DEPOSITUMState"]
 
@@ -67,7 +67,7 @@ class DEPOSITUM(Algorithm):
     """DEPOSITUM. ``alpha``: α (step; prox step α or αγ); ``gamma``: γ (tracking scale);
     ``beta``: β ∈ [0, 1) (momentum, 0 = none); ``period``: τ (gossip every τ iterations);
     ``momentum``: "shb" | "snag"; ``topology``: a name ("ring", "complete", "star", "torus",
-    "erdos_renyi"), a :class:`~python_algos.topology.Topology`, an adjacency matrix (0/1, zero
+    "erdos_renyi"), a :class:`~python_algos.algorithms.topology.Topology`, an adjacency matrix (0/1, zero
     diagonal; Metropolis–Hastings weights) or a mixing matrix W; ``prox_step``: "alpha" |
     "alpha*gamma"; ``normalized``: momentum normalization (A1); ``tracker_init``: "zero" |
     "gradient" (A4); ``mixing``: W's layout, "auto" | "dense" | "sparse"."""

@@ -36,7 +36,8 @@ import torch
 
 import fedkernels as fk
 
-from .core import Algorithm, Costs, check_prox_step, load_rows_, positive, positive_int, prox_
+from .base import Algorithm, Costs, check_prox_step, positive, positive_int
+from .steps import load_rows_, prox_
 
 __all__ = ["ZA1", "ZA1State"]
 

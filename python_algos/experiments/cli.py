@@ -28,7 +28,7 @@ DEMO_ALGORITHMS = ("fedcanon", "fedavg", "za1", "fednmap", "fedmid")
 
 
 def _demo_config():
-    from .experiment import Config
+    from .runner import Config
 
     # Sparse logistic regression with a known 10-sparse ground truth in R^100; 10 clients whose
     # features are shifted differently (heterogeneous f_i, one common x_true); L1; full gradients.
@@ -199,7 +199,7 @@ def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
     if not isinstance(base, dict):
         raise SystemExit(f"{args.config}: the config must be a table / mapping of keys")
     base = {k.replace("-", "_"): v for k, v in base.items()}
-    from .experiment import Config
+    from .runner import Config
 
     names = {f.name for f in __import__("dataclasses").fields(Config)} | set(extra_keys)
     for k, v in vars(args).items():
@@ -213,7 +213,7 @@ def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
 
 
 def _out_dir(args, name: str) -> str:
-    from .experiment import default_out_dir
+    from .runner import default_out_dir
 
     if args.out:
         return args.out
@@ -245,7 +245,7 @@ def _split_alg_opts(opts: dict, algorithms: Sequence[str]):
 
 
 def _print_summary(summary: dict) -> None:
-    from .experiment import format_table
+    from .runner import format_table
 
     f = summary["final"]
     keys = [k for k in ("f", "h", "f+h", "grad_map_sq", "normal_map_sq", "sparsity", "test_acc", "train_acc",
@@ -254,7 +254,7 @@ def _print_summary(summary: dict) -> None:
 
 
 def cmd_run(args) -> int:
-    from .experiment import Config, run_experiment
+    from .runner import Config, run_experiment
 
     if args.demo:
         return cmd_demo(argparse.Namespace(rounds=getattr(args, "rounds", None), out=args.out,
@@ -282,7 +282,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .experiment import Config, comparison_table, compare_experiments
+    from .runner import Config, comparison_table, compare_experiments
 
     merged = _merge(args, extra_keys=("algorithms",))
     algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
@@ -300,7 +300,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .experiment import comparison_table, compare_experiments, default_out_dir
+    from .runner import comparison_table, compare_experiments, default_out_dir
 
     t0 = time.perf_counter()
     cfg = _demo_config()
@@ -331,7 +331,7 @@ def cmd_plot(args) -> int:
 
 
 def cmd_algorithms(args) -> int:
-    from .registry import markdown_table
+    from ..algorithms.registry import markdown_table
 
     print(markdown_table())
     return 0

@@ -1,6 +1,6 @@
 """Name -> algorithm class, with the per-algorithm extras that generic code needs.
 
-    from python_algos.registry import ALGORITHMS, make
+    from python_algos.algorithms.registry import ALGORITHMS, make
     alg = make("fedcanon", lr=0.01, local_steps=10)       # common parameterization
     alg = ALGORITHMS["fedcanon"].cls(alpha=0.1, beta=0.01, local_steps=10)
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from .core import Algorithm
+from .base import Algorithm
 from .depositum import DEPOSITUM
 from .fedadmm import FedADMM
 from .fedavg import FedAvg

@@ -27,7 +27,8 @@ import torch
 
 import fedkernels as fk
 
-from .core import Algorithm, Costs, load_rows_, positive, warn_smooth
+from .base import Algorithm, Costs, positive
+from .steps import load_rows_, warn_smooth
 
 __all__ = ["SCAFFNEW", "SCAFFNEWState"]
 

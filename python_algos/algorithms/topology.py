@@ -319,7 +319,7 @@ def canonical(spec: TopologyLike):
         key = _ALIASES.get(spec.lower(), spec.lower())
         if key not in _BUILDERS:
             raise ValueError(f"unknown topology {spec!r}; valid names: {', '.join(NAMES)} (or an adjacency "
-                             f"matrix, a mixing matrix W, or a python_algos.topology.Topology)")
+                             f"matrix, a mixing matrix W, or a python_algos.algorithms.topology.Topology)")
         return key
     if isinstance(spec, Topology):
         return spec

@@ -1,7 +1,7 @@
 """Figures of runs: loss / accuracy / stationarity / sparsity vs rounds and vs wall time.
 
     python -m python_algos plot results/<comparison> [results/<run> ...] [--out DIR]
-    from python_algos.plotting import plot_runs; plot_runs(["results/demo"], out_dir="figs")
+    from python_algos.experiments.plotting import plot_runs; plot_runs(["results/demo"], out_dir="figs")
 
 Several runs are overlaid, one line style and marker per run, styled like the papers' figures:
 log-scale y for the objective and the stationarity measures, markers every few points, a light
@@ -85,7 +85,7 @@ def load_run(path: str) -> dict:
     """``{"label", "rows"}`` for one run folder (label: its summary's label, else the folder name)."""
     import json
 
-    from .experiment import read_metrics
+    from .runner import read_metrics
 
     label = os.path.basename(os.path.normpath(path))
     try:

@@ -28,7 +28,8 @@ import torch
 
 import fedkernels as fk
 
-from .core import Algorithm, Costs, check_prox_step, damped_step_, load_rows_, positive, positive_int, sgd_step_, warn_smooth
+from .base import Algorithm, Costs, check_prox_step, positive, positive_int
+from .steps import damped_step_, load_rows_, sgd_step_, warn_smooth
 
 __all__ = ["FedProx", "FedProxState"]
 

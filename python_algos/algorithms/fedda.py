@@ -33,7 +33,8 @@ import torch
 
 import fedkernels as fk
 
-from .core import Algorithm, Costs, load_rows_, positive, positive_int, prox_
+from .base import Algorithm, Costs, positive, positive_int
+from .steps import load_rows_, prox_
 
 __all__ = ["FedDA", "FedDAState"]
 

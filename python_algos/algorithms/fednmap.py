@@ -48,7 +48,8 @@ import torch
 
 import fedkernels as fk
 
-from .core import Algorithm, Costs, check_prox_step, load_rows_, one_of, positive, positive_int, prox, prox_
+from .base import Algorithm, Costs, check_prox_step, one_of, positive, positive_int
+from .steps import load_rows_, prox, prox_
 
 __all__ = ["FedNMap", "FedNMapState"]
 

@@ -33,8 +33,8 @@ from typing import NamedTuple
 
 import torch
 
-from .core import (Algorithm, Costs, check_prox_step, damped_step_, load_rows_, positive, positive_int, prox_,
-                   put_rows_, rows_)
+from .base import Algorithm, Costs, check_prox_step, positive, positive_int
+from .steps import damped_step_, load_rows_, prox_, put_rows_, rows_
 
 __all__ = ["FedADMM", "FedADMMState"]
 

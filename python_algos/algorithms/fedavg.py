@@ -19,7 +19,8 @@ import torch
 
 import fedkernels as fk
 
-from .core import Algorithm, Costs, load_rows_, positive, positive_int, sgd_step_, warn_smooth
+from .base import Algorithm, Costs, positive, positive_int
+from .steps import load_rows_, sgd_step_, warn_smooth
 
 __all__ = ["FedAvg", "FedAvgState"]
 

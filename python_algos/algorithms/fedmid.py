@@ -21,7 +21,8 @@ import torch
 
 import fedkernels as fk
 
-from .core import Algorithm, Costs, check_prox_step, load_rows_, positive, positive_int
+from .base import Algorithm, Costs, check_prox_step, positive, positive_int
+from .steps import load_rows_
 
 __all__ = ["FedMiD", "FedMiDState"]
 

@@ -1,6 +1,6 @@
 """Data for the experiments: file readers (no downloads), built-in generators, client partitions.
 
-    from python_algos.data import load_dataset, federate
+    from python_algos.experiments.data import load_dataset, federate
     fed = federate(load_dataset("synthetic", alpha=1, beta=1, num_clients=30), "natural", 30)
     simulate(alg, model, loss_fn, fed.clients, rounds=100)
 

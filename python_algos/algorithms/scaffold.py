@@ -25,7 +25,8 @@ import torch
 
 import fedkernels as fk
 
-from .core import Algorithm, Costs, load_rows_, positive, positive_int, put_rows_, rows_, warn_smooth
+from .base import Algorithm, Costs, positive, positive_int
+from .steps import load_rows_, put_rows_, rows_, warn_smooth
 
 __all__ = ["SCAFFOLD", "SCAFFOLDState"]
 

@@ -39,8 +39,8 @@ import torch
 
 import fedkernels as fk
 
-from .core import (Algorithm, Costs, check_prox_step, damped_step_, one_of, positive, positive_int, prox_,
-                   put_rows_, rows_)
+from .base import Algorithm, Costs, check_prox_step, one_of, positive, positive_int
+from .steps import damped_step_, prox_, put_rows_, rows_
 
 __all__ = ["FedDR", "FedDRState"]
 

@@ -12,7 +12,7 @@ A run folder holds:
 ``partition.json``     client sizes and per-client label histograms
 ``metrics.jsonl``      one JSON object per round (round 0 = the starting point): §3 metrics,
                        timings, communication, test accuracy; non-finite numbers as null
-``checkpoint.pt``      the last checkpoint (atomic; see :mod:`python_algos.checkpoint`)
+``checkpoint.pt``      the last checkpoint (atomic; see :mod:`python_algos.experiments.checkpoint`)
 ``summary.json``       status (completed / diverged), final metrics, totals
 ``model.pt``           the reported model: flat ``params`` and the module's ``state_dict``
 =====================  ======================================================================
@@ -44,8 +44,8 @@ from . import checkpoint as ckpt
 from .data import FederatedData, federate, load_dataset
 from .models import build_model as _build_model
 from .progress import Progress
-from .registry import ALGORITHMS, make
-from .simulate import simulate
+from ..algorithms.registry import ALGORITHMS, make
+from ..simulate import simulate
 
 __all__ = [
     "Config",
@@ -72,12 +72,12 @@ class Config:
     """Everything that defines a run. Field names are the command line's flags (``--local-steps``)
     and the keys of a TOML / YAML config file."""
 
-    # algorithm (python_algos.registry): built from (lr, local_steps), then alg_opts overrides
+    # algorithm (python_algos.algorithms.registry): built from (lr, local_steps), then alg_opts overrides
     algorithm: str = "fedcanon"
     lr: float = 0.05
     local_steps: int = 10
     alg_opts: dict = dataclasses.field(default_factory=dict)
-    # data (python_algos.data)
+    # data (python_algos.experiments.data)
     dataset: str = "sparse_logistic"
     data_dir: Optional[str] = None
     data_opts: dict = dataclasses.field(default_factory=dict)
@@ -89,7 +89,7 @@ class Config:
     shards_per_client: int = 1
     participation: Optional[float] = None  # fraction of clients sampled per round (None: all)
     clients_per_round: Optional[int] = None  # or their number
-    # model (python_algos.models)
+    # model (python_algos.experiments.models)
     model: str = "linear"
     model_opts: dict = dataclasses.field(default_factory=dict)
     # regularizer h

@@ -1,0 +1,251 @@
+"""The client interface: what an algorithm may ask of its clients, whatever executes them.
+
+An algorithm never touches a model, a data set or a loop over parameters. It sees:
+
+* **client stacks**: per-client state is an ``[n, d]`` tensor, one row per client held by this
+  process (all ``N`` clients in one process; a shard of them per rank when distributed).
+  Per-round state updates are single fused ``fedkernels`` calls on those stacks.
+* a :class:`ClientSet`, which does the things that cross the client / server boundary:
+
+  ============================  ==========================================================
+  ``clients.gradients_(X, G)``  client-local work: ``G[i] <- g_i(X[i])``, a fresh minibatch
+                                per call (full local gradient when ``batch_size=None``)
+  ``clients.mean(S)``           uplink + aggregation: ``(1/N) sum_i S[i]`` -> ``[d]``
+  ``clients.broadcast(v)``      downlink: the server's ``[d]`` vector as the clients see it
+  ``clients.gossip_(X, W)``     decentralized: ``X <- W X``, each client averaging its
+                                neighbours' rows (no server; DEPOSITUM)
+  ``clients.participants()``    this round's sampled client set S (partial participation)
+  ============================  ==========================================================
+
+  plus buffer allocation (``new_stack``, ``workspace``). Executors differ only in how they answer
+  these: :class:`~python_algos.clients.SequentialClients` evaluates one client after another,
+  :class:`~python_algos.clients.BatchedClients` all of them in vectorized passes. ``mean`` and
+  ``broadcast`` count d-vectors per client (``clients.comm``), so the communication column of
+  the README is measured, not just declared.
+
+**Partial participation** (docs/algorithms.md, "Partial participation").
+``simulate(..., participation=0.5)`` or ``clients_per_round=k`` makes ``clients.participants()``
+draw, once per round, k clients uniformly without replacement from the client set's own generator
+(``participation_rng``, seeded from the run's seed, stream 2, so it is saved by ``rng_state`` with
+the minibatch generators). It returns their sorted ids (a LongTensor), or ``None`` under full
+participation. An algorithm that supports it works on *compact* ``[k, d]`` stacks whose row j is
+client ``ids[j]``: ``gradients_(X, G, ids)``, ``mean(S, ids)`` = ``(1/k) sum_j S[j]`` (or
+``(1/N) sum_j S[j]`` with ``divisor=N``, e.g. SCAFFOLD's server control variate and FedDR's
+running average of the latest uploads), ``workspace(name, rows=k)``, and ``rows_`` / ``put_rows_``
+(:mod:`python_algos.algorithms.steps`) to gather / scatter the participants' rows of per-client
+state; the other clients' state stays as it was (stale). With ``ids = None`` every helper is the
+full-participation path, bit for bit. ``up``/``down`` count d-vectors per *participating* client.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.utils.data
+
+__all__ = ["ClientSet", "CommCounter", "client_tensors", "seeds"]
+
+
+@dataclasses.dataclass
+class CommCounter:
+    """d-dimensional vectors sent per client: ``up`` (client -> server), ``down`` (server -> client)."""
+
+    up: int = 0
+    down: int = 0
+
+
+class ClientSet(abc.ABC):
+    """What an algorithm may ask of its clients (see the module docstring).
+
+    Attributes:
+        num_clients: N, the number of clients in the federation.
+        rows: the number of client rows held by this process (N for the in-process simulator).
+        dim: d, the flat model size.
+        dtype, device: of every stack and vector.
+        comm: CommCounter, incremented by ``mean`` (up) and ``broadcast`` (down).
+    """
+
+    num_clients: int
+    rows: int
+    dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def __init__(self):
+        self.comm = CommCounter()
+        self.grad_seconds = 0.0  # time in gradient calls (binding, batch sampling, forward, backward)
+        self.fwd_bwd_seconds = 0.0  # of which forward + backward passes only
+        self.grad_evals = 0  # number of per-client gradient calls
+        self._workspace: dict[tuple, torch.Tensor] = {}
+        self.clients_per_round: Optional[int] = None  # k < N: partial participation (set_participation)
+
+    # -- client-local work ------------------------------------------------------------
+    @abc.abstractmethod
+    def gradients_(self, X: torch.Tensor, G: torch.Tensor, ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``G[j] <- g_i(X[j])`` with i = ``ids[j]`` (i = j for every row held here when ``ids`` is
+        None), a fresh minibatch per call. Returns G."""
+
+    # -- participation ------------------------------------------------------------------
+    def set_participation(self, clients_per_round: Optional[int], seed: int = 0) -> None:
+        """Sample ``clients_per_round`` clients per round (None or N: full participation), from a
+        generator seeded by (``seed``, stream 2)."""
+        n = self.num_clients
+        if clients_per_round is None or clients_per_round == n:
+            self.clients_per_round = None
+            return
+        if isinstance(clients_per_round, bool) or not isinstance(clients_per_round, (int, np.integer)) \
+                or not 1 <= clients_per_round <= n:
+            raise ValueError(f"clients_per_round must be an int in [1, N = {n}], got {clients_per_round!r}")
+        self.clients_per_round = int(clients_per_round)
+        self.participation_rng = torch.Generator().manual_seed(seeds(seed, 1, stream=2)[0])
+
+    def participants(self) -> Optional[torch.Tensor]:
+        """This round's participating clients: sorted ids (LongTensor, ``clients_per_round`` of them,
+        uniformly without replacement), or None under full participation. Call once per round."""
+        if self.clients_per_round is None:
+            return None
+        perm = torch.randperm(self.num_clients, generator=self.participation_rng)
+        return perm[: self.clients_per_round].sort().values.to(self.device)
+
+    def active_rows(self, ids: Optional[torch.Tensor]) -> int:
+        """Rows of a compact participant stack: ``len(ids)``, or ``rows`` when ids is None."""
+        return self.rows if ids is None else int(ids.numel())
+
+    # -- aggregation ------------------------------------------------------------------
+    def mean(self, S: torch.Tensor, ids: Optional[torch.Tensor] = None, *, divisor: Optional[int] = None) -> torch.Tensor:
+        """Uplink of one d-vector per (participating) client and their uniform average
+        ``(1/n) sum_j S[j]`` over the n rows of S, or ``(1/divisor) sum_j S[j]`` (e.g. divisor = N
+        with a participant stack: the server's update of an average over all clients)."""
+        self.comm.up += 1
+        return self._mean(S, divisor)
+
+    def broadcast(self, v: torch.Tensor) -> torch.Tensor:
+        """Downlink of one d-vector (the server's ``v``) to every (participating) client; returns the clients' copy."""
+        self.comm.down += 1
+        return self._broadcast(v)
+
+    def gossip_(self, X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        """Decentralized mixing, in place: ``X <- W X`` over the ``[N, d]`` client stack (W dense or
+        sparse COO, ``[N, N]``). Client i sends its row to, and receives the rows of, its deg(i)
+        neighbours: ``up``/``down`` grow by the mean degree."""
+        self.comm.up += self._mean_degree(W)
+        self.comm.down += self._mean_degree(W)
+        return self._gossip_(X, W)
+
+    @abc.abstractmethod
+    def _mean(self, S: torch.Tensor, divisor: Optional[int] = None) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def _broadcast(self, v: torch.Tensor) -> torch.Tensor: ...
+
+    def _gossip_(self, X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        """In-process mixing: one (sparse or dense) matrix product over the stack."""
+        if self.rows != self.num_clients:
+            raise NotImplementedError(f"{type(self).__name__} holds {self.rows} of {self.num_clients} clients: "
+                                      f"gossip needs a neighbour exchange, which this backend does not implement")
+        buf = self.workspace("_gossip")
+        torch.mm(W, X, out=buf)
+        return X.copy_(buf)
+
+    def _mean_degree(self, W: torch.Tensor) -> float:
+        n = W.shape[0]
+        if W.layout == torch.sparse_coo:
+            vals = W._values()
+            nnz = int(torch.count_nonzero(vals))
+            diag = W._indices()
+            nnz_diag = int(torch.count_nonzero(vals[diag[0] == diag[1]]))
+        else:
+            nnz = int(torch.count_nonzero(W))
+            nnz_diag = int(torch.count_nonzero(torch.diagonal(W)))
+        deg = (nnz - nnz_diag) / n
+        return int(deg) if deg == int(deg) else deg
+
+    # -- buffers ----------------------------------------------------------------------
+    def new_vector(self, fill: Optional[torch.Tensor | float] = None) -> torch.Tensor:
+        """A new ``[d]`` vector: zeros, a constant, or a copy of a ``[d]`` tensor."""
+        return self._new((self.dim,), fill)
+
+    def new_stack(self, fill: Optional[torch.Tensor | float] = None) -> torch.Tensor:
+        """A new ``[rows, d]`` client stack: zeros, a constant, or every row a copy of a ``[d]`` tensor."""
+        return self._new((self.rows, self.dim), fill)
+
+    def workspace(self, name: str, rows: Optional[int] = None) -> torch.Tensor:
+        """A cached ``[rows, d]`` scratch stack (contents undefined), reused across rounds; ``rows``
+        defaults to the rows held here (a participant stack: ``active_rows(ids)``)."""
+        rows = self.rows if rows is None else int(rows)
+        buf = self._workspace.get((name, rows))
+        if buf is None:
+            buf = self._workspace[(name, rows)] = torch.empty(rows, self.dim, dtype=self.dtype, device=self.device)
+        return buf
+
+    def _new(self, shape, fill):
+        out = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if fill is not None:
+            if isinstance(fill, torch.Tensor):
+                out.copy_(fill.to(dtype=self.dtype, device=self.device).expand(shape))
+            else:
+                out.fill_(float(fill))
+        return out
+
+    # -- checkpointing ------------------------------------------------------------------
+    def rng_state(self) -> dict:
+        """States of every ``torch.Generator`` this client set owns (attributes holding one or a
+        list of them: minibatch samplers, participant samplers), for checkpoints."""
+        out = {}
+        for name, v in vars(self).items():
+            if isinstance(v, torch.Generator):
+                out[name] = v.get_state()
+            elif isinstance(v, (list, tuple)) and v and all(isinstance(g, torch.Generator) for g in v):
+                out[name] = [g.get_state() for g in v]
+        return out
+
+    def set_rng_state(self, states: dict) -> None:
+        """Restore what :meth:`rng_state` returned."""
+        for name, st in states.items():
+            v = getattr(self, name)
+            if isinstance(v, torch.Generator):
+                v.set_state(st)
+            else:
+                if len(v) != len(st):
+                    raise ValueError(f"{name}: {len(st)} saved generator states for {len(v)} generators")
+                for g, s in zip(v, st):
+                    g.set_state(s)
+
+    # -- evaluation (outside the algorithm) ------------------------------------------------
+    @abc.abstractmethod
+    def full_objective_(self, x: torch.Tensor, grad_out: torch.Tensor) -> float:
+        """Metric pass: returns f(x) = (1/N) sum_i f_i(x) on all training data and writes
+        the full gradient of f into ``grad_out``. Not counted as communication."""
+
+
+
+def client_tensors(client, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(X, y)`` tensors from a pair or a Dataset; floating-point data take the model's dtype."""
+    if isinstance(client, (tuple, list)) and len(client) == 2:
+        X, y = client
+    elif isinstance(client, torch.utils.data.TensorDataset):
+        X, y = client.tensors[0], client.tensors[1]
+    elif isinstance(client, torch.utils.data.Dataset):
+        items = [client[j] for j in range(len(client))]
+        X = torch.stack([torch.as_tensor(a) for a, _ in items])
+        y = torch.stack([torch.as_tensor(b) for _, b in items])
+    else:
+        raise TypeError(f"a client must be an (X, y) pair of tensors or a torch Dataset, got {type(client).__name__}")
+    X, y = torch.as_tensor(X), torch.as_tensor(y)
+    if X.shape[0] != y.shape[0] or X.shape[0] == 0:
+        raise ValueError(f"client data must be non-empty with matching lengths, got X {tuple(X.shape)}, y {tuple(y.shape)}")
+    X = X.to(device=device, dtype=dtype if X.is_floating_point() else X.dtype)
+    y = y.to(device=device, dtype=dtype if y.is_floating_point() else y.dtype)
+    return X, y
+
+
+def seeds(seed: int, n: int, stream: int = 0) -> list[int]:
+    """n independent 63-bit seeds derived from (``seed``, ``stream``); stable across runs and
+    backends. Stream 0: the clients' minibatch generators; stream 1: the server's generator."""
+    ss = np.random.SeedSequence([int(stream), int(seed)])
+    return [int(s) for s in ss.generate_state(n, dtype=np.uint64) >> np.uint64(1)]
+

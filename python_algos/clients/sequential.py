@@ -1,0 +1,154 @@
+"""The sequential executor: every client in this process, one after another, on one module."""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+import fedkernels as fk
+
+from .base import ClientSet, client_tensors, seeds
+
+__all__ = ["SequentialClients"]
+
+
+class SequentialClients(ClientSet):
+    """In-process simulator: all N clients, evaluated one after another on one shared module.
+
+    Args:
+        model: the ``nn.Module``; wrapped in ``fk.FlatParams`` (its parameters become views).
+        loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss.
+        data: one ``(X, y)`` pair (or Dataset) per client.
+        batch_size: ``None`` (or >= a client's size) for full local gradients; otherwise each
+            gradient call samples ``batch_size`` indices without replacement, using the client's
+            own ``torch.Generator`` (seeded from ``seed`` and the client index).
+        seed: the run's seed.
+        chunk: full-data passes are split into chunks of at most this many samples (a chunk
+            weighted by its share of the data, so the result is the same mean loss).
+        flat: an existing ``fk.FlatParams(model)`` to reuse.
+
+    Module buffers (e.g. BatchNorm running statistics) are shared by all clients here.
+    ``grad_seconds`` / ``grad_evals`` accumulate the time in, and number of, gradient calls
+    (binding the row, batch sampling, forward, backward); ``fwd_bwd_seconds`` the forward and
+    backward passes alone.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
+                 seed: int = 0, chunk: int = 2048, flat: Optional[fk.FlatParams] = None):
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1):
+            raise ValueError(f"batch_size must be None or a positive int, got {batch_size!r}")
+        if len(data) == 0:
+            raise ValueError("need at least one client")
+        self.model = model
+        self.loss_fn = loss_fn
+        self.flat = flat if flat is not None else fk.FlatParams(model)
+        self.dim = self.flat.numel
+        self.dtype = self.flat.params.dtype
+        self.device = self.flat.params.device
+        self.data = [client_tensors(c, self.dtype, self.device) for c in data]
+        self.num_clients = self.rows = len(self.data)
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.chunk = int(chunk)
+        self.generators = [torch.Generator().manual_seed(s) for s in seeds(seed, self.num_clients)]
+        self._params = [p for p in model.parameters() if p.requires_grad]  # FlatParams' order
+        if [p.numel() for p in self._params] != list(self.flat.sizes):
+            raise ValueError("flat must be fk.FlatParams(model) of this model")
+        self._binders: dict[tuple, Callable[[int], None]] = {}
+
+    # -- client-local work ------------------------------------------------------------
+    def gradients_(self, X, G, ids=None):
+        binder = self._binder(X)
+        for j, i in enumerate(range(self.rows) if ids is None else ids.tolist()):
+            self.local_gradient_(i, X[j], G[j], bind=None if binder is None else functools.partial(binder, j))
+        return G
+
+    def _binder(self, X: torch.Tensor) -> Optional[Callable[[int], None]]:
+        """``fk.FlatParams.row_binder`` of the stack X (per-row parameter views built once), cached
+        per stack: algorithms reuse the same state / workspace stacks every step. A cached binder
+        keeps its stack alive, so its address cannot be reused by another stack while cached."""
+        if X.dim() != 2 or not X.is_contiguous():
+            return None
+        key = (X.data_ptr(), tuple(X.shape), X.dtype)
+        binder = self._binders.get(key)
+        if binder is None:
+            if len(self._binders) >= 32:  # stacks that are gone (e.g. per-round copies): drop them
+                self._binders.clear()
+            binder = self._binders[key] = self.flat.row_binder(X)
+        return binder
+
+    def local_gradient_(self, i: int, x: torch.Tensor, g: torch.Tensor,
+                        bind: Optional[Callable[[], None]] = None) -> torch.Tensor:
+        """``g <- g_i(x)`` for client i, ``x`` and ``g`` being ``[d]`` rows (no parameter copy).
+        ``bind()`` points the module's parameters at x (a row binder's ``bind(j)``; default
+        ``fk.FlatParams.bind_(x)``)."""
+        t0 = time.perf_counter()
+        Xi, yi = self.data[i]
+        n = Xi.shape[0]
+        if self.batch_size is not None and self.batch_size < n:
+            idx = torch.randperm(n, generator=self.generators[i])[: self.batch_size].to(self.device)
+            Xi, yi = Xi[idx], yi[idx]
+        if Xi.shape[0] <= self.chunk:
+            # One pass: parameters re-pointed at row x, gradients returned by autograd and
+            # written into g by one cat (cheaper than zeroing g and accumulating into it).
+            if bind is not None:
+                bind()
+            else:
+                self.flat.bind_(x)
+            t1 = time.perf_counter()
+            with torch.enable_grad():
+                grads = torch.autograd.grad(self.loss_fn(self.model(Xi), yi), self._params,
+                                            allow_unused=True, materialize_grads=True)
+            t2 = time.perf_counter()
+            torch.cat([q.reshape(-1) for q in grads], out=g)
+        else:  # large full batch: chunked backward, accumulating into g
+            self.flat.bind_(x, g)
+            g.zero_()
+            t1 = time.perf_counter()
+            with torch.enable_grad():
+                self._accumulate(Xi, yi, 1.0)
+            t2 = time.perf_counter()
+        self.fwd_bwd_seconds += t2 - t1
+        self.grad_seconds += time.perf_counter() - t0
+        self.grad_evals += 1
+        return g
+
+    def _accumulate(self, X, y, weight: float) -> float:
+        """Backward of ``weight * mean loss`` over (X, y), in chunks; gradients accumulate into
+        the bound grad buffer. Returns the weighted loss."""
+        n = X.shape[0]
+        total = 0.0
+        for s in range(0, n, self.chunk):
+            Xc, yc = X[s : s + self.chunk], y[s : s + self.chunk]
+            w = weight if Xc.shape[0] == n else weight * Xc.shape[0] / n
+            loss = self.loss_fn(self.model(Xc), yc)
+            if w != 1.0:
+                loss = loss * w
+            loss.backward()
+            total += float(loss.detach())
+        return total
+
+    # -- aggregation ------------------------------------------------------------------
+    def _mean(self, S, divisor=None):
+        return S.mean(dim=0) if divisor is None else S.sum(dim=0).div_(divisor)
+
+    def _broadcast(self, v):
+        return v
+
+    # -- evaluation -------------------------------------------------------------------
+    def full_objective_(self, x, grad_out):
+        x = x.detach().clone()
+        self.flat.bind_(x, grad_out)
+        grad_out.zero_()
+        f = 0.0
+        with torch.enable_grad():
+            for Xi, yi in self.data:
+                f += self._accumulate(Xi, yi, 1.0 / self.num_clients)
+        return f
+
