@@ -43,7 +43,7 @@ import fedkernels as fk
 
 from .algorithms.base import Algorithm
 from .algorithms.steps import prox
-from .clients import ClientSet, SequentialClients
+from .clients import ClientSet, resolve_executor
 from .clients.base import seeds
 
 __all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity"]
@@ -59,6 +59,7 @@ class History:
     algorithm: str
     hparams: dict
     state: Any = None  # the algorithm's final state (NamedTuple)
+    executor: str = "sequential"  # the executor that ran the clients (``ClientSet.executor``)
 
     def series(self, key: str) -> list:
         """``[m.get(key) for m in metrics]``."""
@@ -167,6 +168,8 @@ def simulate(
     *,
     metrics_every: int = 1,
     metric_step: Optional[float] = None,
+    executor: str = "sequential",
+    executor_options: Optional[dict] = None,
     backend: Optional[Callable[..., ClientSet]] = None,
     resume: Optional[dict] = None,
     checkpoint: Optional[Callable[[dict], None]] = None,
@@ -195,8 +198,15 @@ def simulate(
         metrics_every: compute the objective metrics every this many rounds and after the last
             (0: only the per-round timing / count metrics).
         metric_step: the step s of G_s (default ``algorithm.metric_step()``).
-        backend: ``backend(model, loss_fn, clients, batch_size=, seed=, flat=)`` -> ClientSet;
-            default :class:`~python_algos.clients.SequentialClients`.
+        executor: how the clients' local work runs (the algorithm's result does not depend on it,
+            up to floating-point summation order): ``"sequential"`` (one client after another),
+            ``"batched"`` (all clients' forward/backward passes vectorized with ``torch.func``),
+            or ``"auto"`` (the fastest one that supports the model). See
+            :data:`python_algos.clients.EXECUTORS`.
+        executor_options: extra keyword arguments for the executor (e.g. ``{"memory_budget": 2**30}``
+            for ``"batched"``).
+        backend: ``backend(model, loss_fn, clients, batch_size=, seed=, flat=)`` -> ClientSet, a
+            custom executor; overrides ``executor``.
         resume: a snapshot given earlier to ``checkpoint`` (e.g. saved and loaded by
             :mod:`python_algos.experiments.checkpoint`): instead of ``init``, restore the algorithm state, every
             generator, module buffers, the metrics so far and ``elapsed``, and continue with round
@@ -227,10 +237,10 @@ def simulate(
     if not step > 0:
         raise ValueError(f"metric_step must be > 0, got {step}")
 
+    make = backend if backend is not None else resolve_executor(executor, model)
     flat = fk.FlatParams(model)
     x0 = flat.params.detach().clone()
-    make = backend if backend is not None else SequentialClients
-    cs = make(model, loss_fn, clients, batch_size=batch_size, seed=seed, flat=flat)
+    cs = make(model, loss_fn, clients, batch_size=batch_size, seed=seed, flat=flat, **(executor_options or {}))
     cs.set_participation(k, seed)
     rng = torch.Generator().manual_seed(seeds(seed, 1, stream=1)[0])  # server side (e.g. SCAFFNEW's coin)
 
@@ -288,4 +298,4 @@ def simulate(
     params = algorithm.report(state, regularizer).detach().clone()
     flat.bind_(params.clone(), torch.zeros_like(params))
     return History(params=params, metrics=metrics, initial=initial, algorithm=algorithm.name,
-                   hparams=algorithm.hparams(), state=state)
+                   hparams=algorithm.hparams(), state=state, executor=getattr(cs, "executor", type(cs).__name__))

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 import torch
@@ -69,11 +69,18 @@ class ClientSet(abc.ABC):
         comm: CommCounter, incremented by ``mean`` (up) and ``broadcast`` (down).
     """
 
+    executor: ClassVar[str] = "custom"  # the name simulate() records (History.executor, summary.json)
     num_clients: int
     rows: int
     dim: int
     dtype: torch.dtype
     device: torch.device
+
+    @classmethod
+    def unsupported(cls, model) -> str:
+        """Why this executor cannot run ``model`` ("" if it can): ``executor="auto"`` skips it,
+        and asking for it by name raises ``ValueError`` with this text."""
+        return ""
 
     def __init__(self):
         self.comm = CommCounter()

@@ -37,6 +37,8 @@ class SequentialClients(ClientSet):
     backward passes alone.
     """
 
+    executor = "sequential"
+
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
                  seed: int = 0, chunk: int = 2048, flat: Optional[fk.FlatParams] = None):
         super().__init__()

@@ -119,6 +119,10 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
     g.add_argument("--metric-step", type=float, default=S, dest="metric_step", help="step s of ||G_s||²")
     g.add_argument("--device", default=S, help="cpu | cuda | cuda:K | auto")
     g.add_argument("--dtype", default=S, choices=["float32", "float64"])
+    g.add_argument("--executor", default=S, choices=["auto", "sequential", "batched"],
+                   help="how client work runs: one client after another, or all clients vectorized (default: auto)")
+    g.add_argument("--threads", type=int, default=S,
+                   help="torch / fedkernels threads (default: 1 for small models, see README 'Threads')")
     g.add_argument("--checkpoint-every", type=int, default=S, dest="checkpoint_every",
                    help="checkpoint every N rounds (default 10; 0: only at the start and the end)")
     g = p.add_argument_group("output")

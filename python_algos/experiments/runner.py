@@ -105,6 +105,9 @@ class Config:
     device: str = "cpu"
     dtype: str = "float32"
     checkpoint_every: int = 10
+    # execution (changes speed, not the result beyond floating-point summation order)
+    executor: str = "auto"  # sequential | batched | auto (python_algos.clients.EXECUTORS)
+    threads: Optional[int] = None  # torch / fedkernels threads; None: the policy of python_algos.threads
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
@@ -404,7 +407,8 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
                         batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn, callbacks=[per_round],
                         metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
                         checkpoint=saver, checkpoint_every=cfg.checkpoint_every,
-                        participation=cfg.participation, clients_per_round=cfg.clients_per_round)
+                        participation=cfg.participation, clients_per_round=cfg.clients_per_round,
+                        executor=cfg.executor)
     except ckpt.Diverged as e:
         status["diverged"] = str(e)
     finally:
@@ -431,6 +435,8 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
         "partition": cfg.partition,
         "num_clients": len(fed.parts),
         "dim": sum(p.numel() for p in model.parameters()),
+        "executor": hist.executor if hist is not None else cfg.executor,
+        "threads": torch.get_num_threads(),
         "out_dir": out_dir,
         "last_checkpoint_round": saver.last_round,
     }
