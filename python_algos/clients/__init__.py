@@ -19,11 +19,11 @@ from typing import Callable
 
 from torch import nn
 
-from .base import ClientSet, CommCounter, client_tensors, seeds
+from .base import ClientSet, CommCounter, client_generators, client_tensors, seeds
 from .sequential import SequentialClients
 
 __all__ = ["ClientSet", "CommCounter", "SequentialClients", "EXECUTORS", "resolve_executor",
-           "client_tensors", "seeds"]
+           "client_generators", "client_tensors", "seeds"]
 
 #: executor name -> ClientSet class (constructor ``(model, loss_fn, data, batch_size=, seed=, flat=, **options)``)
 EXECUTORS: dict[str, type] = {

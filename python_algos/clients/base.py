@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-__all__ = ["ClientSet", "CommCounter", "client_tensors", "seeds"]
+__all__ = ["ClientSet", "CommCounter", "client_generators", "client_tensors", "seeds"]
 
 
 @dataclasses.dataclass
@@ -256,3 +256,9 @@ def seeds(seed: int, n: int, stream: int = 0) -> list[int]:
     ss = np.random.SeedSequence([int(stream), int(seed)])
     return [int(s) for s in ss.generate_state(n, dtype=np.uint64) >> np.uint64(1)]
 
+
+
+def client_generators(seed: int, n: int, first_client: int = 0) -> list:
+    """The minibatch generators of clients ``first_client .. first_client + n - 1``: client i's is
+    seeded by ``seeds(seed, ·)[i]`` (stream 0), whichever executor or shard holds it."""
+    return [torch.Generator().manual_seed(s) for s in seeds(seed, first_client + n)[first_client:]]

@@ -11,7 +11,7 @@ from torch import nn
 
 import fedkernels as fk
 
-from .base import ClientSet, client_tensors, seeds
+from .base import ClientSet, client_generators, client_tensors
 
 __all__ = ["SequentialClients"]
 
@@ -30,6 +30,8 @@ class SequentialClients(ClientSet):
         chunk: full-data passes are split into chunks of at most this many samples (a chunk
             weighted by its share of the data, so the result is the same mean loss).
         flat: an existing ``fk.FlatParams(model)`` to reuse.
+        first_client: the global index of ``data[0]`` when this process holds a shard of the
+            federation (client i's generator is seeded by its global index).
 
     Module buffers (e.g. BatchNorm running statistics) are shared by all clients here.
     ``grad_seconds`` / ``grad_evals`` accumulate the time in, and number of, gradient calls
@@ -40,7 +42,7 @@ class SequentialClients(ClientSet):
     executor = "sequential"
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
-                 seed: int = 0, chunk: int = 2048, flat: Optional[fk.FlatParams] = None):
+                 seed: int = 0, chunk: int = 2048, flat: Optional[fk.FlatParams] = None, first_client: int = 0):
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -58,7 +60,7 @@ class SequentialClients(ClientSet):
         self.num_clients = self.rows = len(self.data)
         self.batch_size = None if batch_size is None else int(batch_size)
         self.chunk = int(chunk)
-        self.generators = [torch.Generator().manual_seed(s) for s in seeds(seed, self.num_clients)]
+        self.generators = client_generators(seed, self.num_clients, first_client)
         self._params = [p for p in model.parameters() if p.requires_grad]  # FlatParams' order
         if [p.numel() for p in self._params] != list(self.flat.sizes):
             raise ValueError("flat must be fk.FlatParams(model) of this model")
