@@ -193,6 +193,8 @@ def step_build(ctx: Context) -> dict:
         hint = ""
         if re.search(r"No module named .?(scikit_build_core|pybind11)|Could not find a version", text):
             hint = " (scikit-build-core and pybind11 must be installed: the build runs without isolation, offline)"
+        elif "externally-managed-environment" in text:
+            hint = " (this Python refuses pip installs: use --venv DIR)"
         return dict(res, status="fail", summary=f"pip install failed (exit {rc}){hint}; log build.log",
                     details=_tail(text))
     info = _fk_info(ctx.python, False)
