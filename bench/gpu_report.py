@@ -182,7 +182,7 @@ def _roofline(roof: dict) -> List[str]:
 
 def _clients(cl: dict) -> List[str]:
     out = ["", "## Batched vs sequential client executor", "",
-           f"{cl['clients']} clients x {cl['samples']} samples, MLP ({cl['params']:,} parameters), FedAvg K = "
+           f"{cl['clients']} clients x {cl['samples']} samples, MLP ({cl['params']:,} parameters), {cl.get('algorithm', 'FedAvg')} K = "
            f"{cl['local_steps']}, batch {cl['batch']}, {cl['rounds']} timed rounds after one warm-up, on {cl['device']}.", "",
            "| executor | s/round | speed-up |", "|---|---:|---:|"]
     seq = cl["rows"][0]["s_per_round"]
