@@ -291,9 +291,12 @@ def step_sanitizer(ctx: Context) -> dict:
     t0 = time.perf_counter()
     per_tool, details, ok = {}, [], True
     for tool in tools:
+        # memcheck: every dtype and a vector longer than one grid pass. racecheck / synccheck only
+        # concern shared memory and barriers (the row reduction, whose shared buffer is float64
+        # whatever the dtype): float32 keeps their much slower instrumentation short.
+        extra = ["--large"] if tool == "memcheck" else ["--dtypes", "float32"]
         cmd = [exe, "--tool", tool, "--error-exitcode", "86", "--print-limit", "20",
-               ctx.python, "-m", "bench.gpu_workload", "--device", "cuda", "--check"] + \
-            (["--large"] if tool == "memcheck" else [])
+               ctx.python, "-m", "bench.gpu_workload", "--device", "cuda", "--check", *extra]
         ctx.log(f"sanitizer: {shlex.join(cmd)}")
         rc, secs, text = _run(cmd, ctx.parts / f"sanitizer_{tool}.log", timeout=ctx.args.timeout)
         errors = _sanitizer_errors(text)
