@@ -4,10 +4,14 @@
 // so a rejected call never touches a buffer.
 #include <pybind11/pybind11.h>
 
+#include <pybind11/stl.h>
+
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cpu/isa.h"
+#include "cuda/device_guard.h"
 #include "cuda/launch_body.h"
 #include "dispatch.h"
 #include "writable.h"
@@ -66,6 +70,21 @@ ProxPlan plan_checked(int kind, double step, double p1, double p2) {
   if (plan.impl < 0) throw std::invalid_argument("fedkernels: unknown prox kind " + std::to_string(kind));
   return plan;
 }
+
+// A device API that only records: what the CUDA device guard does, for tests without a GPU.
+struct RecordingDeviceApi {
+  int device;
+  std::vector<int> with_context;
+  std::vector<int> calls;  // devices passed to set/restore, in order
+  int current() { return device; }
+  void set(int d) { calls.push_back(d); device = d; }
+  void restore(int d) { set(d); }
+  bool has_context(int d) {
+    for (int c : with_context)
+      if (c == d) return true;
+    return false;
+  }
+};
 
 }  // namespace
 
@@ -169,6 +188,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("cpu_isa_variants", &cpu_isa_variants);
   m.def("cpu_splits_rows", &cpu_split_rows,
         "True if the CPU kernels give each thread whole rows of a [rows, cols] block");
+  m.def("device_guard_trace", [](int current, int target, std::vector<int> with_context) {
+    RecordingDeviceApi api{current, std::move(with_context), {}};
+    { BasicDeviceGuard<RecordingDeviceApi> guard(api, target); }
+    return api.calls;
+  }, "devices the CUDA device guard selects (entering, then leaving) for a launch on `target`");
   m.def("cuda_launch_config", [](int64_t rows, int64_t cols) {
     // The grid an elementwise CUDA launch uses (introspection for tests; no GPU needed).
     const LaunchConfig c = make_launch_config(rows, cols, kCudaMaxGridX, kCudaMaxGridY, kCudaBlock);

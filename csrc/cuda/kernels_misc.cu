@@ -13,6 +13,39 @@ FK_PLAIN_OPS(FK_DEFINE_CUDA)
 
 using namespace cuda_detail;
 
+namespace {
+
+// Chunk sums of the l2_ball_ reduction, in the order of math/reduce.h: one block per (chunk, row),
+// the lane tree in shared memory, one plain store per chunk (no atomics: the order is fixed).
+template <class Term>
+__global__ void reduce_chunks_kernel(Term term, int64_t rows, int64_t cols, double* scratch) {
+  __shared__ double lanes[kReduceLanes];
+  const int64_t chunks = reduce_chunks(cols);
+  const int64_t t = threadIdx.x;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (int64_t k = blockIdx.x; k < chunks; k += gridDim.x) {
+      lanes[t] = reduce_lane_sum(term, r, k, t, cols);
+      __syncthreads();
+      for (int64_t s = kReduceLanes / 2; s > 0; s >>= 1) {
+        if (t < s) reduce_tree_step(lanes, t, s);
+        __syncthreads();
+      }
+      if (t == 0) scratch[r * chunks + k] = lanes[0];
+      __syncthreads();
+    }
+  }
+}
+
+// One thread per row: add the row's chunk sums in order and compute its factor once.
+__global__ void l2_ball_factor_kernel(const double* scratch, int64_t rows, int64_t chunks,
+                                      double radius, double* factor) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride)
+    factor[r] = l2_ball_factor(reduce_row_total(scratch + r * chunks, chunks), radius);
+}
+
+}  // namespace
+
 void l2_ball_factors_cuda(const Launch& L, const SumSqArgs& a) {
   if (L.rows == 0) return;
   DeviceGuard guard(L.device);

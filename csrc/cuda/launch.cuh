@@ -9,6 +9,7 @@
 #include <string>
 
 #include "../dispatch.h"
+#include "device_guard.h"
 #include "launch_body.h"
 
 namespace fk {
@@ -47,28 +48,25 @@ inline bool has_primary_context(int device) {
   return active != 0;
 }
 
-// Makes `device` current for a launch, as torch's CUDAGuard does: it switches only when another
-// device is current, and switches back only to a device that already has a context. A thread
-// with no current context reports device 0; restoring it unconditionally would create a context
-// (hundreds of MiB) on GPU 0 in every process that only ever used GPU 1.
+struct CudaDeviceApi {
+  int current() {
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    return device;
+  }
+  void set(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+  void restore(int device) { cudaSetDevice(device); }
+  bool has_context(int device) { return has_primary_context(device); }
+};
+
+// Makes `device` current for a launch; the rule is in device_guard.h.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
-    if (device < 0) return;
-    int current = -1;
-    check(cudaGetDevice(&current), "cudaGetDevice");
-    if (current == device) return;
-    check(cudaSetDevice(device), "cudaSetDevice");
-    prev_ = current;
-  }
-  ~DeviceGuard() {
-    if (prev_ >= 0 && has_primary_context(prev_)) cudaSetDevice(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  explicit DeviceGuard(int device) : guard_(api_, device) {}
 
  private:
-  int prev_ = -1;  // the device to restore; -1 = nothing was switched
+  CudaDeviceApi api_;
+  BasicDeviceGuard<CudaDeviceApi> guard_;
 };
 
 inline __device__ Dim3 dim3_of(const uint3& v) { return Dim3{v.x, v.y, v.z}; }
@@ -78,35 +76,6 @@ template <class Op>
 __global__ void elementwise_kernel(Op op, int64_t rows, int64_t cols, bool flat) {
   elementwise_thread_body(op, rows, cols, flat, dim3_of(blockIdx), dim3_of(blockDim),
                           dim3_of(threadIdx), dim3_of(gridDim));
-}
-
-// Chunk sums of the l2_ball_ reduction, in the order of math/reduce.h: one block per (chunk, row),
-// the lane tree in shared memory, one plain store per chunk (no atomics: the order is fixed).
-template <class Term>
-__global__ void reduce_chunks_kernel(Term term, int64_t rows, int64_t cols, double* scratch) {
-  __shared__ double lanes[kReduceLanes];
-  const int64_t chunks = reduce_chunks(cols);
-  const int64_t t = threadIdx.x;
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    for (int64_t k = blockIdx.x; k < chunks; k += gridDim.x) {
-      lanes[t] = reduce_lane_sum(term, r, k, t, cols);
-      __syncthreads();
-      for (int64_t s = kReduceLanes / 2; s > 0; s >>= 1) {
-        if (t < s) reduce_tree_step(lanes, t, s);
-        __syncthreads();
-      }
-      if (t == 0) scratch[r * chunks + k] = lanes[0];
-      __syncthreads();
-    }
-  }
-}
-
-// One thread per row: add the row's chunk sums in order and compute its factor once.
-__global__ void l2_ball_factor_kernel(const double* scratch, int64_t rows, int64_t chunks,
-                                      double radius, double* factor) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride)
-    factor[r] = l2_ball_factor(reduce_row_total(scratch + r * chunks, chunks), radius);
 }
 
 struct CudaRun {

@@ -22,7 +22,7 @@ constexpr int64_t kReduceLanes = 256;  // also the CUDA block size of the reduct
 constexpr int64_t kReducePerLane = 32;
 constexpr int64_t kReduceChunk = kReduceLanes * kReducePerLane;
 
-inline int64_t reduce_chunks(int64_t cols) { return (cols + kReduceChunk - 1) / kReduceChunk; }
+FK_HD int64_t reduce_chunks(int64_t cols) { return (cols + kReduceChunk - 1) / kReduceChunk; }
 
 // Lane `lane` of chunk `k` of row `r` (one CUDA thread's share).
 template <class Term>
