@@ -121,8 +121,10 @@ def box_tensor(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Ten
 def l2_ball_(x: torch.Tensor, radius: float, center: torch.Tensor | None = None) -> torch.Tensor:
     """In place: project x (each row of a 2-D stack) onto {u : ||u - center|| <= radius}.
 
-    Two passes: a row reduction in float64, then a scale pass that reads the norm on the device
-    (no host synchronisation). A row containing NaN or +-Inf becomes NaN.
+    Two passes: a row reduction in float64, in one fixed summation order on every backend, thread
+    count and CPU variant (so the result is bit-identical everywhere), which also computes each
+    row's scale once; then a scale pass that reads it on the device (no host synchronisation). A
+    row containing NaN or +-Inf becomes NaN.
     """
     V.mutable("x", x)
     radius = V.nonneg("radius", radius)
