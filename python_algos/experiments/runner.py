@@ -44,7 +44,9 @@ from . import checkpoint as ckpt
 from .data import FederatedData, federate, load_dataset
 from .models import build_model as _build_model
 from .progress import Progress
+from .threads import apply_threads
 from ..algorithms.registry import ALGORITHMS, make
+from ..clients import EXECUTORS
 from ..simulate import simulate
 
 __all__ = [
@@ -107,7 +109,7 @@ class Config:
     checkpoint_every: int = 10
     # execution (changes speed, not the result beyond floating-point summation order)
     executor: str = "auto"  # sequential | batched | auto (python_algos.clients.EXECUTORS)
-    threads: Optional[int] = None  # torch / fedkernels threads; None: the policy of python_algos.threads
+    threads: Optional[int] = None  # torch / fedkernels threads; None: the policy of python_algos.experiments.threads
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
@@ -138,6 +140,11 @@ class Config:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "rounds" else 1):
                 raise ValueError(f"{name} must be an int >= {0 if name == 'rounds' else 1}, got {v!r}")
+        if self.executor not in ("auto", *EXECUTORS):
+            raise ValueError(f"--executor must be one of auto, {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ValueError(f"--threads must be an int >= 1, got {self.threads!r}")
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise ValueError(f"batch_size must be a positive int or None (full gradients), got {self.batch_size!r}")
 
@@ -350,6 +357,7 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     fed = fed if fed is not None else prepare_data(cfg)
     ds = fed.dataset
     model = build_model(cfg, ds)
+    threads = apply_threads(cfg.threads, sum(p.numel() for p in model.parameters()), device)
     algorithm = build_algorithm(cfg)
     reg = build_regularizer(cfg.reg, cfg.reg_strength, **cfg.reg_opts)
     with warnings.catch_warnings():  # simulate validates again and warns once
@@ -436,7 +444,7 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
         "num_clients": len(fed.parts),
         "dim": sum(p.numel() for p in model.parameters()),
         "executor": hist.executor if hist is not None else cfg.executor,
-        "threads": torch.get_num_threads(),
+        "threads": threads,
         "out_dir": out_dir,
         "last_checkpoint_round": saver.last_round,
     }
