@@ -1,4 +1,4 @@
-"""``simulate``: run an algorithm on in-process clients and record the metrics of ALGORITHMS.md §3.
+"""``simulate``: run an algorithm on in-process clients and record the metrics of docs/algorithms.md §3.
 
     hist = simulate(FedCanon(alpha=0.1, beta=0.01, local_steps=10), model, F.cross_entropy,
                     clients=[(X1, y1), (X2, y2), ...], rounds=100, regularizer=fk.SCAD(1e-3))
@@ -219,7 +219,7 @@ def simulate(
             ``initial``, ``elapsed``) references live buffers: write it out before returning.
         checkpoint_every: see ``checkpoint`` (0: only round 0 and the last round).
         participation: fraction of clients sampled each round, k = max(1, round(participation * N))
-            uniformly without replacement (ALGORITHMS.md §1.4); None or 1: full participation.
+            uniformly without replacement (docs/algorithms.md §1.4); None or 1: full participation.
         clients_per_round: the same as an int k (give at most one of the two). The sample comes
             from the client set's own generator, seeded by ``seed``. Only algorithms with
             ``partial_participation = True`` accept k < N (FedMiD, FedDA, FedAvg, SCAFFOLD, FedProx,
