@@ -120,12 +120,13 @@ def render_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: str, body: str) -> None:
+def update_readme(path: str, body: str, begin: str = README_BEGIN, end: str = README_END) -> None:
+    """Replace the block between the ``begin`` / ``end`` markers of ``path`` (append one if absent)."""
     with open(path) as f:
         text = f.read()
-    block = f"{README_BEGIN}\n{body}\n{README_END}"
-    if README_BEGIN in text and README_END in text:
-        a, b = text.index(README_BEGIN), text.index(README_END) + len(README_END)
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text and end in text:
+        a, b = text.index(begin), text.index(end) + len(end)
         text = text[:a] + block + text[b:]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"

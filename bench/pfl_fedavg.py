@@ -1,0 +1,130 @@
+"""FedAvg in pfl-research (PyPI package ``pfl``) on the clients-table workload: one process, or one
+rank of a ``torchrun`` job. Started by ``python -m bench.peers``; not part of the product.
+
+    python -m bench.pfl_fedavg --out r.json                                   # one process
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m bench.pfl_fedavg --out r.json
+
+pfl joins the ranks itself when it is imported under torchrun (``TORCHELASTIC_RUN_ID`` set: gloo on
+CPU) and gives each rank every ``world_size``-th user of the cohort; the server update is an
+all-reduce, so every round ends in step on all ranks. Rank 0 writes ``--out``: seconds of each
+round (from pfl's own end-of-round callback) and the final model as a flat list.
+
+Same work as python_algos' FedAvg: the MLP of ``bench.clients`` (same seed, so the same start),
+``bench.clients.make_clients`` data, local ``torch.optim.SGD`` with ``--lr``, server step SGD with
+lr 1 on the averaged model difference (x <- mean of the local models). pfl walks each user's data
+in order in batches of ``--batch``: one local epoch, 256 / 32 = 8 steps per client and round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+THREADS = 1  # per process, as every row of the peers table
+
+
+class PflMLP(nn.Module):
+    """bench.clients' MLP with the ``loss`` and ``metrics`` methods pfl's PyTorchModel requires."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net  # parameter order = net's, so the final flat vector compares with ours
+
+    def forward(self, x):
+        return self.net(x)
+
+    def loss(self, x, y, eval=False):  # noqa: A002  (pfl's keyword)
+        self.eval() if eval else self.train()
+        return F.cross_entropy(self(x), y)
+
+    @torch.no_grad()
+    def metrics(self, x, y, eval=False):  # noqa: A002
+        from pfl.metrics import Weighted
+
+        self.eval() if eval else self.train()
+        return {"loss": Weighted(F.cross_entropy(self(x), y, reduction="sum").item(), len(x))}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.pfl_fedavg", description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--samples", type=int, default=256)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(THREADS)
+    import numpy as np
+
+    np.random.seed(0)  # pfl's user sampling must draw the same cohorts on every rank
+    from pfl.aggregate.simulate import SimulatedBackend
+    from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+    from pfl.callback.base import TrainingProcessCallback
+    from pfl.data.dataset import Dataset
+    from pfl.data.federated_dataset import FederatedDataset
+    from pfl.data.sampling import get_user_sampler
+    from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
+    from pfl.internal.ops import pytorch_ops
+    from pfl.model.pytorch import PyTorchModel
+
+    from .clients import make_clients, make_model
+
+    data = make_clients(args.clients, args.samples)
+    users = list(range(args.clients))
+    fed = FederatedDataset(lambda u: Dataset(raw_data=list(data[u]), user_id=u),
+                           get_user_sampler("minimize_reuse", users))
+    module = PflMLP(make_model("mlp"))
+    model = PyTorchModel(module, local_optimizer_create=torch.optim.SGD,
+                         central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0))
+
+    ends = []
+
+    class RoundClock(TrainingProcessCallback):
+        def on_train_begin(self, *, model):
+            ends.append(time.perf_counter())
+            return super().on_train_begin(model=model)
+
+        def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
+            ends.append(time.perf_counter())
+            return False, type(aggregate_metrics)()
+
+    FederatedAveraging().run(
+        algorithm_params=NNAlgorithmParams(central_num_iterations=args.rounds,
+                                           evaluation_frequency=args.rounds + 1,  # round 0 only (untimed)
+                                           train_cohort_size=args.clients, val_cohort_size=0),
+        backend=SimulatedBackend(training_data=fed, val_data=fed),
+        model=model,
+        model_train_params=NNTrainHyperParams(local_learning_rate=args.lr, local_num_epochs=1,
+                                              local_batch_size=args.batch),
+        model_eval_params=NNEvalHyperParams(local_batch_size=None),
+        callbacks=[RoundClock()],
+        send_metrics_to_platform=False)
+
+    dist = pytorch_ops.distributed
+    if dist.global_rank == 0:
+        flat = torch.cat([q.detach().reshape(-1) for q in module.net.parameters()])
+        res = {"round_s": [b - a for a, b in zip(ends, ends[1:])], "params": flat.tolist(),
+               "world_size": dist.world_size, "threads": torch.get_num_threads(),
+               "pfl_version": _pfl_version()}
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(res, f)
+        os.replace(tmp, args.out)
+
+
+def _pfl_version() -> str:
+    from importlib.metadata import version
+
+    return version("pfl")
+
+
+if __name__ == "__main__":
+    main()
