@@ -1,0 +1,71 @@
+"""Smoke tests of the peers table (bench/peers.py), collected by the default ``python -m pytest``.
+
+The table's own rows on a toy size with pfl treated as absent (its rows need pfl, which is never a
+dependency): the script must still write the table, name the install step and exit 0. Where pfl is
+installed, ``test_pfl_fedavg_is_plain_fedavg`` also runs pfl's FedAvg on a toy size and holds it to
+an in-order plain PyTorch FedAvg loop. Nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from . import peers
+from .clients import make_clients
+
+TOY = ["--clients", "4", "--samples", "64", "--batch", "32", "--rounds", "1"]
+
+
+def test_peers_without_pfl(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(peers, "pfl_available", lambda: False)
+    monkeypatch.setattr(peers, "distributed_available", lambda: False)  # no torchrun in the default run
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# top\n\n{peers.README_BEGIN}\nold table\n{peers.README_END}\n\n## after\n")
+    out = tmp_path / "results" / "peers_table.md"
+    peers.main(TOY + ["--out", str(out), "--readme", str(readme)])  # returns: exit status 0
+
+    res = json.loads(out.with_suffix(".json").read_text())
+    names = [r["name"] for r in res["rows"]]
+    assert names == ["fedkernels sequential", "fedkernels batched", "plain PyTorch loop (deepcopy + SGD)"]
+    assert res["K"] == 2  # one local epoch: 64 samples / batch 32
+    for r in res["rows"]:
+        assert r["s_per_round"] > 0
+        # Same draws as the sequential executor: the batched executor and the plain PyTorch loop
+        # (an independent implementation) end at the same model, up to float32 summation order.
+        assert r["rel_dev"] < 1e-5, r
+        assert r["loss"] < res["start_loss"]  # 2 rounds of SGD on separable data lower the loss
+    assert any("pip install pfl==0.6.0" in n for n in res["notes"])
+    assert "pip install pfl==0.6.0" in capsys.readouterr().err
+
+    text = readme.read_text()
+    assert text.startswith("# top\n\n" + peers.README_BEGIN + "\n") and text.endswith(peers.README_END + "\n\n## after\n")
+    assert "old table" not in text and "| fedkernels batched | 1 |" in text
+    assert out.read_text().strip() in text
+
+
+def test_peers_bad_flag_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "t.md"
+    with pytest.raises(SystemExit) as e:
+        peers.main(["--samples", "60", "--batch", "32", "--out", str(out)])
+    assert e.value.code == 2
+    assert "--samples (60) must be a multiple of --batch (32)" in capsys.readouterr().err
+    assert not os.path.exists(out)
+
+
+def test_pfl_fedavg_is_plain_fedavg(tmp_path):
+    pytest.importorskip("pfl")
+    out = tmp_path / "r.json"
+    # A child process: importing pfl sets torch's start method and builds its distributed context.
+    subprocess.run([sys.executable, "-m", "bench.pfl_fedavg", "--clients", "3", "--samples", "64", "--rounds", "2",
+                    "--out", str(out)], cwd=peers.REPO_ROOT, check=True, timeout=300)
+    res = json.loads(out.read_text())
+    got = torch.tensor(res["params"])
+    ref = peers.fedavg_in_order(make_clients(3, 64), batch=32, rounds=2, lr=0.01)
+    assert len(res["round_s"]) == 2 and res["world_size"] == 1
+    assert float((got - ref).norm() / ref.norm()) < 1e-5
