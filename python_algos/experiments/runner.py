@@ -371,6 +371,11 @@ def _read_config_json(path: str) -> Config:
                              f"from a copy") from None
     if not isinstance(d, dict):
         raise RunFolderError(f"{path}: expected a JSON object of settings")
+    if d.get("api_run") is True:  # written by History.save: no checkpoint, no data recipe to rebuild the run
+        folder = os.path.dirname(path) or "."
+        raise RunFolderError(f"cannot resume {folder}: it is a run saved from Python with History.save (a simulate() "
+                             f"result), which has no checkpoint or data settings to continue from; draw it with "
+                             f"`python -m python_algos plot {shlex.quote(folder)}` (nothing was changed)")
     try:
         return Config.from_dict(d)
     except ConfigError as e:
