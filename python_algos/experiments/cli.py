@@ -90,7 +90,8 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
                    + ("" if single else "; ALG.KEY=VALUE for one algorithm"))
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default=S, help="sparse_logistic | sparse_linear | synthetic | image_like | mnist | "
-                   "fashion_mnist | cifar10 | a9a | libsvm | femnist")
+                   "fashion_mnist | cifar10 | a9a | libsvm | femnist | sklearn:NAME (scikit-learn's bundled digits, "
+                   "breast_cancer, wine, iris, diabetes; needs scikit-learn)")
     g.add_argument("--data-dir", default=S, dest="data_dir", help="folder holding the dataset files (never downloaded)")
     g.add_argument("--data-opt", type=_kv, action="append", default=S, dest="data_opts", metavar="KEY=VALUE",
                    help="generator / loader option, e.g. alpha=1 beta=1 (synthetic), file=a.txt (libsvm)")
