@@ -94,3 +94,14 @@ def test_cli_run_on_digits_learns(tmp_path, capsys):
 
     rows = read_metrics(str(out))
     assert rows[-1]["f+h"] < rows[0]["f+h"] and rows[-1]["test_acc"] > 0.5  # chance is 0.1
+
+
+def test_example_quick(tmp_path, capsys):
+    from examples import sklearn_digits
+
+    assert sklearn_digits.main(["--quick", "--out", str(tmp_path), "--formats", "png,svg"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing downloaded" in out and f"figure: {tmp_path / 'digits.svg'}" in out
+    assert "**Outcome:**" in (tmp_path / "RESULTS.md").read_text()
+    assert sorted(d.name for d in tmp_path.iterdir() if d.is_dir()) == ["fedavg", "fedcanon", "fedmid"]
+    assert "sklearn:digits" in (tmp_path / "digits.svg").read_text()
