@@ -494,7 +494,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
 def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None,
                    resume: bool = False, rounds: Optional[int] = None, progress: bool = True,
                    extra_eval: Optional[Callable] = None, label: Optional[str] = None,
-                   log: Callable[[str], None] = print, replace: bool = True) -> dict:
+                   log: Callable[[str], None] = print, replace: bool = True, f_star: Optional[float] = None) -> dict:
     """Run ``cfg`` into ``out_dir`` (see the module docstring); returns the summary dict.
 
     ``fed``: an already prepared split of this config's data (a comparison shares one).
@@ -540,8 +540,10 @@ def _start_folder(prep: PreparedRun, log) -> None:
 
 
 def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optional[Callable] = None,
-                label: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
+                label: Optional[str] = None, log: Callable[[str], None] = print,
+                f_star: Optional[float] = None) -> dict:
     """Run a :class:`PreparedRun` into its folder; returns the summary (see :func:`run_experiment`)."""
+    _check_f_star(f_star)
     cfg, out_dir, fed, model, algorithm, reg, snap = (prep.cfg, prep.out_dir, prep.fed, prep.model, prep.algorithm,
                                                       prep.reg, prep.snap)
     ds = fed.dataset
@@ -624,6 +626,8 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         "last_checkpoint_round": last_ckpt,
         "resume_command": resume_command(out_dir),
     }
+    if f_star is not None:
+        summary["f_star"] = float(f_star)
     if status["interrupted"]:
         summary["message"] = (f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; "
                               + (f"the last checkpoint is round {last_ckpt}, where the run resumes"
