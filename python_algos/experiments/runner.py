@@ -504,10 +504,19 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     ``replace=False`` refuses a fresh run into a folder that already holds one. ``extra_eval(params)
     -> dict`` adds metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run
     with status ``"diverged"``; the checkpoint of the last good round is kept. Ctrl-C writes the
-    summary so far (status ``"interrupted"``) and raises :class:`Interrupted`.
+    summary so far (status ``"interrupted"``) and raises :class:`Interrupted`. ``f_star``: the problem's
+    optimal value F*, when the caller knows it; recorded in summary.json, where ``plot`` finds it
+    and draws the suboptimality f + h − F*.
     """
+    _check_f_star(f_star)
     prep = prepare_run(cfg, out_dir, fed=fed, resume=resume, rounds=rounds, replace=replace)
-    return execute_run(prep, progress=progress, extra_eval=extra_eval, label=label, log=log)
+    return execute_run(prep, progress=progress, extra_eval=extra_eval, label=label, log=log, f_star=f_star)
+
+
+def _check_f_star(f_star) -> None:
+    if f_star is not None and (isinstance(f_star, bool) or not isinstance(f_star, (int, float))
+                               or not math.isfinite(f_star)):
+        raise ValueError(f"f_star must be a finite number (the optimal value F*), got {f_star!r}")
 
 
 def _start_folder(prep: PreparedRun, log) -> None:
