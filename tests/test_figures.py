@@ -178,3 +178,13 @@ def test_run_writes_its_figure_and_prints_the_path(tmp_path, capsys):
     assert "FedCanon" in (out / "overview.svg").read_text() and not (out / "overview.pdf").exists()
     assert main(["run", "--resume", str(out), "--rounds", "3", "--no-plot", "--no-progress"]) == 0
     assert "figure:" not in capsys.readouterr().out
+
+
+def test_compare_writes_its_figure_with_both_algorithms(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", "-a", "fedavg", "fedcanon", "--data-opt", "n=160", "--data-opt", "dim=8", "--data-opt",
+                 "nnz=3", "-N", "4", "-K", "2", "-T", "2", "--reg", "zero", "--no-progress", "--out", str(out),
+                 "--formats", "svg"]) == 0
+    assert f"figure: {out / 'overview.svg'}" in capsys.readouterr().out
+    svg = (out / "overview.svg").read_text()
+    assert "FedAvg, FedCanon" in svg and "fedavg" in svg and "fedcanon" in svg  # setup line and legend
