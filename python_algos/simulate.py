@@ -210,7 +210,8 @@ def simulate(
         model: the ``nn.Module``. Its trainable parameters become views of flat buffers
             (``fk.FlatParams``); on return the model holds ``History.params``.
         loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss.
-        clients: one ``(X, y)`` pair of tensors (or Dataset) per client. Floating-point data
+        clients: one client each: an ``(X, y)`` pair of tensors, a ``Dataset`` (read lazily) or a
+            ``DataLoader`` (its own batches; :mod:`python_algos.clients.data`). Floating-point data
             are cast to the model's dtype.
         rounds: number of communication rounds T (DEPOSITUM, which has no server: iterations,
             gossiping every ``period`` of them).

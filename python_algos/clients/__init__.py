@@ -22,12 +22,14 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .base import ClientSet, CommCounter, client_generators, client_tensors, seeds
+from .base import ClientSet, CommCounter, client_generators, seeds
+from .data import ClientData, DatasetData, LoaderData, TensorData, client_data
 from .batched import BatchedClients
 from .sequential import SequentialClients
 
 __all__ = ["ClientSet", "CommCounter", "SequentialClients", "BatchedClients", "EXECUTORS", "resolve_executor",
-           "client_generators", "client_tensors", "seeds"]
+           "client_generators", "seeds", "ClientData", "TensorData", "DatasetData", "LoaderData",
+           "client_data"]
 
 #: executor name -> ClientSet class (constructor ``(model, loss_fn, data, batch_size=, seed=, flat=, **options)``)
 EXECUTORS: dict[str, type] = {
@@ -90,10 +92,10 @@ def _auto(model, loss_fn, data, **kw) -> ClientSet:
                 cs.auto_reason = reason
                 return cs
             except ValueError as e:
-                if "executor 'batched' cannot run this model" not in str(e):
+                if "executor 'batched' cannot run" not in str(e):
                     raise
                 why = str(e)
-        reason = f"the batched executor cannot run this model ({why})"
+        reason = f"the batched executor cannot be used ({why})"
     cs = fallback(model, loss_fn, data, **common)
     cs.auto_reason = reason
     return cs
