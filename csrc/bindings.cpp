@@ -173,6 +173,22 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("l2_ball_scratch_size", [](int64_t rows, int64_t cols) { return rows * reduce_chunks(cols); });
 
+  // group_lasso_: n_groups groups of `len` elements at the strided layout of GroupLayout (ops.h);
+  // the reduction (factors max(0, 1 - threshold / ||x_g||) in `factor`, chunk sums in `scratch`,
+  // sized by l2_ball_scratch_size(n_groups, len)), then the scale pass. No host sync.
+  m.def("group_lasso", [](int backend, int dtype, int device, uintptr_t stream, int64_t n_groups,
+                          int64_t len, uintptr_t x, int64_t per_block, int64_t block_stride,
+                          int64_t group_stride, int64_t elem_stride, uintptr_t scratch,
+                          uintptr_t factor, double threshold) {
+    if (per_block < 1) throw std::invalid_argument("fedkernels: group_lasso per_block must be >= 1");
+    const Launch L = make_launch(dtype, device, stream, n_groups, len);
+    const GroupLayout layout{x, per_block, block_stride, group_stride, elem_stride};
+    GroupSumSqArgs reduce{layout, scratch, factor, threshold};
+    FK_RUN(group_lasso_factors, L, reduce);
+    GroupScaleArgs scale{layout, factor};
+    FK_RUN(group_scale, L, scale);
+  });
+
   m.def("plan_prox", [](int kind, double step, double p1, double p2) {
     const ProxPlan p = plan_checked(kind, step, p1, p2);
     return std::make_tuple(p.impl, p.c0, p.c1, p.c2, p.c3, p.c4);

@@ -81,22 +81,35 @@ struct CpuRun {
 FK_ELEMENTWISE_OPS(FK_DEFINE_CPU)
 #undef FK_DEFINE_CPU
 
+namespace {
+
 // Chunk sums of every row in parallel over (row, chunk) pairs, then one factor per row: the result
 // does not depend on the thread count (each chunk sum is computed whole by one thread).
-void l2_ball_factors(const Launch& L, const SumSqArgs& a) {
+template <template <typename> class Term, class Args, class Factor>
+void row_factors(const Launch& L, const Args& a, const Factor& factor_of) {
   auto* scratch = reinterpret_cast<double*>(a.scratch);
   auto* factor = reinterpret_cast<double*>(a.factor);
   const int64_t chunks = reduce_chunks(L.cols);
   dispatch_dtype(L.dtype, [&](auto tag) {
     using S = typename decltype(tag)::type;
-    const SumSqTerm<S> term(a);
+    const Term<S> term(a);
     const int64_t pairs = L.rows * chunks;
     const int nt = threads_for(L.rows * L.cols);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t p = 0; p < pairs; ++p) scratch[p] = chunk_sum(term, p / chunks, p % chunks, L.cols);
   });
-  for (int64_t r = 0; r < L.rows; ++r)
-    factor[r] = l2_ball_factor(reduce_row_total(scratch + r * chunks, chunks), a.radius);
+  for (int64_t r = 0; r < L.rows; ++r) factor[r] = factor_of(reduce_row_total(scratch + r * chunks, chunks));
+}
+
+}  // namespace
+
+void l2_ball_factors(const Launch& L, const SumSqArgs& a) {
+  row_factors<SumSqTerm>(L, a, L2BallFactor{a.radius});
+}
+
+// Groups are the rows of the reduction (L.rows groups of L.cols elements each).
+void group_lasso_factors(const Launch& L, const GroupSumSqArgs& a) {
+  row_factors<GroupSumSqTerm>(L, a, GroupLassoFactor{a.threshold});
 }
 
 }  // namespace FK_CPU_ISA
