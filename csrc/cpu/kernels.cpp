@@ -46,21 +46,30 @@ void cpu_for_each(const Op& op, int64_t rows, int64_t cols) {
 
 // One chunk's sum in the order of math/reduce.h: the 256 lanes side by side (the loop over lanes
 // vectorizes, and each lane still adds its elements in sequence), then the lane tree.
+//
+// A chunk shorter than 256 elements (the last one of a row; every group-lasso column of a matrix
+// with fewer than 256 rows) leaves lanes at exactly +0.0, and adding +0.0 to a sum of squares
+// changes no bit (the sums here are never -0.0), so the tree skips those additions: the result is
+// the full tree's, bit for bit, without 255 additions per short group.
 template <class Term>
 double chunk_sum(const Term& term, int64_t r, int64_t k, int64_t cols) {
   alignas(64) double lanes[kReduceLanes];
-  for (int64_t l = 0; l < kReduceLanes; ++l) lanes[l] = 0.0;
-  const int64_t end = (k + 1) * kReduceChunk < cols ? (k + 1) * kReduceChunk : cols;
-  for (int64_t base = k * kReduceChunk; base < end; base += kReduceLanes) {
+  const int64_t start = k * kReduceChunk;
+  const int64_t end = start + kReduceChunk < cols ? start + kReduceChunk : cols;
+  int64_t live = end - start < kReduceLanes ? end - start : kReduceLanes;  // lanes holding an element
+  for (int64_t l = 0; l < live; ++l) lanes[l] = 0.0;
+  for (int64_t base = start; base < end; base += kReduceLanes) {
     const int64_t n = end - base < kReduceLanes ? end - base : kReduceLanes;
 #pragma omp simd
     for (int64_t l = 0; l < n; ++l) lanes[l] += term(r, base + l);
   }
   for (int64_t s = kReduceLanes / 2; s > 0; s >>= 1) {
+    const int64_t n = live - s < s ? live - s : s;  // the t < s with t + s < live
 #pragma omp simd
-    for (int64_t t = 0; t < s; ++t) reduce_tree_step(lanes, t, s);
+    for (int64_t t = 0; t < n; ++t) reduce_tree_step(lanes, t, s);
+    if (live > s) live = s;
   }
-  return lanes[0];
+  return live > 0 ? lanes[0] : 0.0;
 }
 
 struct CpuRun {
