@@ -121,8 +121,14 @@ struct GroupSumSqArgs {
   uintptr_t factor;   // double[n_groups]: output
   double threshold;   // step * lam
 };
-struct GroupScaleArgs {  // x_g <- x_g * factor[g]
-  GroupLayout x;
+// Scale pass of group_lasso_, in the matrices' own row-major order (contiguous for rows and
+// columns alike): element (i, j) of matrix b, at b * block_stride + i * cols + j, is multiplied by
+// the factor of its group, b * rows + i (rows) or b * cols + j (columns). The launch extent is
+// [blocks * rows, cols].
+struct GroupScaleArgs {
+  uintptr_t ptr;
+  int64_t rows, cols, block_stride;
+  bool by_column;
   uintptr_t factor;
 };
 
@@ -323,13 +329,22 @@ struct SumSqTerm {
 template <typename S, int IMPL>
 struct GroupScaleOp {
   using T = typename Acc<S>::type;
-  GroupView<S> x;
+  S* p;
+  int64_t rows, cols, block_stride;
+  bool by_column;
   const double* factors;
   explicit GroupScaleOp(const GroupScaleArgs& a)
-      : x(a.x), factors(reinterpret_cast<const double*>(a.factor)) {}
-  FK_HD void operator()(int64_t g, int64_t j) const {
-    const int64_t i = x.at(g, j);
-    store(x.p, i, load(x.p, i) * static_cast<T>(factors[g]));
+      : p(reinterpret_cast<S*>(a.ptr)),
+        rows(a.rows),
+        cols(a.cols),
+        block_stride(a.block_stride),
+        by_column(a.by_column),
+        factors(reinterpret_cast<const double*>(a.factor)) {}
+  FK_HD void operator()(int64_t r, int64_t j) const {  // r = b * rows + i
+    const int64_t b = r / rows;
+    const int64_t idx = b * block_stride + (r - b * rows) * cols + j;
+    const int64_t g = by_column ? b * cols + j : r;
+    store(p, idx, load(p, idx) * static_cast<T>(factors[g]));
   }
 };
 

@@ -156,9 +156,9 @@ def group_lasso_(x: torch.Tensor, lam: float, step: float, groups: str = "rows",
     Without ``shape``, x is one [R, C] matrix or a [N, R, C] stack of matrices (each on its own).
     With ``shape=(R, C)``, x is a flat [d] vector or a [N, d] stack of them and the matrix of each
     row is the R*C elements from ``start`` on, row-major: a 2-D parameter inside a flat parameter
-    vector or client stack, reached without a copy. ``groups="cols"`` reads each column with stride
-    C (no transposed copy): the same two passes over memory as rows, with the column's elements one
-    row apart, so it costs about as much as rows while R cache lines fit in cache.
+    vector or client stack, reached without a copy. ``groups="cols"`` sums each column with stride C
+    (no transposed copy); the scale pass runs in row-major order for both. Columns cost about 3x
+    rows on the CPU (the strided sums; [128, 784] float32, 1 thread: 20 us rows, 56 us columns).
 
     Two passes, as ``l2_ball_``: a per-group sum of squares in float64 in the fixed order of every
     backend (bit-identical results everywhere), then a scale pass. A group whose norm is at most
@@ -191,16 +191,14 @@ def group_lasso_(x: torch.Tensor, lam: float, step: float, groups: str = "rows",
     if n * R * C == 0:
         _written((x,))
         return x
-    if groups == "rows":  # group (b, i): row i of matrix b
-        count, length, per_block, group_stride, elem_stride = n * R, C, R, C, 1
-    else:  # group (b, j): column j of matrix b
-        count, length, per_block, group_stride, elem_stride = n * C, R, C, 1, C
+    # groups: rows (n * R of length C) or columns (n * C of length R) of the n matrices
+    count, length = (n * R, C) if groups == "rows" else (n * C, R)
     b, dev, stream = backend_for(x)
     scratch = torch.empty(_C.l2_ball_scratch_size(count, length) + count, dtype=torch.float64, device=x.device)
     factors = scratch.data_ptr() + (scratch.numel() - count) * 8
-    run_counted(n, _C.group_lasso, b, DTYPE_CODES[x.dtype], dev, stream, count, length,
-                x.data_ptr() + start * x.element_size(), per_block, block, group_stride, elem_stride,
-                scratch.data_ptr(), factors, step * lam)
+    run_counted(n, _C.group_lasso, b, DTYPE_CODES[x.dtype], dev, stream, n, R, C,
+                x.data_ptr() + start * x.element_size(), block, groups == "cols", scratch.data_ptr(), factors,
+                step * lam)
     _written((x,))
     return x
 
