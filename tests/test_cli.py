@@ -164,6 +164,7 @@ def test_per_parameter_regularizers_table_and_flag(tmp_path, capsys):
         (["--reg-param", "*=group_lasso,lam=0.1,groupz=cols"], "group_lasso has no option groupz"),
         (["--reg-param", "linear.bias=group_lasso"], "needs a parameter with 2 or more dimensions"),
         (["--reg", "l1", "--reg-param", "*=l1"], "give --reg (one penalty for the whole model) or --reg-param"),
+        (["--reg", "group_lasso"], "--reg group_lasso: group_lasso needs a parameter's shape"),
     ]
     for flags, message in bad:
         target = tmp_path / "bad"

@@ -86,6 +86,17 @@ def test_value_is_the_sum_over_parameters_and_rho_the_max():
     assert fk.PerParameter(model, {"*.bias": None}).rho == 0.0
 
 
+def test_scaled_group_lasso_uses_the_scaled_step():
+    model = make_model()
+    off, d = offsets(model)
+    x = torch.randn(3, d, dtype=torch.float64)
+    got = fk.PerParameter(model, {"0.weight": 2.0 * fk.GroupLasso(0.3, groups="rows")}).prox_(x.clone(), 0.5, fast=True)
+    a, b, shape = off["0.weight"]
+    want = group(x[:, a:b].reshape(3, *shape), 0.3, "rows").reshape(3, -1)
+    torch.testing.assert_close(got[:, a:b], want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got[:, b:], x[:, b:])
+
+
 def test_segments_merge_equal_separable_penalties_only():
     model = make_model()
     _, d = offsets(model)

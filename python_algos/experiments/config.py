@@ -238,6 +238,10 @@ class Config:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.name in choices:
+                if f.name == "reg" and isinstance(v, str) and v.lower() == "group_lasso":
+                    raise ConfigError(f.name, v, "group_lasso needs a parameter's shape (its rows or columns are "
+                                      "the groups): give it per parameter, e.g. --reg-param "
+                                      "'net.0.weight=group_lasso,lam=0.01,groups=cols'")
                 if not isinstance(v, str) or v.lower() not in choices[f.name]:
                     raise ConfigError(f.name, v, f"unknown {f.name}; valid: {', '.join(choices[f.name])}")
                 continue
