@@ -157,8 +157,9 @@ def group_lasso_(x: torch.Tensor, lam: float, step: float, groups: str = "rows",
     With ``shape=(R, C)``, x is a flat [d] vector or a [N, d] stack of them and the matrix of each
     row is the R*C elements from ``start`` on, row-major: a 2-D parameter inside a flat parameter
     vector or client stack, reached without a copy. ``groups="cols"`` sums each column with stride C
-    (no transposed copy); the scale pass runs in row-major order for both. Columns cost about 3x
-    rows on the CPU (the strided sums; [128, 784] float32, 1 thread: 20 us rows, 56 us columns).
+    (no transposed copy; on the CPU 8 neighbouring columns at a time, so rows are read whole) and
+    the scale pass runs in row-major order for both ([128, 784] float32, 1 thread: 21 us rows,
+    33 us columns).
 
     Two passes, as ``l2_ball_``: a per-group sum of squares in float64 in the fixed order of every
     backend (bit-identical results everywhere), then a scale pass. A group whose norm is at most
