@@ -71,6 +71,8 @@ __all__ = [
     "PreparedRun",
     "resume_command",
     "build_regularizer",
+    "build_param_regularizer",
+    "build_per_parameter",
     "loss_function",
     "prepare_data",
     "build_model",
@@ -114,7 +116,68 @@ def build_regularizer(name: str, strength: float = 0.0, **opts) -> fk.Regularize
         return fk.NonNeg()
     if name == "l2ball":
         return fk.L2Ball(strength if strength > 0 else opts.get("radius", 1.0))
+    if name == "group_lasso":
+        return fk.GroupLasso(strength, opts.get("groups", "rows"))
     raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(REGULARIZERS)}")
+
+
+# Per-parameter entries (--reg-param / [regularizers]): every --reg name, group_lasso (needs a
+# parameter's shape, so never the whole model's h) and none; the strength under its own name.
+PARAM_REGULARIZERS = ("none",) + REGULARIZERS + ("group_lasso",)
+_STRENGTH_NAMES = {"l1": "kappa", "elastic_net": "l1", "mcp": "lam", "scad": "lam", "group_lasso": "lam",
+                   "l2ball": "radius"}
+_PARAM_OPTIONS = {"elastic_net": ("l2",), "mcp": ("gamma",), "scad": ("a",), "box": ("lo", "hi"),
+                  "group_lasso": ("groups",)}
+
+
+def _spec_text(pattern: str, spec) -> str:
+    """An entry as --reg-param spells it: PATTERN=NAME[,KEY=VALUE...]."""
+    if not isinstance(spec, dict):
+        return f"{pattern}={spec if spec is not None else 'none'}"
+    opts = "".join(f",{k}={v}" for k, v in spec.items() if k != "reg")
+    return f"{pattern}={spec.get('reg')}{opts}"
+
+
+def build_param_regularizer(spec, default_strength: float) -> Optional[fk.Regularizer]:
+    """One --reg-param entry ("name" or {"reg": name, options}) -> Regularizer, or None for none /
+    zero. The strength is ``strength=`` or the penalty's own name for it (``kappa`` for l1, ``lam``
+    for mcp / scad / group_lasso, ``l1`` for elastic_net, ``radius`` for l2ball), default
+    ``default_strength`` (the run's --reg-strength)."""
+    opts = dict(spec) if isinstance(spec, dict) else {"reg": spec if spec is not None else "none"}
+    name = str(opts.pop("reg")).lower()
+    if name not in PARAM_REGULARIZERS:
+        raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(PARAM_REGULARIZERS)}")
+    if name in ("none", "zero"):
+        if opts:
+            raise ValueError(f"{name} takes no options, got {', '.join(opts)}")
+        return None
+    own = _STRENGTH_NAMES.get(name)
+    strength = default_strength
+    for key in ("strength", own):
+        if key is not None and key in opts:
+            strength = opts.pop(key)
+    unknown = [k for k in opts if k not in _PARAM_OPTIONS.get(name, ())]
+    if unknown:
+        valid = ["strength"] + ([own] if own else []) + list(_PARAM_OPTIONS.get(name, ()))
+        raise ValueError(f"{name} has no option {', '.join(unknown)}; its options: {', '.join(valid)}")
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)):
+        raise ValueError(f"the strength must be a number, got {strength!r}")
+    return build_regularizer(name, float(strength), **opts)
+
+
+def build_per_parameter(table: dict, model: nn.Module, default_strength: float = 0.0) -> fk.PerParameter:
+    """The per-parameter h of a [regularizers] table / --reg-param flags; errors name the entry."""
+    mapping = {}
+    for pattern, spec in table.items():
+        try:
+            mapping[pattern] = build_param_regularizer(spec, default_strength)
+        except (ValueError, TypeError) as e:
+            raise ConfigError("regularizers", _spec_text(pattern, spec), str(e)) from None
+    try:
+        return fk.PerParameter(model, mapping)
+    except (ValueError, TypeError) as e:
+        text = next((_spec_text(p, s) for p, s in table.items() if repr(p) in str(e)), None)
+        raise ConfigError("regularizers", text if text is not None else table, str(e)) from None
 
 
 def cross_entropy(out, y):
@@ -208,7 +271,9 @@ def build_algorithm(cfg: Config):
         raise _hparam_error(cfg, entry.cls.name, e) from None
 
 
-def _build_regularizer(cfg: Config) -> fk.Regularizer:
+def _build_regularizer(cfg: Config, model: nn.Module) -> fk.Regularizer:
+    if cfg.regularizers:
+        return build_per_parameter(cfg.regularizers, model, cfg.reg_strength)
     try:
         return build_regularizer(cfg.reg, cfg.reg_strength, **cfg.reg_opts)
     except (ValueError, TypeError) as e:
@@ -371,6 +436,11 @@ def _read_config_json(path: str) -> Config:
                              f"from a copy") from None
     if not isinstance(d, dict):
         raise RunFolderError(f"{path}: expected a JSON object of settings")
+    if d.get("api_run") is True:  # written by History.save: no checkpoint, no data recipe to rebuild the run
+        folder = os.path.dirname(path) or "."
+        raise RunFolderError(f"cannot resume {folder}: it is a run saved from Python with History.save (a simulate() "
+                             f"result), which has no checkpoint or data settings to continue from; draw it with "
+                             f"`python -m python_algos plot {shlex.quote(folder)}` (nothing was changed)")
     try:
         return Config.from_dict(d)
     except ConfigError as e:
@@ -466,7 +536,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     model = build_model(cfg, fed.dataset)
     torch_rng = torch.get_rng_state()
     algorithm = build_algorithm(cfg)
-    reg = _build_regularizer(cfg)
+    reg = _build_regularizer(cfg, model)
     with warnings.catch_warnings():  # simulate validates again and warns once
         warnings.simplefilter("ignore")
         try:
@@ -489,7 +559,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
 def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None,
                    resume: bool = False, rounds: Optional[int] = None, progress: bool = True,
                    extra_eval: Optional[Callable] = None, label: Optional[str] = None,
-                   log: Callable[[str], None] = print, replace: bool = True) -> dict:
+                   log: Callable[[str], None] = print, replace: bool = True, f_star: Optional[float] = None) -> dict:
     """Run ``cfg`` into ``out_dir`` (see the module docstring); returns the summary dict.
 
     ``fed``: an already prepared split of this config's data (a comparison shares one).
@@ -499,10 +569,19 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     ``replace=False`` refuses a fresh run into a folder that already holds one. ``extra_eval(params)
     -> dict`` adds metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run
     with status ``"diverged"``; the checkpoint of the last good round is kept. Ctrl-C writes the
-    summary so far (status ``"interrupted"``) and raises :class:`Interrupted`.
+    summary so far (status ``"interrupted"``) and raises :class:`Interrupted`. ``f_star``: the problem's
+    optimal value F*, when the caller knows it; recorded in summary.json, where ``plot`` finds it
+    and draws the suboptimality f + h − F*.
     """
+    _check_f_star(f_star)
     prep = prepare_run(cfg, out_dir, fed=fed, resume=resume, rounds=rounds, replace=replace)
-    return execute_run(prep, progress=progress, extra_eval=extra_eval, label=label, log=log)
+    return execute_run(prep, progress=progress, extra_eval=extra_eval, label=label, log=log, f_star=f_star)
+
+
+def _check_f_star(f_star) -> None:
+    if f_star is not None and (isinstance(f_star, bool) or not isinstance(f_star, (int, float))
+                               or not math.isfinite(f_star)):
+        raise ValueError(f"f_star must be a finite number (the optimal value F*), got {f_star!r}")
 
 
 def _start_folder(prep: PreparedRun, log) -> None:
@@ -535,8 +614,10 @@ def _start_folder(prep: PreparedRun, log) -> None:
 
 
 def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optional[Callable] = None,
-                label: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
+                label: Optional[str] = None, log: Callable[[str], None] = print,
+                f_star: Optional[float] = None) -> dict:
     """Run a :class:`PreparedRun` into its folder; returns the summary (see :func:`run_experiment`)."""
+    _check_f_star(f_star)
     cfg, out_dir, fed, model, algorithm, reg, snap = (prep.cfg, prep.out_dir, prep.fed, prep.model, prep.algorithm,
                                                       prep.reg, prep.snap)
     ds = fed.dataset
@@ -619,6 +700,8 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         "last_checkpoint_round": last_ckpt,
         "resume_command": resume_command(out_dir),
     }
+    if f_star is not None:
+        summary["f_star"] = float(f_star)
     if status["interrupted"]:
         summary["message"] = (f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; "
                               + (f"the last checkpoint is round {last_ckpt}, where the run resumes"
