@@ -13,7 +13,9 @@ objective metrics at the starting point). Every round:
   metric pass below is not counted),
 * ``grad_time`` / ``grad_evals`` (client gradient calls: binding the client's row, batch
   sampling, forward, backward), ``fwd_bwd_time`` (the forward + backward passes alone),
-* ``up`` / ``down`` (d-vectors each client sent / received this round).
+* ``up`` / ``down`` (d-vectors each client sent / received this round),
+* ``sent_bytes`` / ``recv_bytes`` (executors that move data between processes, e.g.
+  ``"distributed"``: the bytes this process sent / received for the algorithm this round).
 
 Every ``metrics_every`` rounds (and after the last), on the reported model x (M7), using one
 extra full-gradient pass over all training data:
@@ -60,6 +62,7 @@ class History:
     hparams: dict
     state: Any = None  # the algorithm's final state (NamedTuple)
     executor: str = "sequential"  # the executor that ran the clients (``ClientSet.executor``)
+    world_size: int = 1  # processes that shared the clients (executor "distributed": the ranks)
 
     def series(self, key: str) -> list:
         """``[m.get(key) for m in metrics]``."""
@@ -245,9 +248,9 @@ def simulate(
     rng = torch.Generator().manual_seed(seeds(seed, 1, stream=1)[0])  # server side (e.g. SCAFFNEW's coin)
 
     def evaluate(st) -> dict:
-        x = algorithm.report(st, regularizer).detach()
+        x = cs.report(algorithm, st, regularizer).detach()
         out = objective_metrics(cs, regularizer, x, step, algorithm.normal_map_point(st))
-        out.update(algorithm.state_metrics(st, cs))
+        out.update(cs.state_metrics(algorithm, st))
         if eval_fn is not None:
             flat.bind_(x.clone())
             out.update(eval_fn(x))
@@ -267,7 +270,7 @@ def simulate(
     else:
         state, initial, metrics, elapsed, start = _restore(resume, algorithm, model, cs, rng)
     for t in range(start, rounds + 1):
-        up, down = cs.comm.up, cs.comm.down
+        up, down, sent, recv = cs.comm.up, cs.comm.down, cs.comm.sent_bytes, cs.comm.recv_bytes
         g_sec, g_n, fb_sec = cs.grad_seconds, cs.grad_evals, cs.fwd_bwd_seconds
         t0 = time.perf_counter()
         with fk.prox_stats() as stats:
@@ -286,16 +289,20 @@ def simulate(
             "up": cs.comm.up - up,
             "down": cs.comm.down - down,
         }
+        if cs.measures_bytes:
+            m["sent_bytes"] = cs.comm.sent_bytes - sent
+            m["recv_bytes"] = cs.comm.recv_bytes - recv
         if metrics_every and (t % metrics_every == 0 or t == rounds):
             m.update(evaluate(state))
         metrics.append(m)
         stop = [cb(t, state, m) for cb in callbacks]
-        if any(s is True for s in stop):
+        if cs.any_rank(any(s is True for s in stop)):  # every rank stops on the same round
             break
         if checkpoint is not None and ((checkpoint_every and t % checkpoint_every == 0) or t == rounds):
             checkpoint(snapshot(t))
 
-    params = algorithm.report(state, regularizer).detach().clone()
+    params = cs.report(algorithm, state, regularizer).detach().clone()
     flat.bind_(params.clone(), torch.zeros_like(params))
     return History(params=params, metrics=metrics, initial=initial, algorithm=algorithm.name,
-                   hparams=algorithm.hparams(), state=state, executor=getattr(cs, "executor", type(cs).__name__))
+                   hparams=algorithm.hparams(), state=state, executor=getattr(cs, "executor", type(cs).__name__),
+                   world_size=getattr(cs, "world_size", 1))

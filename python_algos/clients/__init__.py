@@ -7,6 +7,8 @@ algorithms and their results do not depend on it, up to floating-point summation
 executor         how ``gradients_`` runs the clients
 ===============  =============================================================================
 ``sequential``   :class:`SequentialClients`: one client after another on one module
+``distributed``  :class:`DistributedClients`: the clients sharded over torch.distributed ranks
+                 (``torchrun``), each rank running its shard with an inner executor
 ===============  =============================================================================
 
 ``simulate(..., executor=NAME)`` picks one by name; ``"auto"`` picks the fastest executor that
@@ -20,14 +22,16 @@ from typing import Callable
 from torch import nn
 
 from .base import ClientSet, CommCounter, client_generators, client_tensors, seeds
+from .distributed import DistributedClients
 from .sequential import SequentialClients
 
-__all__ = ["ClientSet", "CommCounter", "SequentialClients", "EXECUTORS", "resolve_executor",
+__all__ = ["ClientSet", "CommCounter", "SequentialClients", "DistributedClients", "EXECUTORS", "resolve_executor",
            "client_generators", "client_tensors", "seeds"]
 
 #: executor name -> ClientSet class (constructor ``(model, loss_fn, data, batch_size=, seed=, flat=, **options)``)
 EXECUTORS: dict[str, type] = {
     "sequential": SequentialClients,
+    "distributed": DistributedClients,  # never picked by "auto": it needs a process group / torchrun
 }
 
 #: the order in which ``"auto"`` tries executors (the first whose ``supports(model)`` is empty wins)
