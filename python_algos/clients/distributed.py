@@ -78,7 +78,8 @@ class DistributedClients(ClientSet):
         data: all N clients' data (every rank gets the full list; a rank converts and keeps only
             its shard, so a lazy sequence loads only the shard).
         inner: the executor that runs this rank's clients: ``"sequential"``, ``"batched"`` or
-            ``"auto"`` (a name in :data:`python_algos.clients.EXECUTORS`).
+            ``"auto"`` (default: the fastest that supports the model; see
+            :func:`python_algos.clients.resolve_executor`).
         inner_options: keyword arguments for the inner executor.
         timeout: seconds a collective waits for a silent peer (default: ``PYTHON_ALGOS_DIST_TIMEOUT``
             or 300); used when this call creates the process group.
@@ -92,7 +93,7 @@ class DistributedClients(ClientSet):
         return "" if dist.is_available() else "torch.distributed is not available in this torch build"
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
-                 seed: int = 0, flat: Optional[fk.FlatParams] = None, *, inner: str = "sequential",
+                 seed: int = 0, flat: Optional[fk.FlatParams] = None, *, inner: str = "auto",
                  inner_options: Optional[dict] = None, timeout: Optional[float] = None):
         super().__init__()
         from . import EXECUTORS, resolve_executor  # the registry imports this module

@@ -1,0 +1,352 @@
+"""The batched executor: every client's local step in one vectorized forward/backward pass.
+
+A round of N clients x K local steps is N*K small passes on the sequential executor, each paying
+Python, autograd and (on a GPU) kernel-launch overhead. Here the N passes of one local step are one
+pass: ``torch.func.vmap`` over ``grad(functional_call(model, row_params, batch))``, where
+``row_params`` are *views* of the ``[n, d]`` client stack (no per-client copy of the model), and the
+per-client gradients are written straight into the rows of ``G`` (one ``torch.cat`` per chunk).
+
+Same trajectory as the sequential executor. Each client draws its minibatch from its own
+generator, seeded by its global index, with the same call the sequential executor makes
+(``randperm(n_i)[:B]`` when ``B < n_i``, the whole client otherwise), so
+``executor="batched"`` and ``"sequential"`` give the same iterates up to floating-point
+summation order (the tests check 1e-10 relative in float64 for every algorithm).
+
+Unequal clients (pad and mask). A chunk's batches are gathered into one ``[c, b_max, ...]`` tensor;
+a client with a smaller batch (full-batch gradients, or ``B`` larger than its data) is padded with
+copies of its own first sample that carry weight zero. Its loss is then the mean of its *own*
+samples: the loss function is applied per sample (``vmap`` over the batch) and averaged with
+weights ``1/b_i``. This needs ``loss_fn`` to be a mean of per-sample losses (true for
+``cross_entropy``, ``mse_loss``, ``binary_cross_entropy_with_logits`` with the default
+``reduction="mean"``). When every batch in a chunk has the same size, ``loss_fn`` is called on
+the whole batch exactly as the sequential executor calls it.
+
+Memory. Clients are processed in chunks of ``chunk_clients`` rows, chosen so that a chunk's
+estimated peak (activations of ``c * b_max`` samples, measured once by a probe pass, plus ~4
+``[c, d]`` gradient-sized buffers) stays under ``memory_budget`` bytes. A single client whose
+batch alone exceeds the budget is split into sample chunks whose gradients are accumulated with
+weights (as the sequential executor does for full batches beyond ``chunk`` samples). Peak extra
+memory is therefore about ``memory_budget`` whatever N is; the ``[N, d]`` stacks of the algorithm
+are separate (``N * d * itemsize`` each).
+
+Not supported (``BatchedClients.unsupported(model)`` says why; ``executor="auto"`` then uses the
+sequential executor): modules that update buffers in the forward pass (BatchNorm / InstanceNorm
+with running statistics: per-client statistics would need per-client buffers; use GroupNorm /
+LayerNorm, ``track_running_stats=False``, or ``executor="sequential"``), and models ``torch.func``
+cannot trace (``.item()`` / data-dependent Python control flow in ``forward``), found by a probe
+pass at construction. Randomness in the forward pass (dropout) is drawn independently per client
+(``vmap(randomness="different")``): statistically the same as the sequential executor, not the
+same random numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, ClassVar, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+import fedkernels as fk
+
+from .base import ClientSet, client_generators, client_tensors
+
+__all__ = ["BatchedClients", "default_memory_budget"]
+
+_STATEFUL_NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
+
+
+def default_memory_budget(device: torch.device) -> int:
+    """Bytes a chunk of clients may use: a quarter of available host memory (capped at 4 GiB) on
+    CPU, half of the free device memory on a GPU."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free // 2)
+    avail = 8 << 30
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) << 10
+                    break
+    except OSError:
+        pass
+    return int(min(4 << 30, avail // 4))
+
+
+class BatchedClients(ClientSet):
+    """All clients of this process, their gradients computed in vectorized passes (``torch.func``).
+
+    Args:
+        model, loss_fn, data, batch_size, seed, flat, first_client: as for
+            :class:`~python_algos.clients.SequentialClients`.
+        memory_budget: bytes one chunk of clients may use (default :func:`default_memory_budget`).
+        chunk_clients: clients per vectorized pass (default: as many as fit the budget).
+
+    Attributes ``grad_seconds`` / ``fwd_bwd_seconds`` / ``grad_evals`` count as in the sequential
+    executor (``grad_evals`` per client gradient).
+    """
+
+    executor: ClassVar[str] = "batched"
+
+    def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
+                 seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0,
+                 memory_budget: Optional[int] = None, chunk_clients: Optional[int] = None):
+        super().__init__()
+        why = self.unsupported(model)
+        if why:
+            raise ValueError(f"executor 'batched' cannot run this model: {why}")
+        if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1):
+            raise ValueError(f"batch_size must be None or a positive int, got {batch_size!r}")
+        for name, v in (("memory_budget", memory_budget), ("chunk_clients", chunk_clients)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be None or a positive int, got {v!r}")
+        if len(data) == 0:
+            raise ValueError("need at least one client")
+        self.model = model
+        self.loss_fn = loss_fn
+        self.flat = flat if flat is not None else fk.FlatParams(model)
+        self.dim = self.flat.numel
+        self.dtype = self.flat.params.dtype
+        self.device = self.flat.params.device
+        clients = [client_tensors(c, self.dtype, self.device) for c in data]
+        self.num_clients = self.rows = len(clients)
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.generators = client_generators(seed, self.num_clients, first_client)
+
+        # All clients' samples concatenated; client i owns rows offsets[i] : offsets[i] + sizes[i].
+        self.sizes = [int(X.shape[0]) for X, _ in clients]
+        self.offsets = torch.tensor([0, *self.sizes[:-1]]).cumsum(0).tolist()
+        feat = {tuple(X.shape[1:]) for X, _ in clients}
+        lab = {tuple(y.shape[1:]) for _, y in clients}
+        if len(feat) > 1 or len(lab) > 1:
+            raise ValueError(f"every client's samples must have the same shape, got inputs {sorted(feat)} "
+                             f"and targets {sorted(lab)}")
+        self.X_all = torch.cat([X for X, _ in clients])
+        self.y_all = torch.cat([y for _, y in clients])
+
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if [p.numel() for _, p in named] != list(self.flat.sizes):
+            raise ValueError("flat must be fk.FlatParams(model) of this model")
+        self._names = [n for n, _ in named]
+        self._shapes = [tuple(p.shape) for _, p in named]
+        self._bounds = torch.tensor([0, *self.flat.sizes]).cumsum(0).tolist()
+        self._consts = {n: p for n, p in model.named_parameters() if not p.requires_grad}
+        self._consts.update(dict(model.named_buffers()))
+
+        self._whole_idx = self._xbuf = self._ybuf = None
+        self._vgrad_same = vmap(grad_and_value(self._client_loss), in_dims=(0, 0, 0, 0), randomness="different")
+        self._vgrad_masked = vmap(grad_and_value(self._client_loss_masked), in_dims=(0, 0, 0, 0),
+                                  randomness="different")
+        self._sample_bytes = self._probe()
+        self.memory_budget = int(memory_budget) if memory_budget is not None else default_memory_budget(self.device)
+        self.chunk_clients = chunk_clients
+
+    # -- what the model must allow --------------------------------------------------------------
+    @classmethod
+    def unsupported(cls, model) -> str:
+        for name, m in model.named_modules():
+            if isinstance(m, _STATEFUL_NORMS) and m.track_running_stats and m.training:
+                return (f"module {name or 'model'!r} ({type(m).__name__}) updates running statistics in every "
+                        f"forward pass, which would need per-client buffers; use GroupNorm / LayerNorm, "
+                        f"track_running_stats=False, or executor='sequential'")
+        return ""
+
+    # -- the per-client loss, vmapped over clients ------------------------------------------------
+    def _params(self, rows: torch.Tensor) -> dict:
+        """Per-parameter views ``[c, *shape]`` of a ``[c, d]`` block of client rows (no copy)."""
+        c = rows.shape[0]
+        return {n: rows[:, a:b].view(c, *s) for n, s, a, b in zip(self._names, self._shapes, self._bounds, self._bounds[1:])}
+
+    def _client_loss(self, params, xb, yb, scale):
+        out = functional_call(self.model, {**self._consts, **params}, (xb,))
+        return self.loss_fn(out, yb) * scale
+
+    def _client_loss_masked(self, params, xb, yb, w):
+        out = functional_call(self.model, {**self._consts, **params}, (xb,))
+        per_sample = vmap(lambda o, t: self.loss_fn(o.unsqueeze(0), t.unsqueeze(0)))(out, yb)
+        return (per_sample * w).sum()
+
+    def _probe(self) -> int:
+        """Run one vectorized pass on two samples of client 0 (fails early, with a clear message, for
+        models torch.func cannot trace) and return the activation bytes per sample it measured."""
+        acts = []
+
+        def hook(_m, _inp, out):
+            if isinstance(out, torch.Tensor):
+                acts.append(out.numel() * out.element_size())
+
+        handles = [m.register_forward_hook(hook) for m in self.model.modules()]
+        try:
+            n = min(2, self.sizes[0])
+            xb = self.X_all[:n].unsqueeze(0)
+            yb = self.y_all[:n].unsqueeze(0)
+            row = self.flat.params.detach().unsqueeze(0)
+            with torch.enable_grad():
+                self._vgrad_same(self._params(row), xb, yb, torch.ones(1, dtype=self.dtype, device=self.device))
+        except Exception as e:  # noqa: BLE001 -- re-raised with what to do about it
+            raise ValueError(f"executor 'batched' cannot run this model: torch.func.vmap(grad(...)) of its "
+                             f"forward pass failed ({type(e).__name__}: {e}); use executor='sequential'") from e
+        finally:
+            for h in handles:
+                h.remove()
+        return max(1, sum(acts) // max(1, min(2, self.sizes[0])))
+
+    def _chunk_rows(self, batch: int) -> int:
+        """Clients per vectorized pass for batches of ``batch`` samples."""
+        if self.chunk_clients is not None:
+            return self.chunk_clients
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        per_client = 3 * batch * self._sample_bytes + 4 * self.dim * itemsize + batch * self.X_all[:1].numel() * self.X_all.element_size()
+        return max(1, int(self.memory_budget // per_client))
+
+    def _sample_chunk(self) -> int:
+        """Samples of one client per pass when a single client's batch exceeds the budget."""
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        room = self.memory_budget - 4 * self.dim * itemsize
+        return max(1, int(room // (3 * self._sample_bytes + self.X_all[:1].numel() * self.X_all.element_size())))
+
+    # -- client-local work ------------------------------------------------------------------------
+    def _batch_indices(self, clients: list) -> list:
+        """Per client, the global sample indices of this call's batch (drawing from the client's
+        generator exactly as the sequential executor does)."""
+        out = []
+        B = self.batch_size
+        for i in clients:
+            n = self.sizes[i]
+            if B is not None and B < n:
+                out.append(torch.randperm(n, generator=self.generators[i])[:B].add_(self.offsets[i]))
+            else:
+                out.append(self._whole(i))
+        return out
+
+    def _whole(self, i: int) -> torch.Tensor:
+        """The global indices of all of client i's samples (cached: full-batch runs reuse them)."""
+        if self._whole_idx is None:
+            self._whole_idx = [torch.arange(o, o + n) for o, n in zip(self.offsets, self.sizes)]
+        return self._whole_idx[i]
+
+    def _gather(self, idx: torch.Tensor, c: int, b: int):
+        """``(X_all[idx], y_all[idx])`` shaped ``[c, b, ...]``, into buffers reused across calls:
+        a fresh multi-MB tensor per step costs page faults that can exceed the gather itself."""
+        need = c * b
+        if self._xbuf is None or self._xbuf.shape[0] < need:
+            self._xbuf = torch.empty((need, *self.X_all.shape[1:]), dtype=self.X_all.dtype, device=self.device)
+            self._ybuf = torch.empty((need, *self.y_all.shape[1:]), dtype=self.y_all.dtype, device=self.device)
+        idx = idx.to(self.device)
+        xb = torch.index_select(self.X_all, 0, idx, out=self._xbuf[:need])
+        yb = torch.index_select(self.y_all, 0, idx, out=self._ybuf[:need])
+        return xb.view(c, b, *self.X_all.shape[1:]), yb.view(c, b, *self.y_all.shape[1:])
+
+    def gradients_(self, X, G, ids=None):
+        t0 = time.perf_counter()
+        clients = list(range(self.rows)) if ids is None else ids.tolist()
+        batches = self._batch_indices(clients)
+        fb = self._gradients(X, G, batches, values=None)
+        self.fwd_bwd_seconds += fb
+        self.grad_seconds += time.perf_counter() - t0
+        self.grad_evals += len(clients)
+        return G
+
+    def _gradients(self, X: torch.Tensor, G: torch.Tensor, batches: list, values: Optional[torch.Tensor]) -> float:
+        """``G[j] <- gradient of client j's mean loss over batches[j]`` at ``X[j]`` (``X`` may be a
+        stride-0 expanded vector); ``values[j]`` <- that loss if given. Returns the seconds spent in
+        the vectorized passes."""
+        n = len(batches)
+        lengths = [int(b.numel()) for b in batches]
+        fb = 0.0
+        j = 0
+        while j < n:
+            bmax = lengths[j]
+            # Grow the chunk while it fits the budget for its largest batch.
+            c = 1
+            while j + c < n:
+                nb = max(bmax, lengths[j + c])
+                if c + 1 > self._chunk_rows(nb):
+                    break
+                bmax = nb
+                c += 1
+            if c == 1 and bmax > self._sample_chunk() and self.chunk_clients is None:
+                fb += self._one_client_in_pieces(X, G, j, batches[j], values)
+            else:
+                fb += self._chunk(X, G, j, batches[j : j + c], values)
+            j += c
+        return fb
+
+    def _chunk(self, X, G, j, batches, values) -> float:
+        c = len(batches)
+        lengths = [int(b.numel()) for b in batches]
+        bmax = max(lengths)
+        if all(b == bmax for b in lengths):
+            idx = torch.cat(batches)
+            w = None
+        else:  # pad each batch with its own first sample, weight 0
+            idx = torch.cat([torch.cat([b, b[:1].expand(bmax - b.numel())]) for b in batches])
+            w = torch.zeros(c, bmax, dtype=self.dtype)
+            for r, b in enumerate(lengths):
+                w[r, :b] = 1.0 / b
+            w = w.to(self.device)
+        xb, yb = self._gather(idx, c, bmax)
+        rows = X[j : j + c]
+        t1 = time.perf_counter()
+        with torch.enable_grad():
+            if w is None:
+                grads, vals = self._vgrad_same(self._params(rows), xb, yb, torch.ones(c, dtype=self.dtype, device=self.device))
+            else:
+                grads, vals = self._vgrad_masked(self._params(rows), xb, yb, w)
+        fb = time.perf_counter() - t1
+        torch.cat([grads[k].reshape(c, -1) for k in self._names], dim=1, out=G[j : j + c])
+        if values is not None:
+            values[j : j + c] = vals.detach()
+        return fb
+
+    def _one_client_in_pieces(self, X, G, j, batch, values) -> float:
+        """One client's batch, too large for one pass: sample chunks, gradients accumulated with
+        weights (piece length / batch length)."""
+        b = int(batch.numel())
+        step = self._sample_chunk()
+        g = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
+        total = 0.0
+        fb = 0.0
+        for s in range(0, b, step):
+            piece = batch[s : s + step]
+            xb, yb = self._gather(piece, 1, int(piece.numel()))
+            scale = torch.full((1,), piece.numel() / b, dtype=self.dtype, device=self.device)
+            t1 = time.perf_counter()
+            with torch.enable_grad():
+                grads, val = self._vgrad_same(self._params(X[j : j + 1]), xb, yb, scale)
+            fb += time.perf_counter() - t1
+            g += torch.cat([grads[k].reshape(-1) for k in self._names])
+            total += float(val)
+        G[j].copy_(g)
+        if values is not None:
+            values[j] = total
+        return fb
+
+    # -- aggregation ------------------------------------------------------------------------------
+    def _mean(self, S, divisor=None):
+        return S.mean(dim=0) if divisor is None else S.sum(dim=0).div_(divisor)
+
+    def _broadcast(self, v):
+        return v
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def full_objective_(self, x, grad_out):
+        """f(x) = (1/N) sum_i f_i(x) and its gradient, all clients' full data in vectorized passes
+        (chunks of clients; their per-client gradients summed chunk by chunk)."""
+        x = x.detach()
+        N = self.num_clients
+        grad_out.zero_()
+        f = 0.0
+        chunk = max(1, min(N, self._chunk_rows(max(self.sizes))))
+        G = torch.empty(min(chunk, N), self.dim, dtype=self.dtype, device=self.device)
+        vals = torch.empty(min(chunk, N), dtype=self.dtype, device=self.device)
+        for s in range(0, N, chunk):
+            c = min(chunk, N - s)
+            batches = [self._whole(i) for i in range(s, s + c)]
+            self._gradients(x.expand(c, -1), G[:c], batches, vals[:c])
+            grad_out.add_(G[:c].sum(0))
+            f += float(vals[:c].sum())
+        grad_out.div_(N)
+        return f / N
