@@ -63,6 +63,13 @@ def _kv(text: str):
     return k.strip(), _value(v)
 
 
+def _workers(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError("--workers must be >= 1")
+    return v
+
+
 def _batch(text: str):
     if text.lower() in ("full", "none", "0"):
         return None
@@ -144,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--demo", action="store_true", help="the built-in demo comparison (as with no arguments)")
     r.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
                    "(--rounds may extend it; other flags are taken from DIR/config.json)")
+    r.add_argument("--workers", type=_workers, default=S, metavar="P",
+                   help="run on P local processes (torchrun ranks, clients split between them; see README "
+                        "'Scaling out'); under torchrun, the ranks are torchrun's")
     _add_config_flags(r, single=True)
 
     c = sub.add_parser("compare", help="several algorithms, same split and initialization",
@@ -263,9 +273,17 @@ def cmd_run(args) -> int:
     if args.demo:
         return cmd_demo(argparse.Namespace(rounds=getattr(args, "rounds", None), out=args.out,
                                            no_progress=args.no_progress))
+    from . import launch
+
+    if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
+        out = None
+        if not args.resume:  # check the config here, and pick the folder once for every rank
+            out = _out_dir(args, Config.from_dict(_merge(args)).algorithm)
+        return launch.run_workers(args.argv, args.workers, out)
+    main = launch.is_main()
     if args.resume:
         given = [k for k in vars(args) if k not in ("command", "demo", "resume", "rounds", "no_progress", "out",
-                                                      "name", "config")]
+                                                      "name", "config", "workers", "argv")]
         if given:
             raise SystemExit(f"--resume takes its settings from {args.resume}/config.json; only --rounds and "
                              f"--no-progress may be given (got {', '.join('--' + g.replace('_', '-') for g in given)})")
@@ -273,10 +291,19 @@ def cmd_run(args) -> int:
                                  progress=not args.no_progress)
     else:
         cfg = Config.from_dict(_merge(args))
-        out = _out_dir(args, cfg.algorithm)
-        print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={cfg.reg}; "
-              f"results -> {out}")
-        summary = run_experiment(cfg, out, progress=not args.no_progress)
+        out = launch.agree_on(_out_dir(args, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
+        if launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, "checkpoint.pt")):
+            # torchrun restarted the job after a rank failed: continue from the last checkpoint
+            summary = run_experiment(None, out, resume=True, rounds=cfg.rounds, progress=not args.no_progress,
+                                     log=print if main else (lambda s: None))
+        else:
+            if main:
+                print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
+                      f"h={cfg.reg}; results -> {out}" + (f" ({launch.world_size()} processes)"
+                                                           if launch.distributed() else ""))
+            summary = run_experiment(cfg, out, progress=not args.no_progress)
+    if not main:
+        return 3 if summary["status"] == "diverged" else 0
     _print_summary(summary)
     print(f"results written to {summary['out_dir']}")
     if summary["status"] == "diverged":
@@ -349,20 +376,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv or ["demo"])
+    args.argv = argv
     if args.command is None:
         parser.print_help()
         return 2
+    from . import launch
     from .data import DataNotFoundError
 
     handler = {"run": cmd_run, "compare": cmd_compare, "demo": cmd_demo, "plot": cmd_plot,
                "algorithms": cmd_algorithms}[args.command]
     with warnings.catch_warnings():
         warnings.showwarning = _showwarning
+        if launch.rank() != 0:  # rank 0 alone reports (every rank would print the same warnings)
+            warnings.simplefilter("ignore")
         try:
             return handler(args)
         except (DataNotFoundError, FileNotFoundError, ValueError, RuntimeError) as e:
-            print(f"error: {e}", file=sys.stderr)
+            where = f" on rank {launch.rank()} of {launch.world_size()}" if launch.distributed() else ""
+            print(f"error{where}: {e}", file=sys.stderr)
             return 1
+        finally:
+            launch.finish()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -41,6 +41,7 @@ from torch import nn
 import fedkernels as fk
 
 from . import checkpoint as ckpt
+from . import launch
 from .data import FederatedData, federate, load_dataset
 from .models import build_model as _build_model
 from .progress import Progress
@@ -327,7 +328,12 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     ignored); ``rounds`` then extends or shortens the total. ``extra_eval(params) -> dict`` adds
     metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run with
     status ``"diverged"``; the checkpoint of the last good round is kept.
+
+    Under torchrun every rank calls this: the clients are sharded over the ranks (executor
+    ``distributed`` wrapping ``cfg.executor``), rank 0 alone writes the folder and reports
+    progress, checkpoints are sharded (:mod:`python_algos.experiments.launch`).
     """
+    main = launch.is_main()
     os.makedirs(out_dir, exist_ok=True)
     cfg_path = os.path.join(out_dir, "config.json")
     ckpt_path = os.path.join(out_dir, "checkpoint.pt")
@@ -345,6 +351,7 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     if rounds is not None:
         cfg = cfg.replace(rounds=int(rounds))
     label = label or cfg.algorithm
+    launch.join(cfg.device)  # under torchrun: join the job (and pick this rank's GPU) first
     device = resolve_device(cfg.device)
 
     fed = fed if fed is not None else prepare_data(cfg)
@@ -358,22 +365,24 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     eval_fn = make_eval(ds, model, extra_eval)
 
     if resume:
-        snap = ckpt.load(ckpt_path, map_location=device)
+        snap = launch.load_checkpoint(ckpt_path, len(fed.clients), map_location=device)
         rows = [snap["initial"], *snap["metrics"]]
-        _write_jsonl(metrics_path, rows)  # drop the rounds after the checkpoint
-        log(f"resuming {out_dir} from round {snap['round']} (checkpoint), up to round {cfg.rounds}")
-    else:
+        if main:
+            _write_jsonl(metrics_path, rows)  # drop the rounds after the checkpoint
+            log(f"resuming {out_dir} from round {snap['round']} (checkpoint), up to round {cfg.rounds}")
+    elif main:
         if os.path.exists(metrics_path):
             os.remove(metrics_path)
         _write_json(os.path.join(out_dir, "partition.json"), {
             "partition": fed.partition, "num_clients": len(fed.parts), "sizes": [len(p) for p in fed.parts],
             "label_histograms": fed.histograms.tolist() if fed.histograms is not None else None,
         })
-    _write_json(cfg_path, cfg.to_dict())
+    if main:
+        _write_json(cfg_path, cfg.to_dict())
 
     status = {"diverged": None}
-    metrics_file = open(metrics_path, "a")
-    bar = Progress(cfg.rounds, initial=snap["round"] if snap else 0, desc=label, enabled=progress)
+    metrics_file = open(metrics_path if main else os.devnull, "a")
+    bar = Progress(cfg.rounds, initial=snap["round"] if snap else 0, desc=label, enabled=progress and main)
     kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
 
     def on_save(s):
@@ -397,9 +406,11 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
         if kill_at and t == kill_at:
             metrics_file.close()
             os.kill(os.getpid(), signal.SIGKILL)
+        launch.maybe_kill(t)
         return None
 
-    saver = ckpt.Checkpointer(ckpt_path, extra={"config": cfg.to_dict()}, on_save=on_save)
+    saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()}, on_save=on_save)
+    executor, executor_options = launch.executor_for(cfg.executor)
     hist = None
     t0 = time.perf_counter()
     try:
@@ -408,12 +419,13 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
                         metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
                         checkpoint=saver, checkpoint_every=cfg.checkpoint_every,
                         participation=cfg.participation, clients_per_round=cfg.clients_per_round,
-                        executor=cfg.executor)
+                        executor=executor, executor_options=executor_options)
     except ckpt.Diverged as e:
         status["diverged"] = str(e)
     finally:
         bar.close()
         metrics_file.close()
+    status["diverged"] = launch.first_message(status["diverged"])  # every rank reports the same status
     run_seconds = time.perf_counter() - t0
 
     rows = read_metrics(out_dir)
@@ -435,7 +447,8 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
         "partition": cfg.partition,
         "num_clients": len(fed.parts),
         "dim": sum(p.numel() for p in model.parameters()),
-        "executor": hist.executor if hist is not None else cfg.executor,
+        "executor": hist.executor if hist is not None else executor,
+        "world_size": hist.world_size if hist is not None else launch.world_size(),
         "threads": torch.get_num_threads(),
         "out_dir": out_dir,
         "last_checkpoint_round": saver.last_round,
@@ -446,10 +459,13 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
                 (f"{ckpt_path} keeps the checkpoint it had" if os.path.exists(ckpt_path) else "no checkpoint was written"))
         summary["message"] = (f"{label} diverged at {status['diverged']}; the run was stopped and {keep}. "
                               f"Lower the step size (--lr, currently {cfg.lr:g}) or the local steps.")
-    else:
+    elif main:
         torch.save({"params": hist.params.cpu(), "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}},
                    os.path.join(out_dir, "model.pt"))
-    _write_json(os.path.join(out_dir, "summary.json"), summary)
+    if executor == "distributed":
+        summary["inner_executor"] = cfg.executor
+    if main:
+        _write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary
 
 
@@ -481,9 +497,10 @@ def compare_experiments(cfg: Config, algorithms: Sequence[str], out_dir: str, *,
                               "elapsed": None, "rounds_done": 0, "out_dir": os.path.join(out_dir, name)})
         if summaries[-1]["status"] != "completed":
             log(summaries[-1]["message"])
-    _write_json(os.path.join(out_dir, "comparison.json"), {"config": cfg.to_dict(), "runs": summaries})
-    with open(os.path.join(out_dir, "comparison.md"), "w") as f:
-        f.write(comparison_table(summaries, cfg.metric_step) + "\n")
+    if launch.is_main():
+        _write_json(os.path.join(out_dir, "comparison.json"), {"config": cfg.to_dict(), "runs": summaries})
+        with open(os.path.join(out_dir, "comparison.md"), "w") as f:
+            f.write(comparison_table(summaries, cfg.metric_step) + "\n")
     return summaries
 
 
