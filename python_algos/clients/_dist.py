@@ -66,10 +66,27 @@ def ensure_group(device: torch.device = torch.device("cpu"), timeout: Optional[f
     if device.type == "cuda":
         torch.cuda.set_device(local_device(device))
     if under_launcher():
-        dist.init_process_group(backend, timeout=td)
+        dist.init_process_group(backend, store=_attempt_store(td), rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=td)
     else:  # a plain script: a group of one
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=td)
     return dist.group.WORLD
+
+
+def _attempt_store(timeout: datetime.timedelta):
+    """The launcher's key-value store, under a prefix of its own per restart attempt.
+
+    After ``torchrun --max-restarts`` restarts a job, the agent's store can still hold the keys
+    that the previous attempt's ranks published (their gloo addresses); a restarted rank reading
+    one would wait on a dead peer. A prefix per attempt (``TORCHELASTIC_RESTART_COUNT``) gives
+    every attempt fresh keys."""
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"])
+    world, r = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0 hosts it
+    store = dist.TCPStore(host, port, world, is_master=(not agent_hosts and r == 0), timeout=timeout,
+                          multi_tenant=not agent_hosts)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"python_algos/attempt{attempt}/", store)
 
 
 def rank() -> int:

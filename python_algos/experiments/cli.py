@@ -390,13 +390,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if launch.rank() != 0:  # rank 0 alone reports (every rank would print the same warnings)
             warnings.simplefilter("ignore")
         try:
-            return handler(args)
+            code = handler(args)
         except (DataNotFoundError, FileNotFoundError, ValueError, RuntimeError) as e:
             where = f" on rank {launch.rank()} of {launch.world_size()}" if launch.distributed() else ""
             print(f"error{where}: {e}", file=sys.stderr)
+            launch.finish(ok=False)
             return 1
-        finally:
-            launch.finish()
+        launch.finish()
+        return code
 
 
 if __name__ == "__main__":  # pragma: no cover

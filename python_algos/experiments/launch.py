@@ -85,11 +85,15 @@ def first_message(message: Optional[str]) -> Optional[str]:
     return next((m for m in got if m is not None), None)
 
 
-def finish() -> None:
-    """Leave the process group (end of a distributed command)."""
+def finish(ok: bool = True) -> None:
+    """Leave the process group at the end of a command. ``ok``: every rank got here normally, so
+    they wait for each other first (a rank tearing its connections down while a peer still uses
+    them aborts that peer); after an error, leave at once (the peers fail or time out)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if ok and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -166,7 +170,6 @@ class ShardedCheckpointer(ckpt.Checkpointer):
     def __init__(self, path: str, num_clients: int, extra: Optional[dict] = None, on_save=None):
         super().__init__(path, extra, on_save)
         self.num_clients = int(num_clients)
-        self._previous: list = []
 
     def __call__(self, snapshot: dict) -> None:
         r, world = rank(), world_size()
@@ -196,8 +199,10 @@ class ShardedCheckpointer(ckpt.Checkpointer):
                 snap["shards"] = {"world_size": world, "num_clients": self.num_clients, "files": names,
                                   "fields": fields, "bounds": _dist.bounds(self.num_clients, world)}
                 ckpt.save(self.path, snap, self.extra)
-                for name in self._previous:
-                    if name not in names:
+                # older shards (this run's previous checkpoint, or a run resumed here with another
+                # world size): no rank writes before the agree() below, so nothing new is deleted
+                for name in os.listdir(_shard_dir(self.path)):
+                    if name not in names and name.startswith("round") and name.endswith(".pt"):
                         try:
                             os.remove(os.path.join(_shard_dir(self.path), name))
                         except OSError:
@@ -205,7 +210,6 @@ class ShardedCheckpointer(ckpt.Checkpointer):
             except Exception as e:  # noqa: BLE001
                 err = e
         _dist.agree(err)
-        self._previous = names
         self.last_round = t
         if self.on_save is not None:
             self.on_save(snapshot)
