@@ -98,3 +98,29 @@ def rank_main(rank: int, world: int, port: int, out_dir: str, names: list, inner
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def rank_error_main(rank: int, world: int, port: int, out_dir: str, kind: str) -> None:
+    """A construction error on one rank only; every rank records the message it raised."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    import python_algos as pa
+
+    data = problem()
+    if kind == "bad-data":  # the last client (held by the last rank) has 3 labels for its 18 samples
+        X, y = data[-1]
+        data[-1] = (X, y[:3])
+    else:  # "too-few": 2 clients for 3 ranks
+        data = data[:2]
+    try:
+        pa.DistributedClients(model(), loss, data, inner="sequential")
+        msg = "no error"
+    except Exception as e:  # noqa: BLE001
+        msg = f"{type(e).__name__}: {e}"
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(msg)
+    if dist.is_initialized():
+        dist.destroy_process_group()
