@@ -4,15 +4,17 @@
 // so a rejected call never touches a buffer.
 #include <pybind11/pybind11.h>
 
+#include <pybind11/stl.h>
+
 #include <string>
 #include <tuple>
+#include <vector>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <unistd.h>
-#define FK_HAVE_PIPE_PROBE 1
-#endif
-
+#include "cpu/isa.h"
+#include "cuda/device_guard.h"
+#include "cuda/launch_body.h"
 #include "dispatch.h"
+#include "writable.h"
 
 namespace py = pybind11;
 using namespace fk;
@@ -69,30 +71,20 @@ ProxPlan plan_checked(int kind, double step, double p1, double p2) {
   return plan;
 }
 
-// True if [ptr, ptr + nbytes) can be written. Probes the first and last byte by read()-ing the
-// byte's own value back into it from a pipe: the kernel reports EFAULT for a read-only page
-// instead of faulting, and a writable byte ends up unchanged.
-bool is_writable(uintptr_t ptr, int64_t nbytes) {
-#ifdef FK_HAVE_PIPE_PROBE
-  if (nbytes <= 0 || ptr == 0) return true;
-  thread_local int fds[2] = {-1, -1};
-  if (fds[0] < 0 && pipe(fds) != 0) return true;  // cannot probe; assume writable
-  auto probe = [](char* p) {
-    char value = *p;
-    if (write(fds[1], &value, 1) != 1) return true;
-    if (read(fds[0], p, 1) == 1) return true;
-    char drain;
-    (void)!read(fds[0], &drain, 1);  // the byte is still in the pipe after EFAULT
+// A device API that only records: what the CUDA device guard does, for tests without a GPU.
+struct RecordingDeviceApi {
+  int device;
+  std::vector<int> with_context;
+  std::vector<int> calls;  // devices passed to set/restore, in order
+  int current() { return device; }
+  void set(int d) { calls.push_back(d); device = d; }
+  void restore(int d) { set(d); }
+  bool has_context(int d) {
+    for (int c : with_context)
+      if (c == d) return true;
     return false;
-  };
-  char* first = reinterpret_cast<char*>(ptr);
-  return probe(first) && (nbytes == 1 || probe(first + nbytes - 1));
-#else
-  (void)ptr;
-  (void)nbytes;
-  return true;
-#endif
-}
+  }
+};
 
 }  // namespace
 
@@ -168,19 +160,18 @@ PYBIND11_MODULE(_C, m) {
     FK_RUN(depositum_step, make_launch(dtype, device, stream, rows, cols), a);
   });
 
-  m.def("sumsq", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
-                    int64_t cols, uintptr_t x, int64_t xs, uintptr_t center, int64_t cs,
-                    bool has_center, uintptr_t out) {
-    SumSqArgs a{operand(x, xs), operand(center, cs), out, has_center};
-    FK_RUN(sumsq, make_launch(dtype, device, stream, rows, cols), a);
+  // l2_ball_: the reduction (per-row factors in `factor`, chunk sums in `scratch`, sized by
+  // l2_ball_scratch_size), then the scale pass. Two launches on one stream, no host sync.
+  m.def("l2_ball", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
+                      int64_t cols, uintptr_t x, int64_t xs, uintptr_t center, int64_t cs,
+                      bool has_center, uintptr_t scratch, uintptr_t factor, double radius) {
+    const Launch L = make_launch(dtype, device, stream, rows, cols);
+    SumSqArgs reduce{operand(x, xs), operand(center, cs), scratch, factor, radius, has_center};
+    FK_RUN(l2_ball_factors, L, reduce);
+    L2BallArgs scale{operand(x, xs), operand(center, cs), factor, has_center};
+    FK_RUN(l2_ball_scale, L, scale);
   });
-
-  m.def("l2_ball_scale", [](int backend, int dtype, int device, uintptr_t stream, int64_t rows,
-                            int64_t cols, uintptr_t x, int64_t xs, uintptr_t center, int64_t cs,
-                            bool has_center, uintptr_t sumsq, double radius) {
-    L2BallArgs a{operand(x, xs), operand(center, cs), sumsq, radius, has_center};
-    FK_RUN(l2_ball_scale, make_launch(dtype, device, stream, rows, cols), a);
-  });
+  m.def("l2_ball_scratch_size", [](int64_t rows, int64_t cols) { return rows * reduce_chunks(cols); });
 
   m.def("plan_prox", [](int kind, double step, double p1, double p2) {
     const ProxPlan p = plan_checked(kind, step, p1, p2);
@@ -190,7 +181,23 @@ PYBIND11_MODULE(_C, m) {
     if (gx < 1 || gy < 1 || block < 1) throw std::invalid_argument("emulation grid must be >= 1");
     g_emulation = EmulationConfig{gx, gy, block};
   });
-  m.def("is_writable", &is_writable);
+  m.def("is_writable", &is_writable,
+        "True if the byte at ptr (and ptr + nbytes - 1) can be written; writes nothing");
+  m.def("set_cpu_isa", &cpu_set_isa, "test hook: force a CPU kernel variant ('auto' = detected)");
+  m.def("cpu_isa", &cpu_isa);
+  m.def("cpu_isa_variants", &cpu_isa_variants);
+  m.def("cpu_splits_rows", &cpu_split_rows,
+        "True if the CPU kernels give each thread whole rows of a [rows, cols] block");
+  m.def("device_guard_trace", [](int current, int target, std::vector<int> with_context) {
+    RecordingDeviceApi api{current, std::move(with_context), {}};
+    { BasicDeviceGuard<RecordingDeviceApi> guard(api, target); }
+    return api.calls;
+  }, "devices the CUDA device guard selects (entering, then leaving) for a launch on `target`");
+  m.def("cuda_launch_config", [](int64_t rows, int64_t cols) {
+    // The grid an elementwise CUDA launch uses (introspection for tests; no GPU needed).
+    const LaunchConfig c = make_launch_config(rows, cols, kCudaMaxGridX, kCudaMaxGridY, kCudaBlock);
+    return std::make_tuple(c.grid.x, c.grid.y, c.block.x, c.flat);
+  });
   m.def("set_num_threads", &cpu_set_num_threads);
   m.def("get_num_threads", &cpu_get_num_threads);
   m.def("simd", &cpu_simd_description);

@@ -84,19 +84,23 @@ void dispatch_op(const Launch& L, const Args& a, Run&& run) {
   });
 }
 
-// Backend entry points, one per op in FK_ELEMENTWISE_OPS plus the row reduction.
+// Backend entry points, one per op in FK_ELEMENTWISE_OPS plus the row reduction of l2_ball_.
 #define FK_DECLARE_BACKENDS(name, Args, Op, prox)                                     \
   void name##_cpu(const Launch& L, const Args& a);                                    \
   void name##_cuda(const Launch& L, const Args& a);                                   \
   void name##_cuda_emulated(const Launch& L, const Args& a, const EmulationConfig& e);
 FK_ELEMENTWISE_OPS(FK_DECLARE_BACKENDS)
-FK_DECLARE_BACKENDS(sumsq, SumSqArgs, unused, false)
+FK_DECLARE_BACKENDS(l2_ball_factors, SumSqArgs, unused, false)
 #undef FK_DECLARE_BACKENDS
 
 // CPU threading (fedkernels.set_num_threads); defaults to OpenMP's own default.
 void cpu_set_num_threads(int n);
 int cpu_get_num_threads();
 std::string cpu_simd_description();
+// The CPU kernel variant in use, the variants this CPU can run, and a test hook forcing one.
+std::string cpu_isa();
+std::string cpu_isa_variants();
+void cpu_set_isa(const std::string& name);
 
 // CUDA runtime facts; every function works in a CPU-only build.
 bool cuda_compiled();

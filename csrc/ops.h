@@ -12,6 +12,7 @@
 
 #include "math/common.h"
 #include "math/prox.h"
+#include "math/reduce.h"
 #include "math/updates.h"
 
 namespace fk {
@@ -72,15 +73,18 @@ struct DepositumArgs {  // m <- beta m + w y; x <- prox(x - alpha dir)
   bool snag;
   ProxPlan plan;
 };
-struct L2BallArgs {  // x <- c + (x - c) * min(1, radius / sqrt(sumsq[r])); center optional
+struct L2BallArgs {  // x <- c + (x - c) * factor[r]; center optional
   Operand x, center;
-  uintptr_t sumsq;  // double[rows], filled by the reduction pass
-  double radius;
+  uintptr_t factor;  // double[rows]: min(1, radius / ||x_r - c||), filled by l2_ball_factors
   bool has_center;
 };
-struct SumSqArgs {  // sumsq[r] = sum_j (x - c)^2, accumulated in double
+// Reduction pass of l2_ball_: per-row chunk sums of (x - c)^2 in the fixed order of
+// math/reduce.h, then one factor per row.
+struct SumSqArgs {
   Operand x, center;
-  uintptr_t sumsq;
+  uintptr_t scratch;  // double[rows * reduce_chunks(cols)]: chunk sums, row-major
+  uintptr_t factor;   // double[rows]: output
+  double radius;
   bool has_center;
 };
 
@@ -240,18 +244,16 @@ struct L2BallOp {
   using T = typename Acc<S>::type;
   View<S> x;
   View<const S> center;
-  const double* sumsq;
-  double radius;
+  const double* factors;
   bool has_center;
   explicit L2BallOp(const L2BallArgs& a)
       : x(a.x),
         center(a.center),
-        sumsq(reinterpret_cast<const double*>(a.sumsq)),
-        radius(a.radius),
+        factors(reinterpret_cast<const double*>(a.factor)),
         has_center(a.has_center) {}
   FK_HD void operator()(int64_t r, int64_t j) const {
     const int64_t i = x.at(r, j);
-    const T factor = static_cast<T>(l2_ball_factor(sumsq[r], radius));
+    const T factor = static_cast<T>(factors[r]);
     const T c = has_center ? load(center.p, center.at(r, j)) : T(0);
     store(x.p, i, l2_ball_elem(load(x.p, i), c, factor));
   }

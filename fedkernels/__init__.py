@@ -7,10 +7,11 @@
 
 Layers: ``fk.raw`` (validated, low-overhead kernel calls), ``fk.ops`` (the same as registered
 torch ops, for torch.compile), regularizer objects (``fk.L1`` ... ``fk.L2Ball``), ``fk.fused``
-(regularizer-aware fused updates), ``fk.FlatParams`` (a model as one vector).
+(regularizer-aware fused updates), ``fk.FlatParams`` (a model as one vector), ``fk.optim``
+(``ProxSGD``, ``Proximal``: torch.optim-style proximal optimizers).
 """
 
-from . import fused, ops, raw
+from . import fused, ops, optim, raw
 from ._backend import backend_info, emulate_cuda, get_num_threads, set_num_threads
 from .flat import FlatParams
 from .profiling import ProxStats, prox_stats
@@ -37,6 +38,7 @@ __all__ = [
     "raw",
     "ops",
     "fused",
+    "optim",
     "FlatParams",
     "prox_stats",
     "ProxStats",

@@ -7,6 +7,7 @@ tests/test_backend.py checks both sides agree by planning every kind through ``_
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.machinery
 import importlib.util
 import os
@@ -126,26 +127,93 @@ def get_num_threads() -> int:
     return _C.get_num_threads()
 
 
+def _driver_cuda_version() -> tuple[int, int] | None:
+    """The newest CUDA version the NVIDIA driver supports, from NVML (as ``nvidia-smi`` shows it),
+    or None if NVML is missing. NVML does not initialize CUDA, so this is safe before fork()."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    try:
+        if nvml.nvmlInit_v2() != 0:
+            return None
+        try:
+            v = ctypes.c_int(0)
+            if nvml.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(v)) != 0 or v.value <= 0:
+                return None
+            return v.value // 1000, (v.value % 1000) // 10
+        finally:
+            nvml.nvmlShutdown()
+    except AttributeError:
+        return None
+
+
+def _driver_too_old(runtime: str, driver: tuple[int, int] | None) -> str:
+    """Plain words for a driver older than the CUDA toolkit fedkernels was built with."""
+    major = runtime.split(".")[0]
+    minimum = {"13": " (driver 580 or newer)", "12": " (driver 525 or newer)"}.get(major, "")
+    have = f"supports CUDA up to {driver[0]}.{driver[1]}" if driver else "is older than that"
+    torch_cuda = torch.version.cuda
+    fix = (f"or reinstall fedkernels with a CUDA {torch_cuda.split('.')[0]} toolkit, the one torch "
+           f"uses: CUDACXX=/path/to/cuda-{torch_cuda}/bin/nvcc pip install ." if torch_cuda else
+           "or reinstall fedkernels with an older CUDA toolkit (CUDACXX=/path/to/nvcc pip install .)")
+    return (f"fedkernels' CUDA kernels were built with the CUDA {runtime} toolkit and need an NVIDIA "
+            f"driver that supports CUDA {major}{minimum}, but this machine's driver {have}; torch can "
+            f"still use the GPU because it brings its own CUDA. Update the NVIDIA driver, {fix}")
+
+
+def _cuda_status(runtime: str) -> tuple[int, str | None]:
+    """(number of CUDA devices, why fedkernels cannot use them or None) for a CUDA build.
+
+    Never initializes the CUDA driver on its own: a process that did cannot use CUDA in forked
+    children (e.g. DataLoader workers or a fork-based process pool). torch.cuda.device_count()
+    asks NVML; fedkernels' runtime is asked only once torch has initialized CUDA anyway.
+    """
+    if torch.cuda.is_initialized():
+        count, error = _C.cuda_device_count()
+        if count > 0:
+            return count, None
+        if "insufficient" in (error or "").lower():  # cudaErrorInsufficientDriver
+            return 0, _driver_too_old(runtime, _driver_cuda_version())
+        return 0, error or "no CUDA device found"
+    if not torch.backends.cuda.is_built():
+        return 0, f"torch {torch.__version__} is a CPU-only build, so there are no CUDA tensors"
+    count = torch.cuda.device_count()
+    if count == 0:
+        return 0, "no CUDA device found"
+    driver = _driver_cuda_version()
+    if driver is not None and driver[0] < int(runtime.split(".")[0]):
+        return count, _driver_too_old(runtime, driver)
+    return count, None
+
+
 def backend_info() -> dict:
     """What this build of fedkernels can do on this machine.
 
     Keys: ``cpu_threads``, ``simd`` (instruction sets the CPU kernels were compiled for),
-    ``cuda_compiled``, ``cuda_archs`` (list of SM versions), ``cuda_runtime`` (static cudart
-    version), ``cuda_available`` (a usable GPU is present), ``cuda_device_count``, ``cuda_error``
-    (why not, if not), ``torch_version``, ``extension`` (path of the loaded module).
+    ``cuda_compiled``, ``cuda_archs`` (list of SM versions), ``cuda_runtime`` (the CUDA toolkit
+    the kernels were built with; its runtime is linked statically), ``cuda_available`` (fedkernels
+    can run on a GPU here), ``cuda_device_count``, ``cuda_error`` (why not, in plain words, if
+    not), ``torch_version``, ``extension`` (path of the loaded module).
+
+    Safe to call before fork(): it does not initialize CUDA unless torch already has.
     """
     compiled = bool(_C.cuda_compiled())
-    count, error = _C.cuda_device_count()
+    runtime = _C.cuda_runtime_version() or None
+    if compiled:
+        count, error = _cuda_status(runtime)
+    else:
+        count, error = 0, "fedkernels was built without CUDA support (no CUDA compiler at install time)"
     archs = [a for a in _C.cuda_archs().split(",") if a] if compiled else []
     return {
         "cpu_threads": _C.get_num_threads(),
         "simd": _C.simd(),
         "cuda_compiled": compiled,
         "cuda_archs": archs,
-        "cuda_runtime": _C.cuda_runtime_version() or None,
-        "cuda_available": count > 0,
+        "cuda_runtime": runtime,
+        "cuda_available": count > 0 and error is None,
         "cuda_device_count": count,
-        "cuda_error": None if count > 0 else (error or "no CUDA device found"),
+        "cuda_error": error,
         "torch_version": torch.__version__,
         "extension": os.path.abspath(_C.__file__),
     }

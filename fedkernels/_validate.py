@@ -177,6 +177,35 @@ def operand(name: str, t, ref: torch.Tensor, ref_name: str, *, broadcast: bool =
     return t, stride
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
+
+
+def same_or_disjoint(written_name: str, written: torch.Tensor, *reads) -> None:
+    """Each read tensor (``name, tensor`` pairs, after ``operand``) must be the written buffer
+    itself or share no memory with it, as torch requires of its own in-place ops.
+
+    A read buffer that overlaps the written one only in part (a row of a stack written as a whole,
+    a shifted view) would be read while it is being written, in an order each backend chooses.
+    Every tensor here is contiguous, so its memory is one interval.
+    """
+    if written.numel() == 0:
+        return
+    w0, w1 = _span(written)
+    for i in range(0, len(reads), 2):
+        name, t = reads[i], reads[i + 1]
+        if t.numel() == 0:
+            continue
+        r0, r1 = _span(t)
+        if r0 < w1 and w0 < r1 and not (r0 == w0 and r1 == w1):
+            raise ValueError(
+                f"{name} overlaps {written_name} in memory without being {written_name} itself (e.g. "
+                f"one row of it, or a shifted view); {written_name} is written while {name} is read, "
+                f"so they must be the same tensor or not share memory: pass {name}.clone()"
+            )
+
+
 def distinct(**tensors: torch.Tensor) -> None:
     """Buffers written by one call must not share memory with each other."""
     items = [(n, t) for n, t in tensors.items() if t.numel() > 0]

@@ -27,9 +27,11 @@ class FlatParams:
 
     Attributes:
         params: the [d] buffer the parameters view.
-        grad: the [d] buffer the parameters' ``.grad`` view. Use ``zero_grad()`` rather than
-            ``module.zero_grad()`` / ``optimizer.zero_grad()``, which set ``.grad`` to None by
-            default and would detach it from this buffer.
+        grad: the [d] buffer the parameters' ``.grad`` view. ``flat.zero_grad()`` zeroes it in
+            place. ``module.zero_grad()`` / ``optimizer.zero_grad()`` set every ``.grad`` to None
+            (and the next backward allocates new ones): reading ``flat.grad`` notices, copies the
+            module's current gradients into the buffer (zero where ``.grad`` is None) and points
+            ``.grad`` back at it, so it always holds the gradient the module has.
         numel: d.
     """
 
@@ -49,8 +51,9 @@ class FlatParams:
         with torch.no_grad():
             params = torch.cat([p.detach().reshape(-1).to(dtype=dtype, device=device) for p in self._params])
         self.params = params
-        self.grad = torch.zeros_like(params)
-        self.bind_(params, self.grad)
+        self._grad = torch.zeros_like(params)
+        self._grad_views: list[torch.Tensor] = []
+        self.bind_(params, self._grad)
 
     def views(self, vector: torch.Tensor) -> list[torch.Tensor]:
         """Per-parameter views of a [d] vector, shaped like the parameters."""
@@ -69,10 +72,37 @@ class FlatParams:
         if grad is not None:
             if grad.shape != params.shape or not grad.is_contiguous():
                 raise ValueError("grad must be a contiguous tensor shaped like params")
-            for p, v in zip(self._params, self.views(grad)):
-                p.grad = v
-            self.grad = grad
+            self._point_grads(grad, self.views(grad))
         return self
+
+    def _point_grads(self, grad: torch.Tensor, views: list[torch.Tensor]) -> None:
+        for p, v in zip(self._params, views):
+            p.grad = v
+        self._grad = grad
+        self._grad_views = views
+
+    @property
+    def grad(self) -> torch.Tensor:
+        """The [d] gradient buffer, holding the module's current gradients (see the class doc)."""
+        grad, views = self._grad, self._grad_views
+        for p, v in zip(self._params, views):
+            g = p.grad
+            if g is None or g.data_ptr() != v.data_ptr():
+                self._rebind_grads()
+                break
+        return self._grad
+
+    def _rebind_grads(self) -> None:
+        """Some .grad no longer views the buffer (set to None by module.zero_grad(), then maybe
+        re-allocated by backward): take the module's gradients into the buffer and re-point."""
+        with torch.no_grad():
+            for p, v in zip(self._params, self._grad_views):
+                g = p.grad
+                if g is None:
+                    v.zero_()
+                elif g.data_ptr() != v.data_ptr():
+                    v.copy_(g)
+                p.grad = v
 
     def row_binder(self, params_stack: torch.Tensor, grad_stack: torch.Tensor | None = None):
         """A fast ``bind(i)``: point the module at row i of a [N, d] stack (and its gradient stack).
@@ -100,14 +130,15 @@ class FlatParams:
             if grows is not None:
                 for p, g in zip(params, grows[i]):
                     p.grad = g
-                self.grad = grad_stack[i]
+                self._grad = grad_stack[i]
+                self._grad_views = grows[i]
 
         return bind
 
     def zero_grad(self) -> None:
         """Zero the flat gradient buffer (keeping every .grad a view of it)."""
-        self.grad.zero_()
-        for p, v in zip(self._params, self.views(self.grad)):
+        self._grad.zero_()
+        for p, v in zip(self._params, self._grad_views):
             if p.grad is None or p.grad.data_ptr() != v.data_ptr():
                 p.grad = v
 

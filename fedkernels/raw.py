@@ -22,6 +22,12 @@ from . import _validate as V
 from ._backend import DTYPE_CODES, backend_for
 from .profiling import run_counted
 
+# Bumps autograd's version counter of tensors written here, as torch's own in-place ops do: a
+# tensor saved for backward and then changed through fk.raw makes backward() raise instead of
+# returning wrong gradients. One call for all written tensors (~1 us); inference tensors have no
+# counter and are skipped by torch.
+_written = torch._C._increment_version
+
 __all__ = [
     "prox_",
     "prox",
@@ -61,6 +67,7 @@ def prox_(x: torch.Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 
     """In place: x <- prox_{step * p}(x). Returns x."""
     V.mutable("x", x)
     _prox_into(x, x, kind, step, p1, p2)
+    _written((x,))
     return x
 
 
@@ -76,6 +83,9 @@ def prox(x: torch.Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 0
         V.mutable("out", out)
         x, _ = V.operand("x", x, out, "out")
         V.distinct(out=out, x=x)
+        _prox_into(x, out, kind, step, p1, p2)
+        _written((out,))
+        return out
     _prox_into(x, out, kind, step, p1, p2)
     return out
 
@@ -83,6 +93,7 @@ def prox(x: torch.Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 0
 def _box_into(x, out, lo, hi):
     lo, ls = V.operand("lo", lo, out, "x", broadcast=True)
     hi, hs = V.operand("hi", hi, out, "x", broadcast=True)
+    V.same_or_disjoint("x", out, "lo", lo, "hi", hi)
     b, dt, dev, stream, rows, cols = _launch(out)
     run_counted(rows, _C.box_tensor, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, out.data_ptr(), cols,
                   lo.data_ptr(), ls, hi.data_ptr(), hs)
@@ -95,6 +106,7 @@ def box_tensor_(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Te
     """
     V.mutable("x", x)
     _box_into(x, x, lo, hi)
+    _written((x,))
     return x
 
 
@@ -109,8 +121,10 @@ def box_tensor(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Ten
 def l2_ball_(x: torch.Tensor, radius: float, center: torch.Tensor | None = None) -> torch.Tensor:
     """In place: project x (each row of a 2-D stack) onto {u : ||u - center|| <= radius}.
 
-    Two passes: a row reduction in float64, then a scale pass that reads the norm on the device
-    (no host synchronisation). A row containing NaN or +-Inf becomes NaN.
+    Two passes: a row reduction in float64, in one fixed summation order on every backend, thread
+    count and CPU variant (so the result is bit-identical everywhere), which also computes each
+    row's scale once; then a scale pass that reads it on the device (no host synchronisation). A
+    row containing NaN or +-Inf becomes NaN.
     """
     V.mutable("x", x)
     radius = V.nonneg("radius", radius)
@@ -118,13 +132,15 @@ def l2_ball_(x: torch.Tensor, radius: float, center: torch.Tensor | None = None)
         c, cs, has_center = x, 0, False
     else:
         c, cs = V.operand("center", center, x, "x", broadcast=True)
+        V.same_or_disjoint("x", x, "center", c)
         has_center = True
     b, dt, dev, stream, rows, cols = _launch(x)
-    sumsq = torch.empty(rows, dtype=torch.float64, device=x.device)
-    run_counted(rows, _C.sumsq, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, c.data_ptr(), cs, has_center,
-             sumsq.data_ptr())
-    _C.l2_ball_scale(b, dt, dev, stream, rows, cols, x.data_ptr(), cols, c.data_ptr(), cs,
-                     has_center, sumsq.data_ptr(), radius)
+    # One float64 buffer: per-row chunk sums of the reduction, then the per-row factors.
+    scratch = torch.empty(_C.l2_ball_scratch_size(rows, cols) + rows, dtype=torch.float64, device=x.device)
+    factors = scratch.data_ptr() + (scratch.numel() - rows) * 8
+    run_counted(rows, _C.l2_ball, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, c.data_ptr(), cs,
+                has_center, scratch.data_ptr(), factors, radius)
+    _written((x,))
     return x
 
 
@@ -133,9 +149,11 @@ def cv_step_(x: torch.Tensor, g: torch.Tensor, c: torch.Tensor, beta: float) -> 
     V.mutable("x", x)
     g, gs = V.operand("g", g, x, "x", broadcast=True)
     c, cs = V.operand("c", c, x, "x", broadcast=True)
+    V.same_or_disjoint("x", x, "g", g, "c", c)
     beta = V.nonneg("beta", beta)
     b, dt, dev, stream, rows, cols = _launch(x)
     _C.cv_step(b, dt, dev, stream, rows, cols, x.data_ptr(), cols, g.data_ptr(), gs, c.data_ptr(), cs, beta)
+    _written((x,))
     return x
 
 
@@ -143,6 +161,7 @@ def _delta_into(out, z, x, beta, K):
     beta = V.positive("beta", beta)
     K = V.positive_int("K", K)
     z, zs = V.operand("z", z, out, "x", broadcast=True)
+    V.same_or_disjoint("x", out, "z", z)
     b, dt, dev, stream, rows, cols = _launch(out)
     _C.normalized_delta(b, dt, dev, stream, rows, cols, out.data_ptr(), cols, z.data_ptr(), zs,
                         x.data_ptr(), cols, 1.0 / (beta * K))
@@ -161,6 +180,7 @@ def normalized_delta_(x: torch.Tensor, z: torch.Tensor, beta: float, K: int) -> 
     """In place into the local model: x <- (z - x) / (beta * K). Returns x (now the delta)."""
     V.mutable("x", x)
     _delta_into(x, z, x, beta, K)
+    _written((x,))
     return x
 
 
@@ -169,8 +189,10 @@ def control_update_(c: torch.Tensor, dbar: torch.Tensor, d: torch.Tensor) -> tor
     V.mutable("c", c)
     dbar, dbs = V.operand("dbar", dbar, c, "c", broadcast=True)
     d, ds = V.operand("d", d, c, "c")
+    V.same_or_disjoint("c", c, "dbar", dbar, "d", d)
     b, dt, dev, stream, rows, cols = _launch(c)
     _C.control_update(b, dt, dev, stream, rows, cols, c.data_ptr(), cols, dbar.data_ptr(), dbs, d.data_ptr(), ds)
+    _written((c,))
     return c
 
 
@@ -182,10 +204,12 @@ def prox_grad_step_(x: torch.Tensor, g: torch.Tensor, lr: float, kind: str, step
     """
     V.mutable("x", x)
     g, gs = V.operand("g", g, x, "x", broadcast=True)
+    V.same_or_disjoint("x", x, "g", g)
     lr = V.nonneg("lr", lr)
     code, step, p1, p2 = _penalty(kind, step, p1, p2)
     b, dt, dev, stream, rows, cols = _launch(x)
     run_counted(rows if code else 0, _C.prox_grad_step, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, g.data_ptr(), gs, lr, code, step, p1, p2)
+    _written((x,))
     return x
 
 
@@ -205,12 +229,15 @@ def normal_map_step_(z: torch.Tensor, x: torch.Tensor, g: torch.Tensor, c: torch
     x, _ = V.operand("x", x, z, "z")
     g, gs = V.operand("g", g, z, "z", broadcast=True)
     c, cs = V.operand("c", c, z, "z", broadcast=True)
+    V.same_or_disjoint("z", z, "g", g, "c", c)
+    V.same_or_disjoint("x", x, "g", g, "c", c)
     eta = V.nonneg("eta", eta)
     lam = V.positive("lam", lam)
     code, step, p1, p2 = _penalty(kind, step, p1, p2)
     b, dt, dev, stream, rows, cols = _launch(z)
     run_counted(rows if code else 0, _C.normal_map_step, b, dt, dev, stream, rows, cols, z.data_ptr(), cols, x.data_ptr(), cols,
                        g.data_ptr(), gs, c.data_ptr(), cs, eta, 1.0 / lam, code, step, p1, p2)
+    _written((z, x))
     return z, x
 
 
@@ -226,11 +253,14 @@ def za1_step_(zhat: torch.Tensor, z: torch.Tensor, g: torch.Tensor, c: torch.Ten
     z, _ = V.operand("z", z, zhat, "zhat")
     g, gs = V.operand("g", g, zhat, "zhat", broadcast=True)
     c, cs = V.operand("c", c, zhat, "zhat", broadcast=True)
+    V.same_or_disjoint("zhat", zhat, "g", g, "c", c)
+    V.same_or_disjoint("z", z, "g", g, "c", c)
     eta = V.nonneg("eta", eta)
     code, step, p1, p2 = _penalty(kind, step, p1, p2)
     b, dt, dev, stream, rows, cols = _launch(zhat)
     run_counted(rows if code else 0, _C.za1_step, b, dt, dev, stream, rows, cols, zhat.data_ptr(), cols, z.data_ptr(), cols,
                 g.data_ptr(), gs, c.data_ptr(), cs, eta, code, step, p1, p2)
+    _written((zhat, z))
     return zhat, z
 
 
@@ -253,6 +283,8 @@ def depositum_step_(x: torch.Tensor, m: torch.Tensor, y: torch.Tensor, alpha: fl
     V.distinct(x=x, m=m)
     m, _ = V.operand("m", m, x, "x")
     y, ys = V.operand("y", y, x, "x", broadcast=True)
+    V.same_or_disjoint("x", x, "y", y)
+    V.same_or_disjoint("m", m, "y", y)
     alpha = V.nonneg("alpha", alpha)
     beta = V.nonneg("beta", beta)
     if beta >= 1.0:
@@ -264,4 +296,5 @@ def depositum_step_(x: torch.Tensor, m: torch.Tensor, y: torch.Tensor, alpha: fl
     b, dt, dev, stream, rows, cols = _launch(x)
     run_counted(rows if code else 0, _C.depositum_step, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, m.data_ptr(), cols,
                       y.data_ptr(), ys, alpha, beta, w, momentum == "snag", code, step, p1, p2)
+    _written((x, m))
     return x, m

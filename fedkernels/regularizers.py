@@ -261,8 +261,11 @@ class L2Ball(Regularizer):
         return self.prox_(out, step, fast=fast)
 
     def value(self, x):
+        """0 if x (every row of a 2-D stack, as prox_ projects them) lies in the ball, else inf."""
         d = x if self.center is None else x - self.center
-        return x.new_zeros(()) if float(d.norm()) <= self.radius * (1 + 1e-12) else x.new_full((), math.inf)
+        norms = d.norm(dim=1) if d.dim() == 2 else d.norm()
+        inside = bool((norms <= self.radius * (1 + 1e-12)).all())
+        return x.new_zeros(()) if inside else x.new_full((), math.inf)
 
     def __repr__(self):
         c = "0" if self.center is None else f"<tensor {tuple(self.center.shape)}>"

@@ -1,4 +1,4 @@
-"""``simulate``: run an algorithm on in-process clients and record the metrics of ALGORITHMS.md §3.
+"""``simulate``: run an algorithm on in-process clients and record the metrics of docs/algorithms.md §3.
 
     hist = simulate(FedCanon(alpha=0.1, beta=0.01, local_steps=10), model, F.cross_entropy,
                     clients=[(X1, y1), (X2, y2), ...], rounds=100, regularizer=fk.SCAD(1e-3))
@@ -222,7 +222,7 @@ def simulate(
             ``initial``, ``elapsed``) references live buffers: write it out before returning.
         checkpoint_every: see ``checkpoint`` (0: only round 0 and the last round).
         participation: fraction of clients sampled each round, k = max(1, round(participation * N))
-            uniformly without replacement (ALGORITHMS.md §1.4); None or 1: full participation.
+            uniformly without replacement (docs/algorithms.md §1.4); None or 1: full participation.
         clients_per_round: the same as an int k (give at most one of the two). The sample comes
             from the client set's own generator, seeded by ``seed``. Only algorithms with
             ``partial_participation = True`` accept k < N (FedMiD, FedDA, FedAvg, SCAFFOLD, FedProx,
@@ -302,6 +302,8 @@ def simulate(
             checkpoint(snapshot(t))
 
     params = cs.report(algorithm, state, regularizer).detach().clone()
+    if hasattr(cs, "check_replicas"):  # distributed: every rank must end with the same model
+        cs.check_replicas(params)
     flat.bind_(params.clone(), torch.zeros_like(params))
     return History(params=params, metrics=metrics, initial=initial, algorithm=algorithm.name,
                    hparams=algorithm.hparams(), state=state, executor=getattr(cs, "executor", type(cs).__name__),

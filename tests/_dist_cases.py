@@ -89,15 +89,16 @@ def rank_main(rank: int, world: int, port: int, out_dir: str, names: list, inner
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
-    import torch.distributed as dist
+    from python_algos.experiments.launch import finish
 
     try:
         for name in names:
             res = run_case(name, "distributed", inner=inner)
             torch.save(res, os.path.join(out_dir, f"{name}.rank{rank}.pt"))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    except BaseException:
+        finish(ok=False)
+        raise
+    finish(ok=True)
 
 
 def rank_error_main(rank: int, world: int, port: int, out_dir: str, kind: str) -> None:
@@ -105,8 +106,6 @@ def rank_error_main(rank: int, world: int, port: int, out_dir: str, kind: str) -
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    import torch.distributed as dist
-
     import python_algos as pa
 
     data = problem()
@@ -122,5 +121,6 @@ def rank_error_main(rank: int, world: int, port: int, out_dir: str, kind: str) -
         msg = f"{type(e).__name__}: {e}"
     with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
         f.write(msg)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    from python_algos.experiments.launch import finish
+
+    finish(ok=False)  # every rank raised: they leave the group together (as the command line does)

@@ -104,7 +104,7 @@ def test_json_config_resume_extension_and_bad_input(tmp_path, capsys):
     assert [r["round"] for r in read_metrics(tmp_path / "r")] == [0, 1, 2, 3, 4]
     capsys.readouterr()
     assert main(["run", "-a", "nope", "--out", str(tmp_path / "x")]) == 1
-    assert "unknown algorithm 'nope'" in capsys.readouterr().err
+    assert "--algorithm nope: unknown algorithm" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["run", "--partition", "weird"])
 

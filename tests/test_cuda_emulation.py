@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fedkernels as fk
+from fedkernels._backend import _C
 
 SHAPES = [(1,), (257,), (3, 100), (5, 129)]
 
@@ -73,7 +74,7 @@ def test_l2_ball_reduction(shape, grid):
     x = rnd(shape, torch.float64) * 10
     c = rnd(shape[-1:], torch.float64)
     cpu, emu, _, _ = run_both(lambda x: fk.raw.l2_ball_(x, 1.5, c), x, grid=grid)
-    torch.testing.assert_close(cpu[0], emu[0], rtol=1e-13, atol=1e-13)  # summation order differs
+    assert_same(cpu, emu)  # one summation order everywhere (tests/test_reduction_order.py)
 
 
 @pytest.mark.parametrize("grid", [(1, 1, 1), (2, 3, 7), (5, 1, 64)])
@@ -119,3 +120,67 @@ def test_float_to_16bit_rounding_matches_torch(dtype, emulated):
     nan = torch.isnan(want)
     assert torch.equal(torch.isnan(ours), nan)
     assert torch.equal(ours[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
+# --- [N, small d] stacks ------------------------------------------------------------------------
+
+
+def busy_fraction(rows, cols):
+    """Share of a real launch's threads that get at least one element."""
+    gx, gy, block, flat = _C.cuda_launch_config(rows, cols)
+    threads = gx * gy * block
+    if flat:
+        return min(rows * cols, gx * block) / threads
+    return min(rows, gy) * min(cols, gx * block) / threads
+
+
+@pytest.mark.parametrize("rows,cols", [(1000, 10), (4096, 3), (100, 100), (50, 300), (20, 1000)])
+def test_short_rows_keep_the_threads_busy(rows, cols):
+    assert busy_fraction(rows, cols) >= 0.5
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 10), (3, 10**5), (2, 5000)])
+def test_long_rows_keep_one_block_row_per_row(rows, cols):
+    gx, gy, block, flat = _C.cuda_launch_config(rows, cols)
+    assert not flat and gy == rows and gx * block >= cols
+
+
+@pytest.mark.parametrize("grid", [(1, 1, 1), (2, 3, 7), (5, 1, 64), (3, 2, 32)])
+@pytest.mark.parametrize("shape", [(7, 3), (33, 1), (5, 129), (2, 4095)])
+def test_short_rows_every_element_visited_once(grid, shape):
+    x = torch.zeros(shape)
+    with fk.emulate_cuda(*grid):
+        fk.raw.cv_step_(x, torch.ones_like(x), torch.zeros(shape[-1]), 1.0)
+    assert torch.equal(x, -torch.ones_like(x))
+
+
+@pytest.mark.parametrize("shape", [(300, 7), (1000, 33), (64, 100)])
+def test_short_rows_same_bits_on_every_path(shape):
+    """Row-broadcast operands and 16-bit storage through the flat grid, the CPU row split
+    (1 and 2 threads) and plain torch: the same bits (elementwise ops have one result)."""
+    x, g = rnd(shape, torch.bfloat16), rnd(shape, torch.bfloat16)
+    c = rnd(shape[-1:], torch.bfloat16)
+    want = (x.float() - torch.tensor(0.25) * (g.float() + c.float())).to(torch.bfloat16)
+    results = []
+    for n in (1, 2):
+        before = fk.get_num_threads()
+        fk.set_num_threads(n)
+        try:
+            y = x.clone()
+            fk.raw.cv_step_(y, g, c, 0.25)
+            results.append(y)
+        finally:
+            fk.set_num_threads(before)
+    with fk.emulate_cuda(4, 2, 32):
+        y = x.clone()
+        fk.raw.cv_step_(y, g, c, 0.25)
+        results.append(y)
+    for y in results:
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+
+
+def test_cpu_gives_whole_short_rows_to_threads():
+    assert _C.cpu_splits_rows(10_000, 10)
+    assert _C.cpu_splits_rows(100, 1000)
+    assert not _C.cpu_splits_rows(1, 100_000)
+    assert not _C.cpu_splits_rows(4, 1_000_000)

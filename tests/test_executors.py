@@ -161,9 +161,26 @@ def test_untraceable_model_is_refused_and_auto_falls_back():
     assert hist.executor == "sequential"
 
 
-def test_auto_picks_batched_for_a_plain_model():
-    hist, _ = run("fedavg", "auto", 10)
-    assert hist.executor == "batched"
+def test_auto_times_both_and_keeps_the_trajectory():
+    """auto's calibration calls run on their own generators: whichever executor it keeps, the run
+    is the sequential one (and torch's global RNG is untouched)."""
+    seq, seq_reports = run("scaffnew", "sequential", 10)  # SCAFFNEW also draws a server coin
+    made = []
+
+    def spy(*a, **k):
+        made.append(resolve_executor("auto", a[0])(*a, **k))
+        return made[-1]
+
+    alg = make("scaffnew", lr=0.05, local_steps=3)
+    reports = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pa.simulate(alg, net(), F.cross_entropy, clients(), ROUNDS, fk.L1(0.01), batch_size=10, seed=3,
+                    callbacks=[lambda t, s, m: reports.append(alg.report(s, fk.L1(0.01)).clone())],
+                    metrics_every=5, backend=spy)
+    assert set(made[0].calibration) == {"sequential", "batched"}
+    assert made[0].executor == min(made[0].calibration, key=made[0].calibration.get)
+    assert rel_dev(reports, seq_reports) < 1e-10
 
 
 def test_dropout_draws_per_client():

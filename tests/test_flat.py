@@ -90,3 +90,49 @@ def test_row_binder_matches_bind():
         assert flat.params.data_ptr() == X[i].data_ptr()
     with pytest.raises(ValueError, match="params_stack must be a contiguous"):
         flat.row_binder(torch.zeros(3, flat.numel + 1))
+
+
+def _grads_of(model):
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_module_zero_grad_then_backward_reaches_flat_grad(set_to_none):
+    """module.zero_grad() (set_to_none=True by default) used to detach .grad from the buffer:
+    flat.grad then silently kept the previous step's gradient."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+    flat = fk.FlatParams(model)
+    x = torch.randn(5, 4)
+    model(x).pow(2).sum().backward()
+    first = flat.grad.clone()
+    model.zero_grad(set_to_none=set_to_none)
+    model(2 * x).sum().backward()
+    want = _grads_of(model)
+    assert not torch.equal(want, first)
+    assert torch.equal(flat.grad, want)
+    # and .grad views the buffer again: the next backward accumulates into it
+    model(x).sum().backward()
+    assert torch.equal(flat.grad, _grads_of(model))
+    assert flat.views(flat.grad)[0].data_ptr() == model[0].weight.grad.data_ptr()
+
+
+def test_module_zero_grad_without_backward_reads_zero():
+    model = nn.Linear(3, 2)
+    flat = fk.FlatParams(model)
+    model(torch.randn(2, 3)).sum().backward()
+    model.zero_grad()
+    assert torch.equal(flat.grad, torch.zeros(flat.numel))
+
+
+def test_optimizer_zero_grad_between_steps():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    flat = fk.FlatParams(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 3)
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        assert torch.equal(flat.grad, _grads_of(model))
+        opt.step()

@@ -118,3 +118,20 @@ def test_fast_path_equals_registered_op_path(name):
     assert torch.equal(y, reg.prox(x, 0.8))
     for extra in (fk.Box(-torch.ones(300, dtype=torch.float64), torch.ones(300, dtype=torch.float64)), fk.L2Ball(2.0), 0.5 * reg):
         assert torch.equal(extra.prox(x, 0.8, fast=True), extra.prox(x, 0.8))
+
+
+@pytest.mark.parametrize("centered", [False, True])
+def test_l2_ball_value_agrees_with_prox_on_row_stacks(centered):
+    """prox_ projects each row of a [N, d] stack; value() is 0 exactly for the stacks prox_ leaves
+    in place (every row inside), even when the stack as one vector is outside the ball."""
+    center = torch.randn(5, dtype=torch.float64) if centered else None
+    ball = fk.L2Ball(1.0, center)
+    c = 0 if center is None else center
+    rows = torch.randn(4, 5, dtype=torch.float64)
+    X = c + 0.9 * rows / rows.norm(dim=1, keepdim=True)  # every row at distance 0.9
+    assert float((X - c).norm()) > 1.0  # the whole stack is not
+    assert ball.value(X) == 0
+    assert torch.equal(ball.prox(X, 1.0), X)
+    X[2] = c + 1.1 * rows[2] / rows[2].norm()
+    assert ball.value(X) == math.inf
+    assert ball.value(ball.prox(X, 1.0)) == 0

@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <string>
 
 #include "isa.h"
@@ -27,9 +28,18 @@ Isa detect_isa() {
   return Isa::kBaseline;
 }
 
+// Tests force a variant (_C.set_cpu_isa) to check that every variant gives the same bits; -1 =
+// the detected one.
+std::atomic<int> g_isa_override{-1};
+
 Isa isa() {
   static const Isa chosen = detect_isa();
-  return chosen;
+  const int forced = g_isa_override.load(std::memory_order_relaxed);
+  return forced < 0 ? chosen : static_cast<Isa>(forced);
+}
+
+const char* isa_name(Isa i) {
+  return i == Isa::kAvx512 ? "avx512" : (i == Isa::kAvx2 ? "avx2" : "baseline");
 }
 
 }  // namespace
@@ -54,8 +64,32 @@ int cpu_threads_for(int64_t n) {
   void name##_cpu(const Launch& L, const Args& a) { return baseline::name(L, a); }
 #endif
 FK_ELEMENTWISE_OPS(FK_DEFINE_DISPATCH)
-FK_DEFINE_DISPATCH(sumsq, SumSqArgs, unused, false)
+FK_DEFINE_DISPATCH(l2_ball_factors, SumSqArgs, unused, false)
 #undef FK_DEFINE_DISPATCH
+
+std::string cpu_isa() { return isa_name(isa()); }
+
+std::string cpu_isa_variants() {
+  const Isa best = detect_isa();
+  std::string out = "baseline";
+  if (best == Isa::kAvx2 || best == Isa::kAvx512) out += ",avx2";
+  if (best == Isa::kAvx512) out += ",avx512";
+  return out;
+}
+
+void cpu_set_isa(const std::string& name) {
+  if (name == "auto") {
+    g_isa_override.store(-1);
+    return;
+  }
+  const std::string usable = "," + cpu_isa_variants() + ",";
+  if (usable.find("," + name + ",") == std::string::npos)
+    throw std::invalid_argument("isa must be 'auto' or one this CPU runs (" + cpu_isa_variants() +
+                                "), got '" + name + "'");
+  g_isa_override.store(name == "avx512" ? static_cast<int>(Isa::kAvx512)
+                                        : (name == "avx2" ? static_cast<int>(Isa::kAvx2)
+                                                          : static_cast<int>(Isa::kBaseline)));
+}
 
 void cpu_set_num_threads(int n) { g_num_threads.store(n < 0 ? 0 : n); }
 int cpu_get_num_threads() {

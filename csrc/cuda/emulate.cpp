@@ -14,7 +14,7 @@ void emulate_elementwise(const Op& op, const Launch& L, const EmulationConfig& e
   for (b.y = 0; b.y < cfg.grid.y; ++b.y)
     for (b.x = 0; b.x < cfg.grid.x; ++b.x)
       for (t.x = 0; t.x < cfg.block.x; ++t.x)
-        elementwise_thread_body(op, L.rows, L.cols, b, cfg.block, t, cfg.grid);
+        elementwise_thread_body(op, L.rows, L.cols, cfg.flat, b, cfg.block, t, cfg.grid);
 }
 
 struct EmulatedRun {
@@ -36,23 +36,29 @@ struct EmulatedRun {
 FK_ELEMENTWISE_OPS(FK_DEFINE_EMULATED)
 #undef FK_DEFINE_EMULATED
 
-// Mirrors sumsq_kernel: rows on grid.y (stride), per-thread partials, then a sum per row (the
-// device does the sum with a shared-memory tree and one atomicAdd per block).
-void sumsq_cuda_emulated(const Launch& L, const SumSqArgs& a, const EmulationConfig& e) {
-  auto* out = reinterpret_cast<double*>(a.sumsq);
-  for (int64_t r = 0; r < L.rows; ++r) out[r] = 0.0;
-  if (L.rows * L.cols == 0) return;
+// Mirrors reduce_chunks_kernel and l2_ball_factor_kernel: every block of a small grid (rows and
+// chunks grid-stride as on the device) runs its 256 lanes, then the same lane tree, level by level.
+void l2_ball_factors_cuda_emulated(const Launch& L, const SumSqArgs& a, const EmulationConfig& e) {
+  auto* scratch = reinterpret_cast<double*>(a.scratch);
+  auto* factor = reinterpret_cast<double*>(a.factor);
+  const int64_t chunks = reduce_chunks(L.cols);
   dispatch_dtype(L.dtype, [&](auto tag) {
     using S = typename decltype(tag)::type;
     const SumSqTerm<S> term(a);
-    const LaunchConfig cfg = make_launch_config(L.rows, L.cols, e.max_grid_x, e.max_grid_y, e.block);
-    Dim3 b, t;
-    for (b.y = 0; b.y < cfg.grid.y; ++b.y)
-      for (int64_t r = b.y; r < L.rows; r += cfg.grid.y)
-        for (b.x = 0; b.x < cfg.grid.x; ++b.x)
-          for (t.x = 0; t.x < cfg.block.x; ++t.x)
-            out[r] += reduction_thread_partial(term, r, L.cols, b, cfg.block, t, cfg.grid);
+    const LaunchConfig cfg = make_reduce_config(L.rows, L.cols, e.max_grid_x, e.max_grid_y);
+    double lanes[kReduceLanes];
+    for (int64_t by = 0; by < cfg.grid.y; ++by)
+      for (int64_t bx = 0; bx < cfg.grid.x; ++bx)
+        for (int64_t r = by; r < L.rows; r += cfg.grid.y)
+          for (int64_t k = bx; k < chunks; k += cfg.grid.x) {
+            for (int64_t t = 0; t < kReduceLanes; ++t) lanes[t] = reduce_lane_sum(term, r, k, t, L.cols);
+            for (int64_t s = kReduceLanes / 2; s > 0; s >>= 1)
+              for (int64_t t = 0; t < s; ++t) reduce_tree_step(lanes, t, s);
+            scratch[r * chunks + k] = lanes[0];
+          }
   });
+  for (int64_t r = 0; r < L.rows; ++r)
+    factor[r] = l2_ball_factor(reduce_row_total(scratch + r * chunks, chunks), a.radius);
 }
 
 }  // namespace fk

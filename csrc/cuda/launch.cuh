@@ -9,14 +9,15 @@
 #include <string>
 
 #include "../dispatch.h"
+#include "device_guard.h"
 #include "launch_body.h"
 
 namespace fk {
 namespace cuda_detail {
 
-constexpr int64_t kBlock = 256;
-constexpr int64_t kMaxGridX = 1 << 16;  // grid-stride beyond this; plenty to saturate any GPU
-constexpr int64_t kMaxGridY = 65535;    // hardware limit for grid.y
+constexpr int64_t kBlock = kCudaBlock;
+constexpr int64_t kMaxGridX = kCudaMaxGridX;
+constexpr int64_t kMaxGridY = kCudaMaxGridY;
 
 inline void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
@@ -24,42 +25,57 @@ inline void check(cudaError_t err, const char* what) {
                              cudaGetErrorString(err));
 }
 
+// Whether `device` already has an active primary context (cuDevicePrimaryCtxGetState, reached
+// through the runtime so the extension need not link libcuda). If the driver cannot be asked,
+// assume it has one (the behaviour before this check existed).
+inline bool has_primary_context(int device) {
+  using GetState = int (*)(int, unsigned int*, int*);  // CUresult (CUdevice, flags, active)
+  static const GetState get_state = []() -> GetState {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return reinterpret_cast<GetState>(fn);
+  }();
+  if (get_state == nullptr) return true;
+  unsigned int flags = 0;
+  int active = 0;
+  if (get_state(device, &flags, &active) != 0) return true;
+  return active != 0;
+}
+
+struct CudaDeviceApi {
+  int current() {
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    return device;
+  }
+  void set(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+  void restore(int device) { cudaSetDevice(device); }
+  bool has_context(int device) { return has_primary_context(device); }
+};
+
+// Makes `device` current for a launch; the rule is in device_guard.h.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
-    check(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (device >= 0 && device != prev_) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(prev_); }
+  explicit DeviceGuard(int device) : guard_(api_, device) {}
 
  private:
-  int prev_ = 0;
+  CudaDeviceApi api_;
+  BasicDeviceGuard<CudaDeviceApi> guard_;
 };
 
 inline __device__ Dim3 dim3_of(const uint3& v) { return Dim3{v.x, v.y, v.z}; }
 inline __device__ Dim3 dim3_of(const dim3& v) { return Dim3{v.x, v.y, v.z}; }
 
 template <class Op>
-__global__ void elementwise_kernel(Op op, int64_t rows, int64_t cols) {
-  elementwise_thread_body(op, rows, cols, dim3_of(blockIdx), dim3_of(blockDim), dim3_of(threadIdx),
-                          dim3_of(gridDim));
-}
-
-template <class Term>
-__global__ void sumsq_kernel(Term term, int64_t rows, int64_t cols, double* out) {
-  __shared__ double partial[kBlock];
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    partial[threadIdx.x] = reduction_thread_partial(term, r, cols, dim3_of(blockIdx),
-                                                    dim3_of(blockDim), dim3_of(threadIdx),
-                                                    dim3_of(gridDim));
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-      if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) atomicAdd(&out[r], partial[0]);
-    __syncthreads();
-  }
+__global__ void elementwise_kernel(Op op, int64_t rows, int64_t cols, bool flat) {
+  elementwise_thread_body(op, rows, cols, flat, dim3_of(blockIdx), dim3_of(blockDim),
+                          dim3_of(threadIdx), dim3_of(gridDim));
 }
 
 struct CudaRun {
@@ -69,7 +85,7 @@ struct CudaRun {
     DeviceGuard guard(L.device);
     const LaunchConfig cfg = make_launch_config(L.rows, L.cols, kMaxGridX, kMaxGridY, kBlock);
     elementwise_kernel<<<dim3(cfg.grid.x, cfg.grid.y), dim3(cfg.block.x), 0,
-                         reinterpret_cast<cudaStream_t>(L.stream)>>>(op, L.rows, L.cols);
+                         reinterpret_cast<cudaStream_t>(L.stream)>>>(op, L.rows, L.cols, cfg.flat);
     check(cudaGetLastError(), "kernel launch");
   }
 };

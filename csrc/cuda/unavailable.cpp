@@ -17,7 +17,7 @@ namespace {
   void name##_cuda(const Launch&, const Args&) { no_cuda(); }
 FK_ELEMENTWISE_OPS(FK_DEFINE_NO_CUDA)
 #undef FK_DEFINE_NO_CUDA
-void sumsq_cuda(const Launch&, const SumSqArgs&) { no_cuda(); }
+void l2_ball_factors_cuda(const Launch&, const SumSqArgs&) { no_cuda(); }
 
 bool cuda_compiled() { return false; }
 std::string cuda_archs() { return ""; }

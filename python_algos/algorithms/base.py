@@ -23,7 +23,7 @@ __all__ = ["Algorithm", "Costs", "positive", "positive_int", "one_of", "check_pr
 
 
 class Costs(NamedTuple):
-    """Declared per-round costs (ALGORITHMS.md §0), for N clients with full participation."""
+    """Declared per-round costs (docs/algorithms.md §0), for N clients with full participation."""
 
     client_prox: int  # prox evaluations on clients, all clients together
     server_prox: int  # prox evaluations on the server
@@ -42,7 +42,7 @@ class Algorithm(abc.ABC):
     * ``round(state, clients, reg, rng) -> State``: one communication round. Tensors of the
       state are updated in place (the returned NamedTuple holds the same buffers, with the
       round counter advanced); ``rng`` is the run's server-side ``torch.Generator``.
-    * ``report(state, reg) -> [d]``: the model the algorithm outputs (ALGORITHMS.md §3 M7).
+    * ``report(state, reg) -> [d]``: the model the algorithm outputs (docs/algorithms.md §3 M7).
     * ``validate(reg)``: raise ``ValueError`` citing the spec rule if (hyper-parameters, h) are
       outside the algorithm's validity range (§7.4).
     * ``costs(N)``: declared per-round prox counts and communication (checked by the tests).
@@ -58,13 +58,13 @@ class Algorithm(abc.ABC):
     """
 
     name: ClassVar[str]
-    spec: ClassVar[str]  # the ALGORITHMS.md section implemented
-    status: ClassVar[str]  # EXACT / HC-RECON / RECONSTRUCTED (ALGORITHMS.md §0)
+    spec: ClassVar[str]  # the docs/algorithms.md section implemented
+    status: ClassVar[str]  # EXACT / HC-RECON / RECONSTRUCTED (docs/algorithms.md §0)
     reports: ClassVar[str]  # which variable ``report`` returns
     switches: ClassVar[tuple[str, ...]] = ()  # reconstruction switches (field names)
     composite: ClassVar[bool] = True  # False: h never enters the update (smooth method)
     partial_participation: ClassVar[bool] = False  # True: round() works on a sampled client set
-    participation_note: ClassVar[str] = "the spec defines it for full participation only (ALGORITHMS.md §1.4)"
+    participation_note: ClassVar[str] = "it is defined for full participation only (docs/algorithms.md §1.4)"
 
     @abc.abstractmethod
     def init(self, x0: torch.Tensor, clients: ClientSet): ...
@@ -116,7 +116,7 @@ def one_of(name: str, value, options) -> str:
 
 def check_prox_step(algorithm: str, reg: fk.Regularizer, step: float, what: str, rule: str) -> None:
     """Reject a prox step with ``step * rho >= 1`` (the prox of a rho-weakly convex h is unique
-    and (1/(1 - step rho))-Lipschitz only when step * rho < 1, ALGORITHMS.md §1.3).
+    and (1/(1 - step rho))-Lipschitz only when step * rho < 1, docs/algorithms.md §1.3).
 
     ``what`` names the step in the algorithm's symbols (e.g. "alpha"), ``rule`` the spec rule.
     """
@@ -126,6 +126,6 @@ def check_prox_step(algorithm: str, reg: fk.Regularizer, step: float, what: str,
             f"{algorithm}: {what} = {step:g} violates {rule}: {reg!r} is rho-weakly convex with "
             f"rho = {rho:g}, so the prox step must satisfy step * rho < 1 (step < 1/rho = {1.0 / rho:g}); "
             f"got step * rho = {step * rho:g}. The prox of a weakly convex h is unique and Lipschitz only "
-            f"in that regime (ALGORITHMS.md §1.3, §7.4)."
+            f"in that regime (docs/algorithms.md §1.3, §7.4)."
         )
 

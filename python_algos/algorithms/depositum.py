@@ -1,4 +1,4 @@
-"""DEPOSITUM (decentralized proximal stochastic gradient tracking with momentum) — ALGORITHMS.md §4.5
+"""DEPOSITUM (decentralized proximal stochastic gradient tracking with momentum) — docs/algorithms.md §4.5
 (RECONSTRUCTED; seed 002, formulas stripped).
 
 Zhou, Shi, Li, Zhong, Wen, Cao, arXiv:2504.12742. No server: N clients on an undirected connected
@@ -84,12 +84,12 @@ class DEPOSITUM(Algorithm):
     mixing: str = "auto"
 
     name = "DEPOSITUM"
-    spec = "ALGORITHMS.md §4.5"
+    spec = "docs/algorithms.md §4.5"
     status = "RECONSTRUCTED"
     reports = "x̄ (the client average)"
     switches = ("momentum", "prox_step", "normalized", "tracker_init")
     participation_note = ("it is decentralized: no server samples clients, every client takes every iteration "
-                          "and gossips with its neighbours (ALGORITHMS.md §4.5)")
+                          "and gossips with its neighbours (docs/algorithms.md §4.5)")
 
     def __post_init__(self):
         positive("alpha", self.alpha)
@@ -121,7 +121,7 @@ class DEPOSITUM(Algorithm):
         super().validate(reg)
         what = "alpha (prox step)" if self.prox_step == "alpha" else "alpha*gamma (prox step)"
         check_prox_step(self.name, reg, self.step, what,
-                        "alpha < 1/rho, or alpha*gamma < 1/rho with prox_step='alpha*gamma' (ALGORITHMS.md §4.5/§7.4)")
+                        "alpha < 1/rho, or alpha*gamma < 1/rho with prox_step='alpha*gamma' (docs/algorithms.md §4.5/§7.4)")
 
     def graph(self, num_clients: int) -> topo.Topology:
         """The topology on ``num_clients`` nodes."""

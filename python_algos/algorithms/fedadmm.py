@@ -1,4 +1,4 @@
-"""FedADMM (Wang, Marella, Anderson) — ALGORITHMS.md §5.9 (RECONSTRUCTED: standard consensus ADMM).
+"""FedADMM (Wang, Marella, Anderson) — docs/algorithms.md §5.9 (RECONSTRUCTED: standard consensus ADMM).
 
 "FedADMM: A Federated Primal-Dual Algorithm Allowing Partial Participation", IEEE CDC 2022,
 arXiv:2203.15104 (not the Gong–Li–Freris FedADMM, arXiv:2204.03529). The paper derives it from
@@ -57,7 +57,7 @@ class FedADMM(Algorithm):
     local_steps: int
 
     name = "FedADMM"
-    spec = "ALGORITHMS.md §5.9"
+    spec = "docs/algorithms.md §5.9"
     status = "RECONSTRUCTED"
     reports = "x̄ (the server model, a prox output)"
     partial_participation = True
@@ -69,7 +69,7 @@ class FedADMM(Algorithm):
 
     def validate(self, reg):
         super().validate(reg)
-        check_prox_step(self.name, reg, self.eta, "eta (server prox step)", "eta < 1/rho (ALGORITHMS.md §5.9, §2.8)")
+        check_prox_step(self.name, reg, self.eta, "eta (server prox step)", "eta < 1/rho (docs/algorithms.md §5.9, §2.8)")
 
     def costs(self, num_clients):
         return Costs(client_prox=0, server_prox=1, up=1, down=1, grads=self.local_steps)

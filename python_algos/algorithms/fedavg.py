@@ -1,4 +1,4 @@
-"""FedAvg — ALGORITHMS.md §5.1 (EXACT, standard). A smooth method (h = 0).
+"""FedAvg — docs/algorithms.md §5.1 (EXACT, standard). A smooth method (h = 0).
 
     client i:  x_i^{t,0} = x^t;   x_i^{t,k+1} = x_i^{t,k} − η_l g_i(x_i^{t,k}),  k < K
                upload x_i^{t,K} − x^t
@@ -39,7 +39,7 @@ class FedAvg(Algorithm):
     lr_global: float = 1.0
 
     name = "FedAvg"
-    spec = "ALGORITHMS.md §5.1"
+    spec = "docs/algorithms.md §5.1"
     status = "EXACT"
     reports = "x (the server model)"
     composite = False

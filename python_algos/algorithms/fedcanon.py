@@ -1,4 +1,4 @@
-"""FedCanon, Algorithm 1 — ALGORITHMS.md §4.1 (EXACT, seed 003).
+"""FedCanon, Algorithm 1 — docs/algorithms.md §4.1 (EXACT, seed 003).
 
 Clients run K control-variate SGD steps and never touch h; the server takes one proximal
 gradient step per round with the averaged normalized update as its gradient estimate:
@@ -46,11 +46,11 @@ class FedCanon(Algorithm):
     local_steps: int
 
     name = "FedCanon"
-    spec = "ALGORITHMS.md §4.1"
+    spec = "docs/algorithms.md §4.1"
     status = "EXACT"
     reports = "z (the server model, a prox output)"
     participation_note = ("its control variates keep the invariant sum_i c_i = 0 only when every client "
-                          "updates every round; naive sampling breaks it (ALGORITHMS.md §1.4, §7.2)")
+                          "updates every round; naive sampling breaks it (docs/algorithms.md §1.4, §7.2)")
 
     def __post_init__(self):
         positive("alpha", self.alpha)
@@ -59,7 +59,7 @@ class FedCanon(Algorithm):
 
     def validate(self, reg):
         super().validate(reg)
-        check_prox_step(self.name, reg, self.alpha, "alpha", "alpha < 1/rho (FedCanon Theorem 1, ALGORITHMS.md §4.1/§7.4)")
+        check_prox_step(self.name, reg, self.alpha, "alpha", "alpha < 1/rho (FedCanon Theorem 1, docs/algorithms.md §4.1/§7.4)")
 
     def costs(self, num_clients):
         return Costs(client_prox=0, server_prox=1, up=1, down=2, grads=self.local_steps)

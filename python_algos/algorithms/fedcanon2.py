@@ -1,4 +1,4 @@
-"""FedCanon II, Algorithm 2 — ALGORITHMS.md §4.2 (EXACT, seed 003).
+"""FedCanon II, Algorithm 2 — docs/algorithms.md §4.2 (EXACT, seed 003).
 
 The prox moves from the server to the clients, so only Δ̄ is broadcast. Every client keeps its
 own replica x̂_i^{t,0} of the global model z^t (bitwise identical across clients):
@@ -45,11 +45,11 @@ class FedCanonII(Algorithm):
     local_steps: int
 
     name = "FedCanon II"
-    spec = "ALGORITHMS.md §4.2"
+    spec = "docs/algorithms.md §4.2"
     status = "EXACT"
     reports = "z (the clients' common replica x̂_i^{t,0}, a prox output)"
     participation_note = ("its control variates keep the invariant sum_i c_i = 0 only when every client "
-                          "updates every round; naive sampling breaks it (ALGORITHMS.md §1.4, §7.2)")
+                          "updates every round; naive sampling breaks it (docs/algorithms.md §1.4, §7.2)")
 
     def __post_init__(self):
         positive("alpha", self.alpha)
@@ -58,7 +58,7 @@ class FedCanonII(Algorithm):
 
     def validate(self, reg):
         super().validate(reg)
-        check_prox_step(self.name, reg, self.alpha, "alpha", "alpha < 1/rho (FedCanon Theorem 1, ALGORITHMS.md §4.2/§7.4)")
+        check_prox_step(self.name, reg, self.alpha, "alpha", "alpha < 1/rho (FedCanon Theorem 1, docs/algorithms.md §4.2/§7.4)")
 
     def costs(self, num_clients):
         return Costs(client_prox=num_clients, server_prox=0, up=1, down=1, grads=self.local_steps)

@@ -1,4 +1,4 @@
-"""FedDA / FedDualAvg (Euclidean) — ALGORITHMS.md §5.4 (EXACT, public code).
+"""FedDA / FedDualAvg (Euclidean) — docs/algorithms.md §5.4 (EXACT, public code).
 
 Yuan, Zaheer, Reddi, ICML 2021. Dual states are averaged (no "curse of primal averaging"):
 
@@ -54,7 +54,7 @@ class FedDA(Algorithm):
     lr_server: float = 1.0
 
     name = "FedDA"
-    spec = "ALGORITHMS.md §5.4"
+    spec = "docs/algorithms.md §5.4"
     status = "EXACT"
     reports = "x = prox(z) (the primal of the server's dual state)"
     partial_participation = True

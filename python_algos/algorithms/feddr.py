@@ -1,4 +1,4 @@
-"""FedDR (randomized Douglas–Rachford splitting) — ALGORITHMS.md §5.8 (EXACT, public code).
+"""FedDR (randomized Douglas–Rachford splitting) — docs/algorithms.md §5.8 (EXACT, public code).
 
 Tran-Dinh, Pham, Phan, Nguyen, NeurIPS 2021 (arXiv:2103.03452); code ``unc-optimization/FedDR``.
 Round k with participating set S_k (all N clients under full participation):
@@ -66,7 +66,7 @@ class FedDR(Algorithm):
     init_from: str = "paper"
 
     name = "FedDR"
-    spec = "ALGORITHMS.md §5.8"
+    spec = "docs/algorithms.md §5.8"
     status = "EXACT"
     reports = "x̄ (the server model, a prox output)"
     switches = ("init_from",)
@@ -83,7 +83,7 @@ class FedDR(Algorithm):
 
     def validate(self, reg):
         super().validate(reg)
-        check_prox_step(self.name, reg, self.eta, "eta (server prox step)", "eta < 1/rho (ALGORITHMS.md §5.8, §2.8)")
+        check_prox_step(self.name, reg, self.eta, "eta (server prox step)", "eta < 1/rho (docs/algorithms.md §5.8, §2.8)")
 
     def costs(self, num_clients):
         return Costs(client_prox=0, server_prox=1, up=1, down=1, grads=self.local_steps)

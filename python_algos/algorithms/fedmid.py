@@ -1,4 +1,4 @@
-"""FedMiD (Federated Mirror Descent, Euclidean mirror map) — ALGORITHMS.md §5.3 (EXACT, public code).
+"""FedMiD (Federated Mirror Descent, Euclidean mirror map) — docs/algorithms.md §5.3 (EXACT, public code).
 
 Yuan, Zaheer, Reddi, "Federated Composite Optimization", ICML 2021:
 
@@ -41,7 +41,7 @@ class FedMiD(Algorithm):
     lr_server: float = 1.0
 
     name = "FedMiD"
-    spec = "ALGORITHMS.md §5.3"
+    spec = "docs/algorithms.md §5.3"
     status = "EXACT"
     reports = "x (the server model, a prox output)"
     partial_participation = True
@@ -58,7 +58,7 @@ class FedMiD(Algorithm):
 
     def validate(self, reg):
         super().validate(reg)
-        rule = "eta_c < 1/rho and eta_s*eta_c*K < 1/rho (ALGORITHMS.md §5.3/§7.4)"
+        rule = "eta_c < 1/rho and eta_s*eta_c*K < 1/rho (docs/algorithms.md §5.3/§7.4)"
         check_prox_step(self.name, reg, self.lr_client, "lr_client (client prox step eta_c)", rule)
         check_prox_step(self.name, reg, self.server_step, "lr_server*lr_client*K (server prox step)", rule)
 

@@ -1,4 +1,4 @@
-"""FedNMap (normal-map composite FL) — ALGORITHMS.md §4.4 (RECONSTRUCTED).
+"""FedNMap (normal-map composite FL) — docs/algorithms.md §4.4 (RECONSTRUCTED).
 
 The server variable z is the normal-map variable, the model is x = prox_{λh}(z); clients run Q
 corrected steps on the (unbiased) stochastic normal map g_i(x) + (z − x)/λ:
@@ -77,11 +77,11 @@ class FedNMap(Algorithm):
     downlink: str = "z_dbar"
 
     name = "FedNMap"
-    spec = "ALGORITHMS.md §4.4"
+    spec = "docs/algorithms.md §4.4"
     status = "RECONSTRUCTED"
     reports = "x = prox_{λh}(z)"
     participation_note = ("its control variates keep the invariant sum_i c_i = 0 only when every client "
-                          "updates every round; naive sampling breaks it (ALGORITHMS.md §1.4, §7.2)")
+                          "updates every round; naive sampling breaks it (docs/algorithms.md §1.4, §7.2)")
     switches = ("c_update_at", "downlink", "server_scale")
 
     def __post_init__(self):
@@ -101,7 +101,7 @@ class FedNMap(Algorithm):
 
     def validate(self, reg):
         super().validate(reg)
-        check_prox_step(self.name, reg, self.lam, "lam", "lam < 1/rho (the normal map needs a unique prox_{lam h}; ALGORITHMS.md §4.4/§7.4)")
+        check_prox_step(self.name, reg, self.lam, "lam", "lam < 1/rho (the normal map needs a unique prox_{lam h}; docs/algorithms.md §4.4/§7.4)")
 
     def costs(self, num_clients):
         down = 2 if self.downlink == "z_dbar" else 1

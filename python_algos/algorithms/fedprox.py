@@ -1,4 +1,4 @@
-"""FedProx — ALGORITHMS.md §5.10 (EXACT, standard), with an optional server prox (**our composite
+"""FedProx — docs/algorithms.md §5.10 (EXACT, standard), with an optional server prox (**our composite
 extension**, not part of the original method).
 
 Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, MLSys 2020 (arXiv:1812.06127). Round t with
@@ -52,7 +52,7 @@ class FedProx(Algorithm):
     server_prox_step: Optional[float] = None
 
     name = "FedProx"
-    spec = "ALGORITHMS.md §5.10"
+    spec = "docs/algorithms.md §5.10"
     status = "EXACT"
     reports = "x (the server model; a prox output with server_prox)"
     switches = ("server_prox",)
@@ -83,7 +83,7 @@ class FedProx(Algorithm):
         super().validate(reg)
         if self.server_prox:
             check_prox_step(self.name, reg, self.step, "server_prox_step (server prox step s)",
-                            "s < 1/rho (composite extension of ALGORITHMS.md §5.10)")
+                            "s < 1/rho (composite extension of docs/algorithms.md §5.10)")
         else:
             warn_smooth(self.name, reg)
 

@@ -1,4 +1,4 @@
-"""Prox-FedAvg, as written in FedCanon eq. (3) — ALGORITHMS.md §5.2 (EXACT, seed 003).
+"""Prox-FedAvg, as written in FedCanon eq. (3) — docs/algorithms.md §5.2 (EXACT, seed 003).
 
 FedMiD in Euclidean geometry, the composite strawman FedCanon argues against: clients take
 proximal SGD steps, the server a proximal step on the averaged (unnormalized) client update:
@@ -41,10 +41,10 @@ class ProxFedAvg(Algorithm):
     local_steps: int
 
     name = "Prox-FedAvg"
-    spec = "ALGORITHMS.md §5.2"
+    spec = "docs/algorithms.md §5.2"
     status = "EXACT"
     reports = "z (the server model, a prox output)"
-    participation_note = ("FedCanon eq. (3) averages all N clients (ALGORITHMS.md §5.2); FedMiD (§5.3) "
+    participation_note = ("FedCanon eq. (3) averages all N clients (docs/algorithms.md §5.2); FedMiD (§5.3) "
                           "is the same scheme with a sampled set S")
 
     def __post_init__(self):
@@ -54,7 +54,7 @@ class ProxFedAvg(Algorithm):
 
     def validate(self, reg):
         super().validate(reg)
-        rule = "beta < 1/rho and alpha < 1/rho (unique, Lipschitz client and server prox; ALGORITHMS.md §5.2, §1.3)"
+        rule = "beta < 1/rho and alpha < 1/rho (unique, Lipschitz client and server prox; docs/algorithms.md §5.2, §1.3)"
         check_prox_step(self.name, reg, self.beta, "beta (client prox step)", rule)
         check_prox_step(self.name, reg, self.alpha, "alpha (server prox step)", rule)
 

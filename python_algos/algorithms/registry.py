@@ -76,7 +76,7 @@ def make(name: str, *, lr: float, local_steps: int, **overrides) -> Algorithm:
 def markdown_table() -> str:
     """The README's algorithm table, built from the declared costs (which the tests check)."""
     rows = [
-        "| name | algorithm | spec | status | prox / round: clients (total) | prox / round: server | up | down | reports | switches |",
+        "| name | algorithm | section (docs/algorithms.md) | status | prox / round: clients (total) | prox / round: server | up | down | reports | switches |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, e in ALGORITHMS.items():
@@ -92,7 +92,7 @@ def markdown_table() -> str:
             up, down = str(c.up), f"{c.down}{e.down_note}"
         switches = ", ".join(f"`{s}`" for s in alg.switches) or "–"
         rows.append(
-            f"| `{key}` | {alg.name} | {alg.spec.replace('ALGORITHMS.md ', '')} | {alg.status} | {client} | "
+            f"| `{key}` | {alg.name} | {alg.spec.replace('docs/algorithms.md ', '')} | {alg.status} | {client} | "
             f"{c.server_prox} | {up} | {down} | {alg.reports} | {switches} |"
         )
     return "\n".join(rows)

@@ -1,4 +1,4 @@
-"""SCAFFNEW (ProxSkip applied to FL) — ALGORITHMS.md §5.7 (EXACT, seed 003 eq. 15). A smooth method.
+"""SCAFFNEW (ProxSkip applied to FL) — docs/algorithms.md §5.7 (EXACT, seed 003 eq. 15). A smooth method.
 
 Mishchenko, Malinovsky, Stich, Richtárik, ICML 2022. Every iteration, every client:
 
@@ -49,11 +49,11 @@ class SCAFFNEW(Algorithm):
     p: float
 
     name = "SCAFFNEW"
-    spec = "ALGORITHMS.md §5.7"
+    spec = "docs/algorithms.md §5.7"
     status = "EXACT"
     reports = "x̄ (the averaged model)"
     participation_note = ("every client takes every local step and each communication averages all N "
-                          "clients, keeping sum_i h_i = 0 (ProxSkip, ALGORITHMS.md §5.7)")
+                          "clients, keeping sum_i h_i = 0 (ProxSkip, docs/algorithms.md §5.7)")
     composite = False
 
     def __post_init__(self):

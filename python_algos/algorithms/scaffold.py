@@ -1,4 +1,4 @@
-"""SCAFFOLD, option II — ALGORITHMS.md §5.6 (EXACT, standard; seed 003 eq. 14). A smooth method.
+"""SCAFFOLD, option II — docs/algorithms.md §5.6 (EXACT, standard; seed 003 eq. 14). A smooth method.
 
 Karimireddy et al., ICML 2020:
 
@@ -47,7 +47,7 @@ class SCAFFOLD(Algorithm):
     lr_global: float = 1.0
 
     name = "SCAFFOLD"
-    spec = "ALGORITHMS.md §5.6"
+    spec = "docs/algorithms.md §5.6"
     status = "EXACT"
     reports = "x (the server model)"
     composite = False

@@ -78,7 +78,7 @@ def warn_smooth(algorithm: str, reg: fk.Regularizer) -> None:
     if not is_zero(reg):
         warnings.warn(
             f"{algorithm} is a smooth method: its update ignores the regularizer {reg!r}; "
-            f"the metrics still report f + h of its model (ALGORITHMS.md §5)",
+            f"the metrics still report f + h of its model (docs/algorithms.md §5)",
             UserWarning,
             stacklevel=3,
         )

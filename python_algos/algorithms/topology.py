@@ -1,4 +1,4 @@
-"""Communication graphs and mixing matrices for decentralized algorithms (DEPOSITUM, ALGORITHMS.md §4.5).
+"""Communication graphs and mixing matrices for decentralized algorithms (DEPOSITUM, docs/algorithms.md §4.5).
 
 A :class:`Topology` is an undirected connected graph on N nodes (clients) together with a symmetric,
 doubly-stochastic mixing matrix W with ``w_ij > 0`` only for ``j = i`` or an edge ``(i, j)``, and
@@ -82,7 +82,7 @@ class Topology:
                 f"topology {name!r}: ||W - J||_2 = {self.lambda_w:.6g} is not < 1, so gossip does not reach "
                 f"consensus (W has an eigenvalue of modulus 1 besides the consensus direction, e.g. -1 for a "
                 f"bipartite graph with zero self-weights); give every node a positive self-weight w_ii "
-                f"(ALGORITHMS.md §4.5: w_ij > 0 iff j = i or (i, j) is an edge)")
+                f"(docs/algorithms.md §4.5: w_ij > 0 iff j = i or (i, j) is an edge)")
 
     @property
     def mean_degree(self) -> float:
@@ -183,7 +183,7 @@ def _lambda_w(W: np.ndarray) -> float:
 
 def metropolis_hastings(adjacency) -> np.ndarray:
     """Metropolis–Hastings weights of an undirected graph: ``w_ij = 1/(1 + max(deg_i, deg_j))`` on
-    edges, ``w_ii = 1 - sum_{j != i} w_ij`` (the library default, ALGORITHMS.md §4.5)."""
+    edges, ``w_ii = 1 - sum_{j != i} w_ij`` (the library default, docs/algorithms.md §4.5)."""
     A = _adjacency(adjacency)
     deg = A.sum(axis=1)
     W = np.where(A, 1.0 / (1.0 + np.maximum(deg[:, None], deg[None, :])), 0.0)

@@ -1,4 +1,4 @@
-"""ZA1 (Zhang–Hu–Johansson composite FL) — ALGORITHMS.md §4.3 (HC-RECON).
+"""ZA1 (Zhang–Hu–Johansson composite FL) — docs/algorithms.md §4.3 (HC-RECON).
 
 Each client keeps a pre-proximal model ẑ (corrected gradient steps, never proxed) and evaluates
 gradients at the post-proximal model z = prox_{(t+1)η h}(ẑ); the server does one prox-SGD step:
@@ -59,11 +59,11 @@ class ZA1(Algorithm):
     eta_g: float = 1.0
 
     name = "ZA1"
-    spec = "ALGORITHMS.md §4.3"
+    spec = "docs/algorithms.md §4.3"
     status = "HC-RECON"
     reports = "x (the post-prox global model)"
     participation_note = ("its control variates keep the invariant sum_i c_i = 0 only when every client "
-                          "updates every round; naive sampling breaks it (ALGORITHMS.md §1.4, §7.2)")
+                          "updates every round; naive sampling breaks it (docs/algorithms.md §1.4, §7.2)")
 
     def __post_init__(self):
         positive("eta", self.eta)
@@ -77,7 +77,7 @@ class ZA1(Algorithm):
 
     def validate(self, reg):
         super().validate(reg)
-        rule = "tau*eta < 1/rho and eta_g*eta*tau < 1/rho (ALGORITHMS.md §4.3/§7.4)"
+        rule = "tau*eta < 1/rho and eta_g*eta*tau < 1/rho (docs/algorithms.md §4.3/§7.4)"
         check_prox_step(self.name, reg, self.local_steps * self.eta, "tau*eta (largest local prox step)", rule)
         check_prox_step(self.name, reg, self.server_step, "eta_g*eta*tau (server prox step)", rule)
 

@@ -23,7 +23,8 @@ the whole batch exactly as the sequential executor calls it.
 
 Memory. Clients are processed in chunks of ``chunk_clients`` rows, chosen so that a chunk's
 estimated peak (activations of ``c * b_max`` samples, measured once by a probe pass, plus ~4
-``[c, d]`` gradient-sized buffers) stays under ``memory_budget`` bytes. A single client whose
+``[c, d]`` gradient-sized buffers and the gathered batch) stays under ``memory_budget`` bytes
+(default 64 MiB on CPU, a cache-friendly working set; half the free memory on a GPU). A single client whose
 batch alone exceeds the budget is split into sample chunks whose gradients are accumulated with
 weights (as the sequential executor does for full batches beyond ``chunk`` samples). Peak extra
 memory is therefore about ``memory_budget`` whatever N is; the ``[N, d]`` stacks of the algorithm
@@ -58,21 +59,17 @@ _STATEFUL_NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._Ins
 
 
 def default_memory_budget(device: torch.device) -> int:
-    """Bytes a chunk of clients may use: a quarter of available host memory (capped at 4 GiB) on
-    CPU, half of the free device memory on a GPU."""
+    """Bytes one vectorized pass may use: 64 MiB on CPU, half of the free device memory on a GPU.
+
+    On CPU the budget is a working-set target rather than a memory limit: passes over chunks whose
+    batches, activations and gradients stay near the caches measured faster than one pass over
+    every client (1 thread, 2-core Xeon: MLP 100 clients 32 vs 46 ms per step, CNN 1.8 s vs 5.4 s),
+    while the fixed cost of a pass (~1 ms) is repaid by a few clients already. A GPU wants the
+    largest passes that fit."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free // 2)
-    avail = 8 << 30
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) << 10
-                    break
-    except OSError:
-        pass
-    return int(min(4 << 30, avail // 4))
+    return 64 << 20
 
 
 class BatchedClients(ClientSet):

@@ -26,7 +26,9 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["save", "load", "atomic_save", "encode", "decode", "Checkpointer", "Diverged", "FORMAT"]
+from . import faults
+
+__all__ = ["save", "load", "atomic_save", "encode", "decode", "Checkpointer", "Diverged", "CheckpointError", "FORMAT"]
 
 FORMAT = 1
 _NT = "__namedtuple__"
@@ -34,6 +36,10 @@ _NT = "__namedtuple__"
 
 class Diverged(RuntimeError):
     """The run produced NaN / Inf values; the last good checkpoint is kept."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read (damaged, truncated, or not a checkpoint)."""
 
 
 def encode(obj: Any) -> Any:
@@ -77,6 +83,7 @@ def atomic_save(obj: Any, path: str) -> None:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
+            faults.point("checkpoint write")  # a kill here leaves a torn temp file, never a torn checkpoint
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
@@ -101,9 +108,20 @@ def load(path: str, map_location="cpu") -> dict:
     """Read a checkpoint written by :func:`save`; returns the snapshot (``extra`` under key ``"extra"``)."""
     import python_algos  # noqa: F401  (imports every algorithm module, so their state classes resolve)
 
-    blob = torch.load(os.fspath(path), map_location=map_location, weights_only=True)
-    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a python_algos checkpoint (format {FORMAT})")
+    path = os.fspath(path)
+    try:
+        blob = torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # noqa: BLE001  (torch reports damage as many types; its text advises unsafe loading)
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        raise CheckpointError(
+            f"{path} is damaged and cannot be read ({type(e).__name__}; {size} bytes). Checkpoints are written "
+            f"atomically, so this comes from outside the run (a disk error, a copy cut short, an edit): restore "
+            f"the file from a copy, or start the run again in a new folder") from None
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT or "snapshot" not in blob:
+        raise CheckpointError(f"{path} is not a python_algos checkpoint (format {FORMAT}): it holds a different "
+                              f"file saved with torch.save; restore the run's own checkpoint.pt from a copy")
     snap = decode(blob["snapshot"])
     snap["extra"] = decode(blob.get("extra", {}))
     return snap

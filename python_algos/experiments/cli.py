@@ -6,10 +6,12 @@
     python -m python_algos run --config exp.toml --rounds 300     # flags override the file
     python -m python_algos run --resume results/<run>              # continue after a crash / kill
     python -m python_algos compare -a fedcanon fedavg za1 --partition dirichlet --eta 0.1
+    python -m python_algos compare --resume results/<compare-folder>   # finish an interrupted comparison
     python -m python_algos plot results/<compare-folder> [results/<run> ...]
     python -m python_algos algorithms                              # the algorithm table
 
-Exit status: 0 done, 1 error (message on stderr), 2 bad command line, 3 the run diverged.
+Exit status: 0 done, 1 error (message on stderr), 2 bad command line, 3 the run diverged,
+130 interrupted (Ctrl-C; the summary so far is written and the resume command printed).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -64,9 +67,12 @@ def _kv(text: str):
 
 
 def _workers(text: str) -> int:
-    v = int(text)
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
     if v < 1:
-        raise argparse.ArgumentTypeError("--workers must be >= 1")
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (processes), got {text!r}")
     return v
 
 
@@ -160,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run several algorithms on the same data split and initial model; one folder "
                        "per algorithm plus comparison.md.")
     c.add_argument("-a", "--algorithms", nargs="+", default=None, help=f"default: {' '.join(DEMO_ALGORITHMS)}")
+    c.add_argument("--resume", metavar="DIR", help="finish the comparison in DIR: completed runs are kept, the "
+                   "others continue from their checkpoints (--rounds may extend it; other flags come from DIR)")
     _add_config_flags(c, single=False)
 
     d = sub.add_parser("demo", help="the built-in demo (same as no arguments)")
@@ -181,9 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _read_config_file(path: str) -> dict:
+    """The mapping in a TOML / YAML / JSON file; a syntax error is one line naming the file and line."""
     ext = os.path.splitext(path)[1].lower()
+    if ext not in (".toml", ".yaml", ".yml", ".json"):
+        raise ValueError(f"config file {path}: use .toml, .yaml/.yml or .json")
     with open(path, "rb") as f:
         raw = f.read()
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
     if ext == ".toml":
         try:
             import tomllib
@@ -192,38 +207,69 @@ def _read_config_file(path: str) -> dict:
                 import tomli as tomllib
             except ImportError:
                 raise SystemExit("reading TOML needs Python >= 3.11 or `pip install tomli`") from None
-        return tomllib.loads(raw.decode())
-    if ext in (".yaml", ".yml"):
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            msg = str(e)
+            where = msg[msg.rfind("(at line "):] if "(at line " in msg else ""
+            line = where[len("(at line "):].split(",")[0].rstrip(")") if where else "?"
+            raise ValueError(f"{path}, line {line}: {msg.replace(' ' + where, '')}") from None
+    elif ext in (".yaml", ".yml"):
         try:
             import yaml
         except ImportError:
             raise SystemExit("reading YAML needs `pip install pyyaml` (or use a .toml / .json config)") from None
-        return yaml.safe_load(raw) or {}
-    if ext == ".json":
-        return json.loads(raw)
-    raise SystemExit(f"config file {path}: use .toml, .yaml/.yml or .json")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+            line = mark.line + 1 if mark is not None else "?"
+            problem = " ".join(str(getattr(e, "problem", None) or e).split())
+            raise ValueError(f"{path}, line {line}: {problem}") from None
+        data = {} if data is None else data
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {e.lineno}: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the config must be a table / mapping of keys, got a {type(data).__name__}")
+    return data
 
 
 _DICT_KEYS = ("alg_opts", "data_opts", "model_opts", "reg_opts")
 
 
 def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
-    """Config file values, overridden by the flags given on the command line."""
+    """Config file values, overridden by the flags given on the command line. Sets
+    ``args.file_keys``: the keys whose values came from the file (for error messages)."""
     base = _read_config_file(args.config) if getattr(args, "config", None) else {}
-    if not isinstance(base, dict):
-        raise SystemExit(f"{args.config}: the config must be a table / mapping of keys")
     base = {k.replace("-", "_"): v for k, v in base.items()}
     from .runner import Config
 
     names = {f.name for f in __import__("dataclasses").fields(Config)} | set(extra_keys)
+    flags = set()
     for k, v in vars(args).items():
         if k not in names:
             continue
+        flags.add(k)
         if k in _DICT_KEYS:
+            if base.get(k) is not None and not isinstance(base[k], dict):
+                continue  # Config.check names the file's malformed value
             base[k] = {**(base.get(k) or {}), **dict(v)}
         else:
             base[k] = v
+    args.file_keys = {k for k in base if k not in flags or k in _DICT_KEYS}
     return base
+
+
+def _in_terms_of(args, e: Exception) -> Exception:
+    """A ConfigError about a value that came from the config file, worded with the file and key."""
+    from .config import ConfigError
+
+    if isinstance(e, ConfigError) and e.key in getattr(args, "file_keys", ()) and getattr(args, "config", None):
+        return e.in_file(args.config)
+    return e
 
 
 def _out_dir(args, name: str) -> str:
@@ -246,8 +292,8 @@ def _split_alg_opts(opts: dict, algorithms: Sequence[str]):
             a, key = k.split(".", 1)
             per[a][key] = v
         elif "." in k:
-            raise SystemExit(f"--alg-opt {k}: {k.split('.', 1)[0]!r} is not one of the compared algorithms "
-                             f"{list(algorithms)}")
+            raise ValueError(f"--alg-opt {k}={v}: {k.split('.', 1)[0]!r} is not one of the compared algorithms "
+                             f"({' '.join(algorithms)})")
         else:
             common[k] = v
     return {a: {**common, **per[a]} for a in algorithms}
@@ -267,6 +313,40 @@ def _print_summary(summary: dict) -> None:
     print(format_table(["round", *keys, "time (s)"], [[summary["rounds_done"], *[f[k] for k in keys], summary["elapsed"]]]))
 
 
+_RESUME_OK = ("command", "demo", "resume", "rounds", "no_progress", "out", "name", "config", "algorithms",
+              "workers", "argv")
+
+
+def _quiet(_text: str) -> None:
+    pass
+
+
+def _restarted_run(cfg, out: str) -> bool:
+    """True in a job that torchrun restarted (``--max-restarts``) whose run folder this job started:
+    the restarted ranks resume it instead of starting over. A folder holding a run of other
+    settings (the first attempt refused it) is left alone: the fresh-run checks then refuse it again."""
+    from . import launch
+    from .config import RESULT_KEYS
+    from .runner import _as_json, _read_config_json
+
+    if not (launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, "config.json"))):
+        return False
+    try:
+        saved = _as_json(_read_config_json(os.path.join(out, "config.json")).to_dict())
+    except ValueError:
+        return False
+    now = _as_json(cfg.to_dict())
+    return all(saved.get(k) == now.get(k) for k in RESULT_KEYS if k != "rounds")
+
+
+def _resume_flags_check(args) -> None:
+    given = [k for k in vars(args) if k not in _RESUME_OK]
+    given += [k for k in ("out", "name", "config", "algorithms") if getattr(args, k, None)]
+    if given:
+        raise SystemExit(f"--resume takes its settings from {args.resume}; only --rounds and --no-progress may be "
+                         f"given (got {', '.join('--' + g.replace('_', '-') for g in given)})")
+
+
 def cmd_run(args) -> int:
     from .runner import Config, run_experiment
 
@@ -277,31 +357,38 @@ def cmd_run(args) -> int:
 
     if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
         out = None
-        if not args.resume:  # check the config here, and pick the folder once for every rank
-            out = _out_dir(args, Config.from_dict(_merge(args)).algorithm)
+        if args.resume:
+            _resume_flags_check(args)
+        else:  # check the settings here, and pick the folder once for every rank
+            try:
+                cfg = Config.from_dict(_merge(args))
+                cfg.check()
+            except ValueError as e:
+                raise _in_terms_of(args, e) from None
+            out = _out_dir(args, cfg.algorithm)
         return launch.run_workers(args.argv, args.workers, out)
     main = launch.is_main()
+    say = print if main else _quiet  # under torchrun rank 0 alone prints
     if args.resume:
-        given = [k for k in vars(args) if k not in ("command", "demo", "resume", "rounds", "no_progress", "out",
-                                                      "name", "config", "workers", "argv")]
-        if given:
-            raise SystemExit(f"--resume takes its settings from {args.resume}/config.json; only --rounds and "
-                             f"--no-progress may be given (got {', '.join('--' + g.replace('_', '-') for g in given)})")
+        _resume_flags_check(args)
         summary = run_experiment(None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
-                                 progress=not args.no_progress)
+                                 progress=not args.no_progress, log=say)
     else:
-        cfg = Config.from_dict(_merge(args))
-        out = launch.agree_on(_out_dir(args, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
-        if launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, "checkpoint.pt")):
-            # torchrun restarted the job after a rank failed: continue from the last checkpoint
-            summary = run_experiment(None, out, resume=True, rounds=cfg.rounds, progress=not args.no_progress,
-                                     log=print if main else (lambda s: None))
-        else:
-            if main:
-                print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
-                      f"h={cfg.reg}; results -> {out}" + (f" ({launch.world_size()} processes)"
-                                                           if launch.distributed() else ""))
-            summary = run_experiment(cfg, out, progress=not args.no_progress)
+        from .runner import execute_run, prepare_run
+
+        try:
+            cfg = Config.from_dict(_merge(args))
+            out = launch.agree_on(_out_dir(args, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
+            if launch.agree_on(main and _restarted_run(cfg, out)):
+                # torchrun restarted the job after a rank failed: continue from the last checkpoint
+                prep = prepare_run(None, out, resume=True, rounds=cfg.rounds)
+            else:
+                prep = prepare_run(cfg, out, replace=not (args.out or getattr(args, "name", None)))
+        except ValueError as e:
+            raise _in_terms_of(args, e) from None
+        say(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={cfg.reg}; "
+            f"results -> {out}" + (f" ({launch.world_size()} processes)" if launch.distributed() else ""))
+        summary = execute_run(prep, progress=not args.no_progress, log=say)
     if not main:
         return 3 if summary["status"] == "diverged" else 0
     _print_summary(summary)
@@ -315,18 +402,34 @@ def cmd_run(args) -> int:
 def cmd_compare(args) -> int:
     from .runner import Config, comparison_table, compare_experiments
 
-    merged = _merge(args, extra_keys=("algorithms",))
-    algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
-    merged.pop("algorithms", None)
-    per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
-    cfg = Config.from_dict(merged)
-    out = _out_dir(args, "compare")
-    print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
-          f"h={cfg.reg}; results -> {out}")
-    summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not args.no_progress)
-    step = cfg.metric_step if cfg.metric_step is not None else cfg.lr * cfg.local_steps
+    if args.resume:
+        _resume_flags_check(args)
+        out = args.resume
+        print(f"resuming the comparison in {out}")
+        summaries = compare_experiments(None, None, out, resume=True, rounds=getattr(args, "rounds", None),
+                                        progress=not args.no_progress)
+        with open(os.path.join(out, "comparison.json")) as f:
+            step = json.load(f)["config"]["metric_step"]
+    else:
+        try:
+            merged = _merge(args, extra_keys=("algorithms",))
+            algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
+            merged.pop("algorithms", None)
+            per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+            cfg = Config.from_dict(merged)
+        except ValueError as e:
+            raise _in_terms_of(args, e) from None
+        out = _out_dir(args, "compare")
+        print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
+              f"{cfg.model}, h={cfg.reg}; results -> {out}")
+        try:
+            summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not args.no_progress,
+                                            replace=not (args.out or getattr(args, "name", None)))
+        except ValueError as e:
+            raise _in_terms_of(args, e) from None
+        step = cfg.metric_step if cfg.metric_step is not None else cfg.lr * cfg.local_steps
     print(comparison_table(summaries, step))
-    print(f"results written to {out}  (plot: python -m python_algos plot {out})")
+    print(f"results written to {out}  (plot: python -m python_algos plot {shlex.quote(out)})")
     return 3 if any(s["status"] == "diverged" for s in summaries) else 0
 
 
@@ -385,6 +488,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     handler = {"run": cmd_run, "compare": cmd_compare, "demo": cmd_demo, "plot": cmd_plot,
                "algorithms": cmd_algorithms}[args.command]
+    from .runner import Interrupted
+
     with warnings.catch_warnings():
         warnings.showwarning = _showwarning
         if launch.rank() != 0:  # rank 0 alone reports (every rank would print the same warnings)
@@ -396,6 +501,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error{where}: {e}", file=sys.stderr)
             launch.finish(ok=False)
             return 1
+        except Interrupted as e:  # Ctrl-C during a run: its summary is written
+            launch.finish(ok=False)
+            if launch.is_main():
+                print(f"\ninterrupted: {e.summary['message']}; the summary so far is in "
+                      f"{os.path.join(e.summary['out_dir'], 'summary.json')}\nresume with: "
+                      f"{e.summary['resume_command']}", file=sys.stderr)
+            return 130
+        except KeyboardInterrupt:  # before a run folder existed, or while it was being finished
+            launch.finish(ok=False)
+            print("\ninterrupted", file=sys.stderr)
+            return 130
         launch.finish()
         return code
 

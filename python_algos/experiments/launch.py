@@ -35,9 +35,10 @@ import torch
 from . import checkpoint as ckpt
 from ..clients import _dist
 
-__all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "restarting", "executor_for",
-           "workers_command", "run_workers", "ShardedCheckpointer", "checkpointer", "load_checkpoint",
-           "maybe_kill", "KILL_RANK_ENV", "finish", "first_message"]
+__all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "agree", "barrier", "restarting",
+           "executor_for", "workers_command", "run_workers", "ShardedCheckpointer", "checkpointer",
+           "load_checkpoint", "local_rows", "remove_shards", "remove_shard_leftovers", "maybe_kill",
+           "KILL_RANK_ENV", "finish", "first_message"]
 
 KILL_RANK_ENV = "_FEDKERNELS_TEST_KILL_RANK_AT"  # test hook "RANK:ROUND": SIGKILL that rank after that round (first attempt)
 
@@ -74,6 +75,22 @@ def agree_on(value, device: str = "cpu"):
     return box[0]
 
 
+def barrier() -> None:
+    """Wait for every rank (under torchrun; nothing otherwise)."""
+    if distributed() and world_size() > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def agree(error: Optional[BaseException]) -> None:
+    """Raise on every rank if any rank passes an exception (under torchrun); else raise ``error`` if given."""
+    if distributed():
+        _dist.agree(error)
+    elif error is not None:
+        raise error
+
+
 def first_message(message: Optional[str]) -> Optional[str]:
     """The first rank's non-None ``message`` on every rank (None if none has one)."""
     if not distributed() or world_size() == 1:
@@ -85,15 +102,28 @@ def first_message(message: Optional[str]) -> Optional[str]:
     return next((m for m in got if m is not None), None)
 
 
+FINISH_WAIT = 10.0  # seconds a rank that failed waits for its peers before it leaves the group
+
+
 def finish(ok: bool = True) -> None:
-    """Leave the process group at the end of a command. ``ok``: every rank got here normally, so
-    they wait for each other first (a rank tearing its connections down while a peer still uses
-    them aborts that peer); after an error, leave at once (the peers fail or time out)."""
+    """Leave the process group at the end of a command. Ranks wait for each other first: a rank
+    tearing its connections down while a peer still uses them makes that peer abort (SIGABRT)
+    instead of exiting with its own error. ``ok``: every rank got here normally; after an error
+    (often raised on every rank, see :func:`agree`) a rank waits at most :data:`FINISH_WAIT`
+    seconds (gloo), then leaves anyway (a peer may be gone or stuck)."""
+    import datetime
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        if ok and dist.get_world_size() > 1:
-            dist.barrier()
+        if dist.get_world_size() > 1:
+            try:
+                if ok:
+                    dist.barrier()
+                elif dist.get_backend() == "gloo":
+                    dist.monitored_barrier(timeout=datetime.timedelta(seconds=FINISH_WAIT))
+            except Exception:  # noqa: BLE001 - leaving after an error: the peers' state is unknown
+                pass
         dist.destroy_process_group()
 
 
@@ -222,11 +252,35 @@ def checkpointer(path: str, num_clients: int, extra: Optional[dict] = None, on_s
     return ckpt.Checkpointer(path, extra, on_save)
 
 
+def remove_shards(path: str) -> None:
+    """Delete the shard folder of the checkpoint ``path`` (a fresh run replacing an older one)."""
+    import shutil
+
+    shutil.rmtree(_shard_dir(path), ignore_errors=True)
+
+
+def remove_shard_leftovers(path: str) -> None:
+    """Delete the temporary files of shard writes that a kill interrupted."""
+    folder = _shard_dir(path)
+    if os.path.isdir(folder):
+        for name in os.listdir(folder):
+            if ".tmp-" in name:
+                try:
+                    os.remove(os.path.join(folder, name))
+                except OSError:
+                    pass
+
+
 def load_checkpoint(path: str, num_clients: int, map_location="cpu") -> dict:
     """A snapshot for ``simulate(resume=...)`` holding this process's rows: all N clients in one
     process, rank r's shard under torchrun — from a single-file or a sharded checkpoint, written
     by any number of processes (the rows and per-client generators are re-cut)."""
-    snap = ckpt.load(path, map_location=map_location)
+    return local_rows(ckpt.load(path, map_location=map_location), path, num_clients, map_location)
+
+
+def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu") -> dict:
+    """:func:`load_checkpoint` for a snapshot already read with ``checkpoint.load(path)``."""
+    snap = dict(snap)
     info = snap.pop("shards", None)
     n = int(num_clients)
     lo, hi = _dist.bounds(n, world_size())[rank()] if distributed() else (0, n)
@@ -248,11 +302,18 @@ def load_checkpoint(path: str, num_clients: int, map_location="cpu") -> dict:
             continue
         shard_path = os.path.join(folder, info["files"][q])
         if not os.path.isfile(shard_path):
-            raise FileNotFoundError(f"{path} names the shard {shard_path}, which is missing: the checkpoint of "
-                                    f"round {snap['round']} is incomplete")
-        shard = torch.load(shard_path, map_location=map_location, weights_only=True)
-        if int(shard["round"]) != int(snap["round"]):
-            raise ValueError(f"{shard_path} is of round {shard['round']}, the manifest of round {snap['round']}")
+            raise ckpt.CheckpointError(
+                f"{path} names the shard {shard_path}, which is missing: the checkpoint of round {snap['round']} is "
+                f"incomplete (shards are written before the manifest, so the file was removed or the run folder "
+                f"was copied without its checkpoint.pt.shards folder); restore it from a copy")
+        try:
+            shard = torch.load(shard_path, map_location=map_location, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch reports damage as many types
+            raise ckpt.CheckpointError(f"{shard_path} is damaged and cannot be read ({type(e).__name__}); restore "
+                                       f"it from a copy") from None
+        if not isinstance(shard, dict) or int(shard.get("round", -1)) != int(snap["round"]):
+            raise ckpt.CheckpointError(f"{shard_path} is not the shard of round {snap['round']} that {path} names; "
+                                       f"restore the run's own checkpoint.pt.shards folder from a copy")
         for k in info["fields"]:
             stacks[k].append(shard["stacks"][k][a - qlo : b - qlo])
         for k, v in shard["client_rng"].items():

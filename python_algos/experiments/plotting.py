@@ -15,7 +15,7 @@ import math
 import os
 from typing import Optional, Sequence
 
-__all__ = ["plot_runs", "find_runs", "load_run", "DEFAULT_METRICS", "line_plot"]
+__all__ = ["plot_runs", "find_runs", "load_run", "available_metrics", "DEFAULT_METRICS", "line_plot"]
 
 DEFAULT_METRICS = ("f+h", "accuracy", "stationarity", "sparsity")
 _TITLES = {
@@ -143,8 +143,13 @@ def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Opti
     One PNG per (metric, x axis) unless ``per_metric=False``, then the overview grid ``name``
     (always last in the returned list). ``labels`` replaces the runs' legend labels.
     """
-    plt = _mpl()
     runs = [load_run(p) for p in find_runs(paths)]
+    metrics = list(metrics or DEFAULT_METRICS)
+    _check_metrics(metrics, runs)
+    bad_x = [x for x in x_axes if x not in ("round", "elapsed")]
+    if bad_x:
+        raise ValueError(f"--x {' '.join(bad_x)}: unknown x axis; valid: round, elapsed")
+    plt = _mpl()
     if labels is not None:
         if len(labels) != len(runs):
             raise ValueError(f"{len(labels)} labels for {len(runs)} runs")
@@ -152,7 +157,6 @@ def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Opti
             r["label"] = lab
     out_dir = out_dir or (paths[0] if os.path.isdir(paths[0]) else ".")
     os.makedirs(out_dir, exist_ok=True)
-    metrics = list(metrics or DEFAULT_METRICS)
     files = []
     rc = {"font.size": 11, "axes.titlesize": 12, "legend.fontsize": 9, "axes.spines.top": False,
           "axes.spines.right": False}
@@ -193,6 +197,25 @@ def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Opti
             files.append(f)
         plt.close(fig)
     return files
+
+
+_ALIASES = ("accuracy", "stationarity")
+
+
+def available_metrics(runs: list) -> list:
+    """Metric names :func:`plot_runs` can draw for ``runs``: the aliases and every numeric key of their rows."""
+    keys = {k for r in runs for row in r["rows"] for k, v in row.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "round"}
+    return [m for m in (*DEFAULT_METRICS, *sorted(keys)) if m in keys or m in _ALIASES
+            and any(_series(r["rows"], m, "round")[0] for r in runs)]
+
+
+def _check_metrics(metrics: Sequence[str], runs: list) -> None:
+    """Refuse metric names that no run has (a typo would otherwise give an empty figure set)."""
+    have = available_metrics(runs)
+    bad = [m for m in metrics if m not in have]
+    if bad:
+        raise ValueError(f"--metrics {' '.join(bad)}: not a metric of these runs; available: {', '.join(have)}")
 
 
 def _safe(metric: str) -> str:

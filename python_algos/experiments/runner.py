@@ -13,12 +13,27 @@ A run folder holds:
 ``metrics.jsonl``      one JSON object per round (round 0 = the starting point): §3 metrics,
                        timings, communication, test accuracy; non-finite numbers as null
 ``checkpoint.pt``      the last checkpoint (atomic; see :mod:`python_algos.experiments.checkpoint`)
-``summary.json``       status (completed / diverged), final metrics, totals
+``summary.json``       status (completed / diverged / interrupted), final metrics, totals,
+                       the command that resumes the run
 ``model.pt``           the reported model: flat ``params`` and the module's ``state_dict``
 =====================  ======================================================================
 
 A comparison (:func:`compare_experiments`) is a folder of such run folders, one per algorithm,
 all on the same split and initialization, plus ``comparison.json`` / ``comparison.md``.
+
+Guarantees: every input is checked (:func:`prepare_run`) before a folder is created or a file
+in it changes; every file is replaced atomically except ``metrics.jsonl``, which is appended
+to and rewritten from the checkpoint on resume (rows past the checkpoint's round are dropped),
+so a kill at any moment leaves a folder that ``run --resume`` finishes with the bit-identical
+result of an uninterrupted run. A resume refuses a checkpoint whose settings differ from
+``config.json`` in anything but the execution settings (``executor``, ``threads``,
+``checkpoint_every``) and the number of rounds, which may only grow.
+
+Under ``torchrun`` every rank runs the same calls: the clients are split over the ranks (executor
+``distributed`` wrapping ``--executor``), every rank checks every input before rank 0 alone writes
+the folder files and shows progress, and the checkpoint is sharded (a manifest ``checkpoint.pt``
+plus one file per rank in ``checkpoint.pt.shards/``; see :mod:`python_algos.experiments.launch`),
+which resumes on any number of processes.
 """
 
 from __future__ import annotations
@@ -28,6 +43,8 @@ import datetime
 import json
 import math
 import os
+import re
+import shlex
 import signal
 import time
 import warnings
@@ -41,15 +58,25 @@ from torch import nn
 import fedkernels as fk
 
 from . import checkpoint as ckpt
+from . import faults
 from . import launch
+from .config import RESULT_KEYS, Config, ConfigError, flag
 from .data import FederatedData, federate, load_dataset
 from .models import build_model as _build_model
 from .progress import Progress
+from .threads import apply_threads
 from ..algorithms.registry import ALGORITHMS, make
-from ..simulate import simulate
+from ..simulate import _clients_per_round, simulate
 
 __all__ = [
     "Config",
+    "ConfigError",
+    "RunFolderError",
+    "Interrupted",
+    "prepare_run",
+    "execute_run",
+    "PreparedRun",
+    "resume_command",
     "build_regularizer",
     "loss_function",
     "prepare_data",
@@ -66,81 +93,6 @@ __all__ = [
 ]
 
 KILL_ENV = "_FEDKERNELS_TEST_KILL_AT_ROUND"  # test hook: SIGKILL the process after this round
-
-
-@dataclasses.dataclass
-class Config:
-    """Everything that defines a run. Field names are the command line's flags (``--local-steps``)
-    and the keys of a TOML / YAML config file."""
-
-    # algorithm (python_algos.algorithms.registry): built from (lr, local_steps), then alg_opts overrides
-    algorithm: str = "fedcanon"
-    lr: float = 0.05
-    local_steps: int = 10
-    alg_opts: dict = dataclasses.field(default_factory=dict)
-    # data (python_algos.experiments.data)
-    dataset: str = "sparse_logistic"
-    data_dir: Optional[str] = None
-    data_opts: dict = dataclasses.field(default_factory=dict)
-    test_fraction: float = 0.2
-    partition: str = "iid"
-    num_clients: int = 10
-    eta: float = 0.5  # Dirichlet concentration Dir(eta)
-    min_size: Optional[int] = None
-    shards_per_client: int = 1
-    participation: Optional[float] = None  # fraction of clients sampled per round (None: all)
-    clients_per_round: Optional[int] = None  # or their number
-    # model (python_algos.experiments.models)
-    model: str = "linear"
-    model_opts: dict = dataclasses.field(default_factory=dict)
-    # regularizer h
-    reg: str = "l1"
-    reg_strength: float = 1e-3
-    reg_opts: dict = dataclasses.field(default_factory=dict)
-    # run
-    rounds: int = 100
-    batch_size: Optional[int] = None  # None: full local gradients
-    seed: int = 0
-    metrics_every: int = 1
-    metric_step: Optional[float] = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    checkpoint_every: int = 10
-    # execution (changes speed, not the result beyond floating-point summation order)
-    executor: str = "auto"  # sequential | batched | auto (python_algos.clients.EXECUTORS)
-    threads: Optional[int] = None  # torch / fedkernels threads; None: the policy of python_algos.threads
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Config":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown config key(s) {sorted(unknown)}; valid keys: {', '.join(sorted(names))}")
-        cfg = cls(**d)
-        cfg.check()
-        return cfg
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def replace(self, **kw) -> "Config":
-        return dataclasses.replace(self, **kw)
-
-    def check(self) -> None:
-        if self.algorithm.lower() not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; valid names: {', '.join(ALGORITHMS)}")
-        if self.reg not in REGULARIZERS:
-            raise ValueError(f"unknown regularizer {self.reg!r}; valid: {', '.join(REGULARIZERS)}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
-        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be cpu, cuda, cuda:K or auto, got {self.device!r}")
-        for name in ("rounds", "num_clients", "local_steps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "rounds" else 1):
-                raise ValueError(f"{name} must be an int >= {0 if name == 'rounds' else 1}, got {v!r}")
-        if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
-            raise ValueError(f"batch_size must be a positive int or None (full gradients), got {self.batch_size!r}")
 
 
 # --------------------------------------------------------------------------- #
@@ -188,10 +140,30 @@ def loss_function(task: str) -> Callable:
     return {"multiclass": cross_entropy, "binary": bce_with_logits, "regression": mse}[task]
 
 
+def _opts_text(opts: dict) -> str:
+    return " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in opts.items())
+
+
 def prepare_data(cfg: Config) -> FederatedData:
-    ds = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, test_fraction=cfg.test_fraction, **cfg.data_opts)
-    return federate(ds, cfg.partition, cfg.num_clients, seed=cfg.seed, eta=cfg.eta, min_size=cfg.min_size,
-                    shards_per_client=cfg.shards_per_client)
+    """Load / generate the data and split it over the clients; errors name the flags."""
+    try:
+        ds = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, test_fraction=cfg.test_fraction, **cfg.data_opts)
+    except (ValueError, TypeError) as e:
+        named = {k: v for k, v in cfg.data_opts.items() if re.search(rf"\b{re.escape(k)}\b", str(e))}
+        raise ValueError(f"--dataset {cfg.dataset}{' --data-opt ' + _opts_text(named) if named else ''}: {e}") from None
+    if cfg.partition == "natural" and ds.groups is not None:
+        groups = int(torch.unique(torch.as_tensor(ds.groups)).numel())
+        if groups != cfg.num_clients:
+            fix = {"sparse_logistic": "num_groups", "sparse_linear": "num_groups", "synthetic": "num_clients"}.get(ds.name)
+            also = f", or have the generator make {cfg.num_clients} groups: --data-opt {fix}={cfg.num_clients}" if fix else ""
+            raise ConfigError("num_clients", cfg.num_clients,
+                              f"--partition natural makes one client per group of the data, and {ds.name} has "
+                              f"{groups} group(s): use -N {groups}{also}")
+    try:
+        return federate(ds, cfg.partition, cfg.num_clients, seed=cfg.seed, eta=cfg.eta, min_size=cfg.min_size,
+                        shards_per_client=cfg.shards_per_client)
+    except ValueError as e:
+        raise ValueError(f"--partition {cfg.partition} -N {cfg.num_clients}: {e}") from None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -199,20 +171,56 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} requested but CUDA is not available here (torch {torch.__version__}); "
-                           f"use --device cpu")
+        raise ConfigError("device", name, f"CUDA is not available here (torch {torch.__version__}); use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError("device", name, f"this machine has {torch.cuda.device_count()} CUDA device(s)")
     return dev
 
 
 def build_model(cfg: Config, ds) -> nn.Module:
     """The model, initialized from ``cfg.seed`` (every algorithm of a comparison starts here)."""
     torch.manual_seed(cfg.seed)
-    model = _build_model(cfg.model, ds.in_shape, ds.outputs, **cfg.model_opts)
+    try:
+        model = _build_model(cfg.model, ds.in_shape, ds.outputs, **cfg.model_opts)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--model {cfg.model}{' --model-opt ' + _opts_text(cfg.model_opts) if cfg.model_opts else ''}"
+                         f": {e}") from None
     return model.to(device=resolve_device(cfg.device), dtype=getattr(torch, cfg.dtype))
 
 
+def _hparam_error(cfg: Config, alg_name: str, e: Exception) -> ValueError:
+    """``e`` (raised by an algorithm about one of its hyper-parameters) in terms of the flags that set it:
+    ``--alg-opt KEY=VALUE`` when the user gave that key, else the ``--lr`` / ``--local-steps`` mapping."""
+    msg = str(e)
+    given = [k for k in cfg.alg_opts if re.search(rf"\b{re.escape(k)}\b", msg)]
+    if given:
+        return ValueError(f"--alg-opt {_opts_text({k: cfg.alg_opts[k] for k in given})}: {msg}")
+    mapped = {k: v for k, v in ALGORITHMS[cfg.algorithm.lower()].from_lr(cfg.lr, cfg.local_steps).items()
+              if k != "local_steps" and k not in cfg.alg_opts}
+    shown = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in mapped.items())
+    return ValueError(f"--lr {cfg.lr:g} with --local-steps {cfg.local_steps} sets {alg_name}'s {shown} "
+                      f"(see `python -m python_algos algorithms`; override with --alg-opt): {msg}")
+
+
 def build_algorithm(cfg: Config):
-    return make(cfg.algorithm, lr=cfg.lr, local_steps=cfg.local_steps, **cfg.alg_opts)
+    entry = ALGORITHMS[cfg.algorithm.lower()]
+    names = [f.name for f in dataclasses.fields(entry.cls)]
+    unknown = [k for k in cfg.alg_opts if k not in names]
+    if unknown:
+        raise ValueError(f"--alg-opt {_opts_text({k: cfg.alg_opts[k] for k in unknown})}: {entry.cls.name} has no "
+                         f"such hyper-parameter; its hyper-parameters: {', '.join(names)}")
+    try:
+        return make(cfg.algorithm, lr=cfg.lr, local_steps=cfg.local_steps, **cfg.alg_opts)
+    except (ValueError, TypeError) as e:
+        raise _hparam_error(cfg, entry.cls.name, e) from None
+
+
+def _build_regularizer(cfg: Config) -> fk.Regularizer:
+    try:
+        return build_regularizer(cfg.reg, cfg.reg_strength, **cfg.reg_opts)
+    except (ValueError, TypeError) as e:
+        opts = f" --reg-opt {_opts_text(cfg.reg_opts)}" if cfg.reg_opts else ""
+        raise ValueError(f"--reg {cfg.reg} --reg-strength {cfg.reg_strength:g}{opts}: {e}") from None
 
 
 def make_eval(ds, model: nn.Module, extra: Optional[Callable] = None, chunk: int = 4096) -> Callable:
@@ -267,6 +275,21 @@ def default_out_dir(name: str, root: str = "results") -> str:
 # Files
 # --------------------------------------------------------------------------- #
 
+RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.pt", "summary.json", "model.pt")
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be started, resumed or replaced as asked; nothing in it was changed."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run, after its summary (status ``"interrupted"``) was written; ``summary``
+    holds it, including ``resume_command``."""
+
+    def __init__(self, summary: dict):
+        super().__init__(summary.get("message"))
+        self.summary = summary
+
 
 def _clean(v):
     """JSON-safe: non-finite floats -> None, tensors / numpy scalars -> Python numbers."""
@@ -284,20 +307,35 @@ def _clean(v):
     return v
 
 
-def _write_json(path: str, obj) -> None:
+def _atomic_text(path: str, text: str) -> None:
+    """Write ``text`` to a temp file next to ``path``, then rename it over ``path``: a kill leaves the
+    old file or the new one (and at worst a ``*.tmp-<pid>`` file, removed by the next resume)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(_clean(obj), f, indent=2)
-        f.write("\n")
+        f.write(text)
+        f.flush()
+        faults.point("file write")
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _write_json(path: str, obj) -> None:
+    _atomic_text(path, json.dumps(_clean(obj), indent=2) + "\n")
 
 
 def _write_jsonl(path: str, rows: Sequence[dict]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        for r in rows:
-            f.write(json.dumps(_clean(r)) + "\n")
-    os.replace(tmp, path)
+    _atomic_text(path, "".join(json.dumps(_clean(r)) + "\n" for r in rows))
+
+
+def _append_row(f, row: dict) -> None:
+    """Append one metrics line. A kill mid-line leaves a torn last line: :func:`read_metrics` skips it
+    and a resume rewrites the file from the checkpoint."""
+    line = json.dumps(_clean(row)) + "\n"
+    f.write(line[: len(line) // 2])
+    f.flush()
+    faults.point("metrics append")
+    f.write(line[len(line) // 2:])
+    f.flush()
 
 
 def read_metrics(run_dir: str) -> list:
@@ -312,87 +350,233 @@ def read_metrics(run_dir: str) -> list:
     return rows
 
 
+def _holds_run(out_dir: str) -> bool:
+    return any(os.path.exists(os.path.join(out_dir, f)) for f in ("config.json", "metrics.jsonl", "checkpoint.pt",
+                                                                   "summary.json"))
+
+
+def _remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:
+    """Temp files of writes a kill interrupted, plus the run files in ``also``."""
+    for f in os.listdir(out_dir):
+        if ".tmp-" in f or f in also:
+            try:
+                os.remove(os.path.join(out_dir, f))
+            except FileNotFoundError:
+                pass
+
+
+def _as_json(v):
+    return json.loads(json.dumps(_clean(v)))
+
+
+def _read_config_json(path: str) -> Config:
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except json.JSONDecodeError as e:
+        raise RunFolderError(f"{path}, line {e.lineno}: {e.msg}: the run's settings are damaged; restore the file "
+                             f"from a copy") from None
+    if not isinstance(d, dict):
+        raise RunFolderError(f"{path}: expected a JSON object of settings")
+    try:
+        return Config.from_dict(d)
+    except ConfigError as e:
+        raise e.in_file(path) from None
+    except ValueError as e:
+        raise RunFolderError(f"{path}: {e}") from None
+
+
+def resume_command(out_dir: str) -> str:
+    return f"python -m python_algos run --resume {shlex.quote(out_dir)}"
+
+
 # --------------------------------------------------------------------------- #
 # Runs
 # --------------------------------------------------------------------------- #
 
 
+@dataclasses.dataclass
+class PreparedRun:
+    """A run whose every input has been checked; nothing is written until :func:`execute_run`."""
+
+    cfg: Config
+    out_dir: str
+    fed: FederatedData
+    model: nn.Module
+    algorithm: object
+    reg: fk.Regularizer
+    device: torch.device
+    snap: Optional[dict]  # the checkpoint to continue from (resume), else None
+    resume: bool
+    rewrite_config: bool  # config.json must be (re)written (fresh run, or --rounds changed)
+    replace: bool  # a fresh run replaces the run folder's files
+    torch_rng: torch.Tensor  # torch's global generator right after the model was built
+
+
+def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None, resume: bool = False,
+                rounds: Optional[int] = None, replace: bool = True) -> PreparedRun:
+    """Every check of a run, in the order a user would fix them; writes nothing.
+
+    Raises :class:`ConfigError` (a value, named by its flag), :class:`RunFolderError` (the folder:
+    a foreign or edited checkpoint, ``--rounds`` below the checkpoint, an existing run that
+    ``replace=False`` keeps), :class:`~.checkpoint.CheckpointError` (a damaged checkpoint) or
+    ``ValueError`` (data, model, algorithm and participation, named by their flags).
+    """
+    cfg_path = os.path.join(out_dir, "config.json")
+    ckpt_path = os.path.join(out_dir, "checkpoint.pt")
+    snap = None
+    rewrite = not resume
+    if resume:
+        if not os.path.isdir(out_dir):
+            raise RunFolderError(f"cannot resume {out_dir}: no such folder")
+        if not os.path.isfile(cfg_path):
+            if os.path.isfile(os.path.join(out_dir, "comparison.json")):
+                raise RunFolderError(f"{out_dir} is a comparison: continue it with "
+                                     f"`python -m python_algos compare --resume {out_dir}`")
+            raise RunFolderError(f"cannot resume {out_dir}: it holds no config.json, so no run was started there "
+                                 f"(a run stopped before it wrote its settings leaves none); start it again with `run`")
+        cfg = _read_config_json(cfg_path)
+        if rounds is not None:
+            if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+                raise ConfigError("rounds", rounds, "must be an integer >= 0")
+            rewrite = rounds != cfg.rounds
+            cfg = cfg.replace(rounds=rounds)
+    elif cfg is None:
+        raise ValueError("cfg is required unless resume=True")
+    else:
+        if rounds is not None:
+            cfg = cfg.replace(rounds=rounds)
+        cfg.check()
+        if not replace and os.path.isdir(out_dir) and _holds_run(out_dir):
+            raise RunFolderError(f"{out_dir} already holds a run: continue it with `{resume_command(out_dir)}`, or "
+                                 f"choose another --out (nothing was changed)")
+    launch.join(cfg.device)  # under torchrun: join the job (and take this rank's GPU) before picking the device
+    device = resolve_device(cfg.device)
+    if resume and os.path.isfile(ckpt_path):
+        snap = ckpt.load(ckpt_path, map_location=device)  # a manifest only, when several processes wrote it
+        saved = (snap.get("extra") or {}).get("config")
+        if isinstance(saved, dict):
+            now = _as_json(cfg.to_dict())
+            saved = _as_json(saved)
+            diff = [k for k in RESULT_KEYS if saved.get(k) != now.get(k)]
+            if diff:
+                what = "; ".join(f"{k}: checkpoint {json.dumps(saved.get(k))}, config.json {json.dumps(now.get(k))}"
+                                 for k in diff)
+                raise RunFolderError(
+                    f"{ckpt_path} does not belong to the settings in config.json: they differ in {what}. Resuming "
+                    f"would continue the checkpoint's run under other settings, so nothing was changed: undo the edit "
+                    f"(or put the run's own checkpoint back), or start the new settings in a new folder")
+        if cfg.rounds < int(snap["round"]):
+            raise ConfigError("rounds", cfg.rounds,
+                              f"the checkpoint in {out_dir} is at round {snap['round']} and a run cannot go back; "
+                              f"give --rounds {snap['round']} or more (nothing was changed)")
+    fed = fed if fed is not None else prepare_data(cfg)
+    model = build_model(cfg, fed.dataset)
+    torch_rng = torch.get_rng_state()
+    algorithm = build_algorithm(cfg)
+    reg = _build_regularizer(cfg)
+    with warnings.catch_warnings():  # simulate validates again and warns once
+        warnings.simplefilter("ignore")
+        try:
+            algorithm.validate(reg)
+        except ValueError as e:
+            raise _hparam_error(cfg, algorithm.name, e) from None
+    try:
+        _clients_per_round(algorithm, len(fed.parts), cfg.participation, cfg.clients_per_round)
+    except ValueError as e:
+        key = "participation" if cfg.participation is not None else "clients_per_round"
+        raise ConfigError(key, getattr(cfg, key), str(e)) from None
+    if cfg.metric_step is None and not algorithm.metric_step() > 0:
+        raise ConfigError("metric_step", cfg.metric_step, f"{algorithm.name}'s default step is not > 0; give one")
+    if snap is not None and (snap.get("algorithm") != algorithm.name or snap.get("hparams") != algorithm.hparams()):
+        raise RunFolderError(f"{ckpt_path} is a checkpoint of {snap.get('algorithm')} {snap.get('hparams')}, not of "
+                             f"{algorithm.name} {algorithm.hparams()} as config.json says; nothing was changed")
+    if snap is not None:  # this process's client rows (re-cut if another number of processes wrote it)
+        snap = launch.local_rows(snap, ckpt_path, len(fed.clients), map_location=device)
+    return PreparedRun(cfg, out_dir, fed, model, algorithm, reg, device, snap, resume, rewrite, replace, torch_rng)
+
+
 def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None,
                    resume: bool = False, rounds: Optional[int] = None, progress: bool = True,
                    extra_eval: Optional[Callable] = None, label: Optional[str] = None,
-                   log: Callable[[str], None] = print) -> dict:
+                   log: Callable[[str], None] = print, replace: bool = True) -> dict:
     """Run ``cfg`` into ``out_dir`` (see the module docstring); returns the summary dict.
 
     ``fed``: an already prepared split of this config's data (a comparison shares one).
     ``resume=True``: read ``out_dir/config.json`` and ``checkpoint.pt`` and continue (``cfg`` is
-    ignored); ``rounds`` then extends or shortens the total. ``extra_eval(params) -> dict`` adds
-    metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run with
-    status ``"diverged"``; the checkpoint of the last good round is kept.
-
-    Under torchrun every rank calls this: the clients are sharded over the ranks (executor
-    ``distributed`` wrapping ``cfg.executor``), rank 0 alone writes the folder and reports
-    progress, checkpoints are sharded (:mod:`python_algos.experiments.launch`).
+    ignored); ``rounds`` then extends the total (never below the checkpoint's round). Every input
+    is checked (:func:`prepare_run`) before anything in ``out_dir`` is created or changed.
+    ``replace=False`` refuses a fresh run into a folder that already holds one. ``extra_eval(params)
+    -> dict`` adds metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run
+    with status ``"diverged"``; the checkpoint of the last good round is kept. Ctrl-C writes the
+    summary so far (status ``"interrupted"``) and raises :class:`Interrupted`.
     """
-    main = launch.is_main()
-    os.makedirs(out_dir, exist_ok=True)
+    prep = prepare_run(cfg, out_dir, fed=fed, resume=resume, rounds=rounds, replace=replace)
+    return execute_run(prep, progress=progress, extra_eval=extra_eval, label=label, log=log)
+
+
+def _start_folder(prep: PreparedRun, log) -> None:
+    """The first writes of a run (every check has passed): settings, split, and metrics from the checkpoint."""
+    out_dir, cfg, fed, snap = prep.out_dir, prep.cfg, prep.fed, prep.snap
     cfg_path = os.path.join(out_dir, "config.json")
-    ckpt_path = os.path.join(out_dir, "checkpoint.pt")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    snap = None
-    if resume:
-        if not os.path.isfile(cfg_path) or not os.path.isfile(ckpt_path):
-            raise FileNotFoundError(f"cannot resume {out_dir}: it needs config.json and checkpoint.pt (written by "
-                                    f"`run` every --checkpoint-every rounds)")
-        with open(cfg_path) as f:
-            cfg = Config.from_dict(json.load(f))
-    elif cfg is None:
-        raise ValueError("cfg is required unless resume=True")
-    cfg.check()
-    if rounds is not None:
-        cfg = cfg.replace(rounds=int(rounds))
-    label = label or cfg.algorithm
-    launch.join(cfg.device)  # under torchrun: join the job (and pick this rank's GPU) first
-    device = resolve_device(cfg.device)
-
-    fed = fed if fed is not None else prepare_data(cfg)
-    ds = fed.dataset
-    model = build_model(cfg, ds)
-    algorithm = build_algorithm(cfg)
-    reg = build_regularizer(cfg.reg, cfg.reg_strength, **cfg.reg_opts)
-    with warnings.catch_warnings():  # simulate validates again and warns once
-        warnings.simplefilter("ignore")
-        algorithm.validate(reg)  # fail before any file is written
-    eval_fn = make_eval(ds, model, extra_eval)
-
-    if resume:
-        snap = launch.load_checkpoint(ckpt_path, len(fed.clients), map_location=device)
-        rows = [snap["initial"], *snap["metrics"]]
-        if main:
-            _write_jsonl(metrics_path, rows)  # drop the rounds after the checkpoint
-            log(f"resuming {out_dir} from round {snap['round']} (checkpoint), up to round {cfg.rounds}")
-    elif main:
-        if os.path.exists(metrics_path):
-            os.remove(metrics_path)
+    if not prep.resume:
+        os.makedirs(out_dir, exist_ok=True)
+        _remove_leftovers(out_dir, also=RUN_FILES)  # replace: no file of the previous run may outlive it
+        launch.remove_shards(os.path.join(out_dir, "checkpoint.pt"))  # ... nor its checkpoint shards
+        _write_json(cfg_path, cfg.to_dict())  # first: a folder with config.json can always be resumed
+        prep.rewrite_config = False
+    else:
+        _remove_leftovers(out_dir)
+        launch.remove_shard_leftovers(os.path.join(out_dir, "checkpoint.pt"))
+    if not prep.resume or snap is None:
         _write_json(os.path.join(out_dir, "partition.json"), {
             "partition": fed.partition, "num_clients": len(fed.parts), "sizes": [len(p) for p in fed.parts],
             "label_histograms": fed.histograms.tolist() if fed.histograms is not None else None,
         })
-    if main:
+    if snap is not None:
+        _write_jsonl(metrics_path, [snap["initial"], *snap["metrics"]])  # drop the rounds after the checkpoint
+        log(f"resuming {out_dir} from round {snap['round']} (checkpoint), up to round {cfg.rounds}")
+    else:
+        if os.path.exists(metrics_path):
+            os.remove(metrics_path)
+        if prep.resume:
+            log(f"resuming {out_dir}: no checkpoint was written yet, starting from round 0")
+    if prep.rewrite_config:
         _write_json(cfg_path, cfg.to_dict())
 
-    status = {"diverged": None}
+
+def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optional[Callable] = None,
+                label: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
+    """Run a :class:`PreparedRun` into its folder; returns the summary (see :func:`run_experiment`)."""
+    cfg, out_dir, fed, model, algorithm, reg, snap = (prep.cfg, prep.out_dir, prep.fed, prep.model, prep.algorithm,
+                                                      prep.reg, prep.snap)
+    ds = fed.dataset
+    label = label or cfg.algorithm
+    ckpt_path = os.path.join(out_dir, "checkpoint.pt")
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    main = launch.is_main()  # under torchrun rank 0 alone writes the folder files and shows progress
+    launch.barrier()  # every rank has checked its inputs (prepare_run) before rank 0 writes anything
+    err = None
+    if main:
+        try:
+            _start_folder(prep, log)
+        except Exception as e:  # noqa: BLE001 - the other ranks stop too (launch.agree)
+            err = e
+    launch.agree(err)  # ... and the folder is ready before any rank writes a checkpoint shard
+    eval_fn = make_eval(ds, model, extra_eval)
+
+    status = {"diverged": None, "interrupted": False}
     metrics_file = open(metrics_path if main else os.devnull, "a")
     bar = Progress(cfg.rounds, initial=snap["round"] if snap else 0, desc=label, enabled=progress and main)
     kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
 
     def on_save(s):
         if s["round"] == 0:  # the starting point, before round 1
-            metrics_file.write(json.dumps(_clean(s["initial"])) + "\n")
-            metrics_file.flush()
+            _append_row(metrics_file, s["initial"])
 
     def per_round(t, state, m):
-        metrics_file.write(json.dumps(_clean(m)) + "\n")
-        metrics_file.flush()
+        _append_row(metrics_file, m)
         bar.update(t, m)
         x = algorithm.report(state, reg)
         what = None
@@ -413,6 +597,8 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     executor, executor_options = launch.executor_for(cfg.executor)
     hist = None
     t0 = time.perf_counter()
+    threads = apply_threads(cfg.threads, sum(p.numel() for p in model.parameters()), prep.device)
+    torch.set_rng_state(prep.torch_rng)  # as if the model had just been built (a comparison builds them all first)
     try:
         hist = simulate(algorithm, model, loss_function(ds.task), fed.clients, cfg.rounds, regularizer=reg,
                         batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn, callbacks=[per_round],
@@ -422,19 +608,24 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
                         executor=executor, executor_options=executor_options)
     except ckpt.Diverged as e:
         status["diverged"] = str(e)
+    except KeyboardInterrupt:
+        status["interrupted"] = True
     finally:
         bar.close()
         metrics_file.close()
-    status["diverged"] = launch.first_message(status["diverged"])  # every rank reports the same status
+    if not status["interrupted"]:  # every rank reports the same status (an interrupted peer may be gone)
+        status["diverged"] = launch.first_message(status["diverged"])
     run_seconds = time.perf_counter() - t0
 
-    rows = read_metrics(out_dir)
+    # rank 0 wrote metrics.jsonl; another rank (maybe on another node) has the same rows in memory
+    rows = read_metrics(out_dir) if main else ([hist.initial, *hist.metrics] if hist is not None else [])
     last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else {})
+    last_ckpt = saver.last_round if saver.last_round is not None else (int(snap["round"]) if snap else None)
     summary = {
         "label": label,
         "algorithm": algorithm.name,
         "hparams": algorithm.hparams(),
-        "status": "diverged" if status["diverged"] else "completed",
+        "status": "interrupted" if status["interrupted"] else "diverged" if status["diverged"] else "completed",
         "message": None,
         "rounds": cfg.rounds,
         "rounds_done": rows[-1]["round"] if rows else 0,
@@ -449,10 +640,20 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
         "dim": sum(p.numel() for p in model.parameters()),
         "executor": hist.executor if hist is not None else executor,
         "world_size": hist.world_size if hist is not None else launch.world_size(),
-        "threads": torch.get_num_threads(),
+        "threads": threads,
         "out_dir": out_dir,
-        "last_checkpoint_round": saver.last_round,
+        "last_checkpoint_round": last_ckpt,
+        "resume_command": resume_command(out_dir),
     }
+    if executor == "distributed":
+        summary["inner_executor"] = cfg.executor
+    if status["interrupted"]:
+        summary["message"] = (f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; "
+                              + (f"the last checkpoint is round {last_ckpt}, where the run resumes"
+                                 if last_ckpt is not None else "no checkpoint was written, so it restarts at round 0"))
+        if main:
+            _write_json(os.path.join(out_dir, "summary.json"), summary)
+        raise Interrupted(summary)
     if status["diverged"]:
         keep = (f"the last good checkpoint (round {saver.last_round}) is kept in {ckpt_path}"
                 if saver.last_round is not None else
@@ -460,47 +661,118 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
         summary["message"] = (f"{label} diverged at {status['diverged']}; the run was stopped and {keep}. "
                               f"Lower the step size (--lr, currently {cfg.lr:g}) or the local steps.")
     elif main:
-        torch.save({"params": hist.params.cpu(), "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}},
-                   os.path.join(out_dir, "model.pt"))
-    if executor == "distributed":
-        summary["inner_executor"] = cfg.executor
+        ckpt.atomic_save({"params": hist.params.cpu(),
+                          "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}},
+                         os.path.join(out_dir, "model.pt"))
     if main:
         _write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary
 
 
-def compare_experiments(cfg: Config, algorithms: Sequence[str], out_dir: str, *,
+def compare_resume_command(out_dir: str) -> str:
+    return f"python -m python_algos compare --resume {shlex.quote(out_dir)}"
+
+
+def _read_comparison(out_dir: str) -> dict:
+    path = os.path.join(out_dir, "comparison.json")
+    if not os.path.isfile(path):
+        hint = (f"; it is a single run: `{resume_command(out_dir)}`"
+                if os.path.isfile(os.path.join(out_dir, "config.json")) else "")
+        raise RunFolderError(f"cannot resume the comparison {out_dir}: it holds no comparison.json{hint}")
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        cfg = Config.from_dict(d["config"])
+        return {"config": cfg, "algorithms": list(d["algorithms"]), "alg_opts": dict(d.get("alg_opts") or {})}
+    except json.JSONDecodeError as e:
+        raise RunFolderError(f"{path}, line {e.lineno}: {e.msg}") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise RunFolderError(f"{path}: not a comparison written by `compare` ({e})") from None
+
+
+def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str]], out_dir: str, *,
                         alg_opts: Optional[dict] = None, progress: bool = True,
-                        extra_eval: Optional[Callable] = None, log: Callable[[str], None] = print) -> list:
+                        extra_eval: Optional[Callable] = None, log: Callable[[str], None] = print,
+                        resume: bool = False, rounds: Optional[int] = None, replace: bool = True) -> list:
     """Run each algorithm on the same split and the same initial model, in ``out_dir/<name>/``.
 
     ``alg_opts[name]`` overrides that algorithm's hyper-parameters (``cfg.alg_opts`` is ignored).
     The metric step s of ||G_s||² defaults to lr·K for every algorithm, so the stationarity
-    column is comparable. Writes ``comparison.json`` and ``comparison.md``; returns the summaries.
+    column is comparable. Every algorithm is checked before anything is written (an invalid one
+    raises ``ValueError`` naming it). ``resume=True`` continues the comparison in ``out_dir``
+    (``cfg``, ``algorithms``, ``alg_opts`` come from its ``comparison.json``; finished runs are
+    kept, the others resume from their checkpoints). Writes ``comparison.json`` and
+    ``comparison.md``; returns the summaries.
     """
-    alg_opts = alg_opts or {}
-    unknown = [a for a in algorithms if a.lower() not in ALGORITHMS]
-    if unknown:
-        raise ValueError(f"unknown algorithm(s) {unknown}; valid names: {', '.join(ALGORITHMS)}")
-    if cfg.metric_step is None:
-        cfg = cfg.replace(metric_step=cfg.lr * cfg.local_steps)
-    os.makedirs(out_dir, exist_ok=True)
+    if resume:
+        saved = _read_comparison(out_dir)
+        cfg, algorithms, alg_opts = saved["config"], saved["algorithms"], saved["alg_opts"]
+        if rounds is not None:
+            cfg = cfg.replace(rounds=rounds)
+    else:
+        alg_opts = alg_opts or {}
+        if rounds is not None:
+            cfg = cfg.replace(rounds=rounds)
+        unknown = [a for a in algorithms if a.lower() not in ALGORITHMS]
+        if unknown:
+            raise ConfigError("algorithm", " ".join(unknown), f"unknown algorithm(s); valid names: {', '.join(ALGORITHMS)}")
+        if cfg.metric_step is None:
+            cfg = cfg.replace(metric_step=cfg.lr * cfg.local_steps)
+        if not replace and os.path.isdir(out_dir) and os.listdir(out_dir):
+            raise RunFolderError(f"{out_dir} already holds files: continue a comparison there with "
+                                 f"`{compare_resume_command(out_dir)}`, or choose another --out (nothing was changed)")
+    cfg.check()
     fed = prepare_data(cfg.replace(algorithm=algorithms[0]))
+    plans, errors = {}, []
+    for name in algorithms:  # every check first, so an invalid algorithm leaves nothing behind
+        c = cfg.replace(algorithm=name, alg_opts=dict(alg_opts.get(name, {})))
+        run_dir = os.path.join(out_dir, name)
+        try:
+            done = None
+            if resume and os.path.isfile(os.path.join(run_dir, "summary.json")):
+                with open(os.path.join(run_dir, "summary.json")) as f:
+                    done = json.load(f)
+                if done.get("status") != "completed" or done.get("rounds") != c.rounds:
+                    done = None
+            if done is not None:
+                plans[name] = done
+            elif resume and os.path.isfile(os.path.join(run_dir, "config.json")):
+                plans[name] = prepare_run(None, run_dir, fed=fed, resume=True, rounds=c.rounds)
+            else:
+                plans[name] = prepare_run(c, run_dir, fed=fed, replace=True)
+        except (ValueError, json.JSONDecodeError) as e:
+            errors.append(f"{name}: {e}")
+    if errors:
+        raise ValueError(("; ".join(errors)) + " (nothing was written)")
+    launch.barrier()  # under torchrun: every rank has checked everything before rank 0 writes
+    main = launch.is_main()
+    if main:
+        os.makedirs(out_dir, exist_ok=True)
+    record = {"config": cfg.to_dict(), "algorithms": list(algorithms), "alg_opts": alg_opts}
+
+    def write_record(summaries):
+        if main:
+            _write_json(os.path.join(out_dir, "comparison.json"), {**record, "runs": summaries})
+
+    write_record([])
     summaries = []
     for name in algorithms:
-        c = cfg.replace(algorithm=name, alg_opts=dict(alg_opts.get(name, {})))
+        plan = plans[name]
+        if isinstance(plan, dict):
+            log(f"{name}: already completed in {plan.get('out_dir')}, kept")
+            summaries.append(plan)
+            continue
         try:
-            summaries.append(run_experiment(c, os.path.join(out_dir, name), fed=fed, progress=progress,
-                                            extra_eval=extra_eval, label=name, log=log))
-        except ValueError as e:  # e.g. a step rule the algorithm's validate rejects: skip it, say why
-            summaries.append({"label": name, "status": "invalid", "message": f"{name}: {e}", "final": {},
-                              "elapsed": None, "rounds_done": 0, "out_dir": os.path.join(out_dir, name)})
+            summaries.append(execute_run(plan, progress=progress, extra_eval=extra_eval, label=name, log=log))
+        except Interrupted as e:
+            e.summary["resume_command"] = compare_resume_command(out_dir)
+            write_record(summaries + [e.summary])
+            raise
         if summaries[-1]["status"] != "completed":
             log(summaries[-1]["message"])
-    if launch.is_main():
-        _write_json(os.path.join(out_dir, "comparison.json"), {"config": cfg.to_dict(), "runs": summaries})
-        with open(os.path.join(out_dir, "comparison.md"), "w") as f:
-            f.write(comparison_table(summaries, cfg.metric_step) + "\n")
+    write_record(summaries)
+    if main:
+        _atomic_text(os.path.join(out_dir, "comparison.md"), comparison_table(summaries, cfg.metric_step) + "\n")
     return summaries
 
 

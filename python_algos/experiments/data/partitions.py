@@ -1,4 +1,4 @@
-"""Client partitions of a data set (ALGORITHMS.md §1.4). Every function returns one sorted int64
+"""Client partitions of a data set (docs/algorithms.md §1.4). Every function returns one sorted int64
 index array per client, is seeded, and gives the same split for the same arguments.
 
 * :func:`iid` — a random permutation cut into N near-equal parts.
@@ -49,7 +49,7 @@ def iid(n: int, num_clients: int, seed: int = 0) -> list[np.ndarray]:
 
 def dirichlet(labels, num_clients: int, eta: float, seed: int = 0, min_size: int = 10, balance: bool = True,
               max_tries: int = 1000) -> list[np.ndarray]:
-    """Dirichlet label skew Dir(eta) (ALGORITHMS.md §1.4).
+    """Dirichlet label skew Dir(eta) (docs/algorithms.md §1.4).
 
     For each class c (each distinct value of ``labels``; pass writer ids for FEMNIST's Dirichlet
     over writers), draw p_c ~ Dir(eta·1_N) and give client i the share p_{c,i} of that class's

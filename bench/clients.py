@@ -1,0 +1,145 @@
+"""Client-executor workloads for the clients table and the pytest-benchmark suite.
+
+One round of FedAvg or FedCanon over N clients x K local steps (batch B), run by
+
+* ``sequential``  python_algos' SequentialClients (one client after another on one module),
+* ``batched``     python_algos' BatchedClients (vectorized passes over client chunks),
+* ``loop``        a plain PyTorch FedAvg loop: per client ``copy.deepcopy(model)`` + ``torch.optim.SGD``
+                  (what most FL code does; the reference a user would write),
+
+and the **FLOP floor**: the round's forward+backward FLOPs (``torch.utils.flop_counter`` on one
+client step, x N x K) at the batched-matmul rate measured in the same run.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import python_algos as pa
+from python_algos.experiments.models import CNN, MLP
+
+__all__ = ["MODELS", "make_model", "make_clients", "time_executor", "time_plain_loop", "flops_per_step",
+           "bmm_rate", "ALGORITHMS"]
+
+IN_SHAPE = (1, 28, 28)  # MNIST-shaped inputs (784 features)
+
+
+class LogReg(nn.Module):
+    """Multinomial logistic regression on 784 features (7,850 parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(784, 10)
+
+    def forward(self, x):
+        return self.lin(torch.flatten(x, 1))
+
+
+MODELS: Dict[str, Callable[[], nn.Module]] = {"logreg": LogReg, "mlp": MLP, "cnn": CNN}
+
+ALGORITHMS: Dict[str, Callable[[float, int], pa.Algorithm]] = {
+    "FedAvg": lambda lr, K: pa.FedAvg(lr_local=lr, local_steps=K),
+    "FedCanon": lambda lr, K: pa.FedCanon(alpha=lr * K, beta=lr, local_steps=K),
+}
+
+
+def make_model(name: str, device="cpu", seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return MODELS[name]().to(device)
+
+
+def make_clients(num_clients: int, samples: int = 256, device="cpu", seed: int = 0) -> List[tuple]:
+    """MNIST-shaped synthetic clients: x = mean[y] + noise (float32), labels skewed per client."""
+    g = torch.Generator().manual_seed(seed)
+    means = torch.randn(10, *IN_SHAPE, generator=g)
+    out = []
+    for i in range(num_clients):
+        y = (torch.randint(0, 10, (samples,), generator=g) + i) % 10
+        X = means[y] + torch.randn(samples, *IN_SHAPE, generator=g)
+        out.append((X.to(device), y.to(device)))
+    return out
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_executor(model_name: str, algorithm: str, clients, executor: str, *, K: int = 10, batch: int = 32,
+                  rounds: int = 2, lr: float = 0.01, device="cpu") -> dict:
+    """Seconds per round (median of the rounds after the first, which pays first-call costs) of
+    ``algorithm`` on ``executor``; also the forward/backward share."""
+    model = make_model(model_name, device)
+    alg = ALGORITHMS[algorithm](lr, K)
+    hist = pa.simulate(alg, model, F.cross_entropy, clients, rounds, batch_size=batch, metrics_every=0,
+                       executor=executor)
+    _sync(device)
+    rows = hist.metrics[1:] if len(hist.metrics) > 1 else hist.metrics
+    return {"s_per_round": statistics.median(r["wall_time"] for r in rows),
+            "fwd_bwd_s": statistics.median(r["fwd_bwd_time"] for r in rows),
+            "params": hist.params}
+
+
+def time_plain_loop(model_name: str, clients, *, K: int = 10, batch: int = 32, rounds: int = 2, lr: float = 0.01,
+                    device="cpu") -> dict:
+    """FedAvg as a plain PyTorch loop (deepcopy + SGD per client, same per-client minibatch draws as
+    python_algos: client i's generator is seeded by python_algos.clients.seeds)."""
+    model = make_model(model_name, device)
+    gens = pa.clients.client_generators(0, len(clients))
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        total = [torch.zeros_like(p) for p in model.parameters()]
+        for i, (X, y) in enumerate(clients):
+            local = copy.deepcopy(model)
+            opt = torch.optim.SGD(local.parameters(), lr=lr)
+            for _ in range(K):
+                idx = torch.randperm(X.shape[0], generator=gens[i])[:batch].to(X.device)
+                opt.zero_grad()
+                F.cross_entropy(local(X[idx]), y[idx]).backward()
+                opt.step()
+            with torch.no_grad():
+                for t, p in zip(total, local.parameters()):
+                    t.add_(p)
+        with torch.no_grad():
+            for p, t in zip(model.parameters(), total):
+                p.copy_(t.div_(len(clients)))
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    rows = times[1:] if len(times) > 1 else times
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return {"s_per_round": statistics.median(rows), "params": params}
+
+
+def flops_per_step(model_name: str, batch: int = 32) -> int:
+    """Forward + backward FLOPs of one client step (batch ``batch``), counted by torch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = make_model(model_name)
+    X = torch.randn(batch, *IN_SHAPE)
+    y = torch.randint(0, 10, (batch,))
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(X), y).backward()
+    return int(counter.get_total_flops())
+
+
+def bmm_rate(device="cpu", c: int = 64, repeats: int = 5) -> float:
+    """FLOP/s of ``torch.bmm`` on the MLP's first-layer shapes per client ([c, 32, 784] x [c, 784, 128])."""
+    a = torch.randn(c, 32, 784, device=device)
+    b = torch.randn(c, 784, 128, device=device)
+    torch.bmm(a, b)
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.bmm(a, b)
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * c * 32 * 784 * 128 / best

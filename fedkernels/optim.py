@@ -1,0 +1,202 @@
+"""Proximal optimizers for your own training loop (the ``torch.optim`` interface).
+
+    opt = fk.optim.ProxSGD(model.parameters(), lr=0.1, regularizer=fk.L1(1e-3), momentum=0.9)
+    loss.backward(); opt.step(); opt.zero_grad()     # SGD step, then x <- prox_{lr h}(x)
+
+    opt = fk.optim.Proximal(torch.optim.Adam(model.parameters(), lr=1e-3), fk.L1(1e-3))
+
+``ProxSGD``'s step is exactly ``torch.optim.SGD``'s step followed by the prox of ``lr * h`` on
+every parameter of the group that has a gradient (h applied to each parameter tensor: h(x) = sum_p h(p)). A param
+group may carry its own ``regularizer`` (``None``: no prox for that group, e.g. biases).
+
+``Proximal`` applies the prox after *any* optimizer's step at each group's ``lr``. For adaptive
+methods (Adam, RMSprop, Adagrad) this is the usual heuristic, not an exact proximal method: the
+step taken is ``lr`` scaled per coordinate by the optimizer's preconditioner, while the prox uses
+the plain ``lr``.
+
+Separable penalties (L1, ElasticNet, MCP, SCAD, NonNeg, scalar Box, and their scalings) are
+applied with one fused call per parameter, or with one call over the whole flat buffer when the
+group's parameters are consecutive views of one buffer (``fk.FlatParams``). Non-separable ones
+(L2Ball) and tensor-bound Boxes are applied per parameter tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .regularizers import Regularizer
+
+__all__ = ["ProxSGD", "Proximal"]
+
+
+def _check_regularizer(reg, where: str):
+    if reg is not None and not isinstance(reg, Regularizer):
+        raise TypeError(f"{where} must be a fedkernels Regularizer or None, got {type(reg).__name__}")
+    return reg
+
+
+def _flat_span(params: list) -> Optional[torch.Tensor]:
+    """One [n] tensor covering ``params`` if they are consecutive, contiguous pieces of one buffer
+    (``fk.FlatParams`` views) in group order; else None."""
+    if len(params) < 2:
+        return None
+    first = params[0]
+    storage = first.untyped_storage()
+    ptr, offset, dtype = storage.data_ptr(), first.storage_offset(), first.dtype
+    nxt = offset
+    for p in params:
+        if (p.dtype != dtype or not p.is_contiguous() or p.untyped_storage().data_ptr() != ptr
+                or p.storage_offset() != nxt):
+            return None
+        nxt += p.numel()
+    span = torch.empty(0, dtype=dtype, device=first.device)
+    span.set_(storage, offset, (nxt - offset,), (1,))
+    return span
+
+
+class _ProxMixin:
+    """The prox pass shared by both optimizers; ``self._default_reg`` is the group fallback."""
+
+    def _prox_groups(self) -> None:
+        compiling = torch.compiler.is_compiling()
+        with torch.no_grad():
+            for group in self.param_groups:
+                reg = group.get("regularizer", self._default_reg)
+                if reg is None:
+                    continue
+                lr = group["lr"]
+                lr = float(lr) if isinstance(lr, torch.Tensor) else lr
+                params = [p for p in group["params"] if p.grad is not None]  # those SGD stepped
+                if not params:
+                    continue
+                # Eager: the low-overhead kernel path (fk.raw) and, for separable penalties, one call
+                # over the FlatParams buffer. Under torch.compile: the registered ops, per parameter,
+                # so the graph sees every in-place write.
+                if not compiling and reg.spec(lr) is not None:
+                    span = _flat_span(params)
+                    if span is not None:
+                        reg.prox_(span, lr, fast=True)
+                        continue
+                for p in params:
+                    reg.prox_(p, lr, fast=not compiling)
+
+    # state_dict: regularizer objects are not tensors (torch.load(weights_only=True) refuses custom
+    # classes), so a saved group records only its regularizer's repr; loading keeps this
+    # optimizer's own regularizers and checks they describe the same penalties.
+    @staticmethod
+    def _reg_repr(reg) -> str:
+        return repr(reg)
+
+    def _strip(self, sd: dict) -> dict:
+        for g in sd["param_groups"]:
+            if "regularizer" in g:
+                g["regularizer"] = self._reg_repr(g["regularizer"])
+        return sd
+
+    def _check_and_restore(self, saved_groups: list, regs: list) -> None:
+        for i, (g, reg) in enumerate(zip(saved_groups, regs)):
+            if "regularizer" in g and g["regularizer"] != self._reg_repr(reg):
+                raise ValueError(f"state_dict param group {i} was saved with regularizer {g['regularizer']}, "
+                                 f"this optimizer has {reg!r}; build it with the same regularizer")
+
+    def _regs(self) -> list:
+        return [g.get("regularizer", self._default_reg) for g in self.param_groups]
+
+
+class ProxSGD(_ProxMixin, torch.optim.SGD):
+    """Proximal SGD: ``torch.optim.SGD``'s step (momentum, dampening, Nesterov, weight decay as
+    there) followed by x <- prox_{lr h}(x) for each param group's regularizer h.
+
+    Args:
+        params: parameters or param-group dicts; a group may set ``"regularizer"`` (``None``: no prox).
+        lr: learning rate (also the prox step).
+        regularizer: the default h for groups that do not set one (``None``: plain SGD).
+        momentum, dampening, nesterov, weight_decay: as in ``torch.optim.SGD``.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, regularizer: Optional[Regularizer] = None, momentum: float = 0,
+                 dampening: float = 0, nesterov: bool = False, weight_decay: float = 0, **sgd_kwargs):
+        self._default_reg = _check_regularizer(regularizer, "regularizer")
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
+                         weight_decay=weight_decay, **sgd_kwargs)
+        for i, g in enumerate(self.param_groups):
+            g.setdefault("regularizer", self._default_reg)
+            _check_regularizer(g["regularizer"], f"param group {i}'s regularizer")
+
+    def add_param_group(self, param_group: dict) -> None:
+        if hasattr(self, "_default_reg"):
+            param_group.setdefault("regularizer", self._default_reg)
+            _check_regularizer(param_group["regularizer"], "param_group['regularizer']")
+        super().add_param_group(param_group)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = super().step(closure)
+        self._prox_groups()
+        return loss
+
+    def state_dict(self):
+        return self._strip(super().state_dict())
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        regs = self._regs()
+        self._check_and_restore(state_dict["param_groups"], regs)
+        super().load_state_dict(state_dict)
+        for g, reg in zip(self.param_groups, regs):
+            g["regularizer"] = reg
+
+
+class Proximal(_ProxMixin, torch.optim.Optimizer):
+    """``base_optimizer``'s step followed by x <- prox_{lr h}(x) at each group's ``lr``.
+
+    Shares ``param_groups`` and ``state`` with the base optimizer, so LR schedulers built on
+    this object (or on the base) change the step the prox uses too. A base param group may set
+    its own ``"regularizer"`` (``None``: no prox). With adaptive optimizers (Adam, ...) this is
+    the usual heuristic, not an exact proximal-gradient method (see the module docstring).
+    """
+
+    def __init__(self, base_optimizer: torch.optim.Optimizer, regularizer: Optional[Regularizer]):
+        if not isinstance(base_optimizer, torch.optim.Optimizer):
+            raise TypeError(f"base_optimizer must be a torch.optim.Optimizer, got {type(base_optimizer).__name__}")
+        self._default_reg = _check_regularizer(regularizer, "regularizer")
+        for i, g in enumerate(base_optimizer.param_groups):
+            _check_regularizer(g.get("regularizer"), f"param group {i}'s regularizer")
+        self.base = base_optimizer
+        # The base's group dicts are registered as-is (add_param_group keeps the dict objects), so
+        # both optimizers see one set of hyper-parameters; the state is the base's.
+        super().__init__(base_optimizer.param_groups, base_optimizer.defaults)
+        self.state = base_optimizer.state
+
+    def add_param_group(self, param_group: dict) -> None:
+        if hasattr(self, "base") and not any(param_group is g for g in self.base.param_groups):
+            self.base.add_param_group(param_group)
+        super().add_param_group(param_group)
+
+    def step(self, closure=None):
+        loss = self.base.step(closure)
+        self._prox_groups()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.base.zero_grad(set_to_none)
+
+    def state_dict(self):
+        return self._strip(self.base.state_dict())
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        regs = self._regs()
+        self._check_and_restore(state_dict["param_groups"], regs)
+        had = [("regularizer" in g, g.get("regularizer")) for g in self.base.param_groups]
+        self.base.load_state_dict(state_dict)
+        for g, (has, reg) in zip(self.base.param_groups, had):
+            if has:
+                g["regularizer"] = reg
+            else:
+                g.pop("regularizer", None)
+        self.param_groups[:] = self.base.param_groups
+        self.state = self.base.state
+
+    def __repr__(self):
+        return f"Proximal({self.base!r}, regularizer={self._default_reg!r})"

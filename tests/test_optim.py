@@ -1,0 +1,206 @@
+"""fk.optim.ProxSGD / Proximal against torch.optim.SGD (or Adam) followed by a plain-torch prox."""
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+import fedkernels as fk
+
+
+def soft(x, t):  # plain-torch prox of t * ||.||_1
+    return torch.sign(x) * torch.clamp(x.abs() - t, min=0)
+
+
+def scad_prox(x, step, lam, a):  # plain-torch SCAD prox, valid for step < a - 1 (the four-piece form)
+    t = x.abs()
+    s = torch.sign(x)
+    p1 = s * torch.clamp(t - step * lam, min=0)
+    p2 = ((a - 1) * x - s * step * a * lam) / (a - 1 - step)
+    return torch.where(t <= (1 + step) * lam, p1, torch.where(t <= a * lam, p2, x))
+
+
+def make_model(dtype, seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2)).to(dtype)
+
+
+def data(dtype):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(16, 5, generator=g, dtype=dtype), torch.randn(16, 2, generator=g, dtype=dtype)
+
+
+def loss_of(model, X, y):
+    return ((model(X) - y) ** 2).mean()
+
+
+def train(model, opt, X, y, steps=6, flat=None):
+    for _ in range(steps):
+        if flat is not None:
+            flat.zero_grad()
+        else:
+            opt.zero_grad()
+        loss_of(model, X, y).backward()
+        opt.step()
+
+
+def reference(model, X, y, lr, prox_fn, steps=6, per_group=None, **sgd):
+    """torch.optim.SGD step, then prox_fn(param, lr) on every parameter with a gradient."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, **sgd)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss_of(model, X, y).backward()
+        opt.step()
+        with torch.no_grad():
+            for i, p in enumerate(model.parameters()):
+                fn = prox_fn if per_group is None else per_group(i)
+                if fn is not None:
+                    p.copy_(fn(p, lr))
+
+
+SGD_SETTINGS = [{}, {"momentum": 0.9}, {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-2},
+                {"momentum": 0.5, "dampening": 0.3}]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("sgd", SGD_SETTINGS)
+@pytest.mark.parametrize("flat", [False, True])
+def test_proxsgd_matches_sgd_then_l1_prox(dtype, sgd, flat):
+    X, y = data(dtype)
+    ref = make_model(dtype)
+    reference(ref, X, y, 0.1, lambda p, lr: soft(p, lr * 0.5), **sgd)
+    model = make_model(dtype)
+    fp = fk.FlatParams(model) if flat else None
+    opt = fk.optim.ProxSGD(model.parameters(), lr=0.1, regularizer=fk.L1(0.5), **sgd)
+    train(model, opt, X, y, flat=fp)
+    tol = 1e-6 if dtype == torch.float32 else 1e-13
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=tol, atol=tol)
+    assert sum(int((p == 0).sum()) for p in model.parameters()) > 0  # the prox produced exact zeros
+
+
+def test_flat_params_get_one_call_per_group():
+    model = make_model(torch.float32)
+    fp = fk.FlatParams(model)
+    opt = fk.optim.ProxSGD(model.parameters(), lr=0.1, regularizer=fk.SCAD(0.05))
+    X, y = data(torch.float32)
+    fp.zero_grad()
+    loss_of(model, X, y).backward()
+    with fk.prox_stats() as stats:
+        opt.step()
+    assert stats.calls == 1
+    plain = make_model(torch.float32)
+    opt2 = fk.optim.ProxSGD(plain.parameters(), lr=0.1, regularizer=fk.SCAD(0.05))
+    loss_of(plain, X, y).backward()
+    with fk.prox_stats() as stats2:
+        opt2.step()
+    # one pass over the flat buffer vs one per tensor
+    assert stats2.calls == len(list(plain.parameters()))
+
+
+def test_per_group_regularizer_and_none():
+    X, y = data(torch.float64)
+    ref = make_model(torch.float64)
+    reference(ref, X, y, 0.2, None, per_group=lambda i: (lambda p, lr: scad_prox(p, lr, 0.1, 3.7)) if i % 2 == 0 else None,
+              momentum=0.9)
+    model = make_model(torch.float64)
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    opt = fk.optim.ProxSGD([{"params": weights}, {"params": biases, "regularizer": None}], lr=0.2,
+                           regularizer=fk.SCAD(0.1), momentum=0.9)
+    train(model, opt, X, y)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+def test_no_regularizer_is_plain_sgd():
+    X, y = data(torch.float64)
+    ref = make_model(torch.float64)
+    reference(ref, X, y, 0.1, None, momentum=0.9, per_group=lambda i: None)
+    model = make_model(torch.float64)
+    train(model, fk.optim.ProxSGD(model.parameters(), lr=0.1, momentum=0.9), X, y)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_state_dict_round_trip_continues_identically():
+    X, y = data(torch.float64)
+    a = make_model(torch.float64)
+    opt_a = fk.optim.ProxSGD(a.parameters(), lr=0.1, regularizer=fk.L1(0.02), momentum=0.9)
+    train(a, opt_a, X, y, steps=3)
+    buf = io.BytesIO()
+    torch.save({"model": a.state_dict(), "opt": opt_a.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)  # no custom classes inside
+    b = make_model(torch.float64, seed=5)
+    b.load_state_dict(saved["model"])
+    opt_b = fk.optim.ProxSGD(b.parameters(), lr=0.1, regularizer=fk.L1(0.02), momentum=0.9)
+    opt_b.load_state_dict(saved["opt"])
+    assert opt_b.param_groups[0]["regularizer"].kappa == 0.02
+    train(a, opt_a, X, y, steps=3)
+    train(b, opt_b, X, y, steps=3)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+    with pytest.raises(ValueError, match="regularizer"):
+        fk.optim.ProxSGD(b.parameters(), lr=0.1, regularizer=fk.SCAD(0.02)).load_state_dict(saved["opt"])
+
+
+def test_bad_regularizer_named():
+    model = make_model(torch.float32)
+    with pytest.raises(TypeError, match="regularizer"):
+        fk.optim.ProxSGD(model.parameters(), lr=0.1, regularizer="l1")
+    with pytest.raises(TypeError, match="base_optimizer"):
+        fk.optim.Proximal("adam", fk.L1(0.1))
+
+
+def test_proximal_wraps_adam_at_group_lr_and_follows_scheduler():
+    X, y = data(torch.float64)
+    ref = make_model(torch.float64)
+    ropt = torch.optim.Adam(ref.parameters(), lr=0.05)
+    rsched = torch.optim.lr_scheduler.StepLR(ropt, step_size=2, gamma=0.5)
+    model = make_model(torch.float64)
+    opt = fk.optim.Proximal(torch.optim.Adam(model.parameters(), lr=0.05), fk.L1(0.1))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    for _ in range(5):
+        ropt.zero_grad()
+        loss_of(ref, X, y).backward()
+        ropt.step()
+        with torch.no_grad():
+            lr = ropt.param_groups[0]["lr"]
+            for p in ref.parameters():
+                p.copy_(soft(p, lr * 0.1))
+        rsched.step()
+        opt.zero_grad()
+        loss_of(model, X, y).backward()
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == opt.base.param_groups[0]["lr"] == 0.05 * 0.25
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+    sd = copy.deepcopy(opt.state_dict())
+    opt2 = fk.optim.Proximal(torch.optim.Adam(make_model(torch.float64).parameters(), lr=0.05), fk.L1(0.1))
+    opt2.load_state_dict(sd)
+    assert opt2.base.state_dict()["state"][0]["step"] == sd["state"][0]["step"]
+
+
+def test_compiled_training_step_matches_eager():
+    X, y = data(torch.float32)
+    eager = make_model(torch.float32)
+    opt_e = fk.optim.ProxSGD(eager.parameters(), lr=0.1, regularizer=fk.L1(0.05), momentum=0.9)
+    train(eager, opt_e, X, y, steps=3)
+
+    model = make_model(torch.float32)
+    opt = fk.optim.ProxSGD(model.parameters(), lr=0.1, regularizer=fk.L1(0.05), momentum=0.9)
+
+    @torch.compile(backend="eager")
+    def step():
+        opt.step()
+
+    for _ in range(3):
+        opt.zero_grad()
+        loss_of(model, X, y).backward()
+        step()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
