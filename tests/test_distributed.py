@@ -190,7 +190,67 @@ def test_torchrun_cli_matches_one_process(depositum_runs):
     assert summary["executor"] == "distributed" and summary["world_size"] == 2 and summary["status"] == "completed"
     rounds = [json.loads(line)["round"] for line in (base / "two" / "metrics.jsonl").read_text().splitlines()]
     assert rounds == list(range(9))  # rank 0 alone writes
+    assert summary["inner_executor"] == "sequential"
+    assert sorted(os.listdir(base / "two")) == ["checkpoint.pt", "checkpoint.pt.shards", "config.json", "metrics.jsonl",
+                                                "model.pt", "partition.json", "summary.json"]
     assert sorted(os.listdir(base / "two" / "checkpoint.pt.shards")) == ["round8.rank0-of-2.pt", "round8.rank1-of-2.pt"]
+
+
+def _folder_state(path) -> dict:
+    import hashlib
+
+    out = {}
+    for root, _, files in os.walk(path):
+        for f in files:
+            with open(os.path.join(root, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(root, f), path)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+@pytest.mark.slow
+def test_a_missing_shard_is_named_and_nothing_changes(depositum_runs, tmp_path, capsys):
+    from python_algos.experiments.cli import main
+
+    base, _ = depositum_runs
+    run = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(base / "two"), str(run)], check=True)
+    (run / "checkpoint.pt.shards" / "round8.rank1-of-2.pt").unlink()
+    before = _folder_state(run)
+    assert main(["run", "--resume", str(run), "--rounds", "10", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "round8.rank1-of-2.pt, which is missing" in err and "restore it from a copy" in err, err
+    assert _folder_state(run) == before
+
+
+@pytest.mark.slow
+def test_an_invalid_setting_under_torchrun_stops_every_rank_before_any_write(tmp_path):
+    """Found by every rank's checks (after joining the group): each rank exits with its numbered
+    error (status 1, not an abort), and no folder is created."""
+    out = tmp_path / "bad"
+    p = subprocess.run([*_torchrun("--standalone", "--nproc-per-node", "2"), *CLI, "-a", "fedavg",
+                        "--clients-per-round", "50", "--out", str(out)],
+                       env=_env(), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert p.returncode != 0
+    for r in range(2):
+        assert f"error on rank {r} of 2: --clients-per-round 50" in p.stderr, p.stderr[-3000:]
+    assert "exitcode  : 1" in p.stderr and "SIGABRT" not in p.stderr, p.stderr[-3000:]
+    assert not out.exists()
+
+
+def test_workers_launcher_checks_the_settings_before_starting_processes(tmp_path, capsys):
+    from python_algos.experiments.cli import main
+
+    out = tmp_path / "bad"
+    assert main([*CLI, "-a", "fedavg", "--lr", "-1", "--workers", "2", "--out", str(out)]) == 1
+    assert "--lr -1" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_distributed_is_not_an_executor_setting():
+    from python_algos.experiments.config import Config, ConfigError
+
+    with pytest.raises(ConfigError, match="--executor distributed: .*--workers P or torchrun"):
+        Config.from_dict({"executor": "distributed"})
 
 
 @pytest.mark.slow
