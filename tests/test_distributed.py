@@ -196,6 +196,19 @@ def test_torchrun_cli_matches_one_process(depositum_runs):
     assert sorted(os.listdir(base / "two" / "checkpoint.pt.shards")) == ["round8.rank0-of-2.pt", "round8.rank1-of-2.pt"]
 
 
+@pytest.mark.slow
+def test_compare_under_torchrun_matches_one_process(tmp_path):
+    args = ["compare", *CLI[1:], "-a", "fedavg", "scaffold", "-T", "3"]
+    _run([sys.executable, "-m", "python_algos", *args, "--out", str(tmp_path / "one")])
+    p = _run([*_torchrun("--standalone", "--nproc-per-node", "2"), *args, "--out", str(tmp_path / "two")])
+    assert p.stdout.count("comparing fedavg, scaffold") == 1  # rank 0 alone prints
+    runs = json.loads((tmp_path / "two" / "comparison.json").read_text())["runs"]
+    assert [(r["label"], r["world_size"], r["status"]) for r in runs] == [("fedavg", 2, "completed"),
+                                                                         ("scaffold", 2, "completed")]
+    for name in ("fedavg", "scaffold"):
+        assert rel(_params(tmp_path / "two" / name), _params(tmp_path / "one" / name)) <= 1e-12, name
+
+
 def _folder_state(path) -> dict:
     import hashlib
 
@@ -297,3 +310,20 @@ def test_workers_flag_and_resume_on_other_world_sizes(tmp_path):
     assert rel(_params(tmp_path / "w2"), ref) <= 1e-12
     assert rel(_params(tmp_path / "w2b"), ref) <= 1e-12
     assert json.loads((tmp_path / "w2" / "summary.json").read_text())["world_size"] == 3
+
+
+@pytest.mark.slow
+def test_distributed_table_smoke(tmp_path):
+    """The benchmark end to end on a tiny grid: the 2-rank model equals the one-process one and each
+    rank hands torch.distributed exactly one d-vector of float32 per FedAvg round."""
+    sys.path.insert(0, ROOT)
+    from bench import distributed_table as B
+
+    out = tmp_path / "t.md"
+    B.main(["--clients", "3", "--samples", "8", "-K", "1", "--rounds", "2", "--memory-clients", "--algorithms",
+            "FedAvg", "--executors", "sequential", "--out", str(out)])
+    res = json.loads((tmp_path / "t.json").read_text())
+    (cell,) = res["cells"]
+    assert cell["p2_sent_bytes"] == res["dim"] * 4
+    assert cell["p2_rel_dev"] <= 1e-6
+    assert "| FedAvg | sequential |" in out.read_text()

@@ -400,14 +400,17 @@ def cmd_run(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    from . import launch
     from .runner import Config, comparison_table, compare_experiments
 
+    main = launch.is_main()
+    say = print if main else _quiet  # under torchrun rank 0 alone prints
     if args.resume:
         _resume_flags_check(args)
         out = args.resume
-        print(f"resuming the comparison in {out}")
+        say(f"resuming the comparison in {out}")
         summaries = compare_experiments(None, None, out, resume=True, rounds=getattr(args, "rounds", None),
-                                        progress=not args.no_progress)
+                                        progress=not args.no_progress and main, log=say)
         with open(os.path.join(out, "comparison.json")) as f:
             step = json.load(f)["config"]["metric_step"]
     else:
@@ -419,15 +422,17 @@ def cmd_compare(args) -> int:
             cfg = Config.from_dict(merged)
         except ValueError as e:
             raise _in_terms_of(args, e) from None
-        out = _out_dir(args, "compare")
-        print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
+        out = launch.agree_on(_out_dir(args, "compare") if main else None, cfg.device)  # rank 0's folder
+        say(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
               f"{cfg.model}, h={cfg.reg}; results -> {out}")
         try:
-            summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not args.no_progress,
-                                            replace=not (args.out or getattr(args, "name", None)))
+            summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not args.no_progress and main,
+                                            replace=not (args.out or getattr(args, "name", None)), log=say)
         except ValueError as e:
             raise _in_terms_of(args, e) from None
         step = cfg.metric_step if cfg.metric_step is not None else cfg.lr * cfg.local_steps
+    if not main:
+        return 3 if any(s["status"] == "diverged" for s in summaries) else 0
     print(comparison_table(summaries, step))
     print(f"results written to {out}  (plot: python -m python_algos plot {shlex.quote(out)})")
     return 3 if any(s["status"] == "diverged" for s in summaries) else 0
