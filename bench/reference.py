@@ -3,7 +3,7 @@
 These are written the way a typical PyTorch user writes them (and the way the FedCanon authors
 timed them for their Table I): composed elementwise torch ops, ``torch.where`` chains and
 ``sign * clamp``, out of place, one call per parameter tensor. They implement the valid-regime
-closed forms of ALGORITHMS.md §2 (MCP needs ``step < gamma``, SCAD needs ``step < a - 1``;
+closed forms of docs/algorithms.md §2 (MCP needs ``step < gamma``, SCAD needs ``step < a - 1``;
 ``check_regime`` asserts it) and double as readable references for the kernels.
 
 Three forms of each prox:
@@ -69,7 +69,7 @@ def check_regime(kind: str, step: float, p1: float, p2: float) -> None:
 
 
 # --------------------------------------------------------------------------- #
-# Per-tensor formulas (ALGORITHMS.md §2.1, §2.3, §2.4), out of place
+# Per-tensor formulas (docs/algorithms.md §2.1, §2.3, §2.4), out of place
 # --------------------------------------------------------------------------- #
 
 

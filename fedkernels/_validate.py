@@ -79,7 +79,7 @@ def kind_code(kind) -> int:
 
 
 def prox_params(kind: str, p1, p2) -> tuple[float, float]:
-    """Validate a separable penalty's parameters (ALGORITHMS.md §2)."""
+    """Validate a separable penalty's parameters (docs/algorithms.md §2)."""
     names = PARAM_NAMES[kind]
     if kind == "l1":
         return nonneg(names[0], p1), 0.0

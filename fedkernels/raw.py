@@ -270,7 +270,7 @@ MOMENTUM = ("shb", "snag")
 def depositum_step_(x: torch.Tensor, m: torch.Tensor, y: torch.Tensor, alpha: float, beta: float,
                     kind: str, step: float, p1: float = 0.0, p2: float = 0.0, *,
                     momentum: str = "shb", normalized: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """DEPOSITUM momentum + direction + prox (ALGORITHMS.md §4.5, eqs. 10-12a before mixing):
+    """DEPOSITUM momentum + direction + prox (docs/algorithms.md §4.5, eqs. 10-12a before mixing):
 
         m <- beta * m + w * y          (w = 1 - beta if normalized, else 1; ambiguity A1)
         dir = m (SHB) | beta * m + w * y (SNAG)

@@ -1,4 +1,4 @@
-"""Regularizer objects h for composite objectives f(x) + h(x) (ALGORITHMS.md §2).
+"""Regularizer objects h for composite objectives f(x) + h(x) (docs/algorithms.md §2).
 
 Each regularizer knows its value, its weak-convexity modulus ``rho`` (h + rho/2 ||.||^2 is convex)
 and its prox:

@@ -45,7 +45,7 @@ import fedkernels as fk
 
 from .algorithms.base import Algorithm
 from .algorithms.steps import prox
-from .clients import ClientSet, resolve_executor
+from .clients import EXECUTORS, ClientSet, resolve_executor
 from .clients.base import seeds
 
 __all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity"]
@@ -187,7 +187,8 @@ def simulate(
         model: the ``nn.Module``. Its trainable parameters become views of flat buffers
             (``fk.FlatParams``); on return the model holds ``History.params``.
         loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss.
-        clients: one ``(X, y)`` pair of tensors (or Dataset) per client. Floating-point data
+        clients: one client each: an ``(X, y)`` pair of tensors, a ``Dataset`` (read lazily) or a
+            ``DataLoader`` (its own batches; :mod:`python_algos.clients.data`). Floating-point data
             are cast to the model's dtype.
         rounds: number of communication rounds T (DEPOSITUM, which has no server: iterations,
             gossiping every ``period`` of them).
@@ -214,11 +215,12 @@ def simulate(
             :mod:`python_algos.experiments.checkpoint`): instead of ``init``, restore the algorithm state, every
             generator, module buffers, the metrics so far and ``elapsed``, and continue with round
             ``snapshot["round"] + 1`` up to ``rounds``. With full or minibatch gradients the result is
-            bit-identical to an uninterrupted run on CPU. Same algorithm and hyper-parameters required.
+            bit-identical to an uninterrupted run on CPU. Same algorithm and hyper-parameters required;
+            with ``executor="auto"`` the snapshot's executor is reused (auto chooses by timing).
         checkpoint: ``checkpoint(snapshot)`` after round 0 of a fresh run, every ``checkpoint_every``
             rounds and after the last round, once the callbacks have accepted the round (a round a
             callback stops on is never checkpointed). The snapshot (``round``, ``algorithm``,
-            ``hparams``, ``state``, ``rng``, ``client_rng``, ``torch_rng``, ``buffers``, ``metrics``,
+            ``hparams``, ``state``, ``rng``, ``client_rng``, ``torch_rng``, ``buffers``, ``metrics``, ``executor``,
             ``initial``, ``elapsed``) references live buffers: write it out before returning.
         checkpoint_every: see ``checkpoint`` (0: only round 0 and the last round).
         participation: fraction of clients sampled each round, k = max(1, round(participation * N))
@@ -240,6 +242,14 @@ def simulate(
     if not step > 0:
         raise ValueError(f"metric_step must be > 0, got {step}")
 
+    if backend is None and executor == "auto" and resume is not None and resume.get("executor") in EXECUTORS:
+        # auto decides by timing, which varies; the executor the run started with keeps resume bit-identical
+        executor = resume["executor"]
+    if backend is None and executor == "distributed" and resume is not None and \
+            resume.get("executor") in ("sequential", "batched") and \
+            str((executor_options or {}).get("inner", "auto")).lower() == "auto":
+        # the same for the executor of each rank's clients (a checkpoint records that one)
+        executor_options = {**(executor_options or {}), "inner": resume["executor"]}
     make = backend if backend is not None else resolve_executor(executor, model)
     flat = fk.FlatParams(model)
     x0 = flat.params.detach().clone()
@@ -259,7 +269,9 @@ def simulate(
     def snapshot(t: int) -> dict:  # everything a resumed run needs (references, not copies)
         return {"round": t, "algorithm": algorithm.name, "hparams": algorithm.hparams(), "state": state,
                 "rng": rng.get_state(), "client_rng": cs.rng_state(), "torch_rng": torch.get_rng_state(),
-                "buffers": dict(model.named_buffers()), "metrics": metrics, "initial": initial, "elapsed": elapsed}
+                "buffers": dict(model.named_buffers()), "metrics": metrics, "initial": initial, "elapsed": elapsed,
+                # the executor that ran the clients (in each process, for the distributed one)
+                "executor": getattr(cs, "inner_executor", None) or getattr(cs, "executor", None)}
 
     if resume is None:
         state = algorithm.init(x0, cs)

@@ -1,4 +1,4 @@
-"""Independent plain-PyTorch references for the tests (written from ALGORITHMS.md §2, not from
+"""Independent plain-PyTorch references for the tests (written from docs/algorithms.md §2, not from
 the C++ sources): penalty values and prox maps in every regime, in float64."""
 
 from __future__ import annotations

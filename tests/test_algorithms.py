@@ -1,4 +1,4 @@
-"""Algorithm-level checks of python_algos against independent ground truth (ALGORITHMS.md §7.3).
+"""Algorithm-level checks of python_algos against independent ground truth (docs/algorithms.md §7.3).
 
 Deterministic: float64, full local gradients. The problem is a heterogeneous least-squares one
 (N = 6 clients, d = 20, client-specific solutions), f_i(x) = mean_j (a_j·x − b_j)^2, so every

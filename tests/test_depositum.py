@@ -1,4 +1,4 @@
-"""DEPOSITUM (ALGORITHMS.md §4.5) and the topologies of python_algos.algorithms.topology.
+"""DEPOSITUM (docs/algorithms.md §4.5) and the topologies of python_algos.algorithms.topology.
 
 Heterogeneous least squares (N = 6, d = 20, float64, full gradients unless stated). References are
 plain torch: the server form of DEPOSITUM (W = J, τ = 1, paper Remark 3) with closed-form gradients,

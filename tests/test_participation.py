@@ -1,4 +1,4 @@
-"""Partial participation (ALGORITHMS.md §1.4): sampled client sets, stale state, rejection.
+"""Partial participation (docs/algorithms.md §1.4): sampled client sets, stale state, rejection.
 
 The sampled sets are recorded by the closed-form client backend of ``_problems``; every supported
 algorithm is then checked against a plain-torch reference that uses the same sets (closed-form

@@ -1,4 +1,4 @@
-"""Every prox against brute-force 1-D minimisation of step*p(u) + (u - v)^2 / 2 (ALGORITHMS.md §2.9),
+"""Every prox against brute-force 1-D minimisation of step*p(u) + (u - v)^2 / 2 (docs/algorithms.md §2.9),
 in every regime the kernels cover, float64 tight and float32 loose; 16-bit storage against the
 float32 computation rounded once."""
 

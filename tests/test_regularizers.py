@@ -69,7 +69,7 @@ def test_scaled_regularizer():
     assert torch.equal(reg.prox(x, 2.0), base.prox(x, 0.5))
     assert reg.spec(2.0) == ("scad", 0.5, 1.0, 3.7)
     assert repr(reg) == "0.25 * SCAD(lam=1, a=3.7)"
-    # kappa * MCP(lam, gamma) = MCP(kappa lam, gamma / kappa)  (ALGORITHMS.md §2.3)
+    # kappa * MCP(lam, gamma) = MCP(kappa lam, gamma / kappa)  (docs/algorithms.md §2.3)
     torch.testing.assert_close((2.0 * fk.MCP(0.5, 3.0)).prox(x, 0.7), fk.MCP(1.0, 1.5).prox(x, 0.7))
 
 

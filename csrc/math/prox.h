@@ -1,4 +1,4 @@
-// Per-element proximal maps: the ONLY place these formulas are written (ALGORITHMS.md §2).
+// Per-element proximal maps: the ONLY place these formulas are written (docs/algorithms.md §2).
 //
 //   prox_{s p}(v) = argmin_u  s * p(u) + (u - v)^2 / 2
 //
@@ -72,7 +72,7 @@ struct ProxCoef {
 };
 
 // Host-side planning. `step` is the effective prox step s >= 0 (already multiplied by any outer
-// strength kappa, ALGORITHMS.md §1.3). Parameters are assumed valid (Python validates them).
+// strength kappa, docs/algorithms.md §1.3). Parameters are assumed valid (Python validates them).
 inline ProxPlan plan_prox(int kind, double step, double p1, double p2) {
   ProxPlan plan;
   const double s = step;

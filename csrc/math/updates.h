@@ -1,4 +1,4 @@
-// Per-element bodies of the fused federated updates (ALGORITHMS.md §4, §7.1): the only place these
+// Per-element bodies of the fused federated updates (docs/algorithms.md §4, §7.1): the only place these
 // update rules are written. All arguments are in the compute type T (float for 16-bit storage).
 #pragma once
 
@@ -47,7 +47,7 @@ FK_HD NormalMapResult<T> normal_map_elem(T z, T x, T g, T c, T eta, T inv_lam,
 // ZA1 local step:  zhat <- zhat - eta * (g + c);   z <- prox_{(t+1) eta h}(zhat)
 // is cv_step_elem followed by prox_elem (see Za1StepOp in csrc/ops.h).
 
-// DEPOSITUM momentum + direction + prox (ALGORITHMS.md §4.5, eqs. 10-12a before mixing):
+// DEPOSITUM momentum + direction + prox (docs/algorithms.md §4.5, eqs. 10-12a before mixing):
 //   m <- beta * m + w * y                    (w = 1 - beta normalized, A1; w = 1 unnormalized)
 //   dir = m (SHB)   or   beta * m + w * y (SNAG)
 //   x <- prox_{s h}(x - alpha * dir)

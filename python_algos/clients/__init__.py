@@ -14,26 +14,26 @@ executor         how ``gradients_`` runs the clients
                  above); never chosen by ``"auto"``
 ===============  =============================================================================
 
-``simulate(..., executor=NAME)`` picks one by name; ``"auto"`` times the executors that support
-the model on a sample of the clients and keeps the fastest (:func:`resolve_executor`).
+``simulate(..., executor=NAME)`` picks one by name; ``"auto"`` applies a fixed rule (see
+:func:`resolve_executor`), so the same command always runs the same executor and gives the same bits.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-from .base import ClientSet, CommCounter, client_generators, client_tensors, seeds
+from .base import ClientSet, CommCounter, client_generators, seeds
+from .data import ClientData, DatasetData, LoaderData, TensorData, client_data
 from .batched import BatchedClients
 from .distributed import DistributedClients
 from .sequential import SequentialClients
 
 __all__ = ["ClientSet", "CommCounter", "SequentialClients", "BatchedClients", "DistributedClients", "EXECUTORS",
-           "resolve_executor",
-           "client_generators", "client_tensors", "seeds"]
+           "resolve_executor", "client_generators", "seeds", "ClientData", "TensorData", "DatasetData", "LoaderData",
+           "client_data"]
 
 #: executor name -> ClientSet class (constructor ``(model, loss_fn, data, batch_size=, seed=, flat=, **options)``)
 EXECUTORS: dict[str, type] = {
@@ -42,8 +42,6 @@ EXECUTORS: dict[str, type] = {
     "distributed": DistributedClients,  # never picked by "auto": it needs a process group / torchrun
 }
 
-#: the order in which ``"auto"`` tries executors: the first that can run the model wins
-AUTO_ORDER: tuple[str, ...] = ("batched", "sequential")
 
 
 def resolve_executor(executor, model: nn.Module) -> Callable[..., ClientSet]:
@@ -51,12 +49,13 @@ def resolve_executor(executor, model: nn.Module) -> Callable[..., ClientSet]:
 
     Raises ``ValueError`` naming the valid executors, or saying why the model cannot run on the one
     asked for (``cls.unsupported(model)``; the batched executor also probes the model when built).
-    ``"auto"`` builds each executor of :data:`AUTO_ORDER` that can run the model on a sample of the
-    clients, times one gradient call of each (after a warm-up call) and keeps the fastest: which
-    one wins depends on the model, the number of clients and the machine (the batched executor has
-    a fixed cost per vectorized pass that a few tiny clients do not repay). The calibration draws
-    from its own generators and restores torch's global RNG, so the run's trajectory is unchanged;
-    the timings are kept in ``clients.calibration``."""
+    ``"auto"`` picks by a fixed rule taken from the measured clients table (README): the batched
+    executor when it can run the model and the work is launch- or overhead-bound — the model is on
+    a GPU, or there are at least :data:`AUTO_MIN_CLIENTS` clients and no convolution (vmap turns a
+    convolution into a grouped one, slower on CPU than one client after another) — otherwise the
+    sequential one. A rule, not a timing: timings vary from run to run, and two executors differ in
+    floating-point summation order, so a timed choice would make identical commands give different
+    bits. ``clients.auto_reason`` says why the choice was made."""
     names = ", ".join(["auto", *EXECUTORS])
     if not isinstance(executor, str) or executor.lower() not in ("auto", *EXECUTORS):
         raise ValueError(f"executor must be one of {names}, got {executor!r}")
@@ -71,43 +70,39 @@ def resolve_executor(executor, model: nn.Module) -> Callable[..., ClientSet]:
 
 
 _COMMON = ("batch_size", "seed", "flat", "first_client")
-CALIBRATION_CLIENTS = 128  # clients timed per candidate by executor="auto"
+AUTO_MIN_CLIENTS = 64  # below this, a vectorized pass does not repay its fixed cost (clients table, CPU)
 
 
-def _auto(model, loss_fn, data, **kw) -> ClientSet:
-    fallback = EXECUTORS[AUTO_ORDER[-1]]
+def _auto_prefers_batched(model: nn.Module, n_clients: int, flat) -> tuple[bool, str]:
+    params = flat.params if flat is not None else next(model.parameters(), None)
+    if params is not None and params.device.type == "cuda":
+        return True, "the model is on a GPU, where one vectorized pass saves a launch per client"
+    conv = next((name for name, m in model.named_modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+    if conv is not None:
+        return False, f"the model has a convolution ({conv!r}), which vmap runs slower than one client at a time"
+    if n_clients < AUTO_MIN_CLIENTS:
+        return False, f"{n_clients} clients (< {AUTO_MIN_CLIENTS}) do not repay a vectorized pass"
+    return True, f"{n_clients} clients of a convolution-free model"
+
+
+def _auto(model, loss_fn, data, total_clients: Optional[int] = None, **kw) -> ClientSet:
+    """``total_clients``: N of the whole run when ``data`` is one process's shard of it (the
+    distributed executor), so that every rank makes the choice one process would make."""
+    fallback = EXECUTORS["sequential"]
     common = {k: v for k, v in kw.items() if k in _COMMON}
-    if len(data) < 2:
-        return fallback(model, loss_fn, data, **common)
-    sample = list(data[:CALIBRATION_CLIENTS])
-    timings: dict[str, float] = {}
-    flat = kw.get("flat")
-    saved = (flat.params, flat.grad) if flat is not None else None
-    rng = torch.get_rng_state()
-    try:
-        for cand in AUTO_ORDER:
-            cls = EXECUTORS[cand]
-            if cls.unsupported(model):
-                continue
+    batched, reason = _auto_prefers_batched(model, total_clients or len(data), kw.get("flat"))
+    if batched:
+        why = BatchedClients.unsupported(model)
+        if not why:
             try:
-                trial = cls(model, loss_fn, sample, **(kw if cls is not fallback else common))
+                cs = BatchedClients(model, loss_fn, data, **kw)
+                cs.auto_reason = reason
+                return cs
             except ValueError as e:
-                if f"executor {cand!r} cannot run this model" in str(e):
-                    continue
-                raise
-            X = trial.flat.params.detach().expand(trial.rows, -1).clone()
-            G = torch.empty_like(X)
-            with torch.no_grad():
-                trial.gradients_(X, G)  # warm-up (allocations, first-call dispatch)
-                t0 = time.perf_counter()
-                trial.gradients_(X, G)
-                timings[cand] = time.perf_counter() - t0
-    finally:
-        torch.set_rng_state(rng)
-        if saved is not None:
-            flat.bind_(*saved)
-    best = min(timings, key=timings.get) if timings else AUTO_ORDER[-1]
-    cls = EXECUTORS[best]
-    cs = cls(model, loss_fn, data, **(kw if cls is not fallback else common))
-    cs.calibration = timings
+                if "executor 'batched' cannot run" not in str(e):
+                    raise
+                why = str(e)
+        reason = f"the batched executor cannot be used ({why})"
+    cs = fallback(model, loss_fn, data, **common)
+    cs.auto_reason = reason
     return cs

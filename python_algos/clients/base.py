@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-__all__ = ["ClientSet", "CommCounter", "client_generators", "client_tensors", "seeds"]
+__all__ = ["ClientSet", "CommCounter", "client_generators", "seeds"]
 
 
 @dataclasses.dataclass
@@ -248,26 +248,6 @@ class ClientSet(abc.ABC):
         """Metric pass: returns f(x) = (1/N) sum_i f_i(x) on all training data and writes
         the full gradient of f into ``grad_out``. Not counted as communication."""
 
-
-
-def client_tensors(client, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(X, y)`` tensors from a pair or a Dataset; floating-point data take the model's dtype."""
-    if isinstance(client, (tuple, list)) and len(client) == 2:
-        X, y = client
-    elif isinstance(client, torch.utils.data.TensorDataset):
-        X, y = client.tensors[0], client.tensors[1]
-    elif isinstance(client, torch.utils.data.Dataset):
-        items = [client[j] for j in range(len(client))]
-        X = torch.stack([torch.as_tensor(a) for a, _ in items])
-        y = torch.stack([torch.as_tensor(b) for _, b in items])
-    else:
-        raise TypeError(f"a client must be an (X, y) pair of tensors or a torch Dataset, got {type(client).__name__}")
-    X, y = torch.as_tensor(X), torch.as_tensor(y)
-    if X.shape[0] != y.shape[0] or X.shape[0] == 0:
-        raise ValueError(f"client data must be non-empty with matching lengths, got X {tuple(X.shape)}, y {tuple(y.shape)}")
-    X = X.to(device=device, dtype=dtype if X.is_floating_point() else X.dtype)
-    y = y.to(device=device, dtype=dtype if y.is_floating_point() else y.dtype)
-    return X, y
 
 
 def seeds(seed: int, n: int, stream: int = 0) -> list[int]:

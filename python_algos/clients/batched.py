@@ -51,7 +51,8 @@ from torch.func import functional_call, grad_and_value, vmap
 
 import fedkernels as fk
 
-from .base import ClientSet, client_generators, client_tensors
+from .base import ClientSet, client_generators
+from .data import TensorData, client_data
 
 __all__ = ["BatchedClients", "default_memory_budget"]
 
@@ -107,7 +108,13 @@ class BatchedClients(ClientSet):
         self.dim = self.flat.numel
         self.dtype = self.flat.params.dtype
         self.device = self.flat.params.device
-        clients = [client_tensors(c, self.dtype, self.device) for c in data]
+        wrapped = [client_data(c, self.dtype, self.device) for c in data]
+        lazy = next((i for i, c in enumerate(wrapped) if not isinstance(c, TensorData)), None)
+        if lazy is not None:
+            raise ValueError(f"executor 'batched' cannot run these clients: client {lazy} is a "
+                             f"{type(data[lazy]).__name__}, read lazily, and vectorized passes need every client's "
+                             f"samples in memory as tensors; use executor='sequential' (or give (X, y) tensors)")
+        clients = [(c.X, c.y) for c in wrapped]
         self.num_clients = self.rows = len(clients)
         self.batch_size = None if batch_size is None else int(batch_size)
         self.generators = client_generators(seed, self.num_clients, first_client)

@@ -124,8 +124,11 @@ class DistributedClients(ClientSet):
                                  f"least one client (use at most {n} processes)")
             cls = resolve_executor(inner, model)
             shard = [data[i] for i in range(self.lo, self.hi)]
+            opts = dict(inner_options or {})
+            if inner.lower() == "auto":  # choose as one process with all N clients would, on every rank
+                opts["total_clients"] = n
             self.inner = cls(model, loss_fn, shard, batch_size=batch_size, seed=seed, flat=flat,
-                             first_client=self.lo, **(inner_options or {}))
+                             first_client=self.lo, **opts)
         except Exception as e:  # noqa: BLE001 - re-raised on every rank by agree()
             err = e
         _dist.agree(err)

@@ -11,7 +11,8 @@ from torch import nn
 
 import fedkernels as fk
 
-from .base import ClientSet, client_generators, client_tensors
+from .base import ClientSet, client_generators
+from .data import TensorData, client_data
 
 __all__ = ["SequentialClients"]
 
@@ -22,7 +23,9 @@ class SequentialClients(ClientSet):
     Args:
         model: the ``nn.Module``; wrapped in ``fk.FlatParams`` (its parameters become views).
         loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss.
-        data: one ``(X, y)`` pair (or Dataset) per client.
+        data: one client each: an ``(X, y)`` pair of tensors, a ``Dataset`` (read lazily: a batch
+            fetches only its own samples) or a ``DataLoader`` (its own batches; see
+            :mod:`python_algos.clients.data` for what that means for reproducibility).
         batch_size: ``None`` (or >= a client's size) for full local gradients; otherwise each
             gradient call samples ``batch_size`` indices without replacement, using the client's
             own ``torch.Generator`` (seeded from ``seed`` and the client index).
@@ -56,8 +59,8 @@ class SequentialClients(ClientSet):
         self.dim = self.flat.numel
         self.dtype = self.flat.params.dtype
         self.device = self.flat.params.device
-        self.data = [client_tensors(c, self.dtype, self.device) for c in data]
-        self.num_clients = self.rows = len(self.data)
+        self.clients = [client_data(c, self.dtype, self.device) for c in data]
+        self.num_clients = self.rows = len(self.clients)
         self.batch_size = None if batch_size is None else int(batch_size)
         self.chunk = int(chunk)
         self.generators = client_generators(seed, self.num_clients, first_client)
@@ -93,12 +96,18 @@ class SequentialClients(ClientSet):
         ``bind()`` points the module's parameters at x (a row binder's ``bind(j)``; default
         ``fk.FlatParams.bind_(x)``)."""
         t0 = time.perf_counter()
-        Xi, yi = self.data[i]
-        n = Xi.shape[0]
-        if self.batch_size is not None and self.batch_size < n:
-            idx = torch.randperm(n, generator=self.generators[i])[: self.batch_size].to(self.device)
-            Xi, yi = Xi[idx], yi[idx]
-        if Xi.shape[0] <= self.chunk:
+        client = self.clients[i]
+        if isinstance(client, TensorData):  # in memory: the batch is an index into the tensors
+            Xi, yi = client.X, client.y
+            idx = client.draw(self.batch_size, self.generators[i])
+            if idx is not None:
+                idx = idx.to(self.device)
+                Xi, yi = Xi[idx], yi[idx]
+            pieces = [(Xi, yi, 1.0)] if Xi.shape[0] <= self.chunk else None
+        else:
+            pieces = list(client.batches(self.batch_size, self.generators[i], self.chunk))
+        if pieces is not None and len(pieces) == 1:
+            Xi, yi, _ = pieces[0]
             # One pass: parameters re-pointed at row x, gradients returned by autograd and
             # written into g by one cat (cheaper than zeroing g and accumulating into it).
             if bind is not None:
@@ -111,12 +120,16 @@ class SequentialClients(ClientSet):
                                             allow_unused=True, materialize_grads=True)
             t2 = time.perf_counter()
             torch.cat([q.reshape(-1) for q in grads], out=g)
-        else:  # large full batch: chunked backward, accumulating into g
+        else:  # a large batch, or a loader's several batches: chunked backward, accumulating into g
             self.flat.bind_(x, g)
             g.zero_()
             t1 = time.perf_counter()
             with torch.enable_grad():
-                self._accumulate(Xi, yi, 1.0)
+                if pieces is None:
+                    self._accumulate(Xi, yi, 1.0)
+                else:
+                    for Xp, yp, w in pieces:
+                        self._accumulate(Xp, yp, w)
             t2 = time.perf_counter()
         self.fwd_bwd_seconds += t2 - t1
         self.grad_seconds += time.perf_counter() - t0
@@ -152,7 +165,11 @@ class SequentialClients(ClientSet):
         grad_out.zero_()
         f = 0.0
         with torch.enable_grad():
-            for Xi, yi in self.data:
-                f += self._accumulate(Xi, yi, 1.0 / self.num_clients)
+            for client in self.clients:
+                if isinstance(client, TensorData):
+                    f += self._accumulate(client.X, client.y, 1.0 / self.num_clients)
+                else:
+                    for Xp, yp, w in client.batches(None, None, self.chunk):
+                        f += self._accumulate(Xp, yp, w / self.num_clients)
         return f
 

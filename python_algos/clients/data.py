@@ -1,0 +1,165 @@
+"""One client's data, whatever the user handed in: tensors, a ``Dataset`` read lazily, or a
+``DataLoader`` with its own batching.
+
+Every executor asks a client for the batch of one gradient call through :meth:`ClientData.batches`:
+pieces ``(X, y, w)`` whose weighted mean losses add up to the client's mean loss over the batch
+(one piece, ``w = 1``, unless the batch is larger than ``chunk`` samples).
+
+=====================  =====================================================================
+client given as        a gradient call's batch
+=====================  =====================================================================
+``(X, y)`` tensors,    ``B`` indices ``randperm(n)[:B]`` from the client's own generator (all
+``TensorDataset``      samples when ``B`` is None or ``>= n``)
+``Dataset``            the same indices, the items fetched one by one (``ds[j]``) and collated
+                       with ``default_collate`` — nothing is stacked up front, so a Dataset that
+                       reads files or decodes images only touches the samples a batch needs
+``DataLoader``         the loader's next batch (its own sampler, batch size and workers; a new
+                       pass starts when it is exhausted); full gradients (``B`` None): one whole
+                       pass over the loader
+=====================  =====================================================================
+
+Reproducibility: tensor and Dataset clients draw from generators seeded by the run's seed and
+saved in checkpoints, so a run is repeatable and resumes bit-identically. A DataLoader's order
+comes from the loader (seed its ``generator=`` for repeatable runs); its position is not saved in a
+checkpoint, so a resumed run starts each client's loader afresh and does not repeat the
+uninterrupted run's batches.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Iterator, Optional
+
+import torch
+import torch.utils.data
+from torch.utils.data import default_collate
+
+__all__ = ["ClientData", "TensorData", "DatasetData", "LoaderData", "client_data"]
+
+
+def _cast(t, dtype, device) -> torch.Tensor:
+    t = torch.as_tensor(t)
+    return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+
+
+class ClientData(abc.ABC):
+    """One client's samples. ``n``: how many (the weight of its loss in full passes)."""
+
+    n: int
+    reproducible: bool = True  # minibatches come from the run's generators (resumable bit for bit)
+
+    @abc.abstractmethod
+    def batches(self, batch_size: Optional[int], generator: Optional[torch.Generator], chunk: int) -> Iterator[tuple]:
+        """The pieces ``(X, y, w)`` of one gradient call's batch (``w``: the piece's share of it)."""
+
+    def draw(self, batch_size: Optional[int], generator: torch.Generator) -> Optional[torch.Tensor]:
+        """This call's sample indices (``None``: every sample), drawn as the sequential executor
+        draws them: ``randperm(n)[:B]`` when ``B < n``."""
+        if batch_size is not None and batch_size < self.n:
+            return torch.randperm(self.n, generator=generator)[:batch_size]
+        return None
+
+    def _pieces(self, idx: Optional[torch.Tensor], chunk: int) -> Iterator[tuple]:
+        m = self.n if idx is None else int(idx.numel())
+        for s in range(0, m, chunk):
+            part = (torch.arange(s, min(s + chunk, m)) if idx is None else idx[s : s + chunk])
+            X, y = self.take(part if (idx is not None or m > chunk) else None)
+            yield X, y, (1.0 if m <= chunk else X.shape[0] / m)
+
+    def take(self, idx: Optional[torch.Tensor]) -> tuple:
+        """``(X, y)`` of the samples ``idx`` (all when None)."""
+        raise NotImplementedError
+
+
+class TensorData(ClientData):
+    """``(X, y)`` tensors already in memory (the fast path of every executor)."""
+
+    def __init__(self, X: torch.Tensor, y: torch.Tensor):
+        self.X, self.y, self.n = X, y, int(X.shape[0])
+
+    def take(self, idx):
+        if idx is None:
+            return self.X, self.y
+        idx = idx.to(self.X.device)
+        return self.X[idx], self.y[idx]
+
+    def batches(self, batch_size, generator, chunk):
+        return self._pieces(self.draw(batch_size, generator), chunk)
+
+
+class DatasetData(ClientData):
+    """A ``torch.utils.data.Dataset`` read lazily: items fetched (``ds[j]``) and collated per batch."""
+
+    def __init__(self, ds, dtype, device):
+        self.ds, self.dtype, self.device = ds, dtype, device
+        self.n = len(ds)
+
+    def take(self, idx):
+        rows = range(self.n) if idx is None else idx.tolist()
+        X, y = default_collate([tuple(self.ds[j])[:2] for j in rows])
+        return _cast(X, self.dtype, self.device), _cast(y, self.dtype, self.device)
+
+    def batches(self, batch_size, generator, chunk):
+        return self._pieces(self.draw(batch_size, generator), chunk)
+
+
+class LoaderData(ClientData):
+    """A ``torch.utils.data.DataLoader``: its own batches, sampler and workers."""
+
+    reproducible = False
+
+    def __init__(self, loader, dtype, device):
+        self.loader, self.dtype, self.device = loader, dtype, device
+        try:
+            self.n = len(loader.dataset)
+        except TypeError:  # an IterableDataset without __len__: count one pass
+            self.n = sum(int(torch.as_tensor(b[0]).shape[0]) for b in loader)
+        self._it = None
+
+    def _next(self):
+        for _ in range(2):
+            if self._it is None:
+                self._it = iter(self.loader)
+            try:
+                return next(self._it)
+            except StopIteration:
+                self._it = None
+        raise ValueError("a client's DataLoader yielded no batch")
+
+    def _cast(self, batch):
+        X, y = tuple(batch)[:2]
+        return _cast(X, self.dtype, self.device), _cast(y, self.dtype, self.device)
+
+    def batches(self, batch_size, generator, chunk):
+        if batch_size is not None:  # the loader's next minibatch (its own batch size)
+            X, y = self._cast(self._next())
+            yield X, y, 1.0
+            return
+        for b in self.loader:  # full gradient: one pass, each batch weighted by its share
+            X, y = self._cast(b)
+            yield X, y, X.shape[0] / self.n
+
+    def draw(self, batch_size, generator):
+        raise TypeError("DataLoader clients choose their own batches")
+
+
+def client_data(client, dtype: torch.dtype, device) -> ClientData:
+    """Wrap what the user gave for one client; floating-point data take the model's dtype."""
+    if isinstance(client, torch.utils.data.DataLoader):
+        return LoaderData(client, dtype, device)
+    if isinstance(client, (tuple, list)) and len(client) == 2:
+        X, y = client
+    elif isinstance(client, torch.utils.data.TensorDataset):
+        X, y = client.tensors[0], client.tensors[1]
+    elif isinstance(client, torch.utils.data.Dataset):
+        if len(client) == 0:
+            raise ValueError("client data must be non-empty (got an empty Dataset)")
+        return DatasetData(client, dtype, device)
+    else:
+        raise TypeError(f"a client must be an (X, y) pair of tensors, a torch Dataset or a DataLoader, "
+                        f"got {type(client).__name__}")
+    X, y = torch.as_tensor(X), torch.as_tensor(y)
+    if X.shape[0] != y.shape[0] or X.shape[0] == 0:
+        raise ValueError(f"client data must be non-empty with matching lengths, got X {tuple(X.shape)}, "
+                         f"y {tuple(y.shape)}")
+    return TensorData(_cast(X, dtype, device), _cast(y, dtype, device))
