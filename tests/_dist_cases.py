@@ -124,3 +124,20 @@ def rank_error_main(rank: int, world: int, port: int, out_dir: str, kind: str) -
     from python_algos.experiments.launch import finish
 
     finish(ok=False)  # every rank raised: they leave the group together (as the command line does)
+
+
+def rank_auto_main(rank: int, world: int, port: int, out_dir: str, n: int) -> None:
+    """Record which executor ``inner="auto"`` picked on this rank for n clients of a linear model."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import python_algos as pa
+    from python_algos.experiments.launch import finish
+
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(4, 3, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)]
+    torch.manual_seed(0)
+    cs = pa.DistributedClients(nn.Linear(3, 2), loss, data, inner="auto")
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(cs.inner_executor)
+    finish()

@@ -136,6 +136,23 @@ def test_inner_batched_executor_matches_one_process(tmp_path, reference):
             assert rel(got["params"], reference[name]["params"]) <= 1e-12, (name, r)
 
 
+def test_inner_auto_chooses_as_one_process_with_every_client_would(tmp_path):
+    """100 clients: one process picks the batched executor (>= 64 clients); so does every rank of 2,
+    although each holds only 50."""
+    import torch.nn.functional as F
+
+    import python_algos as pa
+    from python_algos.clients import AUTO_MIN_CLIENTS
+
+    n = 100
+    assert n // 2 < AUTO_MIN_CLIENTS <= n
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(4, 3, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)]
+    one = pa.clients.resolve_executor("auto", torch.nn.Linear(3, 2))(torch.nn.Linear(3, 2), F.cross_entropy, data)
+    _spawn(C.rank_auto_main, 2, str(tmp_path), n, timeout=120)
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)] == [one.executor] * 2 == ["batched"] * 2
+
+
 def test_unsupported_inner_executor_is_rejected():
     import python_algos as pa
 
@@ -301,6 +318,9 @@ def test_workers_flag_and_resume_on_other_world_sizes(tmp_path):
     _run([sys.executable, "-m", "python_algos", *args, "-T", "6", "--out", str(tmp_path / "one")])
     _run([sys.executable, "-m", "python_algos", *args, "-T", "4", "--workers", "2", "--out", str(tmp_path / "w2")])
     assert json.loads((tmp_path / "w2" / "summary.json").read_text())["world_size"] == 2
+    from python_algos.experiments import checkpoint as ckpt
+
+    assert ckpt.load(str(tmp_path / "w2" / "checkpoint.pt"))["executor"] == "sequential"  # each rank's executor
     subprocess.run(["cp", "-r", str(tmp_path / "w2"), str(tmp_path / "w2b")], check=True)
     _run([sys.executable, "-m", "python_algos", "run", "--resume", str(tmp_path / "w2"), "--rounds", "6",
           "--workers", "3", "--no-progress"])
