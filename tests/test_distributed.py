@@ -329,6 +329,8 @@ def test_workers_flag_and_resume_on_other_world_sizes(tmp_path):
     ref = _params(tmp_path / "one")
     assert rel(_params(tmp_path / "w2"), ref) <= 1e-12
     assert rel(_params(tmp_path / "w2b"), ref) <= 1e-12
+    assert sorted(os.listdir(tmp_path / "w2" / "checkpoint.pt.shards")) == [f"round6.rank{r}-of-3.pt" for r in range(3)]
+    assert not (tmp_path / "w2b" / "checkpoint.pt.shards").exists()  # one process: a single file, no stale shards
     assert json.loads((tmp_path / "w2" / "summary.json").read_text())["world_size"] == 3
 
 
@@ -347,3 +349,35 @@ def test_distributed_table_smoke(tmp_path):
     assert cell["p2_sent_bytes"] == res["dim"] * 4
     assert cell["p2_rel_dev"] <= 1e-6
     assert "| FedAvg | sequential |" in out.read_text()
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_workers_writes_the_summary_once_and_resumes_in_one_process(tmp_path):
+    """Ctrl-C in a terminal reaches the launcher, torchrun and every rank: rank 0 writes the
+    interrupted summary, the resume command is printed once, and the folder resumes in one process."""
+    import signal
+    import time
+
+    out = tmp_path / "cc"
+    p = subprocess.Popen([sys.executable, "-m", "python_algos", *CLI, "-a", "fedavg", "-T", "100000", "--workers", "2",
+                          "--out", str(out)], env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        metrics = out / "metrics.jsonl"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) > 5):
+            assert time.monotonic() < deadline and p.poll() is None, "the run did not get going"
+            time.sleep(0.2)
+        os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err[-3000:]
+    assert err.count(f"resume with: python -m python_algos run --resume {out}") == 1, err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["world_size"] == 2
+    assert summary["last_checkpoint_round"] is not None
+    _run([sys.executable, "-m", "python_algos", "run", "--resume", str(out), "--rounds",
+          str(summary["rounds_done"] + 1), "--no-progress"])
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"

@@ -36,7 +36,8 @@ from . import checkpoint as ckpt
 from ..clients import _dist
 
 __all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "agree", "barrier", "restarting",
-           "executor_for", "workers_command", "run_workers", "ShardedCheckpointer", "checkpointer",
+           "executor_for", "workers_command", "run_workers", "ShardedCheckpointer", "SingleFileCheckpointer",
+           "checkpointer",
            "load_checkpoint", "local_rows", "remove_shards", "remove_shard_leftovers", "maybe_kill",
            "KILL_RANK_ENV", "finish", "first_message"]
 
@@ -158,9 +159,15 @@ def run_workers(argv: Sequence[str], workers: int, out: Optional[str]) -> int:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank unless told otherwise (--threads)
     cmd = workers_command(argv, workers, out)
+    proc = subprocess.Popen(cmd, env=env)
     try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
+        return proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached torchrun and its ranks too: let them write the summary and exit
+        try:
+            proc.wait(timeout=60)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
         return 130
 
 
@@ -245,11 +252,21 @@ class ShardedCheckpointer(ckpt.Checkpointer):
             self.on_save(snapshot)
 
 
+class SingleFileCheckpointer(ckpt.Checkpointer):
+    """The one-process checkpoint; a run resumed in one process from a sharded checkpoint deletes
+    the shards once its own ``checkpoint.pt`` (which names none) has replaced the manifest."""
+
+    def __call__(self, snapshot: dict) -> None:
+        super().__call__(snapshot)
+        if os.path.isdir(_shard_dir(self.path)):
+            remove_shards(self.path)
+
+
 def checkpointer(path: str, num_clients: int, extra: Optional[dict] = None, on_save=None) -> ckpt.Checkpointer:
     """The checkpoint hook of a run: sharded under torchrun, a single file otherwise."""
     if distributed():
         return ShardedCheckpointer(path, num_clients, extra, on_save)
-    return ckpt.Checkpointer(path, extra, on_save)
+    return SingleFileCheckpointer(path, extra, on_save)
 
 
 def remove_shards(path: str) -> None:
