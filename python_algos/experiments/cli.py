@@ -507,15 +507,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             launch.finish(ok=False)
             return 1
         except Interrupted as e:  # Ctrl-C during a run: its summary is written
-            launch.finish(ok=False)
             if launch.is_main():
                 print(f"\ninterrupted: {e.summary['message']}; the summary so far is in "
                       f"{os.path.join(e.summary['out_dir'], 'summary.json')}\nresume with: "
                       f"{e.summary['resume_command']}", file=sys.stderr)
+            launch.leave_interrupted()
             return 130
         except KeyboardInterrupt:  # before a run folder existed, or while it was being finished
-            launch.finish(ok=False)
-            print("\ninterrupted", file=sys.stderr)
+            if launch.is_main():
+                print("\ninterrupted", file=sys.stderr)
+            launch.leave_interrupted()
             return 130
         launch.finish()
         return code

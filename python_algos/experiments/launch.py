@@ -39,7 +39,7 @@ __all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "
            "executor_for", "workers_command", "run_workers", "ShardedCheckpointer", "SingleFileCheckpointer",
            "checkpointer",
            "load_checkpoint", "local_rows", "remove_shards", "remove_shard_leftovers", "maybe_kill",
-           "KILL_RANK_ENV", "finish", "first_message"]
+           "KILL_RANK_ENV", "finish", "leave_interrupted", "first_message"]
 
 KILL_RANK_ENV = "_FEDKERNELS_TEST_KILL_RANK_AT"  # test hook "RANK:ROUND": SIGKILL that rank after that round (first attempt)
 
@@ -126,6 +126,21 @@ def finish(ok: bool = True) -> None:
             except Exception:  # noqa: BLE001 - leaving after an error: the peers' state is unknown
                 pass
         dist.destroy_process_group()
+
+
+def leave_interrupted(code: int = 130) -> None:
+    """After Ctrl-C in a rank of several: exit now with ``code``. A peer may still be blocked in a
+    collective that this rank will never join, so neither a barrier nor a clean teardown of the
+    group can be waited for (torchrun would kill the rank after its grace period); the run's files
+    are already complete (atomic writes), and exiting closes the connections, which releases the
+    peers. Outside a job of several ranks: leave the group (if any) normally and return."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    finish(ok=False)
 
 
 def executor_for(executor: str) -> tuple[str, Optional[dict]]:
