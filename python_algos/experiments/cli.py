@@ -439,16 +439,21 @@ def cmd_compare(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from . import launch
     from .runner import comparison_table, compare_experiments, default_out_dir
 
     t0 = time.perf_counter()
     cfg = _demo_config()
     if args.rounds is not None:
         cfg = cfg.replace(rounds=args.rounds)
-    out = args.out or default_out_dir("demo")
-    print(f"fedkernels demo: sparse logistic regression (d = 100, 10-sparse ground truth), 10 heterogeneous "
-          f"clients, h = {cfg.reg_strength:g}·||x||_1, full gradients, K = {cfg.local_steps}, T = {cfg.rounds}")
-    summaries = compare_experiments(cfg, list(DEMO_ALGORITHMS), out, progress=not args.no_progress)
+    main = launch.is_main()
+    say = print if main else _quiet  # under torchrun rank 0 alone prints
+    out = launch.agree_on((args.out or default_out_dir("demo")) if main else None, cfg.device)  # rank 0's folder
+    say(f"fedkernels demo: sparse logistic regression (d = 100, 10-sparse ground truth), 10 heterogeneous "
+        f"clients, h = {cfg.reg_strength:g}·||x||_1, full gradients, K = {cfg.local_steps}, T = {cfg.rounds}")
+    summaries = compare_experiments(cfg, list(DEMO_ALGORITHMS), out, progress=not args.no_progress and main, log=say)
+    if not main:
+        return 0
     print()
     print(comparison_table(summaries, cfg.lr * cfg.local_steps))
     print()
