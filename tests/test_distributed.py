@@ -312,8 +312,9 @@ def test_two_nodes_through_a_localhost_rendezvous(depositum_runs, tmp_path):
 
 @pytest.mark.slow
 def test_workers_flag_and_resume_on_other_world_sizes(tmp_path):
-    """``--workers 2`` for 4 rounds, then resumed to 6 rounds on 3 workers and on 1 process: both
-    equal an uninterrupted one-process run (the checkpoint's rows are re-cut)."""
+    """``--workers 2`` for 4 rounds, then resumed to 6 rounds on 3 workers and on 1 process, and a
+    one-process run of 4 rounds resumed on 2 workers: all equal an uninterrupted one-process run
+    (the checkpoint's rows are re-cut)."""
     args = [*CLI, "-a", "scaffold", "--participation", "0.5"]
     _run([sys.executable, "-m", "python_algos", *args, "-T", "6", "--out", str(tmp_path / "one")])
     _run([sys.executable, "-m", "python_algos", *args, "-T", "4", "--workers", "2", "--out", str(tmp_path / "w2")])
@@ -330,6 +331,11 @@ def test_workers_flag_and_resume_on_other_world_sizes(tmp_path):
     assert rel(_params(tmp_path / "w2"), ref) <= 1e-12
     assert rel(_params(tmp_path / "w2b"), ref) <= 1e-12
     assert sorted(os.listdir(tmp_path / "w2" / "checkpoint.pt.shards")) == [f"round6.rank{r}-of-3.pt" for r in range(3)]
+    # and the other way: a one-process checkpoint (4 rounds) resumed on 2 ranks
+    _run([sys.executable, "-m", "python_algos", *args, "-T", "4", "--out", str(tmp_path / "o4")])
+    _run([sys.executable, "-m", "python_algos", "run", "--resume", str(tmp_path / "o4"), "--rounds", "6",
+          "--workers", "2", "--no-progress"])
+    assert rel(_params(tmp_path / "o4"), ref) <= 1e-12
     assert not (tmp_path / "w2b" / "checkpoint.pt.shards").exists()  # one process: a single file, no stale shards
     assert json.loads((tmp_path / "w2" / "summary.json").read_text())["world_size"] == 3
 
