@@ -7,7 +7,10 @@ Layers, bottom to top (each imports only from the ones above it in this list):
 * :mod:`python_algos.algorithms` — one file per algorithm: hyper-parameters (the papers'
   symbols), a State NamedTuple, ``init`` / ``round`` / ``report``; clients are rows of
   ``[N, d]`` stacks updated by fused kernels, reached only through a ``ClientSet``;
-* :mod:`python_algos.simulate` — drives an algorithm through a ``ClientSet`` and records metrics;
+* :mod:`python_algos.simulate` — drives an algorithm through a ``ClientSet`` and records metrics
+  (the one exception to the rule: ``History.save`` / ``load`` and ``simulate(progress=True)`` import
+  the experiments layer's run-folder format and progress display when called, so API runs and CLI
+  runs share one format and one look);
 * :mod:`python_algos.experiments` — the application: CLI, data, models, checkpoints, plots.
 
     import fedkernels as fk

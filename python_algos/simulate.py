@@ -60,9 +60,12 @@ class History:
     initial: dict  # objective metrics at the starting point (round 0)
     algorithm: str
     hparams: dict
-    state: Any = None  # the algorithm's final state (NamedTuple)
+    state: Any = None  # the algorithm's final state (NamedTuple); not kept by :meth:`save`
     executor: str = "sequential"  # the executor that ran the clients (``ClientSet.executor``)
     world_size: int = 1  # processes that shared the clients (executor "distributed": the ranks)
+    # what else simulate knew about the run (regularizer, rounds, seed, batch_size, num_clients, dim,
+    # dtype, metric settings, participation): written to config.json by :meth:`save`
+    setup: dict = dataclasses.field(default_factory=dict)
 
     def series(self, key: str) -> list:
         """``[m.get(key) for m in metrics]``."""
@@ -71,6 +74,28 @@ class History:
     @property
     def last(self) -> dict:
         return self.metrics[-1] if self.metrics else self.initial
+
+    def save(self, path: str, *, overwrite: bool = False, label: Optional[str] = None,
+             f_star: Optional[float] = None, model: Optional[nn.Module] = None) -> str:
+        """Write this run as a run folder of the command line (config.json, metrics.jsonl,
+        summary.json, model.pt), so ``python -m python_algos plot PATH`` draws it. The folder is
+        written in full beside ``path`` and renamed into place: a failed call leaves no folder,
+        or the old one. An existing run folder is replaced only with ``overwrite=True``.
+        ``label`` names the run in legends (default: the algorithm); ``f_star`` (the optimal
+        value F*, if known) lets ``plot`` draw the suboptimality f + h − F*; ``model`` adds its
+        ``state_dict`` to model.pt. The algorithm state is not saved. Returns ``path``."""
+        from .experiments.api_runs import save_history  # the application layer owns the folder format
+
+        return save_history(self, path, overwrite=overwrite, label=label, f_star=f_star, model=model)
+
+    @classmethod
+    def load(cls, path: str) -> "History":
+        """A run folder written by :meth:`save` (or by the command line) as a History: metrics,
+        initial point, reported parameters, algorithm, hyper-parameters, setup (``state`` is None).
+        Values that were non-finite (stored as null) come back as NaN."""
+        from .experiments.api_runs import load_history
+
+        return load_history(path)
 
 
 def sparsity(x: torch.Tensor) -> float:
@@ -179,6 +204,7 @@ def simulate(
     checkpoint_every: int = 0,
     participation: Optional[float] = None,
     clients_per_round: Optional[int] = None,
+    progress: bool = False,
 ) -> History:
     """Run ``rounds`` rounds of ``algorithm`` from the model's current parameters.
 
@@ -229,6 +255,8 @@ def simulate(
             from the client set's own generator, seeded by ``seed``. Only algorithms with
             ``partial_participation = True`` accept k < N (FedMiD, FedDA, FedAvg, SCAFFOLD, FedProx,
             FedDR, FedADMM); the others raise ``ValueError``.
+        progress: show the command line's progress display on stderr (a bar with rounds, f+h,
+            accuracy and ETA on a terminal; a line every ~10 % of the rounds otherwise).
     """
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"algorithm must be a python_algos Algorithm, got {type(algorithm).__name__}")
@@ -236,6 +264,8 @@ def simulate(
         raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
     if isinstance(metrics_every, bool) or not isinstance(metrics_every, int) or metrics_every < 0:
         raise ValueError(f"metrics_every must be an int >= 0, got {metrics_every!r}")
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be True or False, got {progress!r}")
     algorithm.validate(regularizer)
     k = _clients_per_round(algorithm, len(clients), participation, clients_per_round)
     step = float(metric_step) if metric_step is not None else float(algorithm.metric_step())
@@ -281,42 +311,56 @@ def simulate(
             checkpoint(snapshot(0))
     else:
         state, initial, metrics, elapsed, start = _restore(resume, algorithm, model, cs, rng)
-    for t in range(start, rounds + 1):
-        up, down, sent, recv = cs.comm.up, cs.comm.down, cs.comm.sent_bytes, cs.comm.recv_bytes
-        g_sec, g_n, fb_sec = cs.grad_seconds, cs.grad_evals, cs.fwd_bwd_seconds
-        t0 = time.perf_counter()
-        with fk.prox_stats() as stats:
-            state = algorithm.round(state, cs, regularizer, rng)
-        wall = time.perf_counter() - t0
-        elapsed += wall
-        m = {
-            "round": t,
-            "wall_time": wall,
-            "elapsed": elapsed,
-            "prox_time": stats.seconds,
-            "prox_evals": stats.evaluations,
-            "grad_time": cs.grad_seconds - g_sec,
-            "grad_evals": cs.grad_evals - g_n,
-            "fwd_bwd_time": cs.fwd_bwd_seconds - fb_sec,
-            "up": cs.comm.up - up,
-            "down": cs.comm.down - down,
-        }
-        if cs.measures_bytes:
-            m["sent_bytes"] = cs.comm.sent_bytes - sent
-            m["recv_bytes"] = cs.comm.recv_bytes - recv
-        if metrics_every and (t % metrics_every == 0 or t == rounds):
-            m.update(evaluate(state))
-        metrics.append(m)
-        stop = [cb(t, state, m) for cb in callbacks]
-        if cs.any_rank(any(s is True for s in stop)):  # every rank stops on the same round
-            break
-        if checkpoint is not None and ((checkpoint_every and t % checkpoint_every == 0) or t == rounds):
-            checkpoint(snapshot(t))
+    bar = None
+    if progress and getattr(cs, "rank", 0) == 0:  # distributed: rank 0 alone shows progress
+        from .experiments.progress import Progress  # the CLI's display, shared so both look the same
+
+        bar = Progress(rounds, initial=start - 1, desc=algorithm.name)
+    try:
+        for t in range(start, rounds + 1):
+            up, down, sent, recv = cs.comm.up, cs.comm.down, cs.comm.sent_bytes, cs.comm.recv_bytes
+            g_sec, g_n, fb_sec = cs.grad_seconds, cs.grad_evals, cs.fwd_bwd_seconds
+            t0 = time.perf_counter()
+            with fk.prox_stats() as stats:
+                state = algorithm.round(state, cs, regularizer, rng)
+            wall = time.perf_counter() - t0
+            elapsed += wall
+            m = {
+                "round": t,
+                "wall_time": wall,
+                "elapsed": elapsed,
+                "prox_time": stats.seconds,
+                "prox_evals": stats.evaluations,
+                "grad_time": cs.grad_seconds - g_sec,
+                "grad_evals": cs.grad_evals - g_n,
+                "fwd_bwd_time": cs.fwd_bwd_seconds - fb_sec,
+                "up": cs.comm.up - up,
+                "down": cs.comm.down - down,
+            }
+            if cs.measures_bytes:
+                m["sent_bytes"] = cs.comm.sent_bytes - sent
+                m["recv_bytes"] = cs.comm.recv_bytes - recv
+            if metrics_every and (t % metrics_every == 0 or t == rounds):
+                m.update(evaluate(state))
+            metrics.append(m)
+            if bar is not None:
+                bar.update(t, m)
+            stop = [cb(t, state, m) for cb in callbacks]
+            if cs.any_rank(any(s is True for s in stop)):  # every rank stops on the same round
+                break
+            if checkpoint is not None and ((checkpoint_every and t % checkpoint_every == 0) or t == rounds):
+                checkpoint(snapshot(t))
+    finally:
+        if bar is not None:
+            bar.close()
 
     params = cs.report(algorithm, state, regularizer).detach().clone()
     if hasattr(cs, "check_replicas"):  # distributed: every rank must end with the same model
         cs.check_replicas(params)
     flat.bind_(params.clone(), torch.zeros_like(params))
+    setup = {"regularizer": repr(regularizer), "rounds": int(rounds), "seed": seed, "batch_size": batch_size,
+             "num_clients": len(clients), "clients_per_round": k, "dim": int(params.numel()),
+             "dtype": str(params.dtype).replace("torch.", ""), "metrics_every": metrics_every, "metric_step": step}
     return History(params=params, metrics=metrics, initial=initial, algorithm=algorithm.name,
                    hparams=algorithm.hparams(), state=state, executor=getattr(cs, "executor", type(cs).__name__),
-                   world_size=getattr(cs, "world_size", 1))
+                   world_size=getattr(cs, "world_size", 1), setup=setup)

@@ -1,6 +1,7 @@
 """The command line through its real entry point (``python -m python_algos``, in a subprocess), plus
 in-process checks of argument handling and error messages."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ from python_algos.experiments.runner import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--dataset", "sparse_logistic", "--data-opt", "n=200", "--data-opt", "dim=10", "--data-opt", "nnz=3",
-        "-N", "4", "-K", "2", "--lr", "0.1"]
+        "-N", "4", "-K", "2", "--lr", "0.1", "--no-plot"]  # figures: test_demo_entry_point, tests/test_figures.py
 
 
 def cli(*args, timeout=120):
@@ -31,6 +32,9 @@ def test_demo_entry_point(tmp_path):
         assert f"| {name}" in p.stdout
         assert len(read_metrics(tmp_path / "demo" / name)) == 4
     assert "support F1" in p.stdout and f"results written to {tmp_path / 'demo'}" in p.stdout
+    for ext in ("png", "pdf") if importlib.util.find_spec("matplotlib") else ():  # the main job's figure
+        fig = tmp_path / "demo" / f"overview.{ext}"
+        assert f"figure: {fig}" in p.stdout and fig.stat().st_size > 1000
     assert "round 3/3" in p.stderr  # progress lines when stderr is not a terminal
     assert "FedAvg is a smooth method" in p.stderr
 

@@ -277,7 +277,7 @@ def test_ctrl_c_writes_summary_and_prints_the_resume_command(tmp_path):
 # --------------------------------------------------------------------------- #
 
 SMALL = ["--data-opt", "n=160", "--data-opt", "dim=8", "--data-opt", "nnz=3", "-N", "4", "-K", "2", "-T", "2",
-         "--no-progress"]
+         "--no-progress", "--no-plot"]
 
 
 @pytest.mark.parametrize("flags, says, never", [

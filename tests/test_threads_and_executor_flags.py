@@ -11,7 +11,7 @@ from python_algos.experiments.cli import main
 from python_algos.experiments.threads import SMALL_MODEL, choose_threads
 
 TINY = ["--dataset", "sparse_logistic", "--data-opt", "n=200", "--data-opt", "dim=10", "--data-opt", "nnz=3",
-        "-N", "4", "-K", "2", "--lr", "0.1", "-T", "3", "--no-progress"]
+        "-N", "4", "-K", "2", "--lr", "0.1", "-T", "3", "--no-progress", "--no-plot"]
 
 
 @pytest.fixture(autouse=True)

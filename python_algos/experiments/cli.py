@@ -7,7 +7,7 @@
     python -m python_algos run --resume results/<run>              # continue after a crash / kill
     python -m python_algos compare -a fedcanon fedavg za1 --partition dirichlet --eta 0.1
     python -m python_algos compare --resume results/<compare-folder>   # finish an interrupted comparison
-    python -m python_algos plot results/<compare-folder> [results/<run> ...]
+    python -m python_algos plot results/<compare-folder> [results/<run> ...] [--formats png,pdf,svg]
     python -m python_algos algorithms                              # the algorithm table
 
 Exit status: 0 done, 1 error (message on stderr), 2 bad command line, 3 the run diverged,
@@ -76,6 +76,21 @@ def _workers(text: str) -> int:
     return v
 
 
+def _formats(text: str):
+    from .plotting import parse_formats
+
+    try:
+        return parse_formats(text)
+    except ValueError as e:  # argparse prefixes the flag itself
+        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
+
+
+def _add_figure_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--formats", type=_formats, default=("png", "pdf"), metavar="png,pdf,svg",
+                   help="figure file formats, comma-separated (default: png,pdf)")
+    p.add_argument("--no-plot", action="store_true", dest="no_plot", help="do not write the figure")
+
+
 def _batch(text: str):
     if text.lower() in ("full", "none", "0"):
         return None
@@ -100,7 +115,8 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
                    + ("" if single else "; ALG.KEY=VALUE for one algorithm"))
     g = p.add_argument_group("data")
     g.add_argument("--dataset", default=S, help="sparse_logistic | sparse_linear | synthetic | image_like | mnist | "
-                   "fashion_mnist | cifar10 | a9a | libsvm | femnist")
+                   "fashion_mnist | cifar10 | a9a | libsvm | femnist | sklearn:NAME (scikit-learn's bundled digits, "
+                   "breast_cancer, wine, iris, diabetes; needs scikit-learn)")
     g.add_argument("--data-dir", default=S, dest="data_dir", help="folder holding the dataset files (never downloaded)")
     g.add_argument("--data-opt", type=_kv, action="append", default=S, dest="data_opts", metavar="KEY=VALUE",
                    help="generator / loader option, e.g. alpha=1 beta=1 (synthetic), file=a.txt (libsvm)")
@@ -143,6 +159,7 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
     g.add_argument("--out", help="results folder (default: ./results/<timestamp>-<name>)")
     g.add_argument("--name", help="name of the results folder under ./results/")
     g.add_argument("--no-progress", action="store_true", help="no progress bar / progress lines")
+    _add_figure_flags(g)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,15 +191,24 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-T", "--rounds", type=int, default=None)
     d.add_argument("--out")
     d.add_argument("--no-progress", action="store_true")
+    _add_figure_flags(d)
 
-    pl = sub.add_parser("plot", help="PNG figures of runs / comparisons", description="Loss, accuracy, stationarity "
-                        "and sparsity vs rounds and vs wall time; several runs overlaid.")
+    pl = sub.add_parser("plot", help="figures of runs / comparisons (PNG, PDF, SVG)",
+                        description="Loss (or suboptimality), accuracy, stationarity and sparsity vs rounds and vs "
+                        "wall time; several runs overlaid, with a setup line (algorithms, data, partition, N, model, "
+                        "h, K, lr).")
     pl.add_argument("runs", nargs="+", help="run folders or comparison folders")
     pl.add_argument("--out", help="output folder (default: the first folder given)")
     pl.add_argument("--metrics", nargs="+", default=None,
-                    help="metric keys (default: f+h, accuracy, stationarity, sparsity)")
+                    help="metric keys (default: f+h, accuracy, stationarity, sparsity; suboptimality in place "
+                    "of f+h when F* is known)")
     pl.add_argument("--x", nargs="+", default=["round", "elapsed"], choices=["round", "elapsed"], help="x axes")
-    pl.add_argument("--title", default=None)
+    pl.add_argument("--title", default=None, help="a title above the setup line")
+    pl.add_argument("--no-setup", action="store_true", dest="no_setup", help="leave the setup line out")
+    pl.add_argument("--f-star", type=float, default=None, dest="f_star", metavar="F*",
+                    help="the optimal value F*: plot the suboptimality f+h − F* (default: a run's summary.json f_star)")
+    pl.add_argument("--formats", type=_formats, default=("png", "pdf"), metavar="png,pdf,svg",
+                    help="file formats, comma-separated (default: png,pdf)")
 
     sub.add_parser("algorithms", help="print the algorithm table (declared per-round costs)")
     return p
@@ -314,7 +340,8 @@ def _print_summary(summary: dict) -> None:
 
 
 _RESUME_OK = ("command", "demo", "resume", "rounds", "no_progress", "out", "name", "config", "algorithms",
-              "workers", "argv")
+              "workers", "argv",
+              "formats", "no_plot")
 
 
 def _quiet(_text: str) -> None:
@@ -343,7 +370,8 @@ def _resume_flags_check(args) -> None:
     given = [k for k in vars(args) if k not in _RESUME_OK]
     given += [k for k in ("out", "name", "config", "algorithms") if getattr(args, k, None)]
     if given:
-        raise SystemExit(f"--resume takes its settings from {args.resume}; only --rounds and --no-progress may be "
+        raise SystemExit(f"--resume takes its settings from {args.resume}; only --rounds, --no-progress, --formats "
+                         f"and --no-plot may be "
                          f"given (got {', '.join('--' + g.replace('_', '-') for g in given)})")
 
 
@@ -352,7 +380,7 @@ def cmd_run(args) -> int:
 
     if args.demo:
         return cmd_demo(argparse.Namespace(rounds=getattr(args, "rounds", None), out=args.out,
-                                           no_progress=args.no_progress))
+                                           no_progress=args.no_progress, formats=args.formats, no_plot=args.no_plot))
     from . import launch
 
     if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
@@ -393,6 +421,7 @@ def cmd_run(args) -> int:
         return 3 if summary["status"] == "diverged" else 0
     _print_summary(summary)
     print(f"results written to {summary['out_dir']}")
+    _figure(summary["out_dir"], args)
     if summary["status"] == "diverged":
         print(summary["message"], file=sys.stderr)
         return 3
@@ -434,7 +463,8 @@ def cmd_compare(args) -> int:
     if not main:
         return 3 if any(s["status"] == "diverged" for s in summaries) else 0
     print(comparison_table(summaries, step))
-    print(f"results written to {out}  (plot: python -m python_algos plot {shlex.quote(out)})")
+    print(f"results written to {out}  (more figures: python -m python_algos plot {shlex.quote(out)})")
+    _figure(out, args)
     return 3 if any(s["status"] == "diverged" for s in summaries) else 0
 
 
@@ -460,15 +490,33 @@ def cmd_demo(args) -> int:
     print("f+h: final objective; ‖G_s‖²: stationarity (prox-gradient mapping, common s = lr·K); sparsity: "
           "fraction of exact zeros;\nsupport F1: recovered non-zero pattern vs the ground truth. FedAvg ignores h "
           "(smooth method), so its model is dense.")
-    print(f"results written to {out}  (plot: python -m python_algos plot {out})")
+    print(f"results written to {out}  (more figures: python -m python_algos plot {shlex.quote(out)})")
+    _figure(out, args)
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _figure(folder: str, args) -> None:
+    """The run's / comparison's overview figure in its folder, and its path; a missing matplotlib
+    is a note, not a failure (the results are written)."""
+    if getattr(args, "no_plot", False):
+        return
+    from .plotting import plot_runs
+
+    try:
+        files = plot_runs([folder], out_dir=folder, per_metric=False, formats=args.formats)
+    except RuntimeError as e:  # no matplotlib
+        print(f"no figure: {e}")
+        return
+    for f in files:
+        print(f"figure: {f}")
 
 
 def cmd_plot(args) -> int:
     from .plotting import plot_runs
 
-    files = plot_runs(args.runs, out_dir=args.out, metrics=args.metrics, x_axes=args.x, title=args.title)
+    files = plot_runs(args.runs, out_dir=args.out, metrics=args.metrics, x_axes=args.x, title=args.title,
+                      formats=args.formats, f_star=args.f_star, setup=not args.no_setup)
     for f in files:
         print(f)
     return 0

@@ -228,6 +228,10 @@ class Config:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.name in choices:
+                if f.name == "dataset" and isinstance(v, str) and v.lower().startswith("sklearn:") \
+                        and v.lower() not in choices[f.name]:
+                    names = ", ".join(c for c in choices[f.name] if c.startswith("sklearn:"))
+                    raise ConfigError(f.name, v, f"unknown scikit-learn data set; valid: {names}")
                 if not isinstance(v, str) or v.lower() not in choices[f.name]:
                     raise ConfigError(f.name, v, f"unknown {f.name}; valid: {', '.join(choices[f.name])}")
                 continue

@@ -1,44 +1,62 @@
-"""Figures of runs: loss / accuracy / stationarity / sparsity vs rounds and vs wall time.
+"""Figures of runs for papers: loss / accuracy / stationarity / sparsity vs rounds and vs wall time.
 
-    python -m python_algos plot results/<comparison> [results/<run> ...] [--out DIR]
+    python -m python_algos plot results/<comparison> [results/<run> ...] [--out DIR] [--formats png,pdf,svg]
     from python_algos.experiments.plotting import plot_runs; plot_runs(["results/demo"], out_dir="figs")
 
-Several runs are overlaid, one line style and marker per run, styled like the papers' figures:
-log-scale y for the objective and the stationarity measures, markers every few points, a light
-grid and one legend. For each metric and x axis one PNG (``<metric>_vs_<round|time>.png``) plus
-an overview grid (``overview.png``). Needs matplotlib (``pip install fedkernels[plot]``).
+Several runs are overlaid and stay distinguishable in print: each run has its own colour, line style
+and marker, markers sit at sparse, staggered intervals so they do not pile up where curves overlap,
+and one legend names the runs. Each figure carries a setup line (algorithm(s), dataset, partition,
+N, model, h, K, lr: what the runs share, and the values where they differ) under the optional title.
+Axis labels say whether a quantity is measured on the training data (the objective f + h, the
+stationarity ‖G_s‖²) or the test data (test accuracy / loss). Objective and stationarity axes are
+logarithmic with labelled decades. When the optimal value F* is known (``--f-star``, or ``f_star``
+in a run's summary.json, e.g. from ``History.save(..., f_star=)``) the suboptimality f + h − F* is
+drawn instead of f + h.
+
+For each metric and x axis one figure (``<metric>_vs_<round|time>.<ext>``) plus an overview grid
+(``overview.<ext>``), in every format asked for (png, pdf, svg; default png and pdf). PDF and SVG
+keep text as text (TrueType in PDF, ``<text>`` in SVG), so a paper can restyle or search it. Needs
+matplotlib (``pip install fedkernels[plot]``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Optional, Sequence
 
-__all__ = ["plot_runs", "find_runs", "load_run", "available_metrics", "DEFAULT_METRICS", "line_plot"]
+__all__ = ["plot_runs", "find_runs", "load_run", "available_metrics", "DEFAULT_METRICS", "line_plot", "setup_line",
+           "parse_formats", "FORMATS", "DEFAULT_FORMATS"]
 
 DEFAULT_METRICS = ("f+h", "accuracy", "stationarity", "sparsity")
+FORMATS = ("png", "pdf", "svg")
+DEFAULT_FORMATS = ("png", "pdf")
 _TITLES = {
-    "f+h": "objective f + h",
-    "f": "loss f",
+    "f+h": "training objective f + h",
+    "suboptimality": r"suboptimality f + h $-$ F*",
+    "f": "training loss f",
+    "h": "regularizer h",
     "accuracy": "accuracy",
     "test_acc": "test accuracy",
-    "train_acc": "train accuracy",
-    "grad_map_sq": r"$\|G_s(x)\|^2$",
-    "normal_map_sq": r"$\|F^{\lambda}_{nor}(z)\|^2$",
-    "stationarity": r"stationarity $\|G_s(x)\|^2$",
+    "train_acc": "training accuracy",
+    "grad_map_sq": r"stationarity $\|G_s(x)\|^2$ (training)",
+    "normal_map_sq": r"$\|F^{\lambda}_{nor}(z)\|^2$ (training)",
+    "stationarity": r"stationarity $\|G_s(x)\|^2$ (training)",
     "sparsity": "sparsity (fraction of zeros)",
     "hoyer": "Hoyer sparsity",
     "dist_to_truth": r"$\|w - x_{true}\|^2$",
     "dist_to_opt": r"$\|x - x^*\|^2 / \|x^0 - x^*\|^2$",
     "support_f1": "support F1",
     "test_loss": "test loss",
-    "train_loss": "train loss",
+    "train_loss": "training loss",
 }
-_LOG = {"f+h", "f", "grad_map_sq", "normal_map_sq", "stationarity", "dist_to_truth", "dist_to_opt", "test_loss",
-        "train_loss"}
+_LOG = {"f+h", "suboptimality", "f", "grad_map_sq", "normal_map_sq", "stationarity", "dist_to_truth", "dist_to_opt",
+        "test_loss", "train_loss"}
 _MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
 _STYLES = ["-", "--", "-.", ":"]
+_RC = {"font.size": 11, "axes.titlesize": 10, "legend.fontsize": 9, "axes.spines.top": False,
+       "axes.spines.right": False, "pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"}
 
 
 def _mpl():
@@ -50,6 +68,19 @@ def _mpl():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def parse_formats(formats) -> tuple:
+    """``"png,pdf"`` or ``["png", "pdf"]`` -> ``("png", "pdf")``; an unknown format names ``--formats``."""
+    items = formats.split(",") if isinstance(formats, str) else list(formats)
+    items = [str(f).strip().lower().lstrip(".") for f in items if str(f).strip()]
+    bad = [f for f in items if f not in FORMATS]
+    if bad or not items:
+        given = formats if isinstance(formats, str) else ",".join(map(str, formats))
+        raise ValueError(f"--formats {given or repr(given)}: "
+                         f"{'unknown format ' + ', '.join(bad) if bad else 'no format given'}; valid: "
+                         f"{', '.join(FORMATS)} (comma-separated, e.g. png,pdf)")
+    return tuple(dict.fromkeys(items))
 
 
 def find_runs(paths: Sequence[str]) -> list:
@@ -71,8 +102,6 @@ def find_runs(paths: Sequence[str]) -> list:
 
 
 def _comparison_order(folder: str) -> dict:
-    import json
-
     try:
         with open(os.path.join(folder, "comparison.json")) as f:
             runs = json.load(f)["runs"]
@@ -81,97 +110,215 @@ def _comparison_order(folder: str) -> dict:
         return {}
 
 
-def load_run(path: str) -> dict:
-    """``{"label", "rows"}`` for one run folder (label: its summary's label, else the folder name)."""
-    import json
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
+
+def load_run(path: str) -> dict:
+    """``{"label", "rows", "path", "config", "summary", "f_star"}`` for one run folder (label: its
+    summary's label, else the folder name; f_star: the summary's, else None)."""
     from .runner import read_metrics
 
-    label = os.path.basename(os.path.normpath(path))
-    try:
-        with open(os.path.join(path, "summary.json")) as f:
-            label = json.load(f).get("label") or label
-    except (OSError, ValueError):
-        pass
-    return {"label": label, "rows": read_metrics(path), "path": path}
+    summary = _read_json(os.path.join(path, "summary.json"))
+    label = summary.get("label") or os.path.basename(os.path.normpath(path))
+    f_star = summary.get("f_star")
+    return {"label": label, "rows": read_metrics(path), "path": path, "summary": summary,
+            "config": _read_json(os.path.join(path, "config.json")),
+            "f_star": float(f_star) if isinstance(f_star, (int, float)) and not isinstance(f_star, bool) else None}
 
 
-def _series(rows: list, key: str, x: str):
-    """x and y values of ``key`` where present and finite (``accuracy`` / ``stationarity`` pick
-    the first available of test/train accuracy, grad-map/normal-map)."""
+# --------------------------------------------------------------------------- #
+# The setup line
+# --------------------------------------------------------------------------- #
+
+
+def _setup_of(run: dict) -> dict:
+    """What a reader needs to know about one run, from its config.json / summary.json (a `run`
+    folder's Config, or the setup History.save recorded)."""
+    c, s = run["config"], run["summary"]
+    alg = s.get("algorithm") or c.get("algorithm")
+    partition = c.get("partition")
+    if partition == "dirichlet" and c.get("eta") is not None:
+        partition = f"Dir({c['eta']:g})"
+    reg = s.get("regularizer") or c.get("regularizer")
+    if reg is None and c.get("reg") is not None:
+        reg = c["reg"] if c["reg"] == "zero" else f"{c['reg']}({c.get('reg_strength', 0):g})"
+    k = c.get("local_steps", (s.get("hparams") or {}).get("local_steps") or (c.get("hparams") or {}).get("local_steps"))
+    lr = c.get("lr")
+    return {"algorithm": alg, "dataset": c.get("dataset"), "partition": partition,
+            "N": c.get("num_clients", s.get("num_clients")), "model": c.get("model"), "h": reg, "K": k,
+            "lr": f"{lr:g}" if isinstance(lr, (int, float)) else lr}
+
+
+def setup_line(runs: list) -> str:
+    """One line: algorithm(s), dataset, partition, N, model, h, K, lr — each value the runs share,
+    or the distinct values joined by "/" where they differ; unknown items are left out."""
+    setups = [_setup_of(r) for r in runs]
+    parts = []
+    for key in ("algorithm", "dataset", "partition", "N", "model", "h", "K", "lr"):
+        vals = list(dict.fromkeys(str(s[key]) for s in setups if s[key] is not None))
+        if not vals:
+            continue
+        text = ", ".join(vals) if key == "algorithm" else "/".join(vals)
+        parts.append(text if key in ("algorithm", "dataset", "partition", "model") else f"{key}={text}")
+    return " · ".join(parts)
+
+
+# --------------------------------------------------------------------------- #
+# Curves
+# --------------------------------------------------------------------------- #
+
+
+def _resolve(rows: list, key: str) -> str:
     if key == "accuracy":
-        key = next((k for k in ("test_acc", "train_acc") if any(k in r for r in rows)), "test_acc")
-    elif key == "stationarity":
-        key = "grad_map_sq"
+        return next((k for k in ("test_acc", "train_acc") if any(k in r for r in rows)), "test_acc")
+    if key == "stationarity":
+        return "grad_map_sq"
+    return key
+
+
+def _series(run: dict, key: str, x: str):
+    """x and y values of ``key`` where present and finite (``accuracy`` / ``stationarity`` pick
+    the first available of test/train accuracy, grad-map; ``suboptimality`` is f+h − F*, kept
+    where positive, so it can sit on a log axis)."""
+    rows = run["rows"] if isinstance(run, dict) else run
+    f_star = run.get("f_star") if isinstance(run, dict) else None
+    key = _resolve(rows, key)
+    if key == "suboptimality" and f_star is None:
+        return [], [], key
     xs, ys = [], []
     for r in rows:
-        v = r.get(key)
+        v = r.get("f+h" if key == "suboptimality" else key)
         xv = r.get(x, 0.0 if r.get("round") == 0 else None)
         if v is None or xv is None or not isinstance(v, (int, float)) or not math.isfinite(v):
             continue
+        if key == "suboptimality":
+            v -= f_star
+            if v <= 0:
+                continue
         xs.append(xv)
         ys.append(v)
     return xs, ys, key
 
 
+def _readable_log_y(ax, lo: float, hi: float) -> None:
+    """Log y axis whose labels can be read. Over a decade or more: labelled decades (10^k) and
+    unlabelled minor ticks. Over less (where matplotlib would label one tick or none): ticks at
+    1, 2, 3 and 5 × 10^k labelled as plain numbers."""
+    from matplotlib.ticker import FuncFormatter, LogFormatterSciNotation, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    if hi / lo >= 10:
+        ax.yaxis.set_major_locator(LogLocator(base=10, numticks=7))
+        ax.yaxis.set_major_formatter(LogFormatterSciNotation(base=10))
+        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=tuple(range(2, 10)), numticks=12))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0), numticks=12))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(4.0, 6.0, 7.0, 8.0, 9.0), numticks=12))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def line_plot(ax, runs: list, metric: str, x: str = "round") -> bool:
     """Draw ``metric`` vs ``x`` for every run on ``ax``; returns whether anything was drawn."""
-    drawn, positive = False, True
+    drawn = []
     for i, run in enumerate(runs):
-        xs, ys, key = _series(run["rows"], metric, x)
-        if not xs:
-            continue
+        xs, ys, key = _series(run, metric, x)
+        if xs:
+            drawn.append((i, run, xs, ys, key))
+    if not drawn:
+        return False
+    keys = {d[4] for d in drawn}
+    n = len(runs)
+    for i, run, xs, ys, key in drawn:
         every = max(1, len(xs) // 8)
-        ax.plot(xs, ys, _STYLES[(i // len(_MARKERS)) % len(_STYLES)], marker=_MARKERS[i % len(_MARKERS)],
-                markevery=every, markersize=5, linewidth=1.6, label=run["label"])
-        positive = positive and min(ys) > 0
-        drawn = True
-    if drawn:
-        if metric in _LOG and positive:
-            ax.set_yscale("log")
-        ax.set_xlabel("communication rounds" if x == "round" else "wall-clock time (s)")
-        ax.set_ylabel(_TITLES.get(metric, metric))
-        ax.grid(True, which="major", linestyle=":", linewidth=0.7, alpha=0.8)
-    return drawn
+        label = run["label"]
+        if len(keys) > 1 and key.split("_")[0] in ("test", "train"):  # runs differ in what they measured
+            label += " (test)" if key.startswith("test") else " (training)"
+        ax.plot(xs, ys, linestyle=_STYLES[i % len(_STYLES)], marker=_MARKERS[i % len(_MARKERS)], color=f"C{i % 10}",
+                markevery=((i * every) // n, every), markersize=5, linewidth=1.5, label=label)
+    ys_all = [y for d in drawn for y in d[3]]
+    if metric in _LOG and min(ys_all) > 0:
+        _readable_log_y(ax, min(ys_all), max(ys_all))
+    ax.set_xlabel("communication rounds" if x == "round" else "wall-clock time (s)")
+    key = next(iter(keys)) if len(keys) == 1 else metric
+    ax.set_ylabel(_TITLES.get(key, _TITLES.get(metric, metric)))
+    ax.grid(True, which="major", linestyle=":", linewidth=0.7, alpha=0.8)
+    return True
+
+
+# --------------------------------------------------------------------------- #
+# Figures
+# --------------------------------------------------------------------------- #
 
 
 def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Optional[Sequence[str]] = None,
               x_axes: Sequence[str] = ("round", "elapsed"), title: Optional[str] = None,
-              name: str = "overview.png", per_metric: bool = True, labels: Optional[Sequence[str]] = None) -> list:
-    """Write PNGs for the runs in ``paths`` (run or comparison folders); returns the file paths.
+              name: str = "overview", per_metric: bool = True, labels: Optional[Sequence[str]] = None,
+              formats=DEFAULT_FORMATS, f_star: Optional[float] = None, setup: bool = True) -> list:
+    """Write figures of the runs in ``paths`` (run or comparison folders); returns the file paths.
 
-    One PNG per (metric, x axis) unless ``per_metric=False``, then the overview grid ``name``
-    (always last in the returned list). ``labels`` replaces the runs' legend labels.
+    One figure per (metric, x axis) unless ``per_metric=False``, then the overview grid ``name``
+    (its files always last in the returned list), each in every one of ``formats`` (``"png,pdf"``
+    or a sequence; see :data:`FORMATS`). ``labels`` replaces the runs' legend labels. ``title`` is
+    printed above the setup line (``setup=False`` leaves the setup line out). ``f_star`` (F*) makes
+    the ``suboptimality`` metric f + h − F* available for every run (else a run's summary.json
+    ``f_star``) and the default in place of f + h. Every argument is checked before a file is written.
     """
-    runs = [load_run(p) for p in find_runs(paths)]
-    metrics = list(metrics or DEFAULT_METRICS)
-    _check_metrics(metrics, runs)
+    formats = parse_formats(formats)
+    if f_star is not None and (isinstance(f_star, bool) or not isinstance(f_star, (int, float))
+                               or not math.isfinite(f_star)):
+        raise ValueError(f"--f-star {f_star!r}: must be a finite number (the optimal value F*)")
     bad_x = [x for x in x_axes if x not in ("round", "elapsed")]
     if bad_x:
         raise ValueError(f"--x {' '.join(bad_x)}: unknown x axis; valid: round, elapsed")
-    plt = _mpl()
+    runs = [load_run(p) for p in find_runs(paths)]
+    if f_star is not None:
+        for r in runs:
+            r["f_star"] = float(f_star)
+    if metrics is None:  # the defaults these runs have (a regression run has no accuracy)
+        known = any(r["f_star"] is not None for r in runs)
+        have = available_metrics(runs)
+        metrics = [m for m in (("suboptimality" if m == "f+h" and known else m) for m in DEFAULT_METRICS) if m in have]
+        if not metrics:
+            raise ValueError(f"{', '.join(paths)}: the runs hold no metric to plot (no f+h, accuracy, stationarity or "
+                             f"sparsity); give --metrics, available: {', '.join(have) or 'none'}")
+    metrics = list(metrics)
+    _check_metrics(metrics, runs)
     if labels is not None:
         if len(labels) != len(runs):
             raise ValueError(f"{len(labels)} labels for {len(runs)} runs")
         for r, lab in zip(runs, labels):
             r["label"] = lab
+    plt = _mpl()
+    stem = os.path.splitext(name)[0] if os.path.splitext(name)[1].lstrip(".").lower() in FORMATS else name
+    heading = "\n".join(t for t in (title, setup_line(runs) if setup else None) if t)
     out_dir = out_dir or (paths[0] if os.path.isdir(paths[0]) else ".")
     os.makedirs(out_dir, exist_ok=True)
     files = []
-    rc = {"font.size": 11, "axes.titlesize": 12, "legend.fontsize": 9, "axes.spines.top": False,
-          "axes.spines.right": False}
-    with plt.rc_context(rc):
+
+    def save(fig, base: str, dpi: int) -> None:
+        for ext in formats:
+            f = os.path.join(out_dir, f"{base}.{ext}")
+            fig.savefig(f, dpi=dpi)
+            files.append(f)
+
+    with plt.rc_context(_RC):
         for m in metrics if per_metric else ():
             for x in x_axes:
-                fig, ax = plt.subplots(figsize=(5.2, 3.9))
+                fig, ax = plt.subplots(figsize=(5.6, 4.2))
                 if line_plot(ax, runs, m, x):
                     ax.legend(frameon=False)
-                    if title:
-                        ax.set_title(title)
+                    if heading:
+                        ax.set_title(_wrap(heading, 12 * fig.get_figwidth()), fontsize=9, loc="left")
                     fig.tight_layout()
-                    f = os.path.join(out_dir, f"{_safe(m)}_vs_{'round' if x == 'round' else 'time'}.png")
-                    fig.savefig(f, dpi=130)
-                    files.append(f)
+                    save(fig, f"{_safe(m)}_vs_{'round' if x == 'round' else 'time'}", 130)
                 plt.close(fig)
         fig, axes = plt.subplots(len(x_axes), len(metrics), figsize=(4.2 * len(metrics), 3.4 * len(x_axes)),
                                  squeeze=False)
@@ -185,29 +332,30 @@ def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Opti
         if any_drawn:
             handles, names = next(((a.get_legend_handles_labels()) for row in axes for a in row if a.get_visible()),
                                   ([], []))
-            top = 1.0 - 0.3 / fig.get_figheight()  # room for the legend (and title) in inches
-            if title:
-                fig.suptitle(title, y=0.995)
-                top -= 0.3 / fig.get_figheight()
-            fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, top + 0.3 / fig.get_figheight()),
+            inch = 1.0 / fig.get_figheight()  # layout in inches: heading lines, then the legend, then the axes
+            head = _wrap(heading, 16 * fig.get_figwidth()) if heading else ""
+            legend_top = 1.0 - (0.05 + (0.19 * (head.count("\n") + 1) + 0.05 if head else 0.0)) * inch
+            rows = math.ceil(len(names) / 6)
+            fig.tight_layout(rect=(0, 0, 1, legend_top - 0.25 * rows * inch))  # before the heading and legend exist
+            if head:
+                fig.suptitle(head, y=1.0 - 0.05 * inch, va="top", fontsize=10)
+            fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, legend_top),
                        ncol=min(len(names), 6), frameon=False)
-            fig.tight_layout(rect=(0, 0, 1, top))
-            f = os.path.join(out_dir, name)
-            fig.savefig(f, dpi=110)
-            files.append(f)
+            save(fig, stem, 110)
         plt.close(fig)
     return files
 
 
-_ALIASES = ("accuracy", "stationarity")
+_ALIASES = ("accuracy", "stationarity", "suboptimality")
 
 
 def available_metrics(runs: list) -> list:
-    """Metric names :func:`plot_runs` can draw for ``runs``: the aliases and every numeric key of their rows."""
+    """Metric names :func:`plot_runs` can draw for ``runs``: the aliases and every numeric key of their rows
+    (``suboptimality`` where F* is known)."""
     keys = {k for r in runs for row in r["rows"] for k, v in row.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "round"}
-    return [m for m in (*DEFAULT_METRICS, *sorted(keys)) if m in keys or m in _ALIASES
-            and any(_series(r["rows"], m, "round")[0] for r in runs)]
+    names = dict.fromkeys((*DEFAULT_METRICS, "suboptimality", *sorted(keys)))
+    return [m for m in names if m in keys or m in _ALIASES and any(_series(r, m, "round")[0] for r in runs)]
 
 
 def _check_metrics(metrics: Sequence[str], runs: list) -> None:
@@ -215,7 +363,25 @@ def _check_metrics(metrics: Sequence[str], runs: list) -> None:
     have = available_metrics(runs)
     bad = [m for m in metrics if m not in have]
     if bad:
-        raise ValueError(f"--metrics {' '.join(bad)}: not a metric of these runs; available: {', '.join(have)}")
+        hint = ("; suboptimality needs F*: give --f-star VALUE" if "suboptimality" in bad
+                and "suboptimality" not in have else "")
+        raise ValueError(f"--metrics {' '.join(bad)}: not a metric of these runs; available: {', '.join(have)}{hint}")
+
+
+def _wrap(text: str, width: float) -> str:
+    """Break each line of ``text`` at its " · " separators so that no line is much longer than
+    ``width`` characters (a setup line must fit the figure, not run off its edge)."""
+    out = []
+    for line in text.split("\n"):
+        cur = ""
+        for part in line.split(" · "):
+            if cur and len(cur) + 3 + len(part) > width:
+                out.append(cur)
+                cur = part
+            else:
+                cur = f"{cur} · {part}" if cur else part
+        out.append(cur)
+    return "\n".join(out)
 
 
 def _safe(metric: str) -> str:

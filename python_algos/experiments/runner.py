@@ -378,6 +378,11 @@ def _read_config_json(path: str) -> Config:
                              f"from a copy") from None
     if not isinstance(d, dict):
         raise RunFolderError(f"{path}: expected a JSON object of settings")
+    if d.get("api_run") is True:  # written by History.save: no checkpoint, no data recipe to rebuild the run
+        folder = os.path.dirname(path) or "."
+        raise RunFolderError(f"cannot resume {folder}: it is a run saved from Python with History.save (a simulate() "
+                             f"result), which has no checkpoint or data settings to continue from; draw it with "
+                             f"`python -m python_algos plot {shlex.quote(folder)}` (nothing was changed)")
     try:
         return Config.from_dict(d)
     except ConfigError as e:
@@ -499,7 +504,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
 def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None,
                    resume: bool = False, rounds: Optional[int] = None, progress: bool = True,
                    extra_eval: Optional[Callable] = None, label: Optional[str] = None,
-                   log: Callable[[str], None] = print, replace: bool = True) -> dict:
+                   log: Callable[[str], None] = print, replace: bool = True, f_star: Optional[float] = None) -> dict:
     """Run ``cfg`` into ``out_dir`` (see the module docstring); returns the summary dict.
 
     ``fed``: an already prepared split of this config's data (a comparison shares one).
@@ -509,10 +514,19 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     ``replace=False`` refuses a fresh run into a folder that already holds one. ``extra_eval(params)
     -> dict`` adds metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run
     with status ``"diverged"``; the checkpoint of the last good round is kept. Ctrl-C writes the
-    summary so far (status ``"interrupted"``) and raises :class:`Interrupted`.
+    summary so far (status ``"interrupted"``) and raises :class:`Interrupted`. ``f_star``: the problem's
+    optimal value F*, when the caller knows it; recorded in summary.json, where ``plot`` finds it
+    and draws the suboptimality f + h − F*.
     """
+    _check_f_star(f_star)
     prep = prepare_run(cfg, out_dir, fed=fed, resume=resume, rounds=rounds, replace=replace)
-    return execute_run(prep, progress=progress, extra_eval=extra_eval, label=label, log=log)
+    return execute_run(prep, progress=progress, extra_eval=extra_eval, label=label, log=log, f_star=f_star)
+
+
+def _check_f_star(f_star) -> None:
+    if f_star is not None and (isinstance(f_star, bool) or not isinstance(f_star, (int, float))
+                               or not math.isfinite(f_star)):
+        raise ValueError(f"f_star must be a finite number (the optimal value F*), got {f_star!r}")
 
 
 def _start_folder(prep: PreparedRun, log) -> None:
@@ -547,8 +561,10 @@ def _start_folder(prep: PreparedRun, log) -> None:
 
 
 def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optional[Callable] = None,
-                label: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
+                label: Optional[str] = None, log: Callable[[str], None] = print,
+                f_star: Optional[float] = None) -> dict:
     """Run a :class:`PreparedRun` into its folder; returns the summary (see :func:`run_experiment`)."""
+    _check_f_star(f_star)
     cfg, out_dir, fed, model, algorithm, reg, snap = (prep.cfg, prep.out_dir, prep.fed, prep.model, prep.algorithm,
                                                       prep.reg, prep.snap)
     ds = fed.dataset
@@ -647,6 +663,8 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     }
     if executor == "distributed":
         summary["inner_executor"] = cfg.executor
+    if f_star is not None:
+        summary["f_star"] = float(f_star)
     if status["interrupted"]:
         summary["message"] = (f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; "
                               + (f"the last checkpoint is round {last_ckpt}, where the run resumes"

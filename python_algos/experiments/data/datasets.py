@@ -21,6 +21,8 @@ a9a                files      multiclass  LIBSVM ``a9a``/``a9a.t``; 2 classes (a
                                           248 parameters, as in FedCanon Fig. 1)
 libsvm             files      auto        any LIBSVM file: ``file=`` (``test_file=`` optional)
 femnist            files      multiclass  LEAF JSON; writer ids in ``groups``
+sklearn:NAME       sklearn    per NAME    scikit-learn's bundled digits, breast_cancer, wine, iris,
+                                          diabetes (see :mod:`.sklearn_data`; needs scikit-learn)
 =================  =========  ==========  ========================================================
 
 Tasks: ``multiclass`` (cross-entropy over ``num_classes`` logits), ``binary`` (one logit,
@@ -37,12 +39,15 @@ import numpy as np
 import torch
 
 from . import loaders, partitions, synthetic
+from .sklearn_data import PREFIX as SKLEARN_PREFIX
+from .sklearn_data import SKLEARN, load_sklearn
 
 __all__ = ["Dataset", "FederatedData", "DATASETS", "BUILTIN", "load_dataset", "federate"]
 
 BUILTIN = ("sparse_logistic", "sparse_linear", "synthetic", "image_like")
 FILES = ("mnist", "fashion_mnist", "cifar10", "a9a", "libsvm", "femnist")
-DATASETS = BUILTIN + FILES
+SKLEARN_DATASETS = tuple(SKLEARN_PREFIX + n for n in SKLEARN)  # sklearn:digits, ... (bundled with scikit-learn)
+DATASETS = BUILTIN + FILES + SKLEARN_DATASETS
 
 
 @dataclasses.dataclass
@@ -104,6 +109,13 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
     key = name.lower().replace("-", "_")
     if key == "fmnist":
         key = "fashion_mnist"
+    if key.startswith(SKLEARN_PREFIX):
+        unknown = set(opts) - {"standardize"}
+        if unknown:
+            raise ValueError(f"dataset {key!r} does not take option(s) {sorted(unknown)}; it takes: standardize")
+        sub = key[len(SKLEARN_PREFIX):]
+        X, y, Xt, yt, task, classes, source = load_sklearn(sub, seed=seed, test_fraction=test_fraction, **opts)
+        return Dataset(key, X, y, Xt, yt, task, classes, source=source)
     if key not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     if key in FILES:
@@ -194,7 +206,8 @@ def federate(ds: Dataset, partition: str = "iid", num_clients: int = 10, seed: i
         parts = partitions.iid(n, num_clients, seed)
     elif partition in ("dirichlet", "shards"):
         if ds.task == "regression":
-            raise ValueError(f"partition {partition!r} needs class labels; dataset {ds.name!r} is a regression task")
+            raise ValueError(f"partition {partition!r} needs class labels; dataset {ds.name!r} is a regression task "
+                             f"(use partition 'iid')")
         if partition == "dirichlet":
             ms = min(10, n // (2 * num_clients)) if min_size is None else min_size
             parts = partitions.dirichlet(ds.y, num_clients, eta, seed=seed, min_size=ms)
