@@ -42,7 +42,7 @@ PENALTIES = [
 SMALL_SHAPES = [(1,), (1000,), (5, 1031), (70_000, 3)]
 LARGE_SHAPE = ((1 << 24) + 1000,)
 #: buffers whose final values went through the row reduction (summation order differs by backend)
-REDUCED = ("ball", "ball_c")
+REDUCED = ("ball", "ball_c", "gl_rows", "gl_cols")
 
 
 class Counted:
@@ -70,7 +70,8 @@ def make_inputs(shape, dtype, seed: int = 0) -> Dict[str, torch.Tensor]:
     def rnd(s, scale=2.0):
         return (torch.randn(s, generator=gen, dtype=torch.float64) * scale).to(dtype)
 
-    T = {n: rnd(shape) for n in ("a", "b", "x", "z", "x2", "z2", "zh", "g", "c", "m", "ball", "ball_c")}
+    T = {n: rnd(shape) for n in ("a", "b", "x", "z", "x2", "z2", "zh", "g", "c", "m", "ball", "ball_c",
+                                     "gl_rows", "gl_cols")}
     T.update({n: rnd(shape[-1:]) for n in ("g_row", "c_row", "y_row", "z_row", "r_row")})
     T["lo_row"], T["hi_row"] = -T["r_row"].abs(), T["r_row"].abs()
     r = rnd(shape)
@@ -99,6 +100,11 @@ def touch_every_kernel(api, T: Dict[str, torch.Tensor]) -> Dict[str, torch.Tenso
     api.control_update_(T["c"], T["y_row"], T["g"])
     api.l2_ball_(T["ball"], 1.5, None)
     api.l2_ball_(T["ball_c"], 1.5, T["r_row"])
+    # group lasso: a stack is one matrix; a vector holds a [2, d // 2] matrix from element 1 on
+    d = T["gl_rows"].shape[-1]
+    where = {} if T["gl_rows"].dim() == 2 else {"shape": (2, (d - 1) // 2), "start": 1}
+    api.group_lasso_(T["gl_rows"], 0.4, 1.5, "rows", **where)
+    api.group_lasso_(T["gl_cols"], 0.4, 1.5, "cols", **where)
     out.update(T)
     return out
 

@@ -173,6 +173,24 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("l2_ball_scratch_size", [](int64_t rows, int64_t cols) { return rows * reduce_chunks(cols); });
 
+  // group_lasso_ on `blocks` row-major [rows, cols] matrices, block_stride elements apart: the
+  // reduction over the groups (rows, or columns with by_column; factors max(0, 1 - threshold /
+  // ||x_g||) in `factor`, chunk sums in `scratch`, sized by l2_ball_scratch_size(groups, group
+  // length)), then the scale pass in row-major order. No host sync.
+  m.def("group_lasso", [](int backend, int dtype, int device, uintptr_t stream, int64_t blocks,
+                          int64_t rows, int64_t cols, uintptr_t x, int64_t block_stride,
+                          bool by_column, uintptr_t scratch, uintptr_t factor, double threshold) {
+    if (blocks * rows * cols == 0) return;
+    const GroupLayout layout = by_column ? GroupLayout{x, cols, block_stride, 1, cols}
+                                         : GroupLayout{x, rows, block_stride, cols, 1};
+    const Launch reduce_launch = by_column ? make_launch(dtype, device, stream, blocks * cols, rows)
+                                           : make_launch(dtype, device, stream, blocks * rows, cols);
+    GroupSumSqArgs reduce{layout, scratch, factor, threshold};
+    FK_RUN(group_lasso_factors, reduce_launch, reduce);
+    GroupScaleArgs scale{x, rows, cols, block_stride, by_column, factor};
+    FK_RUN(group_scale, make_launch(dtype, device, stream, blocks * rows, cols), scale);
+  });
+
   m.def("plan_prox", [](int kind, double step, double p1, double p2) {
     const ProxPlan p = plan_checked(kind, step, p1, p2);
     return std::make_tuple(p.impl, p.c0, p.c1, p.c2, p.c3, p.c4);

@@ -84,13 +84,15 @@ void dispatch_op(const Launch& L, const Args& a, Run&& run) {
   });
 }
 
-// Backend entry points, one per op in FK_ELEMENTWISE_OPS plus the row reduction of l2_ball_.
+// Backend entry points, one per op in FK_ELEMENTWISE_OPS plus the row reductions of l2_ball_ and
+// group_lasso_.
 #define FK_DECLARE_BACKENDS(name, Args, Op, prox)                                     \
   void name##_cpu(const Launch& L, const Args& a);                                    \
   void name##_cuda(const Launch& L, const Args& a);                                   \
   void name##_cuda_emulated(const Launch& L, const Args& a, const EmulationConfig& e);
 FK_ELEMENTWISE_OPS(FK_DECLARE_BACKENDS)
 FK_DECLARE_BACKENDS(l2_ball_factors, SumSqArgs, unused, false)
+FK_DECLARE_BACKENDS(group_lasso_factors, GroupSumSqArgs, unused, false)
 #undef FK_DECLARE_BACKENDS
 
 // CPU threading (fedkernels.set_num_threads); defaults to OpenMP's own default.

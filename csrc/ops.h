@@ -88,6 +88,60 @@ struct SumSqArgs {
   bool has_center;
 };
 
+// Group lasso: the groups of one call are rows or columns of one or more matrices, addressed with
+// strides so that neither a column group nor a matrix inside a row of a [N, d] client stack needs a
+// copy. Group g (0 <= g < n_groups) of length `len` has its element j at
+//   (g / per_block) * block_stride + (g % per_block) * group_stride + j * elem_stride
+// from `ptr`: rows of an [R, C] matrix are (per_block R, group_stride C, elem_stride 1), columns
+// (per_block C, group_stride 1, elem_stride C); block_stride steps from one client's matrix to the
+// next (d for a [N, d] stack).
+struct GroupLayout {
+  uintptr_t ptr = 0;
+  int64_t per_block = 1, block_stride = 0, group_stride = 0, elem_stride = 1;
+};
+template <typename S>
+struct GroupView {
+  S* p;
+  int64_t per_block, block_stride, group_stride, elem_stride;
+  explicit GroupView(const GroupLayout& g)
+      : p(reinterpret_cast<S*>(g.ptr)),
+        per_block(g.per_block),
+        block_stride(g.block_stride),
+        group_stride(g.group_stride),
+        elem_stride(g.elem_stride) {}
+  FK_HD int64_t at(int64_t g, int64_t j) const {
+    const int64_t b = g / per_block;
+    return b * block_stride + (g - b * per_block) * group_stride + j * elem_stride;
+  }
+};
+// Reduction pass of group_lasso_: per-group sums of x^2 (order of math/reduce.h), one factor each.
+struct GroupSumSqArgs {
+  GroupLayout x;
+  uintptr_t scratch;  // double[n_groups * reduce_chunks(len)]
+  uintptr_t factor;   // double[n_groups]: output
+  double threshold;   // step * lam
+};
+// Scale pass of group_lasso_, in the matrices' own row-major order (contiguous for rows and
+// columns alike): element (i, j) of matrix b, at b * block_stride + i * cols + j, is multiplied by
+// the factor of its group, b * rows + i (rows) or b * cols + j (columns). The launch extent is
+// [blocks * rows, cols].
+struct GroupScaleArgs {
+  uintptr_t ptr;
+  int64_t rows, cols, block_stride;
+  bool by_column;
+  uintptr_t factor;
+};
+
+// The per-row (per-group) factor of each reduction, from the reduced sum of squares.
+struct L2BallFactor {
+  double radius;
+  FK_HD double operator()(double sumsq) const { return l2_ball_factor(sumsq, radius); }
+};
+struct GroupLassoFactor {
+  double threshold;
+  FK_HD double operator()(double sumsq) const { return group_lasso_factor(sumsq, threshold); }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Functors. S = storage type, IMPL = prox formula (ignored by ops without a prox).
 
@@ -272,6 +326,39 @@ struct SumSqTerm {
   }
 };
 
+template <typename S, int IMPL>
+struct GroupScaleOp {
+  using T = typename Acc<S>::type;
+  S* p;
+  int64_t rows, cols, block_stride;
+  bool by_column;
+  const double* factors;
+  explicit GroupScaleOp(const GroupScaleArgs& a)
+      : p(reinterpret_cast<S*>(a.ptr)),
+        rows(a.rows),
+        cols(a.cols),
+        block_stride(a.block_stride),
+        by_column(a.by_column),
+        factors(reinterpret_cast<const double*>(a.factor)) {}
+  FK_HD void operator()(int64_t r, int64_t j) const {  // r = b * rows + i
+    const int64_t b = r / rows;
+    const int64_t idx = b * block_stride + (r - b * rows) * cols + j;
+    const int64_t g = by_column ? b * cols + j : r;
+    store(p, idx, load(p, idx) * static_cast<T>(factors[g]));
+  }
+};
+
+// Reduction body of group_lasso_: the square of one group element, in double.
+template <typename S>
+struct GroupSumSqTerm {
+  GroupView<const S> x;
+  explicit GroupSumSqTerm(const GroupSumSqArgs& a) : x(a.x) {}
+  FK_HD double operator()(int64_t g, int64_t j) const {
+    const double v = static_cast<double>(load(x.p, x.at(g, j)));
+    return v * v;
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // The op table: X(name, Args, Functor, uses_prox_plan). Each backend expands it once to define
 // `void <name>_<backend>(const Launch&, const Args&)`, and the bindings expand it again. It is
@@ -288,7 +375,8 @@ struct SumSqTerm {
   X(cv_step, CvStepArgs, CvStepOp, false)                              \
   X(normalized_delta, NormalizedDeltaArgs, NormalizedDeltaOp, false)   \
   X(control_update, ControlUpdateArgs, ControlUpdateOp, false)         \
-  X(l2_ball_scale, L2BallArgs, L2BallOp, false)
+  X(l2_ball_scale, L2BallArgs, L2BallOp, false)                       \
+  X(group_scale, GroupScaleArgs, GroupScaleOp, false)
 #define FK_ELEMENTWISE_OPS(X) FK_PROX_OPS(X) FK_FUSED_PROX_OPS(X) FK_PLAIN_OPS(X)
 
 }  // namespace fk

@@ -6,7 +6,8 @@
     fk.fused.prox_grad_step_(z, dbar, 0.1, reg, 0.1, fast=True)   # FedCanon server step
 
 Layers: ``fk.raw`` (validated, low-overhead kernel calls), ``fk.ops`` (the same as registered
-torch ops, for torch.compile), regularizer objects (``fk.L1`` ... ``fk.L2Ball``), ``fk.fused``
+torch ops, for torch.compile), regularizer objects (``fk.L1`` ... ``fk.L2Ball``, ``fk.GroupLasso``;
+``fk.PerParameter`` for one penalty per parameter), ``fk.fused``
 (regularizer-aware fused updates), ``fk.FlatParams`` (a model as one vector), ``fk.optim``
 (``ProxSGD``, ``Proximal``: torch.optim-style proximal optimizers).
 """
@@ -14,6 +15,7 @@ torch ops, for torch.compile), regularizer objects (``fk.L1`` ... ``fk.L2Ball``)
 from . import fused, ops, optim, raw
 from ._backend import backend_info, emulate_cuda, get_num_threads, set_num_threads
 from .flat import FlatParams
+from .per_parameter import PerParameter
 from .profiling import ProxStats, prox_stats
 from .regularizers import (
     MCP,
@@ -21,6 +23,7 @@ from .regularizers import (
     Box,
     ElasticNet,
     L1,
+    GroupLasso,
     L2Ball,
     NonNeg,
     Regularizer,
@@ -51,5 +54,7 @@ __all__ = [
     "Box",
     "NonNeg",
     "L2Ball",
+    "GroupLasso",
     "Scaled",
+    "PerParameter",
 ]

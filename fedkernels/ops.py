@@ -25,6 +25,7 @@ __all__ = [
     "box_tensor_",
     "box_tensor",
     "l2_ball_",
+    "group_lasso_",
     "cv_step_",
     "normalized_delta",
     "normalized_delta_",
@@ -125,6 +126,23 @@ def l2_ball_(x: Tensor, radius: float, center: Optional[Tensor] = None) -> Tenso
     """In place: project x (each row of a 2-D stack) onto the ball ||u - center|| <= radius."""
     not_tracked("x", x)
     torch.ops.fedkernels.l2_ball_(x, radius, center)
+    return x
+
+
+@torch.library.custom_op(_lib + "group_lasso_", mutates_args=("x",))
+def _group_lasso_(x: Tensor, lam: float, step: float, groups: str, shape: Optional[list[int]], start: int) -> None:
+    raw.group_lasso_(x, lam, step, groups, None if shape is None else tuple(shape), start)
+
+
+@_group_lasso_.register_fake
+def _(x, lam, step, groups, shape, start):
+    return None
+
+
+def group_lasso_(x: Tensor, lam: float, step: float, groups: str = "rows", shape=None, start: int = 0) -> Tensor:
+    """In place: block soft-thresholding of the rows or columns of a matrix (see raw.group_lasso_)."""
+    not_tracked("x", x)
+    torch.ops.fedkernels.group_lasso_(x, lam, step, groups, None if shape is None else list(shape), start)
     return x
 
 

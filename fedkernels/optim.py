@@ -14,6 +14,18 @@ methods (Adam, RMSprop, Adagrad) this is the usual heuristic, not an exact proxi
 step taken is ``lr`` scaled per coordinate by the optimizer's preconditioner, while the prox uses
 the plain ``lr``.
 
+**Per-parameter penalties.** ``regularizer`` (or a group's ``"regularizer"``) may be a mapping from
+parameter names or fnmatch patterns to regularizers (``None``: no penalty), with the rules of
+``fk.PerParameter`` (an exact name wins, then the first matching pattern; unmatched parameters get
+no penalty; a key that decides no parameter is an error). It needs the parameters' names, so pass
+``model.named_parameters()`` (torch >= 2.5 optimizers accept named parameters)::
+
+    opt = fk.optim.ProxSGD(model.named_parameters(), lr=0.1,
+                           regularizer={"0.weight": fk.GroupLasso(1e-2, groups="cols"), "*.bias": None})
+
+Each parameter then gets its own penalty's prox, a ``GroupLasso`` on the parameter as a matrix
+([out, everything else]), any other penalty on the parameter as a flat vector.
+
 Separable penalties (L1, ElasticNet, MCP, SCAD, NonNeg, scalar Box, and their scalings) are
 applied with one fused call per parameter, or with one call over the whole flat buffer when the
 group's parameters are consecutive views of one buffer (``fk.FlatParams``). Non-separable ones
@@ -22,18 +34,21 @@ group's parameters are consecutive views of one buffer (``fk.FlatParams``). Non-
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Optional
 
 import torch
 
+from .per_parameter import PerParameter
 from .regularizers import Regularizer
 
 __all__ = ["ProxSGD", "Proximal"]
 
 
 def _check_regularizer(reg, where: str):
-    if reg is not None and not isinstance(reg, Regularizer):
-        raise TypeError(f"{where} must be a fedkernels Regularizer or None, got {type(reg).__name__}")
+    if reg is not None and not isinstance(reg, (Regularizer, Mapping)):
+        raise TypeError(f"{where} must be a fedkernels Regularizer, a mapping of parameter names or patterns to "
+                        f"Regularizers, or None, got {type(reg).__name__}")
     return reg
 
 
@@ -59,6 +74,32 @@ def _flat_span(params: list) -> Optional[torch.Tensor]:
 class _ProxMixin:
     """The prox pass shared by both optimizers; ``self._default_reg`` is the group fallback."""
 
+    def _compile_mappings(self, groups: list) -> None:
+        """Replace every mapping regularizer by a ``PerParameter`` over the names of the groups that
+        use it (the default's mapping: every group that does not set its own)."""
+        built: dict[int, PerParameter] = {}
+        for mapping in {id(g.get("regularizer")): g.get("regularizer") for g in groups}.values():
+            if not isinstance(mapping, Mapping):
+                continue
+            users = [g for g in groups if g.get("regularizer") is mapping]
+            named = []
+            for g in users:
+                if "param_names" not in g:
+                    raise TypeError("a regularizer mapping needs the parameters' names: pass model.named_parameters() "
+                                    "(or param groups of (name, parameter) pairs) instead of model.parameters()")
+                named += list(zip(g["param_names"], g["params"]))
+            built[id(mapping)] = PerParameter(named, mapping)
+            for g in users:
+                g["regularizer"] = built[id(mapping)]
+        if isinstance(self._default_reg, Mapping):
+            self._default_reg = built.get(id(self._default_reg), self._default_reg)
+
+    def _prox_per_parameter(self, group: dict, reg: PerParameter, lr: float, fast: bool) -> None:
+        for name, p in zip(group["param_names"], group["params"]):
+            sub = reg.regularizer_of(name)
+            if sub is not None and p.grad is not None:
+                sub.prox_(reg.view_for(name, p), lr, fast=fast)
+
     def _prox_groups(self) -> None:
         compiling = torch.compiler.is_compiling()
         with torch.no_grad():
@@ -68,6 +109,9 @@ class _ProxMixin:
                     continue
                 lr = group["lr"]
                 lr = float(lr) if isinstance(lr, torch.Tensor) else lr
+                if isinstance(reg, PerParameter):
+                    self._prox_per_parameter(group, reg, lr, not compiling)
+                    continue
                 params = [p for p in group["params"] if p.grad is not None]  # those SGD stepped
                 if not params:
                     continue
@@ -112,7 +156,8 @@ class ProxSGD(_ProxMixin, torch.optim.SGD):
     Args:
         params: parameters or param-group dicts; a group may set ``"regularizer"`` (``None``: no prox).
         lr: learning rate (also the prox step).
-        regularizer: the default h for groups that do not set one (``None``: plain SGD).
+        regularizer: the default h for groups that do not set one (``None``: plain SGD), or a
+            mapping of parameter names / patterns to regularizers (needs named parameters).
         momentum, dampening, nesterov, weight_decay: as in ``torch.optim.SGD``.
     """
 
@@ -124,6 +169,7 @@ class ProxSGD(_ProxMixin, torch.optim.SGD):
         for i, g in enumerate(self.param_groups):
             g.setdefault("regularizer", self._default_reg)
             _check_regularizer(g["regularizer"], f"param group {i}'s regularizer")
+        self._compile_mappings(self.param_groups)
 
     def add_param_group(self, param_group: dict) -> None:
         if hasattr(self, "_default_reg"):
@@ -168,6 +214,10 @@ class Proximal(_ProxMixin, torch.optim.Optimizer):
         # both optimizers see one set of hyper-parameters; the state is the base's.
         super().__init__(base_optimizer.param_groups, base_optimizer.defaults)
         self.state = base_optimizer.state
+        if isinstance(self._default_reg, Mapping):
+            for g in self.param_groups:
+                g.setdefault("regularizer", self._default_reg)
+        self._compile_mappings(self.param_groups)
 
     def add_param_group(self, param_group: dict) -> None:
         if hasattr(self, "base") and not any(param_group is g for g in self.base.param_groups):

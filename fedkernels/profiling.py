@@ -57,3 +57,14 @@ def run_counted(rows: int, fn, *args) -> None:
     stats.seconds += time.perf_counter() - t0
     stats.evaluations += rows
     stats.calls += 1
+
+
+@contextlib.contextmanager
+def paused():
+    """Record nothing inside (a composite prox that counts itself once, e.g. fk.PerParameter)."""
+    previous = active()
+    _local.stats = None
+    try:
+        yield
+    finally:
+        _local.stats = previous

@@ -34,6 +34,7 @@ __all__ = [
     "box_tensor_",
     "box_tensor",
     "l2_ball_",
+    "group_lasso_",
     "cv_step_",
     "normalized_delta",
     "normalized_delta_",
@@ -140,6 +141,85 @@ def l2_ball_(x: torch.Tensor, radius: float, center: torch.Tensor | None = None)
     factors = scratch.data_ptr() + (scratch.numel() - rows) * 8
     run_counted(rows, _C.l2_ball, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, c.data_ptr(), cs,
                 has_center, scratch.data_ptr(), factors, radius)
+    _written((x,))
+    return x
+
+
+GROUPS = ("rows", "cols")
+
+
+def group_lasso_(x: torch.Tensor, lam: float, step: float, groups: str = "rows",
+                 shape: tuple[int, int] | None = None, start: int = 0) -> torch.Tensor:
+    """Group lasso prox (block soft-thresholding), in place: every group x_g (a row or a column of a
+    matrix) becomes x_g * max(0, 1 - step * lam / ||x_g||_2).
+
+    Without ``shape``, x is one [R, C] matrix or a [N, R, C] stack of matrices (each on its own).
+    With ``shape=(R, C)``, x is a flat [d] vector or a [N, d] stack of them and the matrix of each
+    row is the R*C elements from ``start`` on, row-major: a 2-D parameter inside a flat parameter
+    vector or client stack, reached without a copy. ``groups="cols"`` sums each column with stride C
+    (no transposed copy; on the CPU 8 neighbouring columns at a time, so rows are read whole) and
+    the scale pass runs in row-major order for both ([128, 784] float32, 1 thread: 21 us rows,
+    33 us columns).
+
+    Two passes, as ``l2_ball_``: a per-group sum of squares in float64 in the fixed order of every
+    backend (bit-identical results everywhere), then a scale pass. A group whose norm is at most
+    step * lam (an all-zero group included) becomes exactly 0; a group containing NaN becomes NaN.
+    """
+    V.mutable("x", x)
+    lam = V.nonneg("lam", lam)
+    step = V.nonneg("step", step)
+    if groups not in GROUPS:
+        raise ValueError(f"groups must be one of {GROUPS}, got {groups!r}")
+    if shape is None:
+        if x.dim() not in (2, 3):
+            raise ValueError(f"x must be a 2-D [R, C] matrix or a 3-D [N, R, C] stack of matrices, got shape "
+                             f"{tuple(x.shape)} (for a matrix inside a flat vector pass shape=(R, C) and start)")
+        if isinstance(start, bool) or not isinstance(start, int) or start != 0:
+            raise ValueError(f"start must be 0 without shape, got {start!r}")
+        n, (R, C) = (1 if x.dim() == 2 else x.shape[0]), tuple(x.shape[-2:])
+        block = R * C
+    else:
+        if (not isinstance(shape, (tuple, list)) or len(shape) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in shape)):
+            raise ValueError(f"shape must be a pair (R, C) of ints >= 0, got {shape!r}")
+        if x.dim() not in (1, 2):
+            raise ValueError(f"with shape, x must be a flat [d] vector or a [N, d] stack, got shape {tuple(x.shape)}")
+        R, C = shape
+        n, block = V.extent(x)
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0 or start + R * C > block:
+            raise ValueError(f"start must be an int with 0 <= start and start + R*C <= {block} (the row length of x), "
+                             f"got start={start!r} for shape {tuple(shape)}")
+    if n * R * C == 0:
+        _written((x,))
+        return x
+    # groups: rows (n * R of length C) or columns (n * C of length R) of the n matrices
+    count, length = (n * R, C) if groups == "rows" else (n * C, R)
+    b, dev, stream = backend_for(x)
+    scratch = torch.empty(_C.l2_ball_scratch_size(count, length) + count, dtype=torch.float64, device=x.device)
+    factors = scratch.data_ptr() + (scratch.numel() - count) * 8
+    run_counted(n, _C.group_lasso, b, DTYPE_CODES[x.dtype], dev, stream, n, R, C,
+                x.data_ptr() + start * x.element_size(), block, groups == "cols", scratch.data_ptr(), factors,
+                step * lam)
+    _written((x,))
+    return x
+
+
+def _prox_columns_(x: torch.Tensor, start: int, stop: int, kind, step, p1=0.0, p2=0.0) -> torch.Tensor:
+    """In place on columns [start, stop) of every row of the [N, d] stack x: the separable prox of
+    ``prox_`` on a strided block (rows d apart), without copying it out (fk.PerParameter)."""
+    V.mutable("x", x)
+    if x.dim() != 2:
+        raise ValueError(f"x must be a [N, d] stack, got shape {tuple(x.shape)}")
+    rows, d = x.shape
+    if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop <= d):
+        raise ValueError(f"need 0 <= start <= stop <= {d}, got start={start!r}, stop={stop!r}")
+    code, step, p1, p2 = _penalty(kind, step, p1, p2)
+    if code == 0 or rows * (stop - start) == 0:
+        return x
+    b, dev, stream = backend_for(x)
+    ptr = x.data_ptr() + start * x.element_size()
+    run_counted(rows, _C.prox, b, DTYPE_CODES[x.dtype], dev, stream, rows, stop - start, ptr, d, ptr, d,
+                code, step, p1, p2)
     _written((x,))
     return x
 

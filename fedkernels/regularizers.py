@@ -26,7 +26,8 @@ import torch
 from . import _validate as V
 from . import ops, raw
 
-__all__ = ["Regularizer", "Zero", "L1", "ElasticNet", "MCP", "SCAD", "Box", "NonNeg", "L2Ball", "Scaled"]
+__all__ = ["Regularizer", "Zero", "L1", "ElasticNet", "MCP", "SCAD", "Box", "NonNeg", "L2Ball", "GroupLasso",
+           "Scaled"]
 
 
 def _impl(fast: bool):
@@ -270,6 +271,43 @@ class L2Ball(Regularizer):
     def __repr__(self):
         c = "0" if self.center is None else f"<tensor {tuple(self.center.shape)}>"
         return f"L2Ball(radius={self.radius:g}, center={c})"
+
+
+class GroupLasso(Regularizer):
+    """h(X) = lam * sum_g ||X_g||_2 over the rows (``groups="rows"``) or the columns
+    (``groups="cols"``) of a matrix X; convex (rho = 0). Prox: block soft-thresholding,
+    X_g <- X_g * max(0, 1 - step * lam / ||X_g||), so whole rows / columns become exactly 0.
+
+    It needs the matrix's shape: ``prox_``/``value`` take a 2-D [R, C] tensor or a [N, R, C] stack
+    of matrices. On a model's flat parameter vector use it for one parameter through a
+    per-parameter mapping (``fk.PerParameter``, or ``regularizer={"0.weight": GroupLasso(...)}`` in
+    ``simulate`` / ``fk.optim.ProxSGD``), which knows each parameter's shape; a parameter with more
+    than two dimensions (a conv weight [out, in, kh, kw]) is taken as [out, in * kh * kw].
+    Columns of the first layer's weight are the model's input features: ``groups="cols"`` there
+    selects features.
+    """
+
+    def __init__(self, lam: float, groups: str = "rows"):
+        self.lam = V.nonneg("lam", lam)
+        if groups not in raw.GROUPS:
+            raise ValueError(f"groups must be one of {raw.GROUPS}, got {groups!r}")
+        self.groups = groups
+
+    def prox_(self, x, step, *, fast=False):
+        return _impl(fast).group_lasso_(x, self.lam, step, self.groups)
+
+    def prox(self, x, step, *, fast=False):
+        V.float_tensor("x", x)
+        out = x.clone(memory_format=torch.contiguous_format)
+        return self.prox_(out, step, fast=fast)
+
+    def value(self, x):
+        if x.dim() not in (2, 3):
+            raise ValueError(f"GroupLasso needs a 2-D [R, C] matrix or a [N, R, C] stack, got shape {tuple(x.shape)}")
+        return self.lam * x.norm(dim=-1 if self.groups == "rows" else -2).sum()
+
+    def __repr__(self):
+        return f"GroupLasso(lam={self.lam:g}, groups={self.groups!r})"
 
 
 class Scaled(Regularizer):

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -188,7 +189,7 @@ def simulate(
     loss_fn: Callable,
     clients: Sequence,
     rounds: int,
-    regularizer: fk.Regularizer = fk.Zero(),
+    regularizer: "fk.Regularizer | Mapping" = fk.Zero(),
     batch_size: Optional[int] = None,
     seed: int = 0,
     eval_fn: Optional[Callable[[torch.Tensor], dict]] = None,
@@ -218,8 +219,13 @@ def simulate(
             are cast to the model's dtype.
         rounds: number of communication rounds T (DEPOSITUM, which has no server: iterations,
             gossiping every ``period`` of them).
-        regularizer: h (a ``fedkernels`` Regularizer). ``algorithm.validate(h)`` runs first and
-            raises ``ValueError`` for invalid step sizes (e.g. FedCanon with alpha * rho >= 1).
+        regularizer: h (a ``fedkernels`` Regularizer), or a mapping from parameter names or fnmatch
+            patterns to Regularizers or None, one penalty per parameter (``{"0.weight":
+            fk.GroupLasso(1e-2, groups="cols"), "*.bias": None}``; built into
+            ``fk.PerParameter(model, mapping)``, whose docstring has the matching rules: an exact name
+            wins, then the first matching pattern; unmatched parameters get no penalty).
+            ``algorithm.validate(h)`` runs first and raises ``ValueError`` for invalid step sizes
+            (e.g. FedCanon with alpha * rho >= 1; checked per parameter for a mapping).
         batch_size: minibatch size B; ``None`` means full local gradients (deterministic run).
         seed: seeds the per-client minibatch generators and the server generator (SCAFFNEW's coin).
         eval_fn: ``eval_fn(params) -> dict`` merged into the metrics (e.g. test accuracy, distance
@@ -266,6 +272,8 @@ def simulate(
         raise ValueError(f"metrics_every must be an int >= 0, got {metrics_every!r}")
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be True or False, got {progress!r}")
+    if isinstance(regularizer, Mapping):
+        regularizer = fk.PerParameter(model, regularizer)
     algorithm.validate(regularizer)
     k = _clients_per_round(algorithm, len(clients), participation, clients_per_round)
     step = float(metric_step) if metric_step is not None else float(algorithm.metric_step())

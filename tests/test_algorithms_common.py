@@ -183,5 +183,5 @@ def test_chunked_full_batch_matches_one_pass():
     f = chunked.full_objective_(X[0], grad)
     torch.testing.assert_close(grad, G1.mean(0), rtol=1e-12, atol=1e-14)
     with torch.no_grad():
-        expected = sum(float(nn.functional.cross_entropy(one.model(Xi), yi)) for Xi, yi in one.data) / N_CLIENTS
+        expected = sum(float(nn.functional.cross_entropy(one.model(Xi), yi)) for Xi, yi in clients) / N_CLIENTS
     assert f == pytest.approx(expected, rel=1e-12)

@@ -109,6 +109,7 @@ INPLACE = {
     "prox_": lambda m, x: m.prox_(x, "l1", 0.1, 1.0),
     "box_tensor_": lambda m, x: m.box_tensor_(x, torch.full_like(x, -0.1), torch.full_like(x, 0.1)),
     "l2_ball_": lambda m, x: m.l2_ball_(x, 0.1),
+    "group_lasso_": lambda m, x: m.group_lasso_(x, 0.1, 1.0, "cols"),
     "cv_step_": lambda m, x: m.cv_step_(x, torch.ones_like(x), torch.ones_like(x), 0.1),
     "normalized_delta_": lambda m, x: m.normalized_delta_(x, torch.ones_like(x), 0.1, 2),
     "control_update_": lambda m, x: m.control_update_(x, torch.ones_like(x), torch.zeros_like(x)),

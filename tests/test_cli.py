@@ -141,3 +141,42 @@ def test_progress_bar_on_a_terminal():
     for t in range(1, 21):
         bar.update(t, {"f+h": 0.5})
     assert plain.getvalue().count("\n") <= 11 and "ETA" in plain.getvalue() and "round 20/20" in plain.getvalue()
+
+
+def test_per_parameter_regularizers_table_and_flag(tmp_path, capsys):
+    """A [regularizers] table (group lasso on the weight's columns, no penalty on the bias) runs,
+    is recorded, and resumes; --reg-param adds entries; bad entries name the flag / file and key
+    and leave no folder behind."""
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text('algorithm = "fedmid"\nrounds = 2\nlocal_steps = 2\nnum_clients = 3\nmodel = "linear"\n'
+                   '[data_opts]\nn = 90\ndim = 6\nnnz = 2\n'
+                   '[regularizers]\n"linear.weight" = {reg = "group_lasso", lam = 0.05, groups = "cols"}\n'
+                   '"*.bias" = "none"\n')
+    out = tmp_path / "r"
+    assert main(["run", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["regularizer"] == ("PerParameter({'linear.weight': GroupLasso(lam=0.05, groups='cols'), "
+                                      "'*.bias': None})")
+    assert json.loads((out / "config.json").read_text())["regularizers"] == {
+        "linear.weight": {"reg": "group_lasso", "lam": 0.05, "groups": "cols"}, "*.bias": "none"}
+    assert main(["run", "--resume", str(out), "-T", "3", "--no-progress"]) == 0
+    capsys.readouterr()
+
+    bad = [
+        (["--reg-param", "nope.*=l1"], "--reg-param nope.*=l1: regularizer key 'nope.*' matches no parameter"),
+        (["--reg-param", "*=l1,kappa=-1"], "--reg-param *=l1,kappa=-1: kappa must be >= 0"),
+        (["--reg-param", "*=group_lasso,lam=0.1,groupz=cols"], "group_lasso has no option groupz"),
+        (["--reg-param", "linear.bias=group_lasso"], "needs a parameter with 2 or more dimensions"),
+        (["--reg", "l1", "--reg-param", "*=l1"], "give --reg (one penalty for the whole model) or --reg-param"),
+        (["--reg", "group_lasso"], "--reg group_lasso: group_lasso needs a parameter's shape"),
+    ]
+    for flags, message in bad:
+        target = tmp_path / "bad"
+        assert main(["run", "-a", "fedmid", "-T", "1", "--model", "linear", "--data-opt", "n=90",
+                     "--data-opt", "dim=6", "--data-opt", "nnz=2", *flags, "--out", str(target), "--no-progress"]) == 1, flags
+        assert message in capsys.readouterr().err, flags
+        assert not target.exists()
+    cfg.write_text('algorithm = "fedmid"\nrounds = 1\n[regularizers]\n"*" = {reg = "scad", lam = 0.1, a = 1.5}\n')
+    assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "bad"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {cfg}: regularizers = *=scad,lam=0.1,a=1.5:"), err

@@ -130,6 +130,16 @@ def _update_cases():
     yield Case("l2_ball_/origin", lambda api, T: [api.l2_ball_(T["x"], 1.5, None)], exact=False)
     yield Case("l2_ball_/center", lambda api, T: [api.l2_ball_(T["x"], 1.5, T["r_row"])], exact=False)
     yield Case("l2_ball_/inside", lambda api, T: [api.l2_ball_(T["x"], 1e9, T["r_row"])], exact=False)
+    yield Case("group_lasso_/rows", lambda api, T: [_group_lasso(api, T["x"], "rows")], exact=False)
+    yield Case("group_lasso_/cols", lambda api, T: [_group_lasso(api, T["x"], "cols")], exact=False)
+
+
+def _group_lasso(api, x, groups):
+    """A stack is one matrix; a vector of n elements holds an [8, n / 8] (or [1, n]) matrix."""
+    if x.dim() == 2:
+        return api.group_lasso_(x, 0.5, 1.0, groups)
+    n = x.shape[0]
+    return api.group_lasso_(x, 0.5, 1.0, groups, shape=(8, n // 8) if n % 8 == 0 else (1, n))
 
 
 CASES = list(_prox_cases()) + list(_update_cases())

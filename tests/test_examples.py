@@ -24,3 +24,14 @@ def test_example_quick(tmp_path, name, capsys):
     assert data["outcome"]
     if not plot:
         assert any(f.endswith(".png") for f in os.listdir(tmp_path))
+
+
+def test_feature_selection_quick(tmp_path, capsys):
+    from examples import feature_selection
+
+    assert feature_selection.main(["--quick", "--out", str(tmp_path)]) == 0
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert [r["lam"] for r in runs] == [0.0, 0.05]
+    assert runs[0]["kept"] == 100  # no penalty: every column nonzero
+    assert all(r["true_positives"] + r["false_negatives"] == 20 for r in runs)
+    assert "| lam | features kept |" in capsys.readouterr().out

@@ -21,6 +21,8 @@ def samples():
     yield "box_tensor", (t(3, d), -t(d).abs(), t(d).abs())
     yield "l2_ball_", (t(3, d), 1.0, None)
     yield "l2_ball_", (t(d), 1.0, t(d))
+    yield "group_lasso_", (t(5, 7), 0.5, 1.0, "rows", None, 0)
+    yield "group_lasso_", (t(3, d, dtype=torch.float64), 0.5, 1.0, "cols", [4, 8], 2)
     yield "cv_step_", (t(3, d), t(3, d), t(d), 0.1)
     yield "normalized_delta", (t(d), t(3, d), 0.1, 5)
     yield "normalized_delta_", (t(3, d), t(d), 0.1, 5)

@@ -21,14 +21,17 @@ inline bool cpu_split_rows(int64_t rows, int64_t cols) { return rows > 1 && cols
 namespace baseline {
 FK_ELEMENTWISE_OPS(FK_DECLARE_ISA)
 FK_DECLARE_ISA(l2_ball_factors, SumSqArgs, unused, false)
+FK_DECLARE_ISA(group_lasso_factors, GroupSumSqArgs, unused, false)
 }  // namespace baseline
 namespace avx2 {
 FK_ELEMENTWISE_OPS(FK_DECLARE_ISA)
 FK_DECLARE_ISA(l2_ball_factors, SumSqArgs, unused, false)
+FK_DECLARE_ISA(group_lasso_factors, GroupSumSqArgs, unused, false)
 }  // namespace avx2
 namespace avx512 {
 FK_ELEMENTWISE_OPS(FK_DECLARE_ISA)
 FK_DECLARE_ISA(l2_ball_factors, SumSqArgs, unused, false)
+FK_DECLARE_ISA(group_lasso_factors, GroupSumSqArgs, unused, false)
 }  // namespace avx512
 #undef FK_DECLARE_ISA
 

@@ -65,6 +65,7 @@ int cpu_threads_for(int64_t n) {
 #endif
 FK_ELEMENTWISE_OPS(FK_DEFINE_DISPATCH)
 FK_DEFINE_DISPATCH(l2_ball_factors, SumSqArgs, unused, false)
+FK_DEFINE_DISPATCH(group_lasso_factors, GroupSumSqArgs, unused, false)
 #undef FK_DEFINE_DISPATCH
 
 std::string cpu_isa() { return isa_name(isa()); }

@@ -46,21 +46,30 @@ void cpu_for_each(const Op& op, int64_t rows, int64_t cols) {
 
 // One chunk's sum in the order of math/reduce.h: the 256 lanes side by side (the loop over lanes
 // vectorizes, and each lane still adds its elements in sequence), then the lane tree.
+//
+// A chunk shorter than 256 elements (the last one of a row; every group-lasso column of a matrix
+// with fewer than 256 rows) leaves lanes at exactly +0.0, and adding +0.0 to a sum of squares
+// changes no bit (the sums here are never -0.0), so the tree skips those additions: the result is
+// the full tree's, bit for bit, without 255 additions per short group.
 template <class Term>
 double chunk_sum(const Term& term, int64_t r, int64_t k, int64_t cols) {
   alignas(64) double lanes[kReduceLanes];
-  for (int64_t l = 0; l < kReduceLanes; ++l) lanes[l] = 0.0;
-  const int64_t end = (k + 1) * kReduceChunk < cols ? (k + 1) * kReduceChunk : cols;
-  for (int64_t base = k * kReduceChunk; base < end; base += kReduceLanes) {
+  const int64_t start = k * kReduceChunk;
+  const int64_t end = start + kReduceChunk < cols ? start + kReduceChunk : cols;
+  int64_t live = end - start < kReduceLanes ? end - start : kReduceLanes;  // lanes holding an element
+  for (int64_t l = 0; l < live; ++l) lanes[l] = 0.0;
+  for (int64_t base = start; base < end; base += kReduceLanes) {
     const int64_t n = end - base < kReduceLanes ? end - base : kReduceLanes;
 #pragma omp simd
     for (int64_t l = 0; l < n; ++l) lanes[l] += term(r, base + l);
   }
   for (int64_t s = kReduceLanes / 2; s > 0; s >>= 1) {
+    const int64_t n = live - s < s ? live - s : s;  // the t < s with t + s < live
 #pragma omp simd
-    for (int64_t t = 0; t < s; ++t) reduce_tree_step(lanes, t, s);
+    for (int64_t t = 0; t < n; ++t) reduce_tree_step(lanes, t, s);
+    if (live > s) live = s;
   }
-  return lanes[0];
+  return live > 0 ? lanes[0] : 0.0;
 }
 
 struct CpuRun {
@@ -81,22 +90,98 @@ struct CpuRun {
 FK_ELEMENTWISE_OPS(FK_DEFINE_CPU)
 #undef FK_DEFINE_CPU
 
+namespace {
+
 // Chunk sums of every row in parallel over (row, chunk) pairs, then one factor per row: the result
 // does not depend on the thread count (each chunk sum is computed whole by one thread).
-void l2_ball_factors(const Launch& L, const SumSqArgs& a) {
+template <template <typename> class Term, class Args, class Factor>
+void row_factors(const Launch& L, const Args& a, const Factor& factor_of) {
   auto* scratch = reinterpret_cast<double*>(a.scratch);
   auto* factor = reinterpret_cast<double*>(a.factor);
   const int64_t chunks = reduce_chunks(L.cols);
   dispatch_dtype(L.dtype, [&](auto tag) {
     using S = typename decltype(tag)::type;
-    const SumSqTerm<S> term(a);
+    const Term<S> term(a);
     const int64_t pairs = L.rows * chunks;
     const int nt = threads_for(L.rows * L.cols);
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t p = 0; p < pairs; ++p) scratch[p] = chunk_sum(term, p / chunks, p % chunks, L.cols);
   });
-  for (int64_t r = 0; r < L.rows; ++r)
-    factor[r] = l2_ball_factor(reduce_row_total(scratch + r * chunks, chunks), a.radius);
+  for (int64_t r = 0; r < L.rows; ++r) factor[r] = factor_of(reduce_row_total(scratch + r * chunks, chunks));
+}
+
+}  // namespace
+
+void l2_ball_factors(const Launch& L, const SumSqArgs& a) {
+  row_factors<SumSqTerm>(L, a, L2BallFactor{a.radius});
+}
+
+namespace {
+
+// Column groups (elem_stride = cols, group_stride = 1): the chunk sums of kColumnTile neighbouring
+// columns at once, reading each matrix row's kColumnTile contiguous elements instead of one
+// element per row and column. Lane l of column j still adds rows l, l + 256, ... of its chunk in
+// increasing order, and the tree is the same (with the +0.0 lanes of short chunks skipped, see
+// chunk_sum), so every sum has the bits of the generic path and of the device.
+constexpr int64_t kColumnTile = 8;
+
+template <typename S>
+void column_chunk_sums(const GroupLayout& x, int64_t groups, int64_t rows, double* scratch, int nt) {
+  const int64_t cols = x.per_block;
+  const int64_t blocks = groups / cols;
+  const int64_t chunks = reduce_chunks(rows);
+  const int64_t tiles = (cols + kColumnTile - 1) / kColumnTile;
+  const int64_t work = blocks * tiles * chunks;
+  const S* p = reinterpret_cast<const S*>(x.ptr);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t w = 0; w < work; ++w) {
+    const int64_t k = w % chunks, tile = (w / chunks) % tiles, b = w / (chunks * tiles);
+    const int64_t j0 = tile * kColumnTile;
+    const int64_t tw = cols - j0 < kColumnTile ? cols - j0 : kColumnTile;
+    alignas(64) double lanes[kReduceLanes][kColumnTile];
+    const int64_t start = k * kReduceChunk;
+    const int64_t end = start + kReduceChunk < rows ? start + kReduceChunk : rows;
+    int64_t live = end - start < kReduceLanes ? end - start : kReduceLanes;
+    for (int64_t l = 0; l < live; ++l)
+      for (int64_t jj = 0; jj < kColumnTile; ++jj) lanes[l][jj] = 0.0;
+    for (int64_t i = start; i < end; ++i) {
+      double* lane = lanes[(i - start) % kReduceLanes];
+      const S* row = p + b * x.block_stride + i * cols + j0;
+      for (int64_t jj = 0; jj < tw; ++jj) {
+        const double v = static_cast<double>(load(row, jj));
+        lane[jj] += v * v;
+      }
+    }
+    for (int64_t s = kReduceLanes / 2; s > 0; s >>= 1) {
+      const int64_t n = live - s < s ? live - s : s;
+      for (int64_t t = 0; t < n; ++t)
+#pragma omp simd
+        for (int64_t jj = 0; jj < kColumnTile; ++jj) lanes[t][jj] += lanes[t + s][jj];
+      if (live > s) live = s;
+    }
+    for (int64_t jj = 0; jj < tw; ++jj) scratch[(b * cols + j0 + jj) * chunks + k] = lanes[0][jj];
+  }
+}
+
+}  // namespace
+
+// Groups are the rows of the reduction (L.rows groups of L.cols elements each); column groups of
+// a matrix take the tiled path above.
+void group_lasso_factors(const Launch& L, const GroupSumSqArgs& a) {
+  const bool columns = a.x.group_stride == 1 && a.x.elem_stride == a.x.per_block && a.x.per_block > 1;
+  if (!columns || L.cols == 0) {
+    row_factors<GroupSumSqTerm>(L, a, GroupLassoFactor{a.threshold});
+    return;
+  }
+  auto* scratch = reinterpret_cast<double*>(a.scratch);
+  auto* factor = reinterpret_cast<double*>(a.factor);
+  const int64_t chunks = reduce_chunks(L.cols);
+  dispatch_dtype(L.dtype, [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    column_chunk_sums<S>(a.x, L.rows, L.cols, scratch, threads_for(L.rows * L.cols));
+  });
+  const GroupLassoFactor factor_of{a.threshold};
+  for (int64_t g = 0; g < L.rows; ++g) factor[g] = factor_of(reduce_row_total(scratch + g * chunks, chunks));
 }
 
 }  // namespace FK_CPU_ISA

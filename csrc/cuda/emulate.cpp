@@ -36,15 +36,18 @@ struct EmulatedRun {
 FK_ELEMENTWISE_OPS(FK_DEFINE_EMULATED)
 #undef FK_DEFINE_EMULATED
 
-// Mirrors reduce_chunks_kernel and l2_ball_factor_kernel: every block of a small grid (rows and
+namespace {
+
+// Mirrors reduce_chunks_kernel and row_factor_kernel: every block of a small grid (rows and
 // chunks grid-stride as on the device) runs its 256 lanes, then the same lane tree, level by level.
-void l2_ball_factors_cuda_emulated(const Launch& L, const SumSqArgs& a, const EmulationConfig& e) {
+template <template <typename> class Term, class Args, class Factor>
+void emulate_row_factors(const Launch& L, const Args& a, const EmulationConfig& e, const Factor& factor_of) {
   auto* scratch = reinterpret_cast<double*>(a.scratch);
   auto* factor = reinterpret_cast<double*>(a.factor);
   const int64_t chunks = reduce_chunks(L.cols);
   dispatch_dtype(L.dtype, [&](auto tag) {
     using S = typename decltype(tag)::type;
-    const SumSqTerm<S> term(a);
+    const Term<S> term(a);
     const LaunchConfig cfg = make_reduce_config(L.rows, L.cols, e.max_grid_x, e.max_grid_y);
     double lanes[kReduceLanes];
     for (int64_t by = 0; by < cfg.grid.y; ++by)
@@ -57,8 +60,17 @@ void l2_ball_factors_cuda_emulated(const Launch& L, const SumSqArgs& a, const Em
             scratch[r * chunks + k] = lanes[0];
           }
   });
-  for (int64_t r = 0; r < L.rows; ++r)
-    factor[r] = l2_ball_factor(reduce_row_total(scratch + r * chunks, chunks), a.radius);
+  for (int64_t r = 0; r < L.rows; ++r) factor[r] = factor_of(reduce_row_total(scratch + r * chunks, chunks));
+}
+
+}  // namespace
+
+void l2_ball_factors_cuda_emulated(const Launch& L, const SumSqArgs& a, const EmulationConfig& e) {
+  emulate_row_factors<SumSqTerm>(L, a, e, L2BallFactor{a.radius});
+}
+
+void group_lasso_factors_cuda_emulated(const Launch& L, const GroupSumSqArgs& a, const EmulationConfig& e) {
+  emulate_row_factors<GroupSumSqTerm>(L, a, e, GroupLassoFactor{a.threshold});
 }
 
 }  // namespace fk

@@ -1,4 +1,4 @@
-// CUDA kernels for the ops without a prox, the row reduction, and runtime queries.
+// CUDA kernels for the ops without a prox, the row reductions, and runtime queries.
 #include <string>
 
 #include "launch.cuh"
@@ -37,16 +37,17 @@ __global__ void reduce_chunks_kernel(Term term, int64_t rows, int64_t cols, doub
 }
 
 // One thread per row: add the row's chunk sums in order and compute its factor once.
-__global__ void l2_ball_factor_kernel(const double* scratch, int64_t rows, int64_t chunks,
-                                      double radius, double* factor) {
+template <class Factor>
+__global__ void row_factor_kernel(const double* scratch, int64_t rows, int64_t chunks, Factor factor_of,
+                                  double* factor) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += stride)
-    factor[r] = l2_ball_factor(reduce_row_total(scratch + r * chunks, chunks), radius);
+    factor[r] = factor_of(reduce_row_total(scratch + r * chunks, chunks));
 }
 
-}  // namespace
-
-void l2_ball_factors_cuda(const Launch& L, const SumSqArgs& a) {
+// The two launches of a row reduction (chunk sums, then one factor per row), on one stream.
+template <template <typename> class Term, class Args, class Factor>
+void row_factors_cuda(const Launch& L, const Args& a, const Factor& factor_of, const char* what) {
   if (L.rows == 0) return;
   DeviceGuard guard(L.device);
   auto stream = reinterpret_cast<cudaStream_t>(L.stream);
@@ -57,15 +58,25 @@ void l2_ball_factors_cuda(const Launch& L, const SumSqArgs& a) {
     if (chunks > 0) {
       const LaunchConfig cfg = make_reduce_config(L.rows, L.cols, kMaxGridX, kMaxGridY);
       reduce_chunks_kernel<<<dim3(cfg.grid.x, cfg.grid.y), dim3(cfg.block.x), 0, stream>>>(
-          SumSqTerm<S>(a), L.rows, L.cols, scratch);
-      check(cudaGetLastError(), "l2_ball reduction launch");
+          Term<S>(a), L.rows, L.cols, scratch);
+      check(cudaGetLastError(), what);
     }
   });
   int64_t blocks = (L.rows + kBlock - 1) / kBlock;
   blocks = blocks > kMaxGridX ? kMaxGridX : blocks;
-  l2_ball_factor_kernel<<<dim3(static_cast<uint32_t>(blocks)), dim3(kBlock), 0, stream>>>(
-      scratch, L.rows, chunks, a.radius, reinterpret_cast<double*>(a.factor));
-  check(cudaGetLastError(), "l2_ball factor launch");
+  row_factor_kernel<<<dim3(static_cast<uint32_t>(blocks)), dim3(kBlock), 0, stream>>>(
+      scratch, L.rows, chunks, factor_of, reinterpret_cast<double*>(a.factor));
+  check(cudaGetLastError(), what);
+}
+
+}  // namespace
+
+void l2_ball_factors_cuda(const Launch& L, const SumSqArgs& a) {
+  row_factors_cuda<SumSqTerm>(L, a, L2BallFactor{a.radius}, "l2_ball reduction launch");
+}
+
+void group_lasso_factors_cuda(const Launch& L, const GroupSumSqArgs& a) {
+  row_factors_cuda<GroupSumSqTerm>(L, a, GroupLassoFactor{a.threshold}, "group_lasso reduction launch");
 }
 
 bool cuda_compiled() { return true; }

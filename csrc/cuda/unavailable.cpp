@@ -18,6 +18,7 @@ namespace {
 FK_ELEMENTWISE_OPS(FK_DEFINE_NO_CUDA)
 #undef FK_DEFINE_NO_CUDA
 void l2_ball_factors_cuda(const Launch&, const SumSqArgs&) { no_cuda(); }
+void group_lasso_factors_cuda(const Launch&, const GroupSumSqArgs&) { no_cuda(); }
 
 bool cuda_compiled() { return false; }
 std::string cuda_archs() { return ""; }

@@ -77,4 +77,14 @@ FK_HD double l2_ball_factor(double sumsq, double radius) {
   return norm <= radius ? 1.0 : radius / norm;
 }
 
+// Group lasso (block soft-thresholding), scale pass:  x_g <- x_g * max(0, 1 - t / ||x_g||) with
+// t = step * lam; the factor is computed once per group from the reduced sum of squares. A group at
+// or below the threshold (including an all-zero group) becomes 0; a NaN norm gives NaN (the group
+// becomes NaN, as an l2-ball row does); an infinite norm gives 1 (the limit of the formula).
+FK_HD double group_lasso_factor(double sumsq, double threshold) {
+  const double norm = sqrt(sumsq);
+  if (norm != norm) return norm;
+  return norm <= threshold ? 0.0 : 1.0 - threshold / norm;
+}
+
 }  // namespace fk

@@ -118,12 +118,21 @@ def check_prox_step(algorithm: str, reg: fk.Regularizer, step: float, what: str,
     """Reject a prox step with ``step * rho >= 1`` (the prox of a rho-weakly convex h is unique
     and (1/(1 - step rho))-Lipschitz only when step * rho < 1, docs/algorithms.md §1.3).
 
-    ``what`` names the step in the algorithm's symbols (e.g. "alpha"), ``rule`` the spec rule.
+    ``what`` names the step in the algorithm's symbols (e.g. "alpha"), ``rule`` the spec rule. A
+    per-parameter h (``fk.PerParameter``) is checked segment by segment, and the error names the
+    parameters whose penalty breaks the rule.
     """
+    parts = reg.parts() if isinstance(reg, fk.PerParameter) else [(None, reg)]
+    for where, part in parts:
+        _check_one_prox_step(algorithm, part, step, what, rule, where)
+
+
+def _check_one_prox_step(algorithm, reg, step, what, rule, where) -> None:
     rho = float(getattr(reg, "rho", 0.0))
     if rho > 0 and step * rho >= 1.0:
+        on = f" (the penalty of {where})" if where else ""
         raise ValueError(
-            f"{algorithm}: {what} = {step:g} violates {rule}: {reg!r} is rho-weakly convex with "
+            f"{algorithm}: {what} = {step:g} violates {rule}: {reg!r}{on} is rho-weakly convex with "
             f"rho = {rho:g}, so the prox step must satisfy step * rho < 1 (step < 1/rho = {1.0 / rho:g}); "
             f"got step * rho = {step * rho:g}. The prox of a weakly convex h is unique and Lipschitz only "
             f"in that regime (docs/algorithms.md §1.3, §7.4)."

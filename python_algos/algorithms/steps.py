@@ -18,8 +18,10 @@ __all__ = ["is_zero", "prox_", "prox", "sgd_step_", "load_rows_", "rows_", "put_
 
 
 def is_zero(reg: fk.Regularizer) -> bool:
-    """True for h = 0 (its prox is the identity and is skipped)."""
-    return isinstance(reg, fk.Zero) or (isinstance(reg, fk.Scaled) and (reg.kappa == 0 or is_zero(reg.base)))
+    """True for h = 0 (its prox is the identity and is skipped); a per-parameter h that penalizes
+    no parameter is zero too."""
+    return (isinstance(reg, fk.Zero) or (isinstance(reg, fk.Scaled) and (reg.kappa == 0 or is_zero(reg.base)))
+            or (isinstance(reg, fk.PerParameter) and not reg.segments))
 
 
 def prox_(X: torch.Tensor, reg: fk.Regularizer, step: float) -> torch.Tensor:

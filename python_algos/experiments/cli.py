@@ -91,6 +91,26 @@ def _add_figure_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plot", action="store_true", dest="no_plot", help="do not write the figure")
 
 
+def _reg_param(text: str):
+    """--reg-param PATTERN=NAME[,KEY=VALUE...] -> (PATTERN, "NAME" or {"reg": NAME, KEY: VALUE})."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected PATTERN=SPEC (e.g. '*.bias=none' or "
+                                          f"'net.0.weight=group_lasso,lam=0.01,groups=cols'), got {text!r}")
+    pattern, spec = (s.strip() for s in text.split("=", 1))
+    name, *options = (s.strip() for s in spec.split(","))
+    if not pattern or not name:
+        raise argparse.ArgumentTypeError(f"expected PATTERN=SPEC with both parts non-empty, got {text!r}")
+    if not options:
+        return pattern, name
+    entry = {"reg": name}
+    for o in options:
+        if "=" not in o:
+            raise argparse.ArgumentTypeError(f"{text!r}: options after the name are KEY=VALUE, got {o!r}")
+        k, v = o.split("=", 1)
+        entry[k.strip()] = _value(v)
+    return pattern, entry
+
+
 def _batch(text: str):
     if text.lower() in ("full", "none", "0"):
         return None
@@ -140,6 +160,13 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
                    help="kappa (l1), l1 weight (elastic_net), lambda (mcp, scad), radius (l2ball)")
     g.add_argument("--reg-opt", type=_kv, action="append", default=S, dest="reg_opts", metavar="KEY=VALUE",
                    help="gamma=3 (mcp), a=3.7 (scad), l2=... (elastic_net), lo= hi= (box)")
+    g.add_argument("--reg-param", type=_reg_param, action="append", default=S, dest="regularizers",
+                   metavar="PATTERN=SPEC",
+                   help="one penalty per parameter, instead of --reg (repeatable; config file: a [regularizers] "
+                   "table): PATTERN is a parameter name or fnmatch pattern, SPEC a name (none, l1, ..., "
+                   "group_lasso) with KEY=VALUE options, e.g. 'net.0.weight=group_lasso,lam=0.01,groups=cols' "
+                   "'*.bias=none' '*=l1,kappa=1e-4'. An exact name wins, then the first matching pattern in "
+                   "order; unmatched parameters get no penalty")
     g = p.add_argument_group("run")
     g.add_argument("-T", "--rounds", type=int, default=S)
     g.add_argument("-B", "--batch-size", type=_batch, default=S, dest="batch_size", help="minibatch size or 'full'")
@@ -263,7 +290,7 @@ def _read_config_file(path: str) -> dict:
     return data
 
 
-_DICT_KEYS = ("alg_opts", "data_opts", "model_opts", "reg_opts")
+_DICT_KEYS = ("alg_opts", "data_opts", "model_opts", "reg_opts", "regularizers")
 
 
 def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
@@ -286,6 +313,15 @@ def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
         else:
             base[k] = v
     args.file_keys = {k for k in base if k not in flags or k in _DICT_KEYS}
+    if base.get("regularizers") and any(k in base for k in ("reg", "reg_opts")):
+        from .config import ConfigError
+
+        from .runner import _spec_text
+
+        given = " ".join(_spec_text(k, v) for k, v in base["regularizers"].items())
+        raise ConfigError("regularizers", given,
+                          "give --reg (one penalty for the whole model) or --reg-param / a [regularizers] table (one "
+                          "per parameter), not both; a '*' pattern gives the remaining parameters a default")
     return base
 
 
@@ -414,7 +450,8 @@ def cmd_run(args) -> int:
                 prep = prepare_run(cfg, out, replace=not (args.out or getattr(args, "name", None)))
         except ValueError as e:
             raise _in_terms_of(args, e) from None
-        say(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={cfg.reg}; "
+        h = "per parameter" if cfg.regularizers else cfg.reg
+        say(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
             f"results -> {out}" + (f" ({launch.world_size()} processes)" if launch.distributed() else ""))
         summary = execute_run(prep, progress=not args.no_progress, log=say)
     if not main:

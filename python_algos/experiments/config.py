@@ -41,6 +41,8 @@ class ConfigError(ValueError):
 
 def flag(key: str) -> str:
     """The command-line flag of Config field ``key`` (``local_steps`` -> ``--local-steps``)."""
+    if key == "regularizers":
+        return "--reg-param"
     if key.endswith("_opts"):
         return "--" + key[: -len("_opts")].replace("_", "-") + "-opt"
     return "--" + key.replace("_", "-")
@@ -125,6 +127,24 @@ def _mapping(v):
     return None
 
 
+def _reg_table(v):
+    """``regularizers``: PATTERN -> "name" or {reg = "name", option = value, ...} (the table's order
+    is kept: the first matching pattern decides a parameter)."""
+    if not isinstance(v, dict):
+        return 'must be a table of PATTERN = "name" or {reg = "name", ...} entries'
+    for k, spec in v.items():
+        if not isinstance(k, str) or not k:
+            return f"keys must be parameter names or patterns (non-empty strings), got {k!r}"
+        if spec is None or isinstance(spec, str):
+            continue
+        if not isinstance(spec, dict) or not isinstance(spec.get("reg"), str):
+            return (f'{k} = {_show(spec)}: each entry must be a regularizer name ("none", "l1", ...) or a table '
+                    f'with a "reg" name and its options, e.g. {{reg = "group_lasso", lam = 1e-2, groups = "cols"}}')
+        if not all(isinstance(o, str) for o in spec):
+            return f"{k}: option names must be strings"
+    return None
+
+
 def _choices():  # imported late: the registries pull in torch and the algorithm modules
     from ..algorithms.registry import ALGORITHMS
     from .data import DATASETS, PARTITIONS
@@ -151,6 +171,7 @@ _RULES = {
     "model_opts": _mapping,
     "reg_strength": _num(0, open_lo=False),
     "reg_opts": _mapping,
+    "regularizers": _reg_table,
     "rounds": _int(0),
     "batch_size": _int(1, none_ok=True, what=" (null: full gradients)"),
     "seed": _int(0),
@@ -193,6 +214,8 @@ class Config:
     reg: str = "l1"
     reg_strength: float = 1e-3
     reg_opts: dict = dataclasses.field(default_factory=dict)
+    # per-parameter h (PATTERN -> name or {reg = name, options}; non-empty: replaces reg / reg_opts)
+    regularizers: dict = dataclasses.field(default_factory=dict)
     # run
     rounds: int = 100
     batch_size: Optional[int] = None  # None: full local gradients
@@ -232,6 +255,10 @@ class Config:
                         and v.lower() not in choices[f.name]:
                     names = ", ".join(c for c in choices[f.name] if c.startswith("sklearn:"))
                     raise ConfigError(f.name, v, f"unknown scikit-learn data set; valid: {names}")
+                if f.name == "reg" and isinstance(v, str) and v.lower() == "group_lasso":
+                    raise ConfigError(f.name, v, "group_lasso needs a parameter's shape (its rows or columns are "
+                                      "the groups): give it per parameter, e.g. --reg-param "
+                                      "'net.0.weight=group_lasso,lam=0.01,groups=cols'")
                 if not isinstance(v, str) or v.lower() not in choices[f.name]:
                     raise ConfigError(f.name, v, f"unknown {f.name}; valid: {', '.join(choices[f.name])}")
                 continue

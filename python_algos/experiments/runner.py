@@ -78,6 +78,8 @@ __all__ = [
     "PreparedRun",
     "resume_command",
     "build_regularizer",
+    "build_param_regularizer",
+    "build_per_parameter",
     "loss_function",
     "prepare_data",
     "build_model",
@@ -121,7 +123,68 @@ def build_regularizer(name: str, strength: float = 0.0, **opts) -> fk.Regularize
         return fk.NonNeg()
     if name == "l2ball":
         return fk.L2Ball(strength if strength > 0 else opts.get("radius", 1.0))
+    if name == "group_lasso":
+        return fk.GroupLasso(strength, opts.get("groups", "rows"))
     raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(REGULARIZERS)}")
+
+
+# Per-parameter entries (--reg-param / [regularizers]): every --reg name, group_lasso (needs a
+# parameter's shape, so never the whole model's h) and none; the strength under its own name.
+PARAM_REGULARIZERS = ("none",) + REGULARIZERS + ("group_lasso",)
+_STRENGTH_NAMES = {"l1": "kappa", "elastic_net": "l1", "mcp": "lam", "scad": "lam", "group_lasso": "lam",
+                   "l2ball": "radius"}
+_PARAM_OPTIONS = {"elastic_net": ("l2",), "mcp": ("gamma",), "scad": ("a",), "box": ("lo", "hi"),
+                  "group_lasso": ("groups",)}
+
+
+def _spec_text(pattern: str, spec) -> str:
+    """An entry as --reg-param spells it: PATTERN=NAME[,KEY=VALUE...]."""
+    if not isinstance(spec, dict):
+        return f"{pattern}={spec if spec is not None else 'none'}"
+    opts = "".join(f",{k}={v}" for k, v in spec.items() if k != "reg")
+    return f"{pattern}={spec.get('reg')}{opts}"
+
+
+def build_param_regularizer(spec, default_strength: float) -> Optional[fk.Regularizer]:
+    """One --reg-param entry ("name" or {"reg": name, options}) -> Regularizer, or None for none /
+    zero. The strength is ``strength=`` or the penalty's own name for it (``kappa`` for l1, ``lam``
+    for mcp / scad / group_lasso, ``l1`` for elastic_net, ``radius`` for l2ball), default
+    ``default_strength`` (the run's --reg-strength)."""
+    opts = dict(spec) if isinstance(spec, dict) else {"reg": spec if spec is not None else "none"}
+    name = str(opts.pop("reg")).lower()
+    if name not in PARAM_REGULARIZERS:
+        raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(PARAM_REGULARIZERS)}")
+    if name in ("none", "zero"):
+        if opts:
+            raise ValueError(f"{name} takes no options, got {', '.join(opts)}")
+        return None
+    own = _STRENGTH_NAMES.get(name)
+    strength = default_strength
+    for key in ("strength", own):
+        if key is not None and key in opts:
+            strength = opts.pop(key)
+    unknown = [k for k in opts if k not in _PARAM_OPTIONS.get(name, ())]
+    if unknown:
+        valid = ["strength"] + ([own] if own else []) + list(_PARAM_OPTIONS.get(name, ()))
+        raise ValueError(f"{name} has no option {', '.join(unknown)}; its options: {', '.join(valid)}")
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)):
+        raise ValueError(f"the strength must be a number, got {strength!r}")
+    return build_regularizer(name, float(strength), **opts)
+
+
+def build_per_parameter(table: dict, model: nn.Module, default_strength: float = 0.0) -> fk.PerParameter:
+    """The per-parameter h of a [regularizers] table / --reg-param flags; errors name the entry."""
+    mapping = {}
+    for pattern, spec in table.items():
+        try:
+            mapping[pattern] = build_param_regularizer(spec, default_strength)
+        except (ValueError, TypeError) as e:
+            raise ConfigError("regularizers", _spec_text(pattern, spec), str(e)) from None
+    try:
+        return fk.PerParameter(model, mapping)
+    except (ValueError, TypeError) as e:
+        text = next((_spec_text(p, s) for p, s in table.items() if repr(p) in str(e)), None)
+        raise ConfigError("regularizers", text if text is not None else table, str(e)) from None
 
 
 def cross_entropy(out, y):
@@ -215,7 +278,9 @@ def build_algorithm(cfg: Config):
         raise _hparam_error(cfg, entry.cls.name, e) from None
 
 
-def _build_regularizer(cfg: Config) -> fk.Regularizer:
+def _build_regularizer(cfg: Config, model: nn.Module) -> fk.Regularizer:
+    if cfg.regularizers:
+        return build_per_parameter(cfg.regularizers, model, cfg.reg_strength)
     try:
         return build_regularizer(cfg.reg, cfg.reg_strength, **cfg.reg_opts)
     except (ValueError, TypeError) as e:
@@ -479,7 +544,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     model = build_model(cfg, fed.dataset)
     torch_rng = torch.get_rng_state()
     algorithm = build_algorithm(cfg)
-    reg = _build_regularizer(cfg)
+    reg = _build_regularizer(cfg, model)
     with warnings.catch_warnings():  # simulate validates again and warns once
         warnings.simplefilter("ignore")
         try:
