@@ -24,7 +24,7 @@ from .algorithms import (ALGORITHMS, DEPOSITUM, SCAFFNEW, SCAFFOLD, ZA1, Algorit
                          FedCanonState, FedDA, FedDAState, FedDR, FedDRState, FedMiD, FedMiDState, FedNMap,
                          FedNMapState, FedProx, FedProxState, ProxFedAvg, ProxFedAvgState, SCAFFNEWState,
                          SCAFFOLDState, ZA1State, make, topology)
-from .clients import ClientSet, CommCounter, SequentialClients
+from .clients import ClientSet, CommCounter, DistributedClients, SequentialClients
 from .simulate import History, simulate
 
 FedCanon2 = FedCanonII  # alias matching the registry name "fedcanon2"
@@ -35,6 +35,7 @@ __all__ = [
     "Algorithm",
     "ClientSet",
     "SequentialClients",
+    "DistributedClients",
     "CommCounter",
     "Costs",
     "ALGORITHMS",

@@ -13,7 +13,9 @@ objective metrics at the starting point). Every round:
   metric pass below is not counted),
 * ``grad_time`` / ``grad_evals`` (client gradient calls: binding the client's row, batch
   sampling, forward, backward), ``fwd_bwd_time`` (the forward + backward passes alone),
-* ``up`` / ``down`` (d-vectors each client sent / received this round).
+* ``up`` / ``down`` (d-vectors each client sent / received this round),
+* ``sent_bytes`` / ``recv_bytes`` (executors that move data between processes, e.g.
+  ``"distributed"``: the bytes this process sent / received for the algorithm this round).
 
 Every ``metrics_every`` rounds (and after the last), on the reported model x (M7), using one
 extra full-gradient pass over all training data:
@@ -61,6 +63,7 @@ class History:
     hparams: dict
     state: Any = None  # the algorithm's final state (NamedTuple); not kept by :meth:`save`
     executor: str = "sequential"  # the executor that ran the clients (``ClientSet.executor``)
+    world_size: int = 1  # processes that shared the clients (executor "distributed": the ranks)
     # what else simulate knew about the run (regularizer, rounds, seed, batch_size, num_clients, dim,
     # dtype, metric settings, participation): written to config.json by :meth:`save`
     setup: dict = dataclasses.field(default_factory=dict)
@@ -280,6 +283,11 @@ def simulate(
     if backend is None and executor == "auto" and resume is not None and resume.get("executor") in EXECUTORS:
         # auto decides by timing, which varies; the executor the run started with keeps resume bit-identical
         executor = resume["executor"]
+    if backend is None and executor == "distributed" and resume is not None and \
+            resume.get("executor") in ("sequential", "batched") and \
+            str((executor_options or {}).get("inner", "auto")).lower() == "auto":
+        # the same for the executor of each rank's clients (a checkpoint records that one)
+        executor_options = {**(executor_options or {}), "inner": resume["executor"]}
     make = backend if backend is not None else resolve_executor(executor, model)
     flat = fk.FlatParams(model)
     x0 = flat.params.detach().clone()
@@ -288,9 +296,9 @@ def simulate(
     rng = torch.Generator().manual_seed(seeds(seed, 1, stream=1)[0])  # server side (e.g. SCAFFNEW's coin)
 
     def evaluate(st) -> dict:
-        x = algorithm.report(st, regularizer).detach()
+        x = cs.report(algorithm, st, regularizer).detach()
         out = objective_metrics(cs, regularizer, x, step, algorithm.normal_map_point(st))
-        out.update(algorithm.state_metrics(st, cs))
+        out.update(cs.state_metrics(algorithm, st))
         if eval_fn is not None:
             flat.bind_(x.clone())
             out.update(eval_fn(x))
@@ -300,7 +308,8 @@ def simulate(
         return {"round": t, "algorithm": algorithm.name, "hparams": algorithm.hparams(), "state": state,
                 "rng": rng.get_state(), "client_rng": cs.rng_state(), "torch_rng": torch.get_rng_state(),
                 "buffers": dict(model.named_buffers()), "metrics": metrics, "initial": initial, "elapsed": elapsed,
-                "executor": getattr(cs, "executor", None)}
+                # the executor that ran the clients (in each process, for the distributed one)
+                "executor": getattr(cs, "inner_executor", None) or getattr(cs, "executor", None)}
 
     if resume is None:
         state = algorithm.init(x0, cs)
@@ -311,13 +320,13 @@ def simulate(
     else:
         state, initial, metrics, elapsed, start = _restore(resume, algorithm, model, cs, rng)
     bar = None
-    if progress:
+    if progress and getattr(cs, "rank", 0) == 0:  # distributed: rank 0 alone shows progress
         from .experiments.progress import Progress  # the CLI's display, shared so both look the same
 
         bar = Progress(rounds, initial=start - 1, desc=algorithm.name)
     try:
         for t in range(start, rounds + 1):
-            up, down = cs.comm.up, cs.comm.down
+            up, down, sent, recv = cs.comm.up, cs.comm.down, cs.comm.sent_bytes, cs.comm.recv_bytes
             g_sec, g_n, fb_sec = cs.grad_seconds, cs.grad_evals, cs.fwd_bwd_seconds
             t0 = time.perf_counter()
             with fk.prox_stats() as stats:
@@ -336,13 +345,16 @@ def simulate(
                 "up": cs.comm.up - up,
                 "down": cs.comm.down - down,
             }
+            if cs.measures_bytes:
+                m["sent_bytes"] = cs.comm.sent_bytes - sent
+                m["recv_bytes"] = cs.comm.recv_bytes - recv
             if metrics_every and (t % metrics_every == 0 or t == rounds):
                 m.update(evaluate(state))
             metrics.append(m)
             if bar is not None:
                 bar.update(t, m)
             stop = [cb(t, state, m) for cb in callbacks]
-            if any(s is True for s in stop):
+            if cs.any_rank(any(s is True for s in stop)):  # every rank stops on the same round
                 break
             if checkpoint is not None and ((checkpoint_every and t % checkpoint_every == 0) or t == rounds):
                 checkpoint(snapshot(t))
@@ -350,11 +362,13 @@ def simulate(
         if bar is not None:
             bar.close()
 
-    params = algorithm.report(state, regularizer).detach().clone()
+    params = cs.report(algorithm, state, regularizer).detach().clone()
+    if hasattr(cs, "check_replicas"):  # distributed: every rank must end with the same model
+        cs.check_replicas(params)
     flat.bind_(params.clone(), torch.zeros_like(params))
     setup = {"regularizer": repr(regularizer), "rounds": int(rounds), "seed": seed, "batch_size": batch_size,
              "num_clients": len(clients), "clients_per_round": k, "dim": int(params.numel()),
              "dtype": str(params.dtype).replace("torch.", ""), "metrics_every": metrics_every, "metric_step": step}
     return History(params=params, metrics=metrics, initial=initial, algorithm=algorithm.name,
                    hparams=algorithm.hparams(), state=state, executor=getattr(cs, "executor", type(cs).__name__),
-                   setup=setup)
+                   world_size=getattr(cs, "world_size", 1), setup=setup)

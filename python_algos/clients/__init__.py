@@ -9,6 +9,9 @@ executor         how ``gradients_`` runs the clients
 ``sequential``   :class:`SequentialClients`: one client after another on one module
 ``batched``      :class:`BatchedClients`: all clients' forward/backward passes in one vectorized
                  pass (``torch.func.vmap``), chunked by a memory budget
+``distributed``  :class:`DistributedClients`: the clients sharded over torch.distributed ranks
+                 (``torchrun``), each rank running its shard with an inner executor (one of the
+                 above); never chosen by ``"auto"``
 ===============  =============================================================================
 
 ``simulate(..., executor=NAME)`` picks one by name; ``"auto"`` applies a fixed rule (see
@@ -17,7 +20,7 @@ executor         how ``gradients_`` runs the clients
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -25,16 +28,18 @@ from torch import nn
 from .base import ClientSet, CommCounter, client_generators, seeds
 from .data import ClientData, DatasetData, LoaderData, TensorData, client_data
 from .batched import BatchedClients
+from .distributed import DistributedClients
 from .sequential import SequentialClients
 
-__all__ = ["ClientSet", "CommCounter", "SequentialClients", "BatchedClients", "EXECUTORS", "resolve_executor",
-           "client_generators", "seeds", "ClientData", "TensorData", "DatasetData", "LoaderData",
+__all__ = ["ClientSet", "CommCounter", "SequentialClients", "BatchedClients", "DistributedClients", "EXECUTORS",
+           "resolve_executor", "client_generators", "seeds", "ClientData", "TensorData", "DatasetData", "LoaderData",
            "client_data"]
 
 #: executor name -> ClientSet class (constructor ``(model, loss_fn, data, batch_size=, seed=, flat=, **options)``)
 EXECUTORS: dict[str, type] = {
     "sequential": SequentialClients,
     "batched": BatchedClients,
+    "distributed": DistributedClients,  # never picked by "auto": it needs a process group / torchrun
 }
 
 
@@ -80,10 +85,12 @@ def _auto_prefers_batched(model: nn.Module, n_clients: int, flat) -> tuple[bool,
     return True, f"{n_clients} clients of a convolution-free model"
 
 
-def _auto(model, loss_fn, data, **kw) -> ClientSet:
+def _auto(model, loss_fn, data, total_clients: Optional[int] = None, **kw) -> ClientSet:
+    """``total_clients``: N of the whole run when ``data`` is one process's shard of it (the
+    distributed executor), so that every rank makes the choice one process would make."""
     fallback = EXECUTORS["sequential"]
     common = {k: v for k, v in kw.items() if k in _COMMON}
-    batched, reason = _auto_prefers_batched(model, len(data), kw.get("flat"))
+    batched, reason = _auto_prefers_batched(model, total_clients or len(data), kw.get("flat"))
     if batched:
         why = BatchedClients.unsupported(model)
         if not why:

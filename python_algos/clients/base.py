@@ -52,10 +52,14 @@ __all__ = ["ClientSet", "CommCounter", "client_generators", "seeds"]
 
 @dataclasses.dataclass
 class CommCounter:
-    """d-dimensional vectors sent per client: ``up`` (client -> server), ``down`` (server -> client)."""
+    """d-dimensional vectors sent per client: ``up`` (client -> server), ``down`` (server -> client);
+    and, for executors that move data between processes (``ClientSet.measures_bytes``), the bytes
+    this process sent / received for the algorithm."""
 
     up: int = 0
     down: int = 0
+    sent_bytes: int = 0
+    recv_bytes: int = 0
 
 
 class ClientSet(abc.ABC):
@@ -70,6 +74,8 @@ class ClientSet(abc.ABC):
     """
 
     executor: ClassVar[str] = "custom"  # the name simulate() records (History.executor, summary.json)
+    measures_bytes: ClassVar[bool] = False  # True: comm.sent_bytes / recv_bytes are real network bytes
+    world_size: int = 1  # processes sharing the clients (DistributedClients: the ranks)
     num_clients: int
     rows: int
     dim: int
@@ -223,6 +229,20 @@ class ClientSet(abc.ABC):
                     g.set_state(s)
 
     # -- evaluation (outside the algorithm) ------------------------------------------------
+    def report(self, algorithm, state, reg) -> "torch.Tensor":
+        """``algorithm.report(state, reg)``, the model on which metrics are taken (a sharded
+        executor reduces what it reads from client stacks over all ranks)."""
+        return algorithm.report(state, reg)
+
+    def state_metrics(self, algorithm, state) -> dict:
+        """``algorithm.state_metrics(state, self)`` (reduced over ranks by a sharded executor)."""
+        return algorithm.state_metrics(state, self)
+
+    def any_rank(self, flag: bool) -> bool:
+        """``flag``, agreed by every process sharing the clients (true if true anywhere), so that
+        a decision to stop is taken by all of them together."""
+        return bool(flag)
+
     @abc.abstractmethod
     def full_objective_(self, x: torch.Tensor, grad_out: torch.Tensor) -> float:
         """Metric pass: returns f(x) = (1/N) sum_i f_i(x) on all training data and writes

@@ -66,6 +66,16 @@ def _kv(text: str):
     return k.strip(), _value(v)
 
 
+def _workers(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (processes), got {text!r}")
+    return v
+
+
 def _formats(text: str):
     from .plotting import parse_formats
 
@@ -191,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--demo", action="store_true", help="the built-in demo comparison (as with no arguments)")
     r.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
                    "(--rounds may extend it; other flags are taken from DIR/config.json)")
+    r.add_argument("--workers", type=_workers, default=S, metavar="P",
+                   help="run on P local processes (torchrun ranks, clients split between them; see README "
+                        "'Scaling out'); under torchrun, the ranks are torchrun's")
     _add_config_flags(r, single=True)
 
     c = sub.add_parser("compare", help="several algorithms, same split and initialization",
@@ -362,8 +375,31 @@ def _print_summary(summary: dict) -> None:
     print(format_table(["round", *keys, "time (s)"], [[summary["rounds_done"], *[f[k] for k in keys], summary["elapsed"]]]))
 
 
-_RESUME_OK = ("command", "demo", "resume", "rounds", "no_progress", "out", "name", "config", "algorithms", "formats",
-              "no_plot")
+_RESUME_OK = ("command", "demo", "resume", "rounds", "no_progress", "out", "name", "config", "algorithms",
+              "workers", "argv",
+              "formats", "no_plot")
+
+
+def _quiet(_text: str) -> None:
+    pass
+
+
+def _restarted_run(cfg, out: str) -> bool:
+    """True in a job that torchrun restarted (``--max-restarts``) whose run folder this job started:
+    the restarted ranks resume it instead of starting over. A folder holding a run of other
+    settings (the first attempt refused it) is left alone: the fresh-run checks then refuse it again."""
+    from . import launch
+    from .config import RESULT_KEYS
+    from .runner import _as_json, _read_config_json
+
+    if not (launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, "config.json"))):
+        return False
+    try:
+        saved = _as_json(_read_config_json(os.path.join(out, "config.json")).to_dict())
+    except ValueError:
+        return False
+    now = _as_json(cfg.to_dict())
+    return all(saved.get(k) == now.get(k) for k in RESULT_KEYS if k != "rounds")
 
 
 def _resume_flags_check(args) -> None:
@@ -381,23 +417,45 @@ def cmd_run(args) -> int:
     if args.demo:
         return cmd_demo(argparse.Namespace(rounds=getattr(args, "rounds", None), out=args.out,
                                            no_progress=args.no_progress, formats=args.formats, no_plot=args.no_plot))
+    from . import launch
+
+    if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
+        out = None
+        if args.resume:
+            _resume_flags_check(args)
+        else:  # check the settings here, and pick the folder once for every rank
+            try:
+                cfg = Config.from_dict(_merge(args))
+                cfg.check()
+            except ValueError as e:
+                raise _in_terms_of(args, e) from None
+            out = _out_dir(args, cfg.algorithm)
+        return launch.run_workers(args.argv, args.workers, out)
+    main = launch.is_main()
+    say = print if main else _quiet  # under torchrun rank 0 alone prints
     if args.resume:
         _resume_flags_check(args)
         summary = run_experiment(None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
-                                 progress=not args.no_progress)
+                                 progress=not args.no_progress, log=say)
     else:
+        from .runner import execute_run, prepare_run
+
         try:
             cfg = Config.from_dict(_merge(args))
-            out = _out_dir(args, cfg.algorithm)
-            from .runner import prepare_run, execute_run
-
-            prep = prepare_run(cfg, out, replace=not (args.out or getattr(args, "name", None)))
+            out = launch.agree_on(_out_dir(args, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
+            if launch.agree_on(main and _restarted_run(cfg, out)):
+                # torchrun restarted the job after a rank failed: continue from the last checkpoint
+                prep = prepare_run(None, out, resume=True, rounds=cfg.rounds)
+            else:
+                prep = prepare_run(cfg, out, replace=not (args.out or getattr(args, "name", None)))
         except ValueError as e:
             raise _in_terms_of(args, e) from None
         h = "per parameter" if cfg.regularizers else cfg.reg
-        print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
-              f"results -> {out}")
-        summary = execute_run(prep, progress=not args.no_progress)
+        say(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
+            f"results -> {out}" + (f" ({launch.world_size()} processes)" if launch.distributed() else ""))
+        summary = execute_run(prep, progress=not args.no_progress, log=say)
+    if not main:
+        return 3 if summary["status"] == "diverged" else 0
     _print_summary(summary)
     print(f"results written to {summary['out_dir']}")
     _figure(summary["out_dir"], args)
@@ -408,14 +466,17 @@ def cmd_run(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    from . import launch
     from .runner import Config, comparison_table, compare_experiments
 
+    main = launch.is_main()
+    say = print if main else _quiet  # under torchrun rank 0 alone prints
     if args.resume:
         _resume_flags_check(args)
         out = args.resume
-        print(f"resuming the comparison in {out}")
+        say(f"resuming the comparison in {out}")
         summaries = compare_experiments(None, None, out, resume=True, rounds=getattr(args, "rounds", None),
-                                        progress=not args.no_progress)
+                                        progress=not args.no_progress and main, log=say)
         with open(os.path.join(out, "comparison.json")) as f:
             step = json.load(f)["config"]["metric_step"]
     else:
@@ -427,15 +488,17 @@ def cmd_compare(args) -> int:
             cfg = Config.from_dict(merged)
         except ValueError as e:
             raise _in_terms_of(args, e) from None
-        out = _out_dir(args, "compare")
-        print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
+        out = launch.agree_on(_out_dir(args, "compare") if main else None, cfg.device)  # rank 0's folder
+        say(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
               f"{cfg.model}, h={cfg.reg}; results -> {out}")
         try:
-            summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not args.no_progress,
-                                            replace=not (args.out or getattr(args, "name", None)))
+            summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not args.no_progress and main,
+                                            replace=not (args.out or getattr(args, "name", None)), log=say)
         except ValueError as e:
             raise _in_terms_of(args, e) from None
         step = cfg.metric_step if cfg.metric_step is not None else cfg.lr * cfg.local_steps
+    if not main:
+        return 3 if any(s["status"] == "diverged" for s in summaries) else 0
     print(comparison_table(summaries, step))
     print(f"results written to {out}  (more figures: python -m python_algos plot {shlex.quote(out)})")
     _figure(out, args)
@@ -443,16 +506,21 @@ def cmd_compare(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from . import launch
     from .runner import comparison_table, compare_experiments, default_out_dir
 
     t0 = time.perf_counter()
     cfg = _demo_config()
     if args.rounds is not None:
         cfg = cfg.replace(rounds=args.rounds)
-    out = args.out or default_out_dir("demo")
-    print(f"fedkernels demo: sparse logistic regression (d = 100, 10-sparse ground truth), 10 heterogeneous "
-          f"clients, h = {cfg.reg_strength:g}·||x||_1, full gradients, K = {cfg.local_steps}, T = {cfg.rounds}")
-    summaries = compare_experiments(cfg, list(DEMO_ALGORITHMS), out, progress=not args.no_progress)
+    main = launch.is_main()
+    say = print if main else _quiet  # under torchrun rank 0 alone prints
+    out = launch.agree_on((args.out or default_out_dir("demo")) if main else None, cfg.device)  # rank 0's folder
+    say(f"fedkernels demo: sparse logistic regression (d = 100, 10-sparse ground truth), 10 heterogeneous "
+        f"clients, h = {cfg.reg_strength:g}·||x||_1, full gradients, K = {cfg.local_steps}, T = {cfg.rounds}")
+    summaries = compare_experiments(cfg, list(DEMO_ALGORITHMS), out, progress=not args.no_progress and main, log=say)
+    if not main:
+        return 0
     print()
     print(comparison_table(summaries, cfg.lr * cfg.local_steps))
     print()
@@ -506,9 +574,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv or ["demo"])
+    args.argv = argv
     if args.command is None:
         parser.print_help()
         return 2
+    from . import launch
     from .data import DataNotFoundError
 
     handler = {"run": cmd_run, "compare": cmd_compare, "demo": cmd_demo, "plot": cmd_plot,
@@ -517,19 +587,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     with warnings.catch_warnings():
         warnings.showwarning = _showwarning
+        if launch.rank() != 0:  # rank 0 alone reports (every rank would print the same warnings)
+            warnings.simplefilter("ignore")
         try:
-            return handler(args)
+            code = handler(args)
         except (DataNotFoundError, FileNotFoundError, ValueError, RuntimeError) as e:
-            print(f"error: {e}", file=sys.stderr)
+            where = f" on rank {launch.rank()} of {launch.world_size()}" if launch.distributed() else ""
+            print(f"error{where}: {e}", file=sys.stderr)
+            launch.finish(ok=False)
             return 1
         except Interrupted as e:  # Ctrl-C during a run: its summary is written
-            print(f"\ninterrupted: {e.summary['message']}; the summary so far is in "
-                  f"{os.path.join(e.summary['out_dir'], 'summary.json')}\nresume with: {e.summary['resume_command']}",
-                  file=sys.stderr)
+            if launch.is_main():
+                print(f"\ninterrupted: {e.summary['message']}; the summary so far is in "
+                      f"{os.path.join(e.summary['out_dir'], 'summary.json')}\nresume with: "
+                      f"{e.summary['resume_command']}", file=sys.stderr)
+            launch.leave_interrupted()
             return 130
         except KeyboardInterrupt:  # before a run folder existed, or while it was being finished
-            print("\ninterrupted", file=sys.stderr)
+            if launch.is_main():
+                print("\ninterrupted", file=sys.stderr)
+            launch.leave_interrupted()
             return 130
+        launch.finish()
+        return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -108,6 +108,19 @@ def _str(choices=None, none_ok: bool = False, prefix_ok: tuple = ()):
     return check
 
 
+# The executor of a run's clients in each process. "distributed" is not a value here: a run becomes
+# distributed by how it is launched (torchrun, --workers), and then --executor names the executor
+# that each rank runs its share of the clients with.
+_RUN_EXECUTORS = ("auto", *(e for e in EXECUTORS if e != "distributed"))
+
+
+def _executor(v):
+    if v == "distributed":
+        return (f"must be one of {', '.join(_RUN_EXECUTORS)}; to split the clients over processes, launch the run "
+                f"with --workers P or torchrun (--executor then names the executor of each process's clients)")
+    return _str(_RUN_EXECUTORS)(v)
+
+
 def _mapping(v):
     if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
         return "must be a table of KEY=VALUE options"
@@ -167,7 +180,7 @@ _RULES = {
     "device": _str(("cpu", "cuda", "cuda:K", "auto"), prefix_ok=("cuda:",)),
     "dtype": _str(("float32", "float64")),
     "checkpoint_every": _int(0, what=" (0: only at the start and the end)"),
-    "executor": _str(("auto", *EXECUTORS)),
+    "executor": _executor,
     "threads": _int(1, none_ok=True),
 }
 

@@ -28,6 +28,12 @@ so a kill at any moment leaves a folder that ``run --resume`` finishes with the 
 result of an uninterrupted run. A resume refuses a checkpoint whose settings differ from
 ``config.json`` in anything but the execution settings (``executor``, ``threads``,
 ``checkpoint_every``) and the number of rounds, which may only grow.
+
+Under ``torchrun`` every rank runs the same calls: the clients are split over the ranks (executor
+``distributed`` wrapping ``--executor``), every rank checks every input before rank 0 alone writes
+the folder files and shows progress, and the checkpoint is sharded (a manifest ``checkpoint.pt``
+plus one file per rank in ``checkpoint.pt.shards/``; see :mod:`python_algos.experiments.launch`),
+which resumes on any number of processes.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ import fedkernels as fk
 
 from . import checkpoint as ckpt
 from . import faults
+from . import launch
 from .config import RESULT_KEYS, Config, ConfigError, flag
 from .data import FederatedData, federate, load_dataset
 from .models import build_model as _build_model
@@ -513,9 +520,10 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
         if not replace and os.path.isdir(out_dir) and _holds_run(out_dir):
             raise RunFolderError(f"{out_dir} already holds a run: continue it with `{resume_command(out_dir)}`, or "
                                  f"choose another --out (nothing was changed)")
+    launch.join(cfg.device)  # under torchrun: join the job (and take this rank's GPU) before picking the device
     device = resolve_device(cfg.device)
     if resume and os.path.isfile(ckpt_path):
-        snap = ckpt.load(ckpt_path, map_location=device)
+        snap = ckpt.load(ckpt_path, map_location=device)  # a manifest only, when several processes wrote it
         saved = (snap.get("extra") or {}).get("config")
         if isinstance(saved, dict):
             now = _as_json(cfg.to_dict())
@@ -553,6 +561,8 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     if snap is not None and (snap.get("algorithm") != algorithm.name or snap.get("hparams") != algorithm.hparams()):
         raise RunFolderError(f"{ckpt_path} is a checkpoint of {snap.get('algorithm')} {snap.get('hparams')}, not of "
                              f"{algorithm.name} {algorithm.hparams()} as config.json says; nothing was changed")
+    if snap is not None:  # this process's client rows (re-cut if another number of processes wrote it)
+        snap = launch.local_rows(snap, ckpt_path, len(fed.clients), map_location=device)
     return PreparedRun(cfg, out_dir, fed, model, algorithm, reg, device, snap, resume, rewrite, replace, torch_rng)
 
 
@@ -592,10 +602,12 @@ def _start_folder(prep: PreparedRun, log) -> None:
     if not prep.resume:
         os.makedirs(out_dir, exist_ok=True)
         _remove_leftovers(out_dir, also=RUN_FILES)  # replace: no file of the previous run may outlive it
+        launch.remove_shards(os.path.join(out_dir, "checkpoint.pt"))  # ... nor its checkpoint shards
         _write_json(cfg_path, cfg.to_dict())  # first: a folder with config.json can always be resumed
         prep.rewrite_config = False
     else:
         _remove_leftovers(out_dir)
+        launch.remove_shard_leftovers(os.path.join(out_dir, "checkpoint.pt"))
     if not prep.resume or snap is None:
         _write_json(os.path.join(out_dir, "partition.json"), {
             "partition": fed.partition, "num_clients": len(fed.parts), "sizes": [len(p) for p in fed.parts],
@@ -624,12 +636,20 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     label = label or cfg.algorithm
     ckpt_path = os.path.join(out_dir, "checkpoint.pt")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    _start_folder(prep, log)
+    main = launch.is_main()  # under torchrun rank 0 alone writes the folder files and shows progress
+    launch.barrier()  # every rank has checked its inputs (prepare_run) before rank 0 writes anything
+    err = None
+    if main:
+        try:
+            _start_folder(prep, log)
+        except Exception as e:  # noqa: BLE001 - the other ranks stop too (launch.agree)
+            err = e
+    launch.agree(err)  # ... and the folder is ready before any rank writes a checkpoint shard
     eval_fn = make_eval(ds, model, extra_eval)
 
     status = {"diverged": None, "interrupted": False}
-    metrics_file = open(metrics_path, "a")
-    bar = Progress(cfg.rounds, initial=snap["round"] if snap else 0, desc=label, enabled=progress)
+    metrics_file = open(metrics_path if main else os.devnull, "a")
+    bar = Progress(cfg.rounds, initial=snap["round"] if snap else 0, desc=label, enabled=progress and main)
     kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
 
     def on_save(s):
@@ -651,9 +671,11 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         if kill_at and t == kill_at:
             metrics_file.close()
             os.kill(os.getpid(), signal.SIGKILL)
+        launch.maybe_kill(t)
         return None
 
-    saver = ckpt.Checkpointer(ckpt_path, extra={"config": cfg.to_dict()}, on_save=on_save)
+    saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()}, on_save=on_save)
+    executor, executor_options = launch.executor_for(cfg.executor)
     hist = None
     t0 = time.perf_counter()
     threads = apply_threads(cfg.threads, sum(p.numel() for p in model.parameters()), prep.device)
@@ -664,7 +686,7 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
                         metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
                         checkpoint=saver, checkpoint_every=cfg.checkpoint_every,
                         participation=cfg.participation, clients_per_round=cfg.clients_per_round,
-                        executor=cfg.executor)
+                        executor=executor, executor_options=executor_options)
     except ckpt.Diverged as e:
         status["diverged"] = str(e)
     except KeyboardInterrupt:
@@ -672,9 +694,12 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     finally:
         bar.close()
         metrics_file.close()
+    if not status["interrupted"]:  # every rank reports the same status (an interrupted peer may be gone)
+        status["diverged"] = launch.first_message(status["diverged"])
     run_seconds = time.perf_counter() - t0
 
-    rows = read_metrics(out_dir)
+    # rank 0 wrote metrics.jsonl; another rank (maybe on another node) has the same rows in memory
+    rows = read_metrics(out_dir) if main else ([hist.initial, *hist.metrics] if hist is not None else [])
     last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else {})
     last_ckpt = saver.last_round if saver.last_round is not None else (int(snap["round"]) if snap else None)
     summary = {
@@ -694,19 +719,23 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         "partition": cfg.partition,
         "num_clients": len(fed.parts),
         "dim": sum(p.numel() for p in model.parameters()),
-        "executor": hist.executor if hist is not None else cfg.executor,
+        "executor": hist.executor if hist is not None else executor,
+        "world_size": hist.world_size if hist is not None else launch.world_size(),
         "threads": threads,
         "out_dir": out_dir,
         "last_checkpoint_round": last_ckpt,
         "resume_command": resume_command(out_dir),
     }
+    if executor == "distributed":
+        summary["inner_executor"] = cfg.executor
     if f_star is not None:
         summary["f_star"] = float(f_star)
     if status["interrupted"]:
         summary["message"] = (f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; "
                               + (f"the last checkpoint is round {last_ckpt}, where the run resumes"
                                  if last_ckpt is not None else "no checkpoint was written, so it restarts at round 0"))
-        _write_json(os.path.join(out_dir, "summary.json"), summary)
+        if main:
+            _write_json(os.path.join(out_dir, "summary.json"), summary)
         raise Interrupted(summary)
     if status["diverged"]:
         keep = (f"the last good checkpoint (round {saver.last_round}) is kept in {ckpt_path}"
@@ -714,11 +743,12 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
                 (f"{ckpt_path} keeps the checkpoint it had" if os.path.exists(ckpt_path) else "no checkpoint was written"))
         summary["message"] = (f"{label} diverged at {status['diverged']}; the run was stopped and {keep}. "
                               f"Lower the step size (--lr, currently {cfg.lr:g}) or the local steps.")
-    else:
+    elif main:
         ckpt.atomic_save({"params": hist.params.cpu(),
                           "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}},
                          os.path.join(out_dir, "model.pt"))
-    _write_json(os.path.join(out_dir, "summary.json"), summary)
+    if main:
+        _write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary
 
 
@@ -797,11 +827,15 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
             errors.append(f"{name}: {e}")
     if errors:
         raise ValueError(("; ".join(errors)) + " (nothing was written)")
-    os.makedirs(out_dir, exist_ok=True)
+    launch.barrier()  # under torchrun: every rank has checked everything before rank 0 writes
+    main = launch.is_main()
+    if main:
+        os.makedirs(out_dir, exist_ok=True)
     record = {"config": cfg.to_dict(), "algorithms": list(algorithms), "alg_opts": alg_opts}
 
     def write_record(summaries):
-        _write_json(os.path.join(out_dir, "comparison.json"), {**record, "runs": summaries})
+        if main:
+            _write_json(os.path.join(out_dir, "comparison.json"), {**record, "runs": summaries})
 
     write_record([])
     summaries = []
@@ -820,7 +854,8 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
         if summaries[-1]["status"] != "completed":
             log(summaries[-1]["message"])
     write_record(summaries)
-    _atomic_text(os.path.join(out_dir, "comparison.md"), comparison_table(summaries, cfg.metric_step) + "\n")
+    if main:
+        _atomic_text(os.path.join(out_dir, "comparison.md"), comparison_table(summaries, cfg.metric_step) + "\n")
     return summaries
 
 

@@ -1,0 +1,397 @@
+"""The distributed executor: the N clients split over torch.distributed ranks (``torchrun``).
+
+Each of the P ranks holds a contiguous shard of the clients, ``[r N / P, (r + 1) N / P)``: the rows
+of every ``[n_rank, d]`` client stack, and those clients' data. Its clients' gradients are computed
+by an ordinary in-process executor over the shard (``inner="sequential"`` or ``"batched"``), whose
+clients keep the minibatch generators of their *global* index, so the run draws the same
+minibatches as one process. The algorithm files are unchanged: they see a :class:`ClientSet`
+whose answers cross ranks where the spec crosses the client / server boundary:
+
+======================  ===================================================================
+``mean(S, ids)``        one all-reduce (sum) of the rank's partial sum of its rows, divided
+                        by N, by the round's participant count k, or by ``divisor``
+``broadcast(v)``        nothing to send: the server state is replicated (below)
+``gossip_(X, W)``       neighbour exchange: each rank sends, point to point, only the rows
+                        another rank's clients have as neighbours (never the whole stack),
+                        then mixes its rows with one local product
+``participants()``      every rank replays the same draw from the run's seed and keeps the
+                        sampled clients it holds, as *local* row indices (see below)
+``full_objective_``     the shard's weighted loss and gradient, one all-reduce of [d + 1]
+======================  ===================================================================
+
+**The server state is replicated.** Every rank applies the same server update (the same fused,
+deterministic kernels) to the same all-reduced vector, so every rank holds bit-identical server
+state without a broadcast from rank 0. This saves a d-vector broadcast and a synchronization per
+round (a rank-0 server would serialize the server step while the other ranks wait), and every
+rank needs the new server vector anyway for its clients' next round. The all-reduce returns the
+same bits on every rank (gloo and NCCL reduce each chunk once and distribute the result), and our
+kernels have no run-to-run nondeterminism on a given device type; :meth:`check_replicas` compares
+a checksum of the reported model across ranks (the experiment runner calls it at the end of a run).
+
+**Partial participation.** Every rank draws the round's k sampled clients from the same generator
+(seeded by the run's seed, exactly as one process does) and answers ``participants()`` with the
+sampled clients of its own shard, as indices into its rows; a compact participant stack on rank r
+is that rank's slice of the global ``[k, d]`` participant stack, and ``mean(S, ids)`` divides by
+the global k. The draw is uniform, so a rank holds k·n_rank/N sampled clients on average; the
+per-round imbalance (hypergeometric) is recorded in ``participant_loads`` and discussed in the
+README ("Scaling out"). Rebalancing would change which rank computes which client, not the result.
+
+**Metrics.** ``algorithm.report`` and ``state_metrics`` may read client stacks (DEPOSITUM reports
+the client average x̄): :meth:`report` / :meth:`state_metrics` hand them the rank's rows wrapped so
+that means and sums over the client dimension are all-reduced (:class:`_ClientRows`).
+
+**Communication counters.** ``comm.up`` / ``comm.down`` count d-vectors per client exactly as the
+in-process executors do (the algorithm's declared costs); ``comm.sent_bytes`` / ``comm.recv_bytes``
+count the bytes this rank hands to / receives from torch.distributed for the algorithm: the payload
+of every all-reduce (the wire traffic of a ring all-reduce is about 2(P − 1)/P times that) and the
+gossip rows sent to and received from other ranks. The metric pass is counted apart
+(``metric_bytes``).
+
+Errors: a construction error on any rank (bad data in its shard, too few clients) is raised on
+every rank with that rank's number and message (:func:`._dist.agree`); see :mod:`._dist` for the
+timeouts of a peer that stops answering.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import fedkernels as fk
+
+from . import _dist
+from .base import ClientSet
+
+__all__ = ["DistributedClients"]
+
+
+class DistributedClients(ClientSet):
+    """N clients sharded over the ranks of the default torch.distributed process group.
+
+    Args (besides the common ``model, loss_fn, data, batch_size, seed, flat``):
+        data: all N clients' data (every rank gets the full list; a rank converts and keeps only
+            its shard, so a lazy sequence loads only the shard).
+        inner: the executor that runs this rank's clients: ``"sequential"``, ``"batched"`` or
+            ``"auto"`` (default: the fastest that supports the model; see
+            :func:`python_algos.clients.resolve_executor`).
+        inner_options: keyword arguments for the inner executor.
+        timeout: seconds a collective waits for a silent peer (default: ``PYTHON_ALGOS_DIST_TIMEOUT``
+            or 300); used when this call creates the process group.
+    """
+
+    executor = "distributed"
+    measures_bytes = True
+
+    @classmethod
+    def unsupported(cls, model) -> str:
+        return "" if dist.is_available() else "torch.distributed is not available in this torch build"
+
+    def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
+                 seed: int = 0, flat: Optional[fk.FlatParams] = None, *, inner: str = "auto",
+                 inner_options: Optional[dict] = None, timeout: Optional[float] = None):
+        super().__init__()
+        from . import EXECUTORS, resolve_executor  # the registry imports this module
+
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if not isinstance(inner, str) or inner.lower() == "distributed" or \
+                (inner.lower() != "auto" and inner.lower() not in EXECUTORS):
+            names = ", ".join(["auto", *(n for n in EXECUTORS if n != "distributed")])
+            raise ValueError(f"inner (the executor of each rank's clients) must be one of {names}, got {inner!r}")
+        first = next(iter(model.parameters()), None)
+        device = first.device if first is not None else torch.device("cpu")
+        self.group = _dist.ensure_group(device, timeout)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        n = len(data)
+        self.num_clients = n
+        self.bounds = _dist.bounds(n, self.world_size)
+        self.lo, self.hi = self.bounds[self.rank]
+        self.rows = self.hi - self.lo
+        self.metric_bytes = 0
+        self.participant_loads: list[list[int]] = []  # sampled clients per rank, one list per round
+        self._k = None  # this round's global participant count
+        self._plans: dict = {}
+        err = None
+        try:
+            if n < self.world_size:
+                raise ValueError(f"{n} clients cannot be split over {self.world_size} ranks: every rank needs at "
+                                 f"least one client (use at most {n} processes)")
+            cls = resolve_executor(inner, model)
+            shard = [data[i] for i in range(self.lo, self.hi)]
+            opts = dict(inner_options or {})
+            if inner.lower() == "auto":  # choose as one process with all N clients would, on every rank
+                opts["total_clients"] = n
+            self.inner = cls(model, loss_fn, shard, batch_size=batch_size, seed=seed, flat=flat,
+                             first_client=self.lo, **opts)
+        except Exception as e:  # noqa: BLE001 - re-raised on every rank by agree()
+            err = e
+        _dist.agree(err)
+        self.inner_executor = self.inner.executor
+        self.flat, self.dim = self.inner.flat, self.inner.dim
+        self.dtype, self.device = self.inner.dtype, self.inner.device
+        self._itemsize = torch.empty((), dtype=self.dtype).element_size()
+
+    # -- timing counters: those of the inner executor ---------------------------------------
+    grad_seconds = property(lambda self: self.inner.grad_seconds if hasattr(self, "inner") else 0.0,
+                            lambda self, v: None)
+    fwd_bwd_seconds = property(lambda self: self.inner.fwd_bwd_seconds if hasattr(self, "inner") else 0.0,
+                               lambda self, v: None)
+    grad_evals = property(lambda self: self.inner.grad_evals if hasattr(self, "inner") else 0, lambda self, v: None)
+
+    # -- client-local work ------------------------------------------------------------
+    def gradients_(self, X, G, ids=None):
+        return self.inner.gradients_(X, G, ids)
+
+    # -- participation ------------------------------------------------------------------
+    def participants(self):
+        ids = super().participants()  # the same global draw on every rank
+        if ids is None:
+            self._k = None
+            return None
+        self._k = int(ids.numel())
+        edges = torch.tensor([hi for _, hi in self.bounds], device=ids.device)
+        self.participant_loads.append(torch.bincount(torch.bucketize(ids, edges, right=True),
+                                                     minlength=self.world_size).tolist())
+        mine = ids[(ids >= self.lo) & (ids < self.hi)]
+        return mine - self.lo
+
+    # -- aggregation ------------------------------------------------------------------
+    def mean(self, S, ids=None, *, divisor=None):
+        self.comm.up += 1
+        n = divisor if divisor is not None else (self.num_clients if ids is None else self._k)
+        return self._allreduce_sum(S).div_(n)
+
+    def _allreduce_sum(self, S: torch.Tensor) -> torch.Tensor:
+        out = S.sum(dim=0) if S.shape[0] else torch.zeros(S.shape[1:], dtype=S.dtype, device=S.device)
+        if self.world_size > 1:
+            dist.all_reduce(out, group=self.group)
+        nbytes = out.numel() * out.element_size()
+        self.comm.sent_bytes += nbytes
+        self.comm.recv_bytes += nbytes
+        return out
+
+    def _mean(self, S, divisor=None):  # not reached: mean() is overridden
+        raise AssertionError("DistributedClients.mean does the reduction")
+
+    def _broadcast(self, v):
+        return v  # replicated server state (module docstring)
+
+    # -- gossip ---------------------------------------------------------------------------
+    def _gossip_(self, X, W):
+        plan = self._plan(W)
+        n = self.rows
+        ext = self.workspace("_gossip_ext", rows=n + plan["m"])
+        ext[:n].copy_(X)
+        if self.world_size > 1 and plan["ops"]:
+            ops = []
+            for q, send_idx, off, cnt in plan["ops"]:
+                if send_idx.numel():
+                    buf = X.index_select(0, send_idx)
+                    ops.append(dist.P2POp(dist.isend, buf, q, group=self.group))
+                    self.comm.sent_bytes += buf.numel() * self._itemsize
+                if cnt:
+                    ops.append(dist.P2POp(dist.irecv, ext[off : off + cnt], q, group=self.group))
+                    self.comm.recv_bytes += cnt * self.dim * self._itemsize
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+        out = self.workspace("_gossip")
+        torch.mm(plan["W"], ext, out=out)
+        return X.copy_(out)
+
+    def _plan(self, W: torch.Tensor) -> dict:
+        """Who needs which rows of whom, for the mixing matrix W (cached: W is built once per run).
+
+        The rank's rows of W·X use the columns of W's rows lo..hi with a nonzero entry; the ones
+        outside the shard are received from their owners (``m`` rows), appended after the local
+        rows. Symmetrically, a row is sent to rank q when one of q's rows of W uses it."""
+        key = (W.data_ptr() if W.layout != torch.sparse_coo else W._values().data_ptr(), tuple(W.shape), W.layout)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        Wc = W.coalesce() if W.layout == torch.sparse_coo else None
+        if Wc is not None:
+            r, c = Wc.indices().cpu()
+            v = Wc.values()
+            nz = v.cpu() != 0
+            r, c, v = r[nz], c[nz], v[nz.to(v.device)]
+        else:
+            r, c = torch.nonzero(W.cpu(), as_tuple=True)
+            v = W[r.to(W.device), c.to(W.device)]
+        owner = torch.bucketize(c, torch.tensor([hi for _, hi in self.bounds]), right=True)
+        row_owner = torch.bucketize(r, torch.tensor([hi for _, hi in self.bounds]), right=True)
+        mine = row_owner == self.rank
+        ext_index = {}  # global column -> row of the extended stack
+        for j in range(self.lo, self.hi):
+            ext_index[j] = j - self.lo
+        ops, m = [], 0
+        for q in range(self.world_size):
+            if q == self.rank:
+                continue
+            need = torch.unique(c[mine & (owner == q)])  # sorted rows of q this rank mixes in
+            give = torch.unique(c[(row_owner == q) & (owner == self.rank)])  # rows q mixes in
+            off = self.rows + m
+            for j, g in enumerate(need.tolist()):
+                ext_index[g] = off + j
+            m += need.numel()
+            if need.numel() or give.numel():
+                ops.append((q, (give - self.lo).to(self.device), off, int(need.numel())))
+        rl = (r[mine] - self.lo)
+        cl = torch.tensor([ext_index[int(j)] for j in c[mine].tolist()], dtype=torch.long)
+        vals = v[mine.to(v.device)].to(self.dtype)
+        Wloc = torch.sparse_coo_tensor(torch.stack([rl, cl]).to(self.device), vals.to(self.device),
+                                       (self.rows, self.rows + m)).coalesce()
+        if Wc is None:
+            Wloc = Wloc.to_dense()
+        plan = self._plans[key] = {"W": Wloc, "ops": ops, "m": m, "keep": W}  # keep: W's address stays valid
+        return plan
+
+    # -- evaluation ---------------------------------------------------------------------
+    def full_objective_(self, x, grad_out):
+        f = self.inner.full_objective_(x, grad_out)  # (1/n_rank) sum over the shard
+        w = self.rows / self.num_clients
+        buf = torch.empty(self.dim + 1, dtype=self.dtype, device=self.device)
+        torch.mul(grad_out, w, out=buf[: self.dim])
+        buf[self.dim] = f * w
+        if self.world_size > 1:
+            dist.all_reduce(buf, group=self.group)
+        self.metric_bytes += buf.numel() * self._itemsize
+        grad_out.copy_(buf[: self.dim])
+        return float(buf[self.dim])
+
+    def report(self, algorithm, state, reg):
+        with self._rows_view(state) as st:
+            x = algorithm.report(st, reg)
+        return _plain(x, "report")
+
+    def state_metrics(self, algorithm, state) -> dict:
+        with self._rows_view(state) as st:
+            out = algorithm.state_metrics(st, self)
+        return {k: float(_plain(v, k)) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+    @contextlib.contextmanager
+    def _rows_view(self, state):
+        """The state with its client stacks as :class:`_ClientRows` (reductions over clients all-reduced)."""
+        if not hasattr(state, "_replace"):
+            yield state
+            return
+        wrap = {k: v.as_subclass(_ClientRows) for k, v in state._asdict().items() if self.is_stack(v)}
+        token = _ClientRows.context.get()
+        _ClientRows.context.set((self.rows, self.num_clients, self))
+        try:
+            yield state._replace(**wrap) if wrap else state
+        finally:
+            _ClientRows.context.set(token)
+
+    def _global_row(self, rows: torch.Tensor, i: int) -> torch.Tensor:
+        """Row of global client i (e.g. FedCanonII reports client 0's replica), sent by its owner."""
+        i = i + self.num_clients if i < 0 else i
+        if not 0 <= i < self.num_clients:
+            raise IndexError(f"client {i} out of range for {self.num_clients} clients")
+        owner = next(r for r, (lo, hi) in enumerate(self.bounds) if lo <= i < hi)
+        with torch._C.DisableTorchFunctionSubclass():
+            plain = rows.as_subclass(torch.Tensor)
+            row = plain[i - self.lo].clone() if owner == self.rank else torch.empty_like(plain[0])
+        if self.world_size > 1:
+            dist.broadcast(row, src=owner, group=self.group)
+        self.metric_bytes += row.numel() * row.element_size()
+        return row
+
+    def is_stack(self, v) -> bool:
+        """A ``[rows, d]`` tensor: this rank's rows of a client stack."""
+        return isinstance(v, torch.Tensor) and v.dim() == 2 and tuple(v.shape) == (self.rows, self.dim)
+
+    def any_rank(self, flag: bool) -> bool:
+        return _dist.any_rank(flag, self.device if self.device.type == "cuda" else torch.device("cpu"))
+
+    def check_replicas(self, x: torch.Tensor, what: str = "the model") -> None:
+        """Raise if ``x`` (a replicated [d] vector) differs between ranks (a checksum of its bytes)."""
+        if self.world_size == 1:
+            return
+        digest = hashlib.sha1(x.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+        got = [None] * self.world_size
+        dist.all_gather_object(got, digest, group=self.group)
+        if len(set(got)) != 1:
+            raise RuntimeError(f"{what} differs between ranks ({', '.join(g[:8] for g in got)}): the replicated server "
+                               f"state diverged (different devices or a nondeterministic kernel)")
+
+    # -- checkpointing ----------------------------------------------------------------------
+    def rng_state(self) -> dict:
+        """The participant sampler (replicated) and the inner executor's generators (this shard)."""
+        return {**self.inner.rng_state(), **super().rng_state()}
+
+    def set_rng_state(self, states: dict) -> None:
+        own = {k: v for k, v in states.items() if k in vars(self)}
+        super().set_rng_state(own)
+        self.inner.set_rng_state({k: v for k, v in states.items() if k not in own})
+
+    def shard_info(self) -> dict:
+        return {"rank": self.rank, "world_size": self.world_size, "lo": self.lo, "hi": self.hi,
+                "num_clients": self.num_clients}
+
+
+def _plain(v, what: str):
+    if isinstance(v, _ClientRows):
+        raise NotImplementedError(f"{what} is per-client (not reduced over the clients): the distributed executor "
+                                  f"cannot return a rank's rows as a global value")
+    return v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor else v
+
+
+_REDUCTIONS = {torch.Tensor.mean: "mean", torch.mean: "mean", torch.Tensor.sum: "sum", torch.sum: "sum"}
+_TO_PYTHON = {torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.__bool__, torch.Tensor.item,
+              torch.Tensor.tolist, torch.Tensor.numpy}
+
+
+class _ClientRows(torch.Tensor):
+    """A rank's rows of a client stack, seen by metric code (``report``, ``state_metrics``) only.
+
+    Dimension 0 is the client dimension. ``mean`` / ``sum`` over it (or over all dimensions) are
+    all-reduced and return an ordinary tensor; element-wise arithmetic and reductions over the other
+    dimensions keep the rows (still ``_ClientRows``); anything that would turn a rank's rows into a
+    global value another way raises ``NotImplementedError`` rather than return a partial answer."""
+
+    context = contextvars.ContextVar("client_rows", default=None)  # (rows, N, DistributedClients)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        ctx = cls.context.get()
+        has_rows = any(isinstance(a, _ClientRows) for a in args) or \
+            any(isinstance(a, _ClientRows) for a in kwargs.values())
+        if ctx is not None and func in _REDUCTIONS and isinstance(args[0], _ClientRows):
+            dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+            dims = None if dim is None else ((dim,) if isinstance(dim, int) else tuple(dim))
+            t = args[0]
+            if dims is None or [d % t.dim() for d in dims] == [0]:
+                rows, n, cs = ctx
+                with torch._C.DisableTorchFunctionSubclass():
+                    local = t.sum(dim=0) if dims is not None else t.sum().reshape(1)
+                    local = local.contiguous()
+                    if cs.world_size > 1:
+                        dist.all_reduce(local, group=cs.group)
+                    cs.metric_bytes += local.numel() * local.element_size()
+                    if _REDUCTIONS[func] == "mean":
+                        local = local / (n if dims is not None else n * (t.numel() // max(rows, 1)))
+                    return local if dims is not None else local.reshape(())
+        if ctx is not None and func is torch.Tensor.__getitem__ and isinstance(args[0], _ClientRows) \
+                and isinstance(args[1], int):  # one client's row, by its global index: from its owner
+            return ctx[2]._global_row(args[0], args[1])
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if not has_rows or ctx is None:
+            return out
+        if func in _TO_PYTHON:
+            raise NotImplementedError(f"{getattr(func, '__name__', func)} of a rank's client rows: reduce over the "
+                                      f"clients (mean / sum over dim 0) first")
+        if isinstance(out, torch.Tensor):
+            if out.dim() >= 1 and out.shape[0] == ctx[0]:
+                return out.as_subclass(_ClientRows)
+            raise NotImplementedError(f"{getattr(func, '__name__', func)} over a rank's client rows is not a per-client "
+                                      f"value or a mean / sum over the clients; the distributed executor cannot "
+                                      f"evaluate it")
+        return out

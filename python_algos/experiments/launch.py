@@ -1,0 +1,361 @@
+"""Runs on several processes: ``torchrun`` ranks, the ``--workers`` launcher, sharded checkpoints.
+
+    torchrun --nproc-per-node 2 -m python_algos run -a fedavg ...      # one node, 2 ranks
+    python -m python_algos run --workers 2 -a fedavg ...                # the same, launched for you
+
+A process started by ``torchrun`` (``RANK`` / ``WORLD_SIZE`` in its environment) runs its share of
+the clients with the ``distributed`` executor (:class:`~python_algos.clients.DistributedClients`),
+wrapping the executor the config names (``--executor``, default auto). Rank 0 alone prints
+progress and writes the run folder; every rank writes its shard of the checkpoint.
+
+**Sharded checkpoints.** ``checkpoint.pt`` is then a manifest: the replicated part of the run (server
+state, generators, metrics) plus the list of shard files ``checkpoint.pt.shards/round<t>.rank<r>-of-<P>.pt``,
+each holding one rank's rows of every client stack and its clients' minibatch generators. Each
+rank writes its shard atomically; once every rank has, rank 0 replaces the manifest (atomically),
+then deletes the previous round's shards — so a kill at any moment leaves a manifest whose shards
+are all on disk. A checkpoint resumes on any number of processes: the client rows (and the
+per-client generators) are re-cut for the new world size, one process included; a single-process
+``checkpoint.pt`` resumes on P ranks the same way.
+
+**Restarts.** Under ``torchrun --max-restarts R`` a failed rank makes torchrun restart every rank
+with the same command; a restarted rank (``TORCHELASTIC_RESTART_COUNT`` > 0) whose ``--out`` folder
+holds a checkpoint resumes from it, so the job finishes with the uninterrupted result.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Optional, Sequence
+
+import torch
+
+from . import checkpoint as ckpt
+from ..clients import _dist
+
+__all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "agree", "barrier", "restarting",
+           "executor_for", "workers_command", "run_workers", "ShardedCheckpointer", "SingleFileCheckpointer",
+           "checkpointer",
+           "load_checkpoint", "local_rows", "remove_shards", "remove_shard_leftovers", "maybe_kill",
+           "KILL_RANK_ENV", "finish", "leave_interrupted", "first_message"]
+
+KILL_RANK_ENV = "_FEDKERNELS_TEST_KILL_RANK_AT"  # test hook "RANK:ROUND": SIGKILL that rank after that round (first attempt)
+
+rank, world_size, is_main = _dist.rank, _dist.world_size, _dist.is_main
+
+
+def distributed() -> bool:
+    """True in a rank started by torchrun (the run uses the distributed executor)."""
+    return _dist.under_launcher()
+
+
+def restarting() -> bool:
+    """True in a rank that torchrun restarted after a failure (``--max-restarts``)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+
+
+def join(device: str = "cpu") -> None:
+    """Join the job's process group now (under torchrun; nothing otherwise)."""
+    if distributed():
+        dev = torch.device("cuda") if str(device).startswith("cuda") or (
+            device == "auto" and torch.cuda.is_available()) else torch.device("cpu")
+        _dist.ensure_group(dev)
+
+
+def agree_on(value, device: str = "cpu"):
+    """Rank 0's ``value`` on every rank (e.g. the default results folder, which has a timestamp)."""
+    if not distributed():
+        return value
+    join(device)
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every rank (under torchrun; nothing otherwise)."""
+    if distributed() and world_size() > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def agree(error: Optional[BaseException]) -> None:
+    """Raise on every rank if any rank passes an exception (under torchrun); else raise ``error`` if given."""
+    if distributed():
+        _dist.agree(error)
+    elif error is not None:
+        raise error
+
+
+def first_message(message: Optional[str]) -> Optional[str]:
+    """The first rank's non-None ``message`` on every rank (None if none has one)."""
+    if not distributed() or world_size() == 1:
+        return message
+    import torch.distributed as dist
+
+    got = [None] * world_size()
+    dist.all_gather_object(got, message)
+    return next((m for m in got if m is not None), None)
+
+
+FINISH_WAIT = 10.0  # seconds a rank that failed waits for its peers before it leaves the group
+
+
+def finish(ok: bool = True) -> None:
+    """Leave the process group at the end of a command. Ranks wait for each other first: a rank
+    tearing its connections down while a peer still uses them makes that peer abort (SIGABRT)
+    instead of exiting with its own error. ``ok``: every rank got here normally; after an error
+    (often raised on every rank, see :func:`agree`) a rank waits at most :data:`FINISH_WAIT`
+    seconds (gloo), then leaves anyway (a peer may be gone or stuck)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() > 1:
+            try:
+                if ok:
+                    dist.barrier()
+                elif dist.get_backend() == "gloo":
+                    dist.monitored_barrier(timeout=datetime.timedelta(seconds=FINISH_WAIT))
+            except Exception:  # noqa: BLE001 - leaving after an error: the peers' state is unknown
+                pass
+        dist.destroy_process_group()
+
+
+def leave_interrupted(code: int = 130) -> None:
+    """After Ctrl-C in a rank of several: exit now with ``code``. A peer may still be blocked in a
+    collective that this rank will never join, so neither a barrier nor a clean teardown of the
+    group can be waited for (torchrun would kill the rank after its grace period); the run's files
+    are already complete (atomic writes), and exiting closes the connections, which releases the
+    peers. Outside a job of several ranks: leave the group (if any) normally and return."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    finish(ok=False)
+
+
+def executor_for(executor: str) -> tuple[str, Optional[dict]]:
+    """(executor, executor_options) for simulate: under torchrun, ``distributed`` wrapping ``executor``."""
+    if distributed():
+        return "distributed", {"inner": executor}
+    return executor, None
+
+
+def workers_command(argv: Sequence[str], workers: int, out: Optional[str]) -> list:
+    """The torchrun command that runs ``python -m python_algos <argv>`` on ``workers`` local ranks."""
+    args, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--workers":
+            skip = True
+            continue
+        if a.startswith("--workers="):
+            continue
+        args.append(a)
+    if out is not None and "--out" not in args and not any(a.startswith("--out=") for a in args):
+        args += ["--out", out]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(int(workers)),
+            "-m", "python_algos", *args]
+
+
+def run_workers(argv: Sequence[str], workers: int, out: Optional[str]) -> int:
+    """Launch the ranks with torchrun and wait; returns its exit status (a rank's error: 1)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank unless told otherwise (--threads)
+    cmd = workers_command(argv, workers, out)
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached torchrun and its ranks too: let them write the summary and exit
+        try:
+            proc.wait(timeout=60)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        return 130
+
+
+def maybe_kill(t: int) -> None:
+    """Test hook: SIGKILL this rank after round t, on the first attempt only (see KILL_RANK_ENV)."""
+    spec = os.environ.get(KILL_RANK_ENV)
+    if not spec or restarting():
+        return
+    r, at = (int(v) for v in spec.split(":"))
+    if r == rank() and t == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- #
+# Sharded checkpoints
+# --------------------------------------------------------------------------- #
+
+def _shard_dir(path: str) -> str:
+    return f"{path}.shards"
+
+
+def _shard_name(t: int, r: int, world: int) -> str:
+    return f"round{t}.rank{r}-of-{world}.pt"
+
+
+def _stack_fields(state, rows: int) -> list:
+    """Fields of a NamedTuple state that are client stacks (2-D, one row per client held here)."""
+    if not hasattr(state, "_asdict"):
+        return []
+    return [k for k, v in state._asdict().items() if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[0] == rows]
+
+
+class ShardedCheckpointer(ckpt.Checkpointer):
+    """:class:`~python_algos.experiments.checkpoint.Checkpointer` for a distributed run: every rank
+    writes its shard, rank 0 the manifest last (module docstring). ``num_clients``: N."""
+
+    def __init__(self, path: str, num_clients: int, extra: Optional[dict] = None, on_save=None):
+        super().__init__(path, extra, on_save)
+        self.num_clients = int(num_clients)
+
+    def __call__(self, snapshot: dict) -> None:
+        r, world = rank(), world_size()
+        lo, hi = _dist.bounds(self.num_clients, world)[r]
+        t = int(snapshot["round"])
+        bad = ckpt._nonfinite(snapshot["state"])
+        if _dist.any_rank(bad is not None):  # every rank stops, the last good checkpoint stays
+            raise ckpt.Diverged(f"round {t}: the algorithm state field {bad or '(on another rank)'} holds NaN/Inf")
+        state = snapshot["state"]
+        fields = _stack_fields(state, hi - lo)
+        rng = snapshot["client_rng"]
+        per_client = {k: v for k, v in rng.items() if isinstance(v, list)}
+        names = [_shard_name(t, q, world) for q in range(world)]
+        err = None
+        try:
+            ckpt.atomic_save({"format": ckpt.FORMAT, "round": t, "rank": r, "world_size": world, "lo": lo, "hi": hi,
+                              "stacks": {k: getattr(state, k) for k in fields}, "client_rng": per_client},
+                             os.path.join(_shard_dir(self.path), names[r]))
+        except Exception as e:  # noqa: BLE001 - every rank learns of it through agree()
+            err = e
+        _dist.agree(err)  # every shard is on disk before the manifest names them
+        if r == 0:
+            try:
+                snap = dict(snapshot)
+                snap["state"] = state._replace(**{k: None for k in fields}) if fields else state
+                snap["client_rng"] = {k: v for k, v in rng.items() if k not in per_client}
+                snap["shards"] = {"world_size": world, "num_clients": self.num_clients, "files": names,
+                                  "fields": fields, "bounds": _dist.bounds(self.num_clients, world)}
+                ckpt.save(self.path, snap, self.extra)
+                # older shards (this run's previous checkpoint, or a run resumed here with another
+                # world size): no rank writes before the agree() below, so nothing new is deleted
+                for name in os.listdir(_shard_dir(self.path)):
+                    if name not in names and name.startswith("round") and name.endswith(".pt"):
+                        try:
+                            os.remove(os.path.join(_shard_dir(self.path), name))
+                        except OSError:
+                            pass
+            except Exception as e:  # noqa: BLE001
+                err = e
+        _dist.agree(err)
+        self.last_round = t
+        if self.on_save is not None:
+            self.on_save(snapshot)
+
+
+class SingleFileCheckpointer(ckpt.Checkpointer):
+    """The one-process checkpoint; a run resumed in one process from a sharded checkpoint deletes
+    the shards once its own ``checkpoint.pt`` (which names none) has replaced the manifest."""
+
+    def __call__(self, snapshot: dict) -> None:
+        super().__call__(snapshot)
+        if os.path.isdir(_shard_dir(self.path)):
+            remove_shards(self.path)
+
+
+def checkpointer(path: str, num_clients: int, extra: Optional[dict] = None, on_save=None) -> ckpt.Checkpointer:
+    """The checkpoint hook of a run: sharded under torchrun, a single file otherwise."""
+    if distributed():
+        return ShardedCheckpointer(path, num_clients, extra, on_save)
+    return SingleFileCheckpointer(path, extra, on_save)
+
+
+def remove_shards(path: str) -> None:
+    """Delete the shard folder of the checkpoint ``path`` (a fresh run replacing an older one)."""
+    import shutil
+
+    shutil.rmtree(_shard_dir(path), ignore_errors=True)
+
+
+def remove_shard_leftovers(path: str) -> None:
+    """Delete the temporary files of shard writes that a kill interrupted."""
+    folder = _shard_dir(path)
+    if os.path.isdir(folder):
+        for name in os.listdir(folder):
+            if ".tmp-" in name:
+                try:
+                    os.remove(os.path.join(folder, name))
+                except OSError:
+                    pass
+
+
+def load_checkpoint(path: str, num_clients: int, map_location="cpu") -> dict:
+    """A snapshot for ``simulate(resume=...)`` holding this process's rows: all N clients in one
+    process, rank r's shard under torchrun — from a single-file or a sharded checkpoint, written
+    by any number of processes (the rows and per-client generators are re-cut)."""
+    return local_rows(ckpt.load(path, map_location=map_location), path, num_clients, map_location)
+
+
+def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu") -> dict:
+    """:func:`load_checkpoint` for a snapshot already read with ``checkpoint.load(path)``."""
+    snap = dict(snap)
+    info = snap.pop("shards", None)
+    n = int(num_clients)
+    lo, hi = _dist.bounds(n, world_size())[rank()] if distributed() else (0, n)
+    if info is None:  # one process wrote it: stacks hold all N rows
+        fields = _stack_fields(snap["state"], n)
+        if fields and (lo, hi) != (0, n):
+            snap["state"] = snap["state"]._replace(**{k: getattr(snap["state"], k)[lo:hi].clone() for k in fields})
+        snap["client_rng"] = {k: (v[lo:hi] if isinstance(v, list) and len(v) == n else v)
+                              for k, v in snap["client_rng"].items()}
+        return snap
+    if int(info["num_clients"]) != n:
+        raise ValueError(f"{path} holds {info['num_clients']} clients, the run has {n}")
+    folder = _shard_dir(path)
+    stacks = {k: [] for k in info["fields"]}
+    rng: dict = {}
+    for q, (qlo, qhi) in enumerate(info["bounds"]):
+        a, b = max(lo, qlo), min(hi, qhi)
+        if a >= b:
+            continue
+        shard_path = os.path.join(folder, info["files"][q])
+        if not os.path.isfile(shard_path):
+            raise ckpt.CheckpointError(
+                f"{path} names the shard {shard_path}, which is missing: the checkpoint of round {snap['round']} is "
+                f"incomplete (shards are written before the manifest, so the file was removed or the run folder "
+                f"was copied without its checkpoint.pt.shards folder); restore it from a copy")
+        try:
+            shard = torch.load(shard_path, map_location=map_location, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch reports damage as many types
+            raise ckpt.CheckpointError(f"{shard_path} is damaged and cannot be read ({type(e).__name__}); restore "
+                                       f"it from a copy") from None
+        if not isinstance(shard, dict) or int(shard.get("round", -1)) != int(snap["round"]):
+            raise ckpt.CheckpointError(f"{shard_path} is not the shard of round {snap['round']} that {path} names; "
+                                       f"restore the run's own checkpoint.pt.shards folder from a copy")
+        for k in info["fields"]:
+            stacks[k].append(shard["stacks"][k][a - qlo : b - qlo])
+        for k, v in shard["client_rng"].items():
+            if len(v) != qhi - qlo and (a, b) != (qlo, qhi):
+                raise ValueError(f"{path} was written by {info['world_size']} processes and its client generators "
+                                 f"{k!r} are not one per client, so it resumes only on {info['world_size']} "
+                                 f"processes (torchrun --nproc-per-node {info['world_size']} / --workers "
+                                 f"{info['world_size']})")
+            rng.setdefault(k, []).extend(v[a - qlo : b - qlo] if len(v) == qhi - qlo else v)
+    if stacks:
+        snap["state"] = snap["state"]._replace(**{k: torch.cat(v) for k, v in stacks.items()})
+    snap["client_rng"] = {**snap["client_rng"], **rng}
+    return snap

@@ -1,0 +1,143 @@
+"""Shared by tests/test_distributed.py and the ranks it spawns: a small float64 problem, the run
+cases (every registered algorithm, full gradients and minibatches, partial participation where
+supported, DEPOSITUM on a ring and a complete graph), and the rank entry point.
+
+A case runs ``simulate`` with ``executor="distributed"`` on every rank; rank r saves its final
+model, metrics and per-round communication to ``out/<case>.rank<r>.pt``. The parent compares them
+with ``executor="sequential"`` in one process (the ground truth: only summation order differs).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+N = 7  # uneven shards for 2 and 3 ranks (3 + 4, 2 + 2 + 3)
+ROUNDS = 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def problem(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    data = []
+    for i in range(N):
+        m = 12 + i  # different client sizes
+        X = torch.randn(m, 5, generator=g, dtype=torch.float64) + 0.3 * i
+        y = torch.randint(0, 3, (m,), generator=g)
+        data.append((X, y))
+    return data
+
+
+def model():
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+
+
+def loss(out, y):
+    return F.cross_entropy(out, y)
+
+
+def cases() -> dict:
+    """name -> (algorithm registry name, make() overrides, simulate kwargs)."""
+    from python_algos.algorithms.registry import ALGORITHMS
+
+    out = {}
+    for name, entry in ALGORITHMS.items():
+        extra = [({}, "")]
+        if name == "depositum":
+            extra = [({"topology": "ring", "period": 2}, "-ring"), ({"topology": "complete", "period": 1}, "-complete")]
+        for over, tag in extra:
+            out[f"{name}{tag}-full"] = (name, over, {"batch_size": None})
+            out[f"{name}{tag}-mb"] = (name, over, {"batch_size": 5})
+        if entry.cls.partial_participation:
+            out[f"{name}-pp"] = (name, {}, {"batch_size": 5, "clients_per_round": 3})
+    return out
+
+
+def run_case(name: str, executor: str, **executor_options):
+    import python_algos as pa
+    from python_algos.algorithms.registry import make
+
+    alg_name, over, kw = cases()[name]
+    alg = make(alg_name, lr=0.05, local_steps=3, **over)
+    per_round = []
+
+    def cb(t, state, m):
+        per_round.append({k: m[k] for k in ("up", "down", "sent_bytes", "recv_bytes") if k in m})
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hist = pa.simulate(alg, model(), loss, problem(), ROUNDS, regularizer=pa.fk.L1(0.01) if hasattr(pa, "fk")
+                           else __import__("fedkernels").L1(0.01), seed=3, metrics_every=2, callbacks=[cb],
+                           executor=executor, executor_options=executor_options or None, **kw)
+    return {"params": hist.params, "last": hist.metrics[-1], "initial": hist.initial, "comm": per_round,
+            "executor": hist.executor, "world_size": hist.world_size}
+
+
+def rank_main(rank: int, world: int, port: int, out_dir: str, names: list, inner: str) -> None:
+    """mp.spawn entry point: join the group through the environment, as under torchrun."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    from python_algos.experiments.launch import finish
+
+    try:
+        for name in names:
+            res = run_case(name, "distributed", inner=inner)
+            torch.save(res, os.path.join(out_dir, f"{name}.rank{rank}.pt"))
+    except BaseException:
+        finish(ok=False)
+        raise
+    finish(ok=True)
+
+
+def rank_error_main(rank: int, world: int, port: int, out_dir: str, kind: str) -> None:
+    """A construction error on one rank only; every rank records the message it raised."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import python_algos as pa
+
+    data = problem()
+    if kind == "bad-data":  # the last client (held by the last rank) has 3 labels for its 18 samples
+        X, y = data[-1]
+        data[-1] = (X, y[:3])
+    else:  # "too-few": 2 clients for 3 ranks
+        data = data[:2]
+    try:
+        pa.DistributedClients(model(), loss, data, inner="sequential")
+        msg = "no error"
+    except Exception as e:  # noqa: BLE001
+        msg = f"{type(e).__name__}: {e}"
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(msg)
+    from python_algos.experiments.launch import finish
+
+    finish(ok=False)  # every rank raised: they leave the group together (as the command line does)
+
+
+def rank_auto_main(rank: int, world: int, port: int, out_dir: str, n: int) -> None:
+    """Record which executor ``inner="auto"`` picked on this rank for n clients of a linear model."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import python_algos as pa
+    from python_algos.experiments.launch import finish
+
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(4, 3, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)]
+    torch.manual_seed(0)
+    cs = pa.DistributedClients(nn.Linear(3, 2), loss, data, inner="auto")
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(cs.inner_executor)
+    finish()
