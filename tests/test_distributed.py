@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -167,6 +168,12 @@ def test_unsupported_inner_executor_is_rejected():
 CLI = ["run", "--dataset", "synthetic", "-N", "7", "--model", "mlp", "--model-opt", "hidden=[8]", "--dtype",
        "float64", "-B", "8", "--lr", "0.05", "-K", "3", "--checkpoint-every", "2", "--executor", "sequential",
        "--no-progress", "--no-plot"]  # a pinned executor: "auto" may pick another one per process, which changes the last bits
+
+
+def _sigint_as_in_a_terminal():
+    """Give the child the SIGINT a terminal gives it. A job started with `&` from a script (as CI may
+    start the tests) inherits SIGINT *ignored*, and Python keeps it ignored, so Ctrl-C would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _env(**extra):
@@ -361,13 +368,12 @@ def test_distributed_table_smoke(tmp_path):
 def test_ctrl_c_under_workers_writes_the_summary_once_and_resumes_in_one_process(tmp_path):
     """Ctrl-C in a terminal reaches the launcher, torchrun and every rank: rank 0 writes the
     interrupted summary, the resume command is printed once, and the folder resumes in one process."""
-    import signal
     import time
 
     out = tmp_path / "cc"
     p = subprocess.Popen([sys.executable, "-m", "python_algos", *CLI, "-a", "fedavg", "-T", "100000", "--workers", "2",
                           "--out", str(out)], env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+                         text=True, start_new_session=True, preexec_fn=_sigint_as_in_a_terminal)
     try:
         deadline = time.monotonic() + 120
         metrics = out / "metrics.jsonl"

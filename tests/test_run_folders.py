@@ -49,6 +49,12 @@ def params_of(run_dir) -> torch.Tensor:
     return torch.load(os.path.join(run_dir, "model.pt"), weights_only=True)["params"]
 
 
+def sigint_as_in_a_terminal():
+    """Give the child the SIGINT a terminal gives it. A job started with `&` from a script (as CI may
+    start the tests) inherits SIGINT *ignored*, and Python keeps it ignored, so Ctrl-C would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def env_for_subprocess(**extra):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra}
     env.pop("_FEDKERNELS_TEST_KILL_AT_ROUND", None)
@@ -248,7 +254,8 @@ def test_ctrl_c_writes_summary_and_prints_the_resume_command(tmp_path):
     out = str(tmp_path / "r")
     cfgfile = write_config(tmp_path / "c.json", rounds=20000, checkpoint_every=5, batch_size=None)
     p = subprocess.Popen([sys.executable, "-m", "python_algos", "run", "--config", cfgfile, "--out", out],
-                         env=env_for_subprocess(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=env_for_subprocess(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=sigint_as_in_a_terminal)
     try:
         while True:  # wait for the first progress line (round 1 is done), then press Ctrl-C
             line = p.stderr.readline()
