@@ -114,14 +114,14 @@ def _workload_args(args) -> List[str]:
             "--rounds", str(args.rounds + 1), "--lr", str(args.lr)]
 
 
-def _launch(module: str, procs: int, args, log) -> dict:
+def _launch(module: str, procs: int, args, log, extra=()) -> dict:
     """Run ``python -m module`` in one process (``procs`` 1) or ``procs`` ranks under torchrun; the
     rank-0 result file it writes."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         launcher = [] if procs == 1 else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                                           str(procs)]
-        cmd = [sys.executable, *launcher, "-m", module, *_workload_args(args), "--out", out]
+        cmd = [sys.executable, *launcher, "-m", module, *_workload_args(args), *extra, "--out", out]
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([REPO_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -165,16 +165,17 @@ def run(args, log=print) -> dict:
         notes.append(PFL_INSTALL)
         log(PFL_INSTALL)
     else:
-        launches += [("pfl", "bench.pfl_fedavg", 1), ("pfl", "bench.pfl_fedavg", args.procs)]
+        launches += [("pfl", "bench.pfl_fedavg", 1, ()), ("pfl", "bench.pfl_fedavg", args.procs, ())]
         in_order = fedavg_in_order(clients, batch=args.batch, rounds=args.rounds + 1, lr=args.lr)
     if distributed_available():
-        launches.append(("fedkernels sequential", "bench.fk_distributed_fedavg", args.procs))
+        for inner in ("sequential", "batched"):  # the executor each rank runs its clients with
+            launches.append((f"fedkernels {inner}", "bench.fk_distributed_fedavg", args.procs, ("--inner", inner)))
     else:
         notes.append("fedkernels on several processes: not in this checkout (no `executor=\"distributed\"`), "
                      "row left out.")
-    for label, module, procs in launches:
+    for label, module, procs, extra in launches:
         try:
-            res = _launch(module, procs, args, log)
+            res = _launch(module, procs, args, log, extra)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             notes.append(f"{label} on {procs} process(es) failed: {e}")
             log(notes[-1])
