@@ -107,6 +107,30 @@ def test_linear_binary_is_scalar():
     assert model(torch.randn(6, 20)).shape == (6,)
 
 
+@pytest.mark.parametrize("name", SMALL)
+def test_every_model_with_one_output_returns_a_vector(name):
+    # (N, 1) against (N,) targets would broadcast to (N, N) in BCE / MSE and in an accuracy count.
+    shape = (1, 12, 12) if name == "cnn" else (20,)
+    model = build_model(name, shape, num_classes=1)
+    x, y = torch.randn(6, *shape), torch.randint(0, 2, (6,)).double()
+    out = model(x)
+    assert out.shape == (6,)
+    loss = nn.functional.binary_cross_entropy_with_logits(out, y.to(out.dtype))
+    by_hand = torch.stack([nn.functional.binary_cross_entropy_with_logits(model(x[i:i + 1]).reshape(()),
+                                                                          y[i].to(out.dtype)) for i in range(6)]).mean()
+    torch.testing.assert_close(loss, by_hand)
+
+
+def test_binary_data_trains_every_small_model_from_the_cli(tmp_path):
+    from python_algos.experiments.cli import main
+
+    for name in ("mlp", "sigmoid_net"):
+        out = tmp_path / name
+        assert main(["run", "-a", "fedavg", "--dataset", "sparse_logistic", "--model", name, "-N", "3", "-T", "2",
+                     "-K", "2", "--out", str(out), "--no-progress", "--no-plot"]) == 0
+        assert (out / "summary.json").exists()
+
+
 def test_cnn_input_size_sets_flatten():
     assert CNN().flat_features == 32 * 8 * 8
     cifar = CNN(in_channels=3, input_size=32)

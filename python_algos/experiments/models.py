@@ -67,6 +67,13 @@ def _pair(size: SizeLike) -> Tuple[int, int]:
     return int(h), int(w)
 
 
+def _one_output_as_vector(out: torch.Tensor) -> torch.Tensor:
+    """A model with a single output returns shape ``(N,)``: the shape of binary-logistic and scalar
+    regression targets. ``(N, 1)`` would broadcast against ``(N,)`` targets in a loss or an accuracy
+    into an ``(N, N)`` table, silently."""
+    return out.squeeze(-1) if out.shape[-1] == 1 else out
+
+
 # --------------------------------------------------------------------------- #
 # Fully connected models
 # --------------------------------------------------------------------------- #
@@ -88,10 +95,7 @@ class LinearModel(nn.Module):
         self.linear = nn.Linear(in_features, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.linear(torch.flatten(x, 1))
-        if self.num_classes == 1:
-            out = out.squeeze(-1)
-        return out
+        return _one_output_as_vector(self.linear(torch.flatten(x, 1)))
 
 
 class MLP(nn.Module):
@@ -117,7 +121,7 @@ class MLP(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(torch.flatten(x, 1))
+        return _one_output_as_vector(self.net(torch.flatten(x, 1)))
 
 
 class SigmoidNet(nn.Module):
@@ -136,7 +140,7 @@ class SigmoidNet(nn.Module):
         self.fc2 = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(torch.flatten(x, 1))))
+        return _one_output_as_vector(self.fc2(self.act(self.fc1(torch.flatten(x, 1)))))
 
 
 # --------------------------------------------------------------------------- #
@@ -201,7 +205,7 @@ class CNN(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(torch.flatten(self.features(x), 1))
+        return _one_output_as_vector(self.classifier(torch.flatten(self.features(x), 1)))
 
 
 # --------------------------------------------------------------------------- #
@@ -322,7 +326,7 @@ class ResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+        return _one_output_as_vector(self.fc(torch.flatten(self.avgpool(x), 1)))
 
 
 def resnet18(in_channels: int = 1, num_classes: int = 10, **kw) -> ResNet:
