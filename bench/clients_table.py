@@ -31,9 +31,9 @@ import fedkernels as fk
 
 from .bandwidth import machine_info, machine_line
 from .clients import ALGORITHMS, MODELS, bmm_rate, flops_per_step, make_clients, time_executor, time_plain_loop
+from .readme_block import markers, update_readme
 
-README_BEGIN = "<!-- clients-table:begin -->"
-README_END = "<!-- clients-table:end -->"
+README_BEGIN, README_END = markers("clients-table")
 DEFAULT_CLIENTS = (10, 100, 1000)
 SKIP_BY_DEFAULT = {("cnn", 1000)}  # ~3 min per sequential round on 2 cores
 
@@ -120,20 +120,6 @@ def render_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: str, body: str, begin: str = README_BEGIN, end: str = README_END) -> None:
-    """Replace the block between the ``begin`` / ``end`` markers of ``path`` (append one if absent)."""
-    with open(path) as f:
-        text = f.read()
-    block = f"{begin}\n{body}\n{end}"
-    if begin in text and end in text:
-        a, b = text.index(begin), text.index(end) + len(end)
-        text = text[:a] + block + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.clients_table", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -161,7 +147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
         json.dump(res, f, indent=1, default=str)
     if args.readme:
-        update_readme(args.readme, md)
+        update_readme(args.readme, md, README_BEGIN, README_END)
     print(md)
 
 

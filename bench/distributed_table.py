@@ -37,8 +37,9 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-README_BEGIN = "<!-- distributed-table:begin -->"
-README_END = "<!-- distributed-table:end -->"
+from .readme_block import markers, update_readme
+
+README_BEGIN, README_END = markers("distributed-table")
 
 
 class LazyClients:
@@ -210,19 +211,6 @@ def render_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: str, body: str) -> None:
-    with open(path) as f:
-        text = f.read()
-    block = f"{README_BEGIN}\n{body}\n{README_END}"
-    if README_BEGIN in text and README_END in text:
-        a, b = text.index(README_BEGIN), text.index(README_END) + len(README_END)
-        text = text[:a] + block + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.distributed_table", description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=100, help="N for the timing rows (default 100)")
@@ -254,7 +242,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
             json.dump(res, f, indent=1, default=str)
     if args.readme:
-        update_readme(args.readme, md)
+        update_readme(args.readme, md, README_BEGIN, README_END)
     print(md)
 
 

@@ -42,10 +42,9 @@ import fedkernels as fk
 
 from .bandwidth import machine_info, machine_line
 from .clients import make_clients, make_model, time_executor, time_plain_loop
-from .clients_table import update_readme
+from .readme_block import markers, update_readme
 
-README_BEGIN = "<!-- peers-table:begin -->"
-README_END = "<!-- peers-table:end -->"
+README_BEGIN, README_END = markers("peers-table")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PFL_INSTALL = ("pfl-research is not installed here, so its rows are left out. To time it, in a separate "
                "virtual environment that already has this project and a CPU torch: "

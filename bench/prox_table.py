@@ -56,6 +56,7 @@ from .bandwidth import (
     set_threads,
     sync_for,
 )
+from .readme_block import markers, update_readme
 
 ALL_MODELS = ("mlp", "cnn", "resnet18", "resnet34", "resnet50", "resnet101")
 QUICK_MODELS = ("mlp", "cnn", "resnet18")
@@ -78,8 +79,7 @@ PAPER_TABLE_I = {
     "resnet101": (561.3, 430.0, 718.7, 1589.1),
 }
 
-README_BEGIN = "<!-- prox-table:begin -->"
-README_END = "<!-- prox-table:end -->"
+README_BEGIN, README_END = markers("prox-table")
 
 
 # --------------------------------------------------------------------------- #
@@ -582,20 +582,6 @@ def render_markdown(results: dict) -> str:
     return "\n".join(L)
 
 
-def update_readme(path: str, body: str) -> None:
-    """Replace the text between the prox-table markers in ``path`` (append the block if absent)."""
-    text = open(path).read() if os.path.exists(path) else ""
-    block = f"{README_BEGIN}\n{body}\n{README_END}"
-    if README_BEGIN in text and README_END in text:
-        pre, rest = text.split(README_BEGIN, 1)
-        _, post = rest.split(README_END, 1)
-        text = pre + block + post
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
-    with open(path, "w") as f:
-        f.write(text)
-
-
 # --------------------------------------------------------------------------- #
 # CLI
 # --------------------------------------------------------------------------- #
@@ -661,7 +647,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=1, default=str)
     if args.readme:
-        update_readme(args.readme, md)
+        update_readme(args.readme, md, README_BEGIN, README_END)
     print()
     print(md)
     print(f"\nwrote {md_path} and {json_path}" + (f"; updated {args.readme}" if args.readme else ""))

@@ -1,0 +1,34 @@
+"""Replace a measured table inside a markdown file (the README) between two HTML-comment markers.
+
+Every table script (``prox_table``, ``clients_table``, ``peers``, ``distributed_table``) takes
+``--readme FILE`` and writes its table into the block ``<!-- NAME:begin -->`` ... ``<!-- NAME:end -->``
+of that file, so the README's numbers are always one run's output, never hand-copied.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Tuple
+
+
+def markers(name: str) -> Tuple[str, str]:
+    """The begin / end markers of the block ``name`` (e.g. ``"clients-table"``)."""
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+def update_readme(path: str, body: str, begin: str, end: str) -> None:
+    """Put ``body`` between ``begin`` and ``end`` in ``path``; append the block if the file has none.
+
+    Written to a temporary file and renamed over ``path``: an interrupted run leaves the old README.
+    """
+    text = open(path).read() if os.path.exists(path) else ""
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text and end in text:
+        a, b = text.index(begin), text.index(end) + len(end)
+        text = text[:a] + block + text[b:]
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
