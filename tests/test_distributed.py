@@ -260,26 +260,39 @@ def test_a_missing_shard_is_named_and_nothing_changes(depositum_runs, tmp_path, 
 
 
 @pytest.mark.slow
-def test_an_invalid_setting_under_torchrun_stops_every_rank_before_any_write(tmp_path):
+@pytest.mark.parametrize("world, bad, expect", [
+    (2, ["--clients-per-round", "50"], "--clients-per-round 50"),
+    (3, ["-N", "2"], "--num-clients 2: 2 client(s) cannot be split over 3 processes"),
+], ids=["participation", "fewer-clients-than-ranks"])
+def test_an_invalid_setting_under_torchrun_stops_every_rank_before_any_write(tmp_path, world, bad, expect):
     """Found by every rank's checks (after joining the group): each rank exits with its numbered
     error (status 1, not an abort), and no folder is created."""
     out = tmp_path / "bad"
-    p = subprocess.run([*_torchrun("--standalone", "--nproc-per-node", "2"), *CLI, "-a", "fedavg",
-                        "--clients-per-round", "50", "--out", str(out)],
+    p = subprocess.run([*_torchrun("--standalone", "--nproc-per-node", str(world)), *CLI, "-a", "fedavg",
+                        *bad, "--out", str(out)],
                        env=_env(), capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert p.returncode != 0
-    for r in range(2):
-        assert f"error on rank {r} of 2: --clients-per-round 50" in p.stderr, p.stderr[-3000:]
+    for r in range(world):
+        assert f"error on rank {r} of {world}: {expect}" in p.stderr, p.stderr[-3000:]
     assert "exitcode  : 1" in p.stderr and "SIGABRT" not in p.stderr, p.stderr[-3000:]
     assert not out.exists()
 
 
-def test_workers_launcher_checks_the_settings_before_starting_processes(tmp_path, capsys):
+@pytest.mark.parametrize("bad, expect", [
+    (["--lr", "-1"], "--lr -1"),
+    (["-N", "2", "--workers", "3"], "--num-clients 2: 2 client(s) cannot be split over 3 processes"),
+    (["--device", "cuda"], "--device cuda: CUDA is not available here"),
+], ids=["lr", "fewer-clients-than-workers", "cuda-without-gpu"])
+def test_workers_launcher_checks_the_settings_before_starting_processes(tmp_path, capsys, bad, expect):
+    """Caught before torchrun starts: one line naming the flag, no torchrun failure report, no folder."""
+    if "cuda" in bad and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
     from python_algos.experiments.cli import main
 
     out = tmp_path / "bad"
-    assert main([*CLI, "-a", "fedavg", "--lr", "-1", "--workers", "2", "--out", str(out)]) == 1
-    assert "--lr -1" in capsys.readouterr().err
+    args = [*CLI, "-a", "fedavg", *bad, "--out", str(out)]
+    assert main(args + (["--workers", "2"] if "--workers" not in bad else [])) == 1
+    assert expect in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -424,9 +424,13 @@ def cmd_run(args) -> int:
         if args.resume:
             _resume_flags_check(args)
         else:  # check the settings here, and pick the folder once for every rank
+            from .runner import check_world_size, resolve_device
+
             try:
                 cfg = Config.from_dict(_merge(args))
                 cfg.check()
+                resolve_device(cfg.device)
+                check_world_size(cfg.num_clients, args.workers)
             except ValueError as e:
                 raise _in_terms_of(args, e) from None
             out = _out_dir(args, cfg.algorithm)

@@ -483,6 +483,15 @@ class PreparedRun:
     torch_rng: torch.Tensor  # torch's global generator right after the model was built
 
 
+def check_world_size(num_clients: int, processes: int) -> None:
+    """Every process of a distributed run holds at least one client."""
+    if num_clients < processes:
+        raise ConfigError("num_clients", num_clients,
+                          f"{num_clients} client(s) cannot be split over {processes} processes: every process needs "
+                          f"at least one client; use at most {num_clients} processes (--workers / --nproc-per-node) "
+                          f"or more clients")
+
+
 def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None, resume: bool = False,
                 rounds: Optional[int] = None, replace: bool = True) -> PreparedRun:
     """Every check of a run, in the order a user would fix them; writes nothing.
@@ -541,6 +550,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
                               f"the checkpoint in {out_dir} is at round {snap['round']} and a run cannot go back; "
                               f"give --rounds {snap['round']} or more (nothing was changed)")
     fed = fed if fed is not None else prepare_data(cfg)
+    check_world_size(len(fed.parts), launch.world_size())
     model = build_model(cfg, fed.dataset)
     torch_rng = torch.get_rng_state()
     algorithm = build_algorithm(cfg)
