@@ -221,10 +221,14 @@ def test_torchrun_cli_matches_one_process(depositum_runs):
 
 
 @pytest.mark.slow
-def test_compare_under_torchrun_matches_one_process(tmp_path):
+@pytest.mark.parametrize("launcher", ["torchrun", "--workers"])
+def test_compare_under_torchrun_matches_one_process(tmp_path, launcher):
     args = ["compare", *CLI[1:], "-a", "fedavg", "scaffold", "-T", "3"]
     _run([sys.executable, "-m", "python_algos", *args, "--out", str(tmp_path / "one")])
-    p = _run([*_torchrun("--standalone", "--nproc-per-node", "2"), *args, "--out", str(tmp_path / "two")])
+    if launcher == "torchrun":
+        p = _run([*_torchrun("--standalone", "--nproc-per-node", "2"), *args, "--out", str(tmp_path / "two")])
+    else:
+        p = _run([sys.executable, "-m", "python_algos", *args, "--workers", "2", "--out", str(tmp_path / "two")])
     assert p.stdout.count("comparing fedavg, scaffold") == 1  # rank 0 alone prints
     runs = json.loads((tmp_path / "two" / "comparison.json").read_text())["runs"]
     assert [(r["label"], r["world_size"], r["status"]) for r in runs] == [("fedavg", 2, "completed"),
@@ -282,7 +286,8 @@ def test_an_invalid_setting_under_torchrun_stops_every_rank_before_any_write(tmp
     (["--lr", "-1"], "--lr -1"),
     (["-N", "2", "--workers", "3"], "--num-clients 2: 2 client(s) cannot be split over 3 processes"),
     (["--device", "cuda"], "--device cuda: CUDA is not available here"),
-], ids=["lr", "fewer-clients-than-workers", "cuda-without-gpu"])
+    (["-a", "fedavg", "bogus"], "--algorithm bogus: unknown algorithm(s)"),
+], ids=["lr", "fewer-clients-than-workers", "cuda-without-gpu", "compare-unknown-algorithm"])
 def test_workers_launcher_checks_the_settings_before_starting_processes(tmp_path, capsys, bad, expect):
     """Caught before torchrun starts: one line naming the flag, no torchrun failure report, no folder."""
     if "cuda" in bad and torch.cuda.is_available():
@@ -290,7 +295,8 @@ def test_workers_launcher_checks_the_settings_before_starting_processes(tmp_path
     from python_algos.experiments.cli import main
 
     out = tmp_path / "bad"
-    args = [*CLI, "-a", "fedavg", *bad, "--out", str(out)]
+    args = ["compare", *CLI[1:], *bad] if "bogus" in bad else [*CLI, "-a", "fedavg", *bad]
+    args += ["--out", str(out)]
     assert main(args + (["--workers", "2"] if "--workers" not in bad else [])) == 1
     assert expect in capsys.readouterr().err
     assert not out.exists()

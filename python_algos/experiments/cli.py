@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-a", "--algorithms", nargs="+", default=None, help=f"default: {' '.join(DEMO_ALGORITHMS)}")
     c.add_argument("--resume", metavar="DIR", help="finish the comparison in DIR: completed runs are kept, the "
                    "others continue from their checkpoints (--rounds may extend it; other flags come from DIR)")
+    c.add_argument("--workers", type=_workers, default=S, metavar="P",
+                   help="run every algorithm on P local processes (torchrun ranks, clients split between them; "
+                        "see README 'Scaling out'); under torchrun, the ranks are torchrun's")
     _add_config_flags(c, single=False)
 
     d = sub.add_parser("demo", help="the built-in demo (same as no arguments)")
@@ -473,6 +476,31 @@ def cmd_compare(args) -> int:
     from . import launch
     from .runner import Config, comparison_table, compare_experiments
 
+    if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
+        out = None
+        if args.resume:
+            _resume_flags_check(args)
+        else:  # check the settings here, and pick the folder once for every rank
+            from .config import ConfigError
+            from .runner import ALGORITHMS, check_world_size, resolve_device
+
+            try:
+                merged = _merge(args, extra_keys=("algorithms",))
+                algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
+                merged.pop("algorithms", None)
+                _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+                cfg = Config.from_dict(merged)
+                cfg.check()
+                unknown = [a for a in algorithms if a.lower() not in ALGORITHMS]
+                if unknown:
+                    raise ConfigError("algorithm", " ".join(unknown),
+                                      f"unknown algorithm(s); valid names: {', '.join(ALGORITHMS)}")
+                resolve_device(cfg.device)
+                check_world_size(cfg.num_clients, args.workers)
+            except ValueError as e:
+                raise _in_terms_of(args, e) from None
+            out = _out_dir(args, "compare")
+        return launch.run_workers(args.argv, args.workers, out)
     main = launch.is_main()
     say = print if main else _quiet  # under torchrun rank 0 alone prints
     if args.resume:
