@@ -286,8 +286,9 @@ def test_an_invalid_setting_under_torchrun_stops_every_rank_before_any_write(tmp
     (["--lr", "-1"], "--lr -1"),
     (["-N", "2", "--workers", "3"], "--num-clients 2: 2 client(s) cannot be split over 3 processes"),
     (["--device", "cuda"], "--device cuda: CUDA is not available here"),
+    (["--reg-param", "net.0.weight=bogus"], "--reg-param net.0.weight=bogus: unknown regularizer"),
     (["-a", "fedavg", "bogus"], "--algorithm bogus: unknown algorithm(s)"),
-], ids=["lr", "fewer-clients-than-workers", "cuda-without-gpu", "compare-unknown-algorithm"])
+], ids=["lr", "fewer-clients-than-workers", "cuda-without-gpu", "regularizer-spec", "compare-unknown-algorithm"])
 def test_workers_launcher_checks_the_settings_before_starting_processes(tmp_path, capsys, bad, expect):
     """Caught before torchrun starts: one line naming the flag, no torchrun failure report, no folder."""
     if "cuda" in bad and torch.cuda.is_available():
@@ -298,7 +299,8 @@ def test_workers_launcher_checks_the_settings_before_starting_processes(tmp_path
     args = ["compare", *CLI[1:], *bad] if "bogus" in bad else [*CLI, "-a", "fedavg", *bad]
     args += ["--out", str(out)]
     assert main(args + (["--workers", "2"] if "--workers" not in bad else [])) == 1
-    assert expect in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert expect in err and "error on rank" not in err, err  # found before torchrun started any rank
     assert not out.exists()
 
 

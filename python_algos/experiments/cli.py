@@ -427,16 +427,18 @@ def cmd_run(args) -> int:
         if args.resume:
             _resume_flags_check(args)
         else:  # check the settings here, and pick the folder once for every rank
-            from .runner import check_world_size, resolve_device
+            from .runner import check_world_size, prepare_run
 
             try:
                 cfg = Config.from_dict(_merge(args))
-                cfg.check()
-                resolve_device(cfg.device)
-                check_world_size(cfg.num_clients, args.workers)
+                out = _out_dir(args, cfg.algorithm)
+                # Every check a rank would make (data, model, regularizers, participation, the folder),
+                # here and writing nothing: an error is then one line, not P numbered copies of it
+                # followed by torchrun's failure report. It loads the data once more; ranks load theirs.
+                prep = prepare_run(cfg, out, replace=not (args.out or getattr(args, "name", None)))
+                check_world_size(len(prep.fed.parts), args.workers)
             except ValueError as e:
                 raise _in_terms_of(args, e) from None
-            out = _out_dir(args, cfg.algorithm)
         return launch.run_workers(args.argv, args.workers, out)
     main = launch.is_main()
     say = print if main else _quiet  # under torchrun rank 0 alone prints
