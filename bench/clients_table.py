@@ -19,7 +19,6 @@ available (``--device``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -31,7 +30,7 @@ import fedkernels as fk
 
 from .bandwidth import machine_info, machine_line
 from .clients import ALGORITHMS, MODELS, bmm_rate, flops_per_step, make_clients, time_executor, time_plain_loop
-from .readme_block import markers, update_readme
+from .readme_block import markers, update_readme, write_results
 
 README_BEGIN, README_END = markers("clients-table")
 DEFAULT_CLIENTS = (10, 100, 1000)
@@ -112,11 +111,12 @@ def render_markdown(res: dict) -> str:
             f"| {c['device']} | {c['model']} | {c['N']} | {c['algorithm']} | {_s(c.get('sequential'))} | "
             f"{_s(c.get('batched'))} | {_x(c.get('sequential'), c.get('batched'))} | {_s(c.get('loop'))} | "
             f"{_s(c['flop_floor_s'])} | {_x(c.get('batched'), c['flop_floor_s'])} | {dev} |")
+    loop_devs = [c["loop_rel_dev"] for c in res["cells"] if "loop_rel_dev" in c]
     lines += ["", "FLOP floor: the round's forward+backward FLOPs (torch's flop counter on one client step, "
                   "x N x K) at the rate of `torch.bmm` on the MLP's first-layer shapes measured in the same run. "
-                  "Rel. dev.: ‖x_batched − x_sequential‖ / ‖x_sequential‖ after the run (float32, same minibatch draws); "
-                  "the plain loop's FedAvg model deviates from the sequential one by at most "
-                  f"{max([c.get('loop_rel_dev', 0.0) for c in res['cells']] or [0.0]):.1e}."]
+                  "Rel. dev.: ‖x_batched − x_sequential‖ / ‖x_sequential‖ after the run (float32, same minibatch draws)"
+                  + (f"; the plain loop's FedAvg model deviates from the sequential one by at most {max(loop_devs):.1e}."
+                     if loop_devs else ".")]
     return "\n".join(lines)
 
 
@@ -141,11 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     res = run(args, log)
     md = render_markdown(res)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(md + "\n")
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump(res, f, indent=1, default=str)
+    write_results(args.out, md, res)
     if args.readme:
         update_readme(args.readme, md, README_BEGIN, README_END)
     print(md)

@@ -37,7 +37,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .readme_block import markers, update_readme
+from .readme_block import markers, update_readme, write_results
 
 README_BEGIN, README_END = markers("distributed-table")
 
@@ -236,11 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         res = run(args, log)
     md = render_markdown(res)
     if not args.from_json:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(md + "\n")
-        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-            json.dump(res, f, indent=1, default=str)
+        write_results(args.out, md, res)
     if args.readme:
         update_readme(args.readme, md, README_BEGIN, README_END)
     print(md)

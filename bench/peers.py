@@ -42,7 +42,7 @@ import fedkernels as fk
 
 from .bandwidth import machine_info, machine_line
 from .clients import make_clients, make_model, time_executor, time_plain_loop
-from .readme_block import markers, update_readme
+from .readme_block import markers, update_readme, write_results
 
 README_BEGIN, README_END = markers("peers-table")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -249,11 +249,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     res = run(args, log)
     md = render_markdown(res)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(md + "\n")
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump(res, f, indent=1, default=str)
+    write_results(args.out, md, res)
     if args.readme:
         update_readme(args.readme, md, README_BEGIN, README_END)
     print(md)

@@ -1,4 +1,5 @@
-"""Replace a measured table inside a markdown file (the README) between two HTML-comment markers.
+"""Where a table script's results go: ``--out`` (markdown, plus the raw results as JSON beside it)
+and, with ``--readme FILE``, a block of that markdown file between two HTML-comment markers.
 
 Every table script (``prox_table``, ``clients_table``, ``peers``, ``distributed_table``) takes
 ``--readme FILE`` and writes its table into the block ``<!-- NAME:begin -->`` ... ``<!-- NAME:end -->``
@@ -7,6 +8,7 @@ of that file, so the README's numbers are always one run's output, never hand-co
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Tuple
 
@@ -32,3 +34,12 @@ def update_readme(path: str, body: str, begin: str, end: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def write_results(out: str, md: str, results: dict) -> None:
+    """``md`` to ``out`` and ``results`` to the same path with ``.json`` (re-render it with ``--from-json``)."""
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        f.write(md + "\n")
+    with open(os.path.splitext(out)[0] + ".json", "w") as f:
+        json.dump(results, f, indent=1, default=str)
