@@ -474,29 +474,32 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _compare_settings(args):
+    """(the shared Config, the algorithm names, each algorithm's own options) of a ``compare``."""
+    from .runner import Config
+
+    merged = _merge(args, extra_keys=("algorithms",))
+    algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
+    merged.pop("algorithms", None)
+    per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+    return Config.from_dict(merged), algorithms, per
+
+
 def cmd_compare(args) -> int:
     from . import launch
-    from .runner import Config, comparison_table, compare_experiments
+    from .runner import comparison_table, compare_experiments
 
     if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
         out = None
         if args.resume:
             _resume_flags_check(args)
         else:  # check the settings here, and pick the folder once for every rank
-            from .config import ConfigError
-            from .runner import ALGORITHMS, check_world_size, resolve_device
+            from .runner import check_algorithm_names, check_world_size, resolve_device
 
             try:
-                merged = _merge(args, extra_keys=("algorithms",))
-                algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
-                merged.pop("algorithms", None)
-                _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
-                cfg = Config.from_dict(merged)
+                cfg, algorithms, _ = _compare_settings(args)
                 cfg.check()
-                unknown = [a for a in algorithms if a.lower() not in ALGORITHMS]
-                if unknown:
-                    raise ConfigError("algorithm", " ".join(unknown),
-                                      f"unknown algorithm(s); valid names: {', '.join(ALGORITHMS)}")
+                check_algorithm_names(algorithms)
                 resolve_device(cfg.device)
                 check_world_size(cfg.num_clients, args.workers)
             except ValueError as e:
@@ -515,11 +518,7 @@ def cmd_compare(args) -> int:
             step = json.load(f)["config"]["metric_step"]
     else:
         try:
-            merged = _merge(args, extra_keys=("algorithms",))
-            algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
-            merged.pop("algorithms", None)
-            per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
-            cfg = Config.from_dict(merged)
+            cfg, algorithms, per = _compare_settings(args)
         except ValueError as e:
             raise _in_terms_of(args, e) from None
         out = launch.agree_on(_out_dir(args, "compare") if main else None, cfg.device)  # rank 0's folder

@@ -483,6 +483,12 @@ class PreparedRun:
     torch_rng: torch.Tensor  # torch's global generator right after the model was built
 
 
+def check_algorithm_names(algorithms: Sequence[str]) -> None:
+    unknown = [a for a in algorithms if a.lower() not in ALGORITHMS]
+    if unknown:
+        raise ConfigError("algorithm", " ".join(unknown), f"unknown algorithm(s); valid names: {', '.join(ALGORITHMS)}")
+
+
 def check_world_size(num_clients: int, processes: int) -> None:
     """Every process of a distributed run holds at least one client."""
     if num_clients < processes:
@@ -806,9 +812,7 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
         alg_opts = alg_opts or {}
         if rounds is not None:
             cfg = cfg.replace(rounds=rounds)
-        unknown = [a for a in algorithms if a.lower() not in ALGORITHMS]
-        if unknown:
-            raise ConfigError("algorithm", " ".join(unknown), f"unknown algorithm(s); valid names: {', '.join(ALGORITHMS)}")
+        check_algorithm_names(algorithms)
         if cfg.metric_step is None:
             cfg = cfg.replace(metric_step=cfg.lr * cfg.local_steps)
         if not replace and os.path.isdir(out_dir) and os.listdir(out_dir):
