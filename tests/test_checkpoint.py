@@ -61,6 +61,27 @@ def test_atomic_save_keeps_old_file_on_failure(tmp_path):
     assert os.listdir(tmp_path) == ["c.pt"]  # no temp file left behind
 
 
+class _CtrlCWhilePickled:
+    """Presses Ctrl-C (SIGINT to this process) while torch.save is in the middle of the file."""
+
+    def __reduce__(self):
+        import collections
+        import signal
+
+        os.kill(os.getpid(), signal.SIGINT)
+        return collections.OrderedDict, ()
+
+
+def test_ctrl_c_during_a_write_lets_it_finish_then_interrupts(tmp_path):
+    path = str(tmp_path / "c.pt")
+    ckpt.atomic_save({"round": 1}, path)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.atomic_save({"round": 2, "x": torch.ones(4096), "ctrl_c": _CtrlCWhilePickled(), "y": torch.ones(3)}, path)
+    got = torch.load(path, weights_only=True)  # the new file, whole: the interrupt waited for the write
+    assert got["round"] == 2 and torch.equal(got["y"], torch.ones(3))
+    assert os.listdir(tmp_path) == ["c.pt"]  # no temporary file left
+
+
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_resume_is_bit_identical_for_every_algorithm(tmp_path, name):
     """Minibatch gradients (client generators) and SCAFFNEW's coin (server generator) included."""

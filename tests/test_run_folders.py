@@ -279,6 +279,30 @@ def test_ctrl_c_writes_summary_and_prints_the_resume_command(tmp_path):
     assert [r["round"] for r in read_metrics(out)] == list(range(last + 3))
 
 
+def test_ctrl_c_between_the_checkpoint_rename_and_its_bookkeeping(tmp_path, monkeypatch, reference):
+    """Ctrl-C landing right after a new checkpoint.pt was renamed into place, before the run noted
+    it: the summary must name the checkpoint on disk (round 4), where a resume starts, not round 2."""
+    from python_algos.experiments import checkpoint as ckpt
+    from python_algos.experiments.runner import Interrupted
+
+    real_save = ckpt.save
+
+    def save_then_ctrl_c(path, snapshot, extra=None):
+        real_save(path, snapshot, extra)
+        if snapshot["round"] == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt, "save", save_then_ctrl_c)
+    out = str(tmp_path / "r")
+    with pytest.raises(Interrupted) as e:
+        run_experiment(tiny(), out, progress=False, log=quiet)
+    monkeypatch.undo()
+    assert e.value.summary["last_checkpoint_round"] == 4, e.value.summary["message"]
+    assert "the last checkpoint is round 4" in e.value.summary["message"]
+    assert main(["run", "--resume", out, "--no-progress", "--no-plot"]) == 0
+    assert torch.equal(params_of(out), params_of(reference))
+
+
 # --------------------------------------------------------------------------- #
 # 16-18: input checks, config files, damaged checkpoints
 # --------------------------------------------------------------------------- #

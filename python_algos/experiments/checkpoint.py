@@ -10,7 +10,9 @@ algorithm state (a NamedTuple of tensors: models, control variates, duals, track
 the server generator, every client generator (minibatch sampler positions), torch's global RNG,
 module buffers, the metrics so far and the elapsed time. It is written with ``torch.save`` to a
 temporary file in the same folder, flushed to disk, then ``os.replace``-d over the previous one,
-so a kill at any moment leaves either the old or the new checkpoint, never a torn one.
+so a kill at any moment leaves either the old or the new checkpoint, never a torn one. Ctrl-C
+during the write is held until the write is done: a KeyboardInterrupt raised inside ``torch.save``
+would leave its zip writer half-finished, and torch then reports that as an unrelated error.
 
 Files are loaded with ``torch.load(weights_only=True)``: NamedTuple states are stored as plain
 dicts tagged with their class and rebuilt from already-imported modules, so loading a file runs
@@ -19,9 +21,12 @@ no code from it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 import sys
+import threading
 from typing import Any, Optional
 
 import torch
@@ -73,22 +78,42 @@ def decode(obj: Any) -> Any:
     return obj
 
 
+@contextlib.contextmanager
+def ctrl_c_held():
+    """Hold SIGINT (Ctrl-C) while the block runs, then act on it as it would have: a write that a
+    KeyboardInterrupt cut in two would leave a broken file behind. Only the main thread can swap
+    signal handlers; elsewhere, and when SIGINT is ignored, the block runs unchanged."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+    held = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            previous(signal.SIGINT, held[0])  # Python's own handler raises KeyboardInterrupt here
+
+
 def atomic_save(obj: Any, path: str) -> None:
     """``torch.save(obj, path)`` atomically: temp file in the same folder, fsync, ``os.replace``."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            faults.point("checkpoint write")  # a kill here leaves a torn temp file, never a torn checkpoint
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with ctrl_c_held():
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(obj, f)
+                f.flush()
+                faults.point("checkpoint write")  # a kill here leaves a torn temp file, never a torn checkpoint
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
     try:  # make the rename itself durable
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -125,6 +150,19 @@ def load(path: str, map_location="cpu") -> dict:
     snap = decode(blob["snapshot"])
     snap["extra"] = decode(blob.get("extra", {}))
     return snap
+
+
+def saved_round(path: str) -> Optional[int]:
+    """The round of the checkpoint at ``path`` as it is on disk (None: no file), without reading its
+    tensors (memory-mapped). A run stopped by Ctrl-C asks the file: the interrupt may land between
+    the atomic rename of a new checkpoint and the bookkeeping that follows it."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(blob["snapshot"]["round"])
+    except Exception:  # noqa: BLE001 - damaged or foreign: reported by load() when it is resumed
+        return None
 
 
 def _nonfinite(obj) -> Optional[str]:

@@ -718,6 +718,8 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     rows = read_metrics(out_dir) if main else ([hist.initial, *hist.metrics] if hist is not None else [])
     last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else {})
     last_ckpt = saver.last_round if saver.last_round is not None else (int(snap["round"]) if snap else None)
+    if status["interrupted"] and main:
+        last_ckpt = ckpt.saved_round(ckpt_path)  # the file, not the bookkeeping Ctrl-C may have cut short
     summary = {
         "label": label,
         "algorithm": algorithm.name,
