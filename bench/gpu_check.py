@@ -364,8 +364,47 @@ def step_clients(ctx: Context) -> dict:
     return {"status": "pass", "seconds": secs, "summary": summary, "result": res}
 
 
+# A small float64 run of the command line: one process vs the same run under torchrun.
+DIST_RUN = ["run", "--dataset", "synthetic", "-N", "8", "--model", "mlp", "--model-opt", "hidden=[16]", "--dtype",
+            "float64", "-a", "fedcanon", "-B", "8", "--lr", "0.05", "-K", "2", "-T", "4", "--checkpoint-every", "2",
+            "--executor", "sequential", "--no-progress", "--no-plot"]
+
+
+def step_distributed(ctx: Context) -> dict:
+    """The command line under torchrun on the GPU(s): NCCL, the GPU of LOCAL_RANK, sharded
+    checkpoints. Its final model must equal the one-process run's (float64, 1e-12 relative). One
+    rank per GPU (NCCL refuses two ranks on one GPU), 2 at most; the CPU smoke uses 2 gloo ranks."""
+    import torch
+
+    device = "cpu" if ctx.smoke else "cuda"
+    procs = 2 if ctx.smoke else max(1, min(2, torch.cuda.device_count()))
+    runs = {"one": ctx.parts / "distributed_one", "ranks": ctx.parts / "distributed_ranks"}
+    for d in runs.values():
+        shutil.rmtree(d, ignore_errors=True)
+    args = [*DIST_RUN, "--device", device]
+    cmds = {"one": [ctx.python, "-m", "python_algos", *args, "--out", str(runs["one"])],
+            "ranks": [ctx.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
+                      "-m", "python_algos", *args, "--out", str(runs["ranks"])]}
+    secs = 0.0
+    for name, cmd in cmds.items():
+        ctx.log(f"distributed: {shlex.join(cmd)}")
+        rc, t, text = _run(cmd, ctx.parts / f"distributed_{name}.log", timeout=ctx.args.timeout)
+        secs += t
+        if rc != 0:
+            return {"status": "fail", "seconds": secs, "summary": f"{name}: exit {rc}; log distributed_{name}.log",
+                    "details": _tail(text)}
+    one, ranks = (torch.load(d / "model.pt", weights_only=True)["params"] for d in (runs["one"], runs["ranks"]))
+    rel = float((ranks - one).norm() / one.norm())
+    summary_json = json.loads((runs["ranks"] / "summary.json").read_text())
+    ok = rel <= 1e-12 and summary_json.get("executor") == "distributed" and summary_json.get("world_size") == procs
+    backend = "gloo" if ctx.smoke else "NCCL"
+    return {"status": "pass" if ok else "fail", "seconds": secs, "procs": procs, "rel_dev": rel,
+            "summary": f"{procs} rank(s) over {backend} on {device}: final model vs one process {rel:.1e} "
+                       f"(float64, limit 1e-12); logs distributed_*.log"}
+
+
 STEP_FUNCS = {"build": step_build, "tests": step_tests, "sanitizer": step_sanitizer, "roofline": step_roofline,
-              "clients": step_clients}
+              "clients": step_clients, "distributed": step_distributed}
 
 
 # --------------------------------------------------------------------------- #

@@ -2,7 +2,7 @@
 
     python -m bench.gpu_report bench/results/gpu_check          # re-render gpu_check.md from the parts
 
-Each step (machine, build, tests, sanitizer, roofline, clients) writes ``<parts>/<step>.json``; the
+Each step (machine, build, tests, sanitizer, roofline, clients, distributed) writes ``<parts>/<step>.json``; the
 report shows every part present, so steps run by separate commands (``--steps``) end up in one
 report. The targets are those of the GPU issue: every prox and fused op at >= 85 % of the copy
 bandwidth on ResNet-sized buffers, the batched executor >= 30x the sequential one (100 MLP clients).
@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-STEPS = ("build", "tests", "sanitizer", "roofline", "clients")
+STEPS = ("build", "tests", "sanitizer", "roofline", "clients", "distributed")
 TITLES = {"build": "Build", "tests": "CUDA tests", "sanitizer": "compute-sanitizer", "roofline": "Roofline",
-          "clients": "Batched clients"}
+          "clients": "Batched clients", "distributed": "torchrun on the GPU(s)"}
 ROOFLINE_TARGET = 85.0  # % of the same-size copy
 SPEEDUP_TARGET = 30.0
 DISPLAY = {"resnet18": "ResNet-18", "resnet34": "ResNet-34", "resnet50": "ResNet-50", "resnet101": "ResNet-101",
