@@ -73,10 +73,19 @@ class _CtrlCWhilePickled:
 
 
 def test_ctrl_c_during_a_write_lets_it_finish_then_interrupts(tmp_path):
+    import signal
+
     path = str(tmp_path / "c.pt")
     ckpt.atomic_save({"round": 1}, path)
-    with pytest.raises(KeyboardInterrupt):
-        ckpt.atomic_save({"round": 2, "x": torch.ones(4096), "ctrl_c": _CtrlCWhilePickled(), "y": torch.ones(3)}, path)
+    # Python's own Ctrl-C handler, as in a terminal: pytest started with `&` from a script inherits
+    # SIGINT ignored, and then there is nothing to hold.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ckpt.atomic_save({"round": 2, "x": torch.ones(4096), "ctrl_c": _CtrlCWhilePickled(), "y": torch.ones(3)},
+                             path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     got = torch.load(path, weights_only=True)  # the new file, whole: the interrupt waited for the write
     assert got["round"] == 2 and torch.equal(got["y"], torch.ones(3))
     assert os.listdir(tmp_path) == ["c.pt"]  # no temporary file left
