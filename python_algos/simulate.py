@@ -48,6 +48,8 @@ from .algorithms.base import Algorithm
 from .algorithms.steps import prox
 from .clients import EXECUTORS, ClientSet, resolve_executor
 from .clients.base import seeds
+from .runfolder.history import load_history, save_history
+from .runfolder.progress import Progress
 
 __all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity"]
 
@@ -85,8 +87,6 @@ class History:
         ``label`` names the run in legends (default: the algorithm); ``f_star`` (the optimal
         value F*, if known) lets ``plot`` draw the suboptimality f + h − F*; ``model`` adds its
         ``state_dict`` to model.pt. The algorithm state is not saved. Returns ``path``."""
-        from .experiments.api_runs import save_history  # the application layer owns the folder format
-
         return save_history(self, path, overwrite=overwrite, label=label, f_star=f_star, model=model)
 
     @classmethod
@@ -94,9 +94,7 @@ class History:
         """A run folder written by :meth:`save` (or by the command line) as a History: metrics,
         initial point, reported parameters, algorithm, hyper-parameters, setup (``state`` is None).
         Values that were non-finite (stored as null) come back as NaN."""
-        from .experiments.api_runs import load_history
-
-        return load_history(path)
+        return cls(**load_history(path), state=None)
 
 
 def sparsity(x: torch.Tensor) -> float:
@@ -244,7 +242,7 @@ def simulate(
         backend: ``backend(model, loss_fn, clients, batch_size=, seed=, flat=)`` -> ClientSet, a
             custom executor; overrides ``executor``.
         resume: a snapshot given earlier to ``checkpoint`` (e.g. saved and loaded by
-            :mod:`python_algos.experiments.checkpoint`): instead of ``init``, restore the algorithm state, every
+            :mod:`python_algos.runfolder.checkpoint`): instead of ``init``, restore the algorithm state, every
             generator, module buffers, the metrics so far and ``elapsed``, and continue with round
             ``snapshot["round"] + 1`` up to ``rounds``. With full or minibatch gradients the result is
             bit-identical to an uninterrupted run on CPU. Same algorithm and hyper-parameters required;
@@ -321,8 +319,6 @@ def simulate(
         state, initial, metrics, elapsed, start = _restore(resume, algorithm, model, cs, rng)
     bar = None
     if progress and getattr(cs, "rank", 0) == 0:  # distributed: rank 0 alone shows progress
-        from .experiments.progress import Progress  # the CLI's display, shared so both look the same
-
         bar = Progress(rounds, initial=start - 1, desc=algorithm.name)
     try:
         for t in range(start, rounds + 1):

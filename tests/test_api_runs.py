@@ -90,7 +90,7 @@ def test_save_refuses_to_overwrite_and_leaves_the_folder_as_it_was(tmp_path):
 
 def test_failed_save_leaves_no_folder(tmp_path, monkeypatch):
     hist, _ = _run(rounds=2)
-    from python_algos.experiments import api_runs
+    from python_algos.runfolder import history as api_runs
 
     def boom(*a, **k):
         raise OSError("disk full")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import fedkernels as fk
-from python_algos.experiments import checkpoint as ckpt
+from python_algos.runfolder import checkpoint as ckpt
 from python_algos import simulate
 from python_algos.experiments.runner import KILL_ENV, Config, read_metrics, run_experiment
 from python_algos.algorithms.registry import ALGORITHMS, make

@@ -123,7 +123,7 @@ def test_yaml_config(tmp_path):
 def test_progress_bar_on_a_terminal():
     import io
 
-    from python_algos.experiments.progress import Progress
+    from python_algos.runfolder.progress import Progress
 
     class Tty(io.StringIO):
         def isatty(self):

@@ -347,7 +347,7 @@ def test_workers_flag_and_resume_on_other_world_sizes(tmp_path):
     _run([sys.executable, "-m", "python_algos", *args, "-T", "6", "--out", str(tmp_path / "one")])
     _run([sys.executable, "-m", "python_algos", *args, "-T", "4", "--workers", "2", "--out", str(tmp_path / "w2")])
     assert json.loads((tmp_path / "w2" / "summary.json").read_text())["world_size"] == 2
-    from python_algos.experiments import checkpoint as ckpt
+    from python_algos.runfolder import checkpoint as ckpt
 
     assert ckpt.load(str(tmp_path / "w2" / "checkpoint.pt"))["executor"] == "sequential"  # each rank's executor
     subprocess.run(["cp", "-r", str(tmp_path / "w2"), str(tmp_path / "w2b")], check=True)

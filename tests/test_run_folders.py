@@ -180,7 +180,7 @@ def test_kill_at_every_atomic_write_resumes_bit_identically(tmp_path, monkeypatc
 def test_kill_at_every_write_point_resumes_bit_identically(tmp_path, monkeypatch, reference):
     """Item 14: the runner's own kill points (inside checkpoint writes, in the middle of a metrics
     line, between rounds) and a resumed run killed again: always the reference result."""
-    from python_algos.experiments import faults
+    from python_algos.runfolder import faults
 
     names = []
     with monkeypatch.context() as m:
@@ -227,7 +227,7 @@ def finish(out):
 @pytest.mark.slow
 def test_sigkill_at_random_points_then_resume(tmp_path, reference):
     """Item 14 with real SIGKILLs of the command line at random write points (bounded: 4 kills)."""
-    from python_algos.experiments.faults import KILL_POINT_ENV
+    from python_algos.runfolder.faults import KILL_POINT_ENV
 
     cfgfile = write_config(tmp_path / "c.json")
     rng = random.Random(1)
@@ -282,7 +282,7 @@ def test_ctrl_c_writes_summary_and_prints_the_resume_command(tmp_path):
 def test_ctrl_c_between_the_checkpoint_rename_and_its_bookkeeping(tmp_path, monkeypatch, reference):
     """Ctrl-C landing right after a new checkpoint.pt was renamed into place, before the run noted
     it: the summary must name the checkpoint on disk (round 4), where a resume starts, not round 2."""
-    from python_algos.experiments import checkpoint as ckpt
+    from python_algos.runfolder import checkpoint as ckpt
     from python_algos.experiments.runner import Interrupted
 
     real_save = ckpt.save
@@ -442,7 +442,7 @@ def test_compare_resume_finishes_an_interrupted_comparison(tmp_path, capsys):
         p = os.path.join(out, "fedmid" if f != "comparison.md" else "", f)
         if os.path.exists(p):
             os.remove(p)
-    import python_algos.experiments.checkpoint as ckpt
+    import python_algos.runfolder.checkpoint as ckpt
 
     snap = ckpt.load(os.path.join(ref, "fedmid", "checkpoint.pt"))
     assert snap["round"] == 4

@@ -32,8 +32,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import checkpoint as ckpt
 from ..clients import _dist
+from ..runfolder import checkpoint as ckpt
 
 __all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "agree", "barrier", "restarting",
            "executor_for", "workers_command", "run_workers", "ShardedCheckpointer", "SingleFileCheckpointer",

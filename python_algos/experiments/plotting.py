@@ -122,7 +122,7 @@ def _read_json(path: str) -> dict:
 def load_run(path: str) -> dict:
     """``{"label", "rows", "path", "config", "summary", "f_star"}`` for one run folder (label: its
     summary's label, else the folder name; f_star: the summary's, else None)."""
-    from .runner import read_metrics
+    from ..runfolder.files import read_metrics
 
     summary = _read_json(os.path.join(path, "summary.json"))
     label = summary.get("label") or os.path.basename(os.path.normpath(path))

@@ -57,15 +57,16 @@ from torch import nn
 
 import fedkernels as fk
 
-from . import checkpoint as ckpt
-from . import faults
 from . import launch
 from .config import RESULT_KEYS, Config, ConfigError, flag
 from .data import FederatedData, federate, load_dataset
 from .models import build_model as _build_model
-from .progress import Progress
 from .threads import apply_threads
 from ..algorithms.registry import ALGORITHMS, make
+from ..runfolder import checkpoint as ckpt
+from ..runfolder.files import (RUN_FILES, RunFolderError, _append_row, _as_json, _atomic_text, _holds_run,
+                               _remove_leftovers, _write_json, _write_jsonl, read_metrics)
+from ..runfolder.progress import Progress
 from ..simulate import _clients_per_round, simulate
 
 __all__ = [
@@ -340,12 +341,6 @@ def default_out_dir(name: str, root: str = "results") -> str:
 # Files
 # --------------------------------------------------------------------------- #
 
-RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.pt", "summary.json", "model.pt")
-
-
-class RunFolderError(ValueError):
-    """A run folder that cannot be started, resumed or replaced as asked; nothing in it was changed."""
-
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a run, after its summary (status ``"interrupted"``) was written; ``summary``
@@ -354,84 +349,6 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, summary: dict):
         super().__init__(summary.get("message"))
         self.summary = summary
-
-
-def _clean(v):
-    """JSON-safe: non-finite floats -> None, tensors / numpy scalars -> Python numbers."""
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.floating, float)):
-        v = float(v)
-        return v if math.isfinite(v) else None
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        return _clean(v.item())
-    return v
-
-
-def _atomic_text(path: str, text: str) -> None:
-    """Write ``text`` to a temp file next to ``path``, then rename it over ``path``: a kill leaves the
-    old file or the new one (and at worst a ``*.tmp-<pid>`` file, removed by the next resume)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        faults.point("file write")
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _write_json(path: str, obj) -> None:
-    _atomic_text(path, json.dumps(_clean(obj), indent=2) + "\n")
-
-
-def _write_jsonl(path: str, rows: Sequence[dict]) -> None:
-    _atomic_text(path, "".join(json.dumps(_clean(r)) + "\n" for r in rows))
-
-
-def _append_row(f, row: dict) -> None:
-    """Append one metrics line. A kill mid-line leaves a torn last line: :func:`read_metrics` skips it
-    and a resume rewrites the file from the checkpoint."""
-    line = json.dumps(_clean(row)) + "\n"
-    f.write(line[: len(line) // 2])
-    f.flush()
-    faults.point("metrics append")
-    f.write(line[len(line) // 2:])
-    f.flush()
-
-
-def read_metrics(run_dir: str) -> list:
-    """The rows of ``run_dir/metrics.jsonl`` (round 0 first); a torn last line is skipped."""
-    rows = []
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return rows
-
-
-def _holds_run(out_dir: str) -> bool:
-    return any(os.path.exists(os.path.join(out_dir, f)) for f in ("config.json", "metrics.jsonl", "checkpoint.pt",
-                                                                   "summary.json"))
-
-
-def _remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:
-    """Temp files of writes a kill interrupted, plus the run files in ``also``."""
-    for f in os.listdir(out_dir):
-        if ".tmp-" in f or f in also:
-            try:
-                os.remove(os.path.join(out_dir, f))
-            except FileNotFoundError:
-                pass
-
-
-def _as_json(v):
-    return json.loads(json.dumps(_clean(v)))
 
 
 def _read_config_json(path: str) -> Config:

@@ -5,8 +5,8 @@
     python -m python_algos plot results/my-api-run
     hist = History.load("results/my-api-run")   # also reads folders written by `run` / `compare`
 
-The files are those of a command-line run (see :mod:`.runner`), so ``plot`` and every reader of run
-folders work on them. ``config.json`` holds what ``simulate`` knew (algorithm and its
+The files are those of a command-line run (see :mod:`python_algos.runfolder`), so ``plot`` and every
+reader of run folders work on them. ``config.json`` holds what ``simulate`` knew (algorithm and its
 hyper-parameters, regularizer, rounds, seed, batch size, executor, number of clients, ...) and
 ``"api_run": true``: such a folder has no checkpoint and no data recipe, so ``run --resume``
 refuses it. No ``checkpoint.pt`` or ``partition.json`` is written.
@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from . import checkpoint as ckpt
-from .runner import _holds_run, _write_json, _write_jsonl, read_metrics
+from .files import _holds_run, _write_json, _write_jsonl, read_metrics
 
 __all__ = ["save_history", "load_history", "API_MARK"]
 
@@ -125,10 +125,9 @@ def _read_json(path: str) -> dict:
     return d
 
 
-def load_history(path: str):
-    """See :meth:`python_algos.simulate.History.load`."""
-    from ..simulate import History
-
+def load_history(path: str) -> dict:
+    """See :meth:`python_algos.simulate.History.load`: the History's fields (all but ``state``) as a
+    dict, which ``History.load`` builds the History from (this layer sits below ``simulate``)."""
     path = os.fspath(path)
     missing = [f for f in ("config.json", "metrics.jsonl") if not os.path.isfile(os.path.join(path, f))]
     if missing:
@@ -150,5 +149,5 @@ def load_history(path: str):
         setup = dict(config)
         algorithm = summary.get("algorithm", config.get("algorithm"))
         hparams, executor = summary.get("hparams", {}), summary.get("executor", config.get("executor"))
-    return History(params=params, metrics=rows[1:], initial=rows[0], algorithm=algorithm, hparams=hparams,
-                   state=None, executor=executor, setup=setup)
+    return dict(params=params, metrics=rows[1:], initial=rows[0], algorithm=algorithm, hparams=hparams,
+                executor=executor, setup=setup)

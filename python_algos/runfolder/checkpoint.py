@@ -1,6 +1,7 @@
 """Atomic checkpoints of a :func:`~python_algos.simulate.simulate` run, and their restoration.
 
-    from python_algos import checkpoint, simulate
+    from python_algos import simulate
+    from python_algos.runfolder import checkpoint
     hist = simulate(..., checkpoint=checkpoint.Checkpointer("run/checkpoint.pt"), checkpoint_every=10)
     snap = checkpoint.load("run/checkpoint.pt")               # after a crash / kill
     hist = simulate(..., resume=snap)                           # continues bit-identically
@@ -16,7 +17,8 @@ would leave its zip writer half-finished, and torch then reports that as an unre
 
 Files are loaded with ``torch.load(weights_only=True)``: NamedTuple states are stored as plain
 dicts tagged with their class and rebuilt from already-imported modules, so loading a file runs
-no code from it.
+no code from it. Every algorithm's state class is imported by then: importing this module runs
+``python_algos/__init__.py`` first, which imports every algorithm module.
 """
 
 from __future__ import annotations
@@ -131,8 +133,6 @@ def save(path: str, snapshot: dict, extra: Optional[dict] = None) -> None:
 
 def load(path: str, map_location="cpu") -> dict:
     """Read a checkpoint written by :func:`save`; returns the snapshot (``extra`` under key ``"extra"``)."""
-    import python_algos  # noqa: F401  (imports every algorithm module, so their state classes resolve)
-
     path = os.fspath(path)
     try:
         blob = torch.load(path, map_location=map_location, weights_only=True)

@@ -1,6 +1,6 @@
 """Test hooks that kill the process at a chosen write point (crash-consistency tests only).
 
-Every place where the runner or the checkpoint writer changes a file calls ``point(name)``.
+Every place where a run-folder file or a checkpoint is written calls ``point(name)``.
 With the environment variable ``_FEDKERNELS_TEST_KILL_AT_POINT=n`` the n-th call SIGKILLs the
 process, so a test can stop a real run in the middle of a checkpoint write or a metrics line
 and check that ``run --resume`` still reaches the bit-identical result. In-process tests

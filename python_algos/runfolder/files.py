@@ -1,0 +1,107 @@
+"""The files of a run folder and how they are written: every file is replaced atomically (a temp file
+beside it, fsync, rename) except ``metrics.jsonl``, which is appended to one row at a time and read
+back skipping a torn last line. The table of files is in :mod:`python_algos.runfolder`.
+
+This module knows the format only; what goes into the files (a configuration, a run, a comparison)
+is decided by the layers above (:mod:`python_algos.experiments`, :meth:`History.save
+<python_algos.simulate.History.save>`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from . import faults
+
+__all__ = ["RUN_FILES", "RunFolderError", "read_metrics"]
+
+RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.pt", "summary.json", "model.pt")
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be started, resumed or replaced as asked; nothing in it was changed."""
+
+
+def _clean(v):
+    """JSON-safe: non-finite floats -> None, tensors / numpy scalars -> Python numbers."""
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating, float)):
+        v = float(v)
+        return v if math.isfinite(v) else None
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return _clean(v.item())
+    return v
+
+
+def _atomic_text(path: str, text: str) -> None:
+    """Write ``text`` to a temp file next to ``path``, then rename it over ``path``: a kill leaves the
+    old file or the new one (and at worst a ``*.tmp-<pid>`` file, removed by the next resume)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        faults.point("file write")
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_json(path: str, obj) -> None:
+    _atomic_text(path, json.dumps(_clean(obj), indent=2) + "\n")
+
+
+def _write_jsonl(path: str, rows: Sequence[dict]) -> None:
+    _atomic_text(path, "".join(json.dumps(_clean(r)) + "\n" for r in rows))
+
+
+def _append_row(f, row: dict) -> None:
+    """Append one metrics line. A kill mid-line leaves a torn last line: :func:`read_metrics` skips it
+    and a resume rewrites the file from the checkpoint."""
+    line = json.dumps(_clean(row)) + "\n"
+    f.write(line[: len(line) // 2])
+    f.flush()
+    faults.point("metrics append")
+    f.write(line[len(line) // 2:])
+    f.flush()
+
+
+def read_metrics(run_dir: str) -> list:
+    """The rows of ``run_dir/metrics.jsonl`` (round 0 first); a torn last line is skipped."""
+    rows = []
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return rows
+
+
+def _holds_run(out_dir: str) -> bool:
+    return any(os.path.exists(os.path.join(out_dir, f)) for f in ("config.json", "metrics.jsonl", "checkpoint.pt",
+                                                                   "summary.json"))
+
+
+def _remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:
+    """Temp files of writes a kill interrupted, plus the run files in ``also``."""
+    for f in os.listdir(out_dir):
+        if ".tmp-" in f or f in also:
+            try:
+                os.remove(os.path.join(out_dir, f))
+            except FileNotFoundError:
+                pass
+
+
+def _as_json(v):
+    return json.loads(json.dumps(_clean(v)))
+
