@@ -12,7 +12,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from python_algos.experiments.data import DataNotFoundError, load_dataset
-from python_algos.experiments.runner import Config, prepare_data, run_experiment
+from python_algos.experiments.build import prepare_data
+from python_algos.experiments.config import Config
+from python_algos.experiments.run import run_experiment
 
 __all__ = ["parser", "paper_data", "Runner", "loglog_slope", "write_report", "table"]
 
@@ -91,7 +93,7 @@ def tail_mean(rows: list, key: str, frac: float = 0.1) -> float:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
-    from python_algos.experiments.runner import format_table
+    from python_algos.experiments.compare import format_table
 
     return format_table(header, rows)
 

@@ -19,7 +19,8 @@ import os
 import sys
 
 from examples._common import Runner, paper_data, parser, table, tail_mean, write_report
-from python_algos.experiments.runner import Config, read_metrics
+from python_algos.experiments.config import Config
+from python_algos.runfolder.files import read_metrics
 
 ALPHAS = (0.01, 0.02, 0.05, 0.1, 0.2)
 BETAS = (0.005, 0.01, 0.02, 0.05)

@@ -20,7 +20,8 @@ import os
 import sys
 
 from examples._common import Runner, paper_data, parser, table, write_report
-from python_algos.experiments.runner import Config, read_metrics
+from python_algos.experiments.config import Config
+from python_algos.runfolder.files import read_metrics
 
 METHODS = ("fedavg", "scaffold", "scaffnew", "fedcanon")
 PARTITIONS = (("iid", None), ("Dir(0.1)", 0.1), ("Dir(0.01)", 0.01))

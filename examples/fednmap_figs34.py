@@ -22,7 +22,8 @@ import sys
 import numpy as np
 
 from examples._common import Runner, loglog_slope, paper_data, parser, table, tail_mean, write_report
-from python_algos.experiments.runner import Config, read_metrics
+from python_algos.experiments.config import Config
+from python_algos.runfolder.files import read_metrics
 
 ALPHA = 1.0
 

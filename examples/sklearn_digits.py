@@ -17,7 +17,8 @@ import sys
 
 from examples._common import parser, table, write_report
 from python_algos.experiments.plotting import DEFAULT_FORMATS, parse_formats
-from python_algos.experiments.runner import Config, compare_experiments
+from python_algos.experiments.compare import compare_experiments
+from python_algos.experiments.config import Config
 
 METHODS = ("fedcanon", "fedmid", "fedavg")
 

@@ -22,7 +22,11 @@ import torch
 from examples._common import Runner, parser, table, write_report
 from python_algos.algorithms.steps import prox
 from python_algos.clients import SequentialClients
-from python_algos.experiments.runner import Config, build_model, build_regularizer, loss_function, read_metrics
+from python_algos.experiments.build import build_model
+from python_algos.experiments.config import Config
+from python_algos.experiments.losses import loss_function
+from python_algos.experiments.regularizer_specs import build_regularizer
+from python_algos.runfolder.files import read_metrics
 
 METHODS = ("za1", "fedmid", "fedda")
 METHOD_NAMES = {"za1": "ZA1", "fedmid": "FedMiD", "fedda": "FedDA"}

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from python_algos.experiments.cli import main
-from python_algos.experiments.runner import read_metrics
+from python_algos.runfolder.files import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--dataset", "sparse_logistic", "--data-opt", "n=200", "--data-opt", "dim=10", "--data-opt", "nnz=3",

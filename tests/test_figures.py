@@ -14,7 +14,8 @@ import torch
 import fedkernels as fk
 from python_algos import FedCanon, simulate
 from python_algos.experiments.cli import main
-from python_algos.experiments.runner import read_metrics, run_experiment
+from python_algos.experiments.run import run_experiment
+from python_algos.runfolder.files import read_metrics
 from test_run_folders import quiet, tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

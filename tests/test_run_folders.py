@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from python_algos.experiments.cli import main
-from python_algos.experiments.runner import Config, read_metrics, run_experiment
+from python_algos.experiments.config import Config
+from python_algos.experiments.run import run_experiment
+from python_algos.runfolder.files import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(algorithm="fedcanon", dataset="sparse_logistic", data_opts={"n": 160, "dim": 8, "nnz": 3},
@@ -283,7 +285,7 @@ def test_ctrl_c_between_the_checkpoint_rename_and_its_bookkeeping(tmp_path, monk
     """Ctrl-C landing right after a new checkpoint.pt was renamed into place, before the run noted
     it: the summary must name the checkpoint on disk (round 4), where a resume starts, not round 2."""
     from python_algos.runfolder import checkpoint as ckpt
-    from python_algos.experiments.runner import Interrupted
+    from python_algos.experiments.run import Interrupted
 
     real_save = ckpt.save
 

@@ -13,7 +13,7 @@ from python_algos.experiments.cli import main
 from python_algos.experiments.config import Config, ConfigError
 from python_algos.experiments.data import federate, load_dataset
 from python_algos.experiments.data.datasets import _split
-from python_algos.experiments.runner import prepare_data
+from python_algos.experiments.build import prepare_data
 
 sk = pytest.importorskip("sklearn.datasets")
 
@@ -90,7 +90,7 @@ def test_cli_run_on_digits_learns(tmp_path, capsys):
     assert main(["run", "-a", "fedcanon", "--dataset", "sklearn:digits", "--partition", "dirichlet", "--eta", "0.5",
                  "-N", "5", "--lr", "0.05", "-K", "5", "-T", "8", "--reg", "l1", "--reg-strength", "1e-3",
                  "--out", str(out), "--no-progress", "--no-plot"]) == 0
-    from python_algos.experiments.runner import read_metrics
+    from python_algos.runfolder.files import read_metrics
 
     rows = read_metrics(str(out))
     assert rows[-1]["f+h"] < rows[0]["f+h"] and rows[-1]["test_acc"] > 0.5  # chance is 0.1

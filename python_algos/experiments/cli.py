@@ -31,7 +31,7 @@ DEMO_ALGORITHMS = ("fedcanon", "fedavg", "za1", "fednmap", "fedmid")
 
 
 def _demo_config():
-    from .runner import Config
+    from .config import Config
 
     # Sparse logistic regression with a known 10-sparse ground truth in R^100; 10 clients whose
     # features are shifted differently (heterogeneous f_i, one common x_true); L1; full gradients.
@@ -301,7 +301,7 @@ def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
     ``args.file_keys``: the keys whose values came from the file (for error messages)."""
     base = _read_config_file(args.config) if getattr(args, "config", None) else {}
     base = {k.replace("-", "_"): v for k, v in base.items()}
-    from .runner import Config
+    from .config import Config
 
     names = {f.name for f in __import__("dataclasses").fields(Config)} | set(extra_keys)
     flags = set()
@@ -319,7 +319,7 @@ def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
     if base.get("regularizers") and any(k in base for k in ("reg", "reg_opts")):
         from .config import ConfigError
 
-        from .runner import _spec_text
+        from .regularizer_specs import _spec_text
 
         given = " ".join(_spec_text(k, v) for k, v in base["regularizers"].items())
         raise ConfigError("regularizers", given,
@@ -338,7 +338,7 @@ def _in_terms_of(args, e: Exception) -> Exception:
 
 
 def _out_dir(args, name: str) -> str:
-    from .runner import default_out_dir
+    from .folders import default_out_dir
 
     if args.out:
         return args.out
@@ -370,7 +370,7 @@ def _split_alg_opts(opts: dict, algorithms: Sequence[str]):
 
 
 def _print_summary(summary: dict) -> None:
-    from .runner import format_table
+    from .compare import format_table
 
     f = summary["final"]
     keys = [k for k in ("f", "h", "f+h", "grad_map_sq", "normal_map_sq", "sparsity", "test_acc", "train_acc",
@@ -393,7 +393,8 @@ def _restarted_run(cfg, out: str) -> bool:
     settings (the first attempt refused it) is left alone: the fresh-run checks then refuse it again."""
     from . import launch
     from .config import RESULT_KEYS
-    from .runner import _as_json, _read_config_json
+    from .folders import _read_config_json
+    from ..runfolder.files import _as_json
 
     if not (launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, "config.json"))):
         return False
@@ -415,7 +416,8 @@ def _resume_flags_check(args) -> None:
 
 
 def cmd_run(args) -> int:
-    from .runner import Config, run_experiment
+    from .config import Config
+    from .run import run_experiment
 
     if args.demo:
         return cmd_demo(argparse.Namespace(rounds=getattr(args, "rounds", None), out=args.out,
@@ -427,7 +429,7 @@ def cmd_run(args) -> int:
         if args.resume:
             _resume_flags_check(args)
         else:  # check the settings here, and pick the folder once for every rank
-            from .runner import check_world_size, prepare_run
+            from .prepare import check_world_size, prepare_run
 
             try:
                 cfg = Config.from_dict(_merge(args))
@@ -447,7 +449,8 @@ def cmd_run(args) -> int:
         summary = run_experiment(None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
                                  progress=not args.no_progress, log=say)
     else:
-        from .runner import execute_run, prepare_run
+        from .prepare import prepare_run
+        from .run import execute_run
 
         try:
             cfg = Config.from_dict(_merge(args))
@@ -476,7 +479,7 @@ def cmd_run(args) -> int:
 
 def _compare_settings(args):
     """(the shared Config, the algorithm names, each algorithm's own options) of a ``compare``."""
-    from .runner import Config
+    from .config import Config
 
     merged = _merge(args, extra_keys=("algorithms",))
     algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
@@ -487,14 +490,15 @@ def _compare_settings(args):
 
 def cmd_compare(args) -> int:
     from . import launch
-    from .runner import comparison_table, compare_experiments
+    from .compare import compare_experiments, comparison_table
 
     if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
         out = None
         if args.resume:
             _resume_flags_check(args)
         else:  # check the settings here, and pick the folder once for every rank
-            from .runner import check_algorithm_names, check_world_size, resolve_device
+            from .device import resolve_device
+            from .prepare import check_algorithm_names, check_world_size
 
             try:
                 cfg, algorithms, _ = _compare_settings(args)
@@ -540,7 +544,8 @@ def cmd_compare(args) -> int:
 
 def cmd_demo(args) -> int:
     from . import launch
-    from .runner import comparison_table, compare_experiments, default_out_dir
+    from .compare import compare_experiments, comparison_table
+    from .folders import default_out_dir
 
     t0 = time.perf_counter()
     cfg = _demo_config()
@@ -616,7 +621,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     handler = {"run": cmd_run, "compare": cmd_compare, "demo": cmd_demo, "plot": cmd_plot,
                "algorithms": cmd_algorithms}[args.command]
-    from .runner import Interrupted
+    from .run import Interrupted
 
     with warnings.catch_warnings():
         warnings.showwarning = _showwarning

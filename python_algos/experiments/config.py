@@ -149,7 +149,7 @@ def _choices():  # imported late: the registries pull in torch and the algorithm
     from ..algorithms.registry import ALGORITHMS
     from .data import DATASETS, PARTITIONS
     from .models import MODELS
-    from .runner import REGULARIZERS
+    from .regularizer_specs import REGULARIZERS
 
     return {"algorithm": tuple(ALGORITHMS), "dataset": tuple(DATASETS), "partition": tuple(PARTITIONS),
             "model": tuple(MODELS), "reg": tuple(REGULARIZERS)}

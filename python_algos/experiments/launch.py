@@ -59,7 +59,7 @@ def restarting() -> bool:
 def join(device: str = "cpu") -> None:
     """Join the job's process group now (under torchrun; nothing otherwise)."""
     if distributed():
-        from .runner import resolve_device
+        from .device import resolve_device
 
         resolve_device(device)  # --device cuda without a GPU: the flag's error, not one from set_device
         dev = torch.device("cuda") if str(device).startswith("cuda") or (

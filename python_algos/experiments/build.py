@@ -1,0 +1,115 @@
+"""A :class:`~.config.Config`'s pieces: the federated data, the model, the algorithm, the regularizer.
+
+Each builder checks what it builds and words its errors in the user's terms: the flags that set the
+value (``--dataset``, ``--model-opt``, ``--alg-opt``, ``--lr`` with ``--local-steps``, ``--reg``) or
+the config key of a per-parameter entry (``[regularizers]`` / ``--reg-param``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import torch
+from torch import nn
+
+import fedkernels as fk
+
+from .config import Config, ConfigError
+from .data import FederatedData, federate, load_dataset
+from .device import resolve_device
+from .models import build_model as _build_model
+from .regularizer_specs import _spec_text, build_param_regularizer, build_regularizer
+from ..algorithms.registry import ALGORITHMS, make
+
+__all__ = ["prepare_data", "build_model", "build_algorithm", "build_per_parameter"]
+
+
+def _opts_text(opts: dict) -> str:
+    return " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in opts.items())
+
+
+def prepare_data(cfg: Config) -> FederatedData:
+    """Load / generate the data and split it over the clients; errors name the flags."""
+    try:
+        ds = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, test_fraction=cfg.test_fraction, **cfg.data_opts)
+    except (ValueError, TypeError) as e:
+        named = {k: v for k, v in cfg.data_opts.items() if re.search(rf"\b{re.escape(k)}\b", str(e))}
+        raise ValueError(f"--dataset {cfg.dataset}{' --data-opt ' + _opts_text(named) if named else ''}: {e}") from None
+    if cfg.partition == "natural" and ds.groups is not None:
+        groups = int(torch.unique(torch.as_tensor(ds.groups)).numel())
+        if groups != cfg.num_clients:
+            fix = {"sparse_logistic": "num_groups", "sparse_linear": "num_groups", "synthetic": "num_clients"}.get(ds.name)
+            also = f", or have the generator make {cfg.num_clients} groups: --data-opt {fix}={cfg.num_clients}" if fix else ""
+            raise ConfigError("num_clients", cfg.num_clients,
+                              f"--partition natural makes one client per group of the data, and {ds.name} has "
+                              f"{groups} group(s): use -N {groups}{also}")
+    try:
+        return federate(ds, cfg.partition, cfg.num_clients, seed=cfg.seed, eta=cfg.eta, min_size=cfg.min_size,
+                        shards_per_client=cfg.shards_per_client)
+    except ValueError as e:
+        raise ValueError(f"--partition {cfg.partition} -N {cfg.num_clients}: {e}") from None
+
+
+def build_model(cfg: Config, ds) -> nn.Module:
+    """The model, initialized from ``cfg.seed`` (every algorithm of a comparison starts here)."""
+    torch.manual_seed(cfg.seed)
+    try:
+        model = _build_model(cfg.model, ds.in_shape, ds.outputs, **cfg.model_opts)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--model {cfg.model}{' --model-opt ' + _opts_text(cfg.model_opts) if cfg.model_opts else ''}"
+                         f": {e}") from None
+    return model.to(device=resolve_device(cfg.device), dtype=getattr(torch, cfg.dtype))
+
+
+def _hparam_error(cfg: Config, alg_name: str, e: Exception) -> ValueError:
+    """``e`` (raised by an algorithm about one of its hyper-parameters) in terms of the flags that set it:
+    ``--alg-opt KEY=VALUE`` when the user gave that key, else the ``--lr`` / ``--local-steps`` mapping."""
+    msg = str(e)
+    given = [k for k in cfg.alg_opts if re.search(rf"\b{re.escape(k)}\b", msg)]
+    if given:
+        return ValueError(f"--alg-opt {_opts_text({k: cfg.alg_opts[k] for k in given})}: {msg}")
+    mapped = {k: v for k, v in ALGORITHMS[cfg.algorithm.lower()].from_lr(cfg.lr, cfg.local_steps).items()
+              if k != "local_steps" and k not in cfg.alg_opts}
+    shown = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in mapped.items())
+    return ValueError(f"--lr {cfg.lr:g} with --local-steps {cfg.local_steps} sets {alg_name}'s {shown} "
+                      f"(see `python -m python_algos algorithms`; override with --alg-opt): {msg}")
+
+
+def build_algorithm(cfg: Config):
+    entry = ALGORITHMS[cfg.algorithm.lower()]
+    names = [f.name for f in dataclasses.fields(entry.cls)]
+    unknown = [k for k in cfg.alg_opts if k not in names]
+    if unknown:
+        raise ValueError(f"--alg-opt {_opts_text({k: cfg.alg_opts[k] for k in unknown})}: {entry.cls.name} has no "
+                         f"such hyper-parameter; its hyper-parameters: {', '.join(names)}")
+    try:
+        return make(cfg.algorithm, lr=cfg.lr, local_steps=cfg.local_steps, **cfg.alg_opts)
+    except (ValueError, TypeError) as e:
+        raise _hparam_error(cfg, entry.cls.name, e) from None
+
+
+def build_per_parameter(table: dict, model: nn.Module, default_strength: float = 0.0) -> fk.PerParameter:
+    """The per-parameter h of a [regularizers] table / --reg-param flags; errors name the entry."""
+    mapping = {}
+    for pattern, spec in table.items():
+        try:
+            mapping[pattern] = build_param_regularizer(spec, default_strength)
+        except (ValueError, TypeError) as e:
+            raise ConfigError("regularizers", _spec_text(pattern, spec), str(e)) from None
+    try:
+        return fk.PerParameter(model, mapping)
+    except (ValueError, TypeError) as e:
+        text = next((_spec_text(p, s) for p, s in table.items() if repr(p) in str(e)), None)
+        raise ConfigError("regularizers", text if text is not None else table, str(e)) from None
+
+
+def _build_regularizer(cfg: Config, model: nn.Module) -> fk.Regularizer:
+    if cfg.regularizers:
+        return build_per_parameter(cfg.regularizers, model, cfg.reg_strength)
+    try:
+        return build_regularizer(cfg.reg, cfg.reg_strength, **cfg.reg_opts)
+    except (ValueError, TypeError) as e:
+        opts = f" --reg-opt {_opts_text(cfg.reg_opts)}" if cfg.reg_opts else ""
+        raise ValueError(f"--reg {cfg.reg} --reg-strength {cfg.reg_strength:g}{opts}: {e}") from None

@@ -1,0 +1,149 @@
+"""Every check of a run before anything is written: :func:`prepare_run` -> :class:`PreparedRun`.
+
+The checks come in the order a user would fix them: the settings, the run folder (a resume reads
+``config.json`` and the checkpoint and refuses one that does not match them), the data, the model,
+the algorithm with its regularizer, participation and the metric step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import warnings
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+import fedkernels as fk
+
+from . import launch
+from .build import _build_regularizer, _hparam_error, build_algorithm, build_model, prepare_data
+from .config import RESULT_KEYS, Config, ConfigError
+from .data import FederatedData
+from .device import resolve_device
+from .folders import _read_config_json, resume_command
+from ..algorithms.registry import ALGORITHMS
+from ..runfolder import checkpoint as ckpt
+from ..runfolder.files import RunFolderError, _as_json, _holds_run
+from ..simulate import _clients_per_round
+
+__all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size"]
+
+
+@dataclasses.dataclass
+class PreparedRun:
+    """A run whose every input has been checked; nothing is written until :func:`execute_run`."""
+
+    cfg: Config
+    out_dir: str
+    fed: FederatedData
+    model: nn.Module
+    algorithm: object
+    reg: fk.Regularizer
+    device: torch.device
+    snap: Optional[dict]  # the checkpoint to continue from (resume), else None
+    resume: bool
+    rewrite_config: bool  # config.json must be (re)written (fresh run, or --rounds changed)
+    replace: bool  # a fresh run replaces the run folder's files
+    torch_rng: torch.Tensor  # torch's global generator right after the model was built
+
+
+def check_algorithm_names(algorithms: Sequence[str]) -> None:
+    unknown = [a for a in algorithms if a.lower() not in ALGORITHMS]
+    if unknown:
+        raise ConfigError("algorithm", " ".join(unknown), f"unknown algorithm(s); valid names: {', '.join(ALGORITHMS)}")
+
+
+def check_world_size(num_clients: int, processes: int) -> None:
+    """Every process of a distributed run holds at least one client."""
+    if num_clients < processes:
+        raise ConfigError("num_clients", num_clients,
+                          f"{num_clients} client(s) cannot be split over {processes} processes: every process needs "
+                          f"at least one client; use at most {num_clients} processes (--workers / --nproc-per-node) "
+                          f"or more clients")
+
+
+def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None, resume: bool = False,
+                rounds: Optional[int] = None, replace: bool = True) -> PreparedRun:
+    """Every check of a run, in the order a user would fix them; writes nothing.
+
+    Raises :class:`ConfigError` (a value, named by its flag), :class:`RunFolderError` (the folder:
+    a foreign or edited checkpoint, ``--rounds`` below the checkpoint, an existing run that
+    ``replace=False`` keeps), :class:`~python_algos.runfolder.checkpoint.CheckpointError` (a damaged checkpoint) or
+    ``ValueError`` (data, model, algorithm and participation, named by their flags).
+    """
+    cfg_path = os.path.join(out_dir, "config.json")
+    ckpt_path = os.path.join(out_dir, "checkpoint.pt")
+    snap = None
+    rewrite = not resume
+    if resume:
+        if not os.path.isdir(out_dir):
+            raise RunFolderError(f"cannot resume {out_dir}: no such folder")
+        if not os.path.isfile(cfg_path):
+            if os.path.isfile(os.path.join(out_dir, "comparison.json")):
+                raise RunFolderError(f"{out_dir} is a comparison: continue it with "
+                                     f"`python -m python_algos compare --resume {out_dir}`")
+            raise RunFolderError(f"cannot resume {out_dir}: it holds no config.json, so no run was started there "
+                                 f"(a run stopped before it wrote its settings leaves none); start it again with `run`")
+        cfg = _read_config_json(cfg_path)
+        if rounds is not None:
+            if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+                raise ConfigError("rounds", rounds, "must be an integer >= 0")
+            rewrite = rounds != cfg.rounds
+            cfg = cfg.replace(rounds=rounds)
+    elif cfg is None:
+        raise ValueError("cfg is required unless resume=True")
+    else:
+        if rounds is not None:
+            cfg = cfg.replace(rounds=rounds)
+        cfg.check()
+        if not replace and os.path.isdir(out_dir) and _holds_run(out_dir):
+            raise RunFolderError(f"{out_dir} already holds a run: continue it with `{resume_command(out_dir)}`, or "
+                                 f"choose another --out (nothing was changed)")
+    launch.join(cfg.device)  # under torchrun: join the job (and take this rank's GPU) before picking the device
+    device = resolve_device(cfg.device)
+    if resume and os.path.isfile(ckpt_path):
+        snap = ckpt.load(ckpt_path, map_location=device)  # a manifest only, when several processes wrote it
+        saved = (snap.get("extra") or {}).get("config")
+        if isinstance(saved, dict):
+            now = _as_json(cfg.to_dict())
+            saved = _as_json(saved)
+            diff = [k for k in RESULT_KEYS if saved.get(k) != now.get(k)]
+            if diff:
+                what = "; ".join(f"{k}: checkpoint {json.dumps(saved.get(k))}, config.json {json.dumps(now.get(k))}"
+                                 for k in diff)
+                raise RunFolderError(
+                    f"{ckpt_path} does not belong to the settings in config.json: they differ in {what}. Resuming "
+                    f"would continue the checkpoint's run under other settings, so nothing was changed: undo the edit "
+                    f"(or put the run's own checkpoint back), or start the new settings in a new folder")
+        if cfg.rounds < int(snap["round"]):
+            raise ConfigError("rounds", cfg.rounds,
+                              f"the checkpoint in {out_dir} is at round {snap['round']} and a run cannot go back; "
+                              f"give --rounds {snap['round']} or more (nothing was changed)")
+    fed = fed if fed is not None else prepare_data(cfg)
+    check_world_size(len(fed.parts), launch.world_size())
+    model = build_model(cfg, fed.dataset)
+    torch_rng = torch.get_rng_state()
+    algorithm = build_algorithm(cfg)
+    reg = _build_regularizer(cfg, model)
+    with warnings.catch_warnings():  # simulate validates again and warns once
+        warnings.simplefilter("ignore")
+        try:
+            algorithm.validate(reg)
+        except ValueError as e:
+            raise _hparam_error(cfg, algorithm.name, e) from None
+    try:
+        _clients_per_round(algorithm, len(fed.parts), cfg.participation, cfg.clients_per_round)
+    except ValueError as e:
+        key = "participation" if cfg.participation is not None else "clients_per_round"
+        raise ConfigError(key, getattr(cfg, key), str(e)) from None
+    if cfg.metric_step is None and not algorithm.metric_step() > 0:
+        raise ConfigError("metric_step", cfg.metric_step, f"{algorithm.name}'s default step is not > 0; give one")
+    if snap is not None and (snap.get("algorithm") != algorithm.name or snap.get("hparams") != algorithm.hparams()):
+        raise RunFolderError(f"{ckpt_path} is a checkpoint of {snap.get('algorithm')} {snap.get('hparams')}, not of "
+                             f"{algorithm.name} {algorithm.hparams()} as config.json says; nothing was changed")
+    if snap is not None:  # this process's client rows (re-cut if another number of processes wrote it)
+        snap = launch.local_rows(snap, ckpt_path, len(fed.clients), map_location=device)
+    return PreparedRun(cfg, out_dir, fed, model, algorithm, reg, device, snap, resume, rewrite, replace, torch_rng)

@@ -1,0 +1,245 @@
+"""One run of the command line into its run folder (format: :mod:`python_algos.runfolder`).
+
+    cfg = Config(algorithm="fedcanon", dataset="synthetic", partition="natural", num_clients=30,
+                 model="linear", reg="l1", reg_strength=1e-3, rounds=100)
+    summary = run_experiment(cfg, "results/my-run")        # writes the folder
+    summary = run_experiment(None, "results/my-run", resume=True, rounds=200)   # continue / extend
+
+Guarantees: every input is checked (:func:`~.prepare.prepare_run`) before a folder is created or a file
+in it changes; every file is replaced atomically except ``metrics.jsonl``, which is appended
+to and rewritten from the checkpoint on resume (rows past the checkpoint's round are dropped),
+so a kill at any moment leaves a folder that ``run --resume`` finishes with the bit-identical
+result of an uninterrupted run. A resume refuses a checkpoint whose settings differ from
+``config.json`` in anything but the execution settings (``executor``, ``threads``,
+``checkpoint_every``) and the number of rounds, which may only grow.
+
+Under ``torchrun`` every rank runs the same calls: the clients are split over the ranks (executor
+``distributed`` wrapping ``--executor``), every rank checks every input before rank 0 alone writes
+the folder files and shows progress, and the checkpoint is sharded (a manifest ``checkpoint.pt``
+plus one file per rank in ``checkpoint.pt.shards/``; see :mod:`python_algos.experiments.launch`),
+which resumes on any number of processes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from typing import Callable, Optional
+
+import torch
+
+from . import launch
+from .config import Config
+from .data import FederatedData
+from .evaluation import make_eval
+from .folders import resume_command
+from .losses import loss_function
+from .prepare import PreparedRun, prepare_run
+from .threads import apply_threads
+from ..runfolder import checkpoint as ckpt
+from ..runfolder.files import RUN_FILES, _append_row, _remove_leftovers, _write_json, _write_jsonl, read_metrics
+from ..runfolder.progress import Progress
+from ..simulate import simulate
+
+__all__ = ["run_experiment", "execute_run", "Interrupted", "KILL_ENV"]
+
+KILL_ENV = "_FEDKERNELS_TEST_KILL_AT_ROUND"  # test hook: SIGKILL the process after this round
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run, after its summary (status ``"interrupted"``) was written; ``summary``
+    holds it, including ``resume_command``."""
+
+    def __init__(self, summary: dict):
+        super().__init__(summary.get("message"))
+        self.summary = summary
+
+
+def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None,
+                   resume: bool = False, rounds: Optional[int] = None, progress: bool = True,
+                   extra_eval: Optional[Callable] = None, label: Optional[str] = None,
+                   log: Callable[[str], None] = print, replace: bool = True, f_star: Optional[float] = None) -> dict:
+    """Run ``cfg`` into ``out_dir`` (see the module docstring); returns the summary dict.
+
+    ``fed``: an already prepared split of this config's data (a comparison shares one).
+    ``resume=True``: read ``out_dir/config.json`` and ``checkpoint.pt`` and continue (``cfg`` is
+    ignored); ``rounds`` then extends the total (never below the checkpoint's round). Every input
+    is checked (:func:`prepare_run`) before anything in ``out_dir`` is created or changed.
+    ``replace=False`` refuses a fresh run into a folder that already holds one. ``extra_eval(params)
+    -> dict`` adds metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run
+    with status ``"diverged"``; the checkpoint of the last good round is kept. Ctrl-C writes the
+    summary so far (status ``"interrupted"``) and raises :class:`Interrupted`. ``f_star``: the problem's
+    optimal value F*, when the caller knows it; recorded in summary.json, where ``plot`` finds it
+    and draws the suboptimality f + h − F*.
+    """
+    _check_f_star(f_star)
+    prep = prepare_run(cfg, out_dir, fed=fed, resume=resume, rounds=rounds, replace=replace)
+    return execute_run(prep, progress=progress, extra_eval=extra_eval, label=label, log=log, f_star=f_star)
+
+
+def _check_f_star(f_star) -> None:
+    if f_star is not None and (isinstance(f_star, bool) or not isinstance(f_star, (int, float))
+                               or not math.isfinite(f_star)):
+        raise ValueError(f"f_star must be a finite number (the optimal value F*), got {f_star!r}")
+
+
+def _start_folder(prep: PreparedRun, log) -> None:
+    """The first writes of a run (every check has passed): settings, split, and metrics from the checkpoint."""
+    out_dir, cfg, fed, snap = prep.out_dir, prep.cfg, prep.fed, prep.snap
+    cfg_path = os.path.join(out_dir, "config.json")
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    if not prep.resume:
+        os.makedirs(out_dir, exist_ok=True)
+        _remove_leftovers(out_dir, also=RUN_FILES)  # replace: no file of the previous run may outlive it
+        launch.remove_shards(os.path.join(out_dir, "checkpoint.pt"))  # ... nor its checkpoint shards
+        _write_json(cfg_path, cfg.to_dict())  # first: a folder with config.json can always be resumed
+        prep.rewrite_config = False
+    else:
+        _remove_leftovers(out_dir)
+        launch.remove_shard_leftovers(os.path.join(out_dir, "checkpoint.pt"))
+    if not prep.resume or snap is None:
+        _write_json(os.path.join(out_dir, "partition.json"), {
+            "partition": fed.partition, "num_clients": len(fed.parts), "sizes": [len(p) for p in fed.parts],
+            "label_histograms": fed.histograms.tolist() if fed.histograms is not None else None,
+        })
+    if snap is not None:
+        _write_jsonl(metrics_path, [snap["initial"], *snap["metrics"]])  # drop the rounds after the checkpoint
+        log(f"resuming {out_dir} from round {snap['round']} (checkpoint), up to round {cfg.rounds}")
+    else:
+        if os.path.exists(metrics_path):
+            os.remove(metrics_path)
+        if prep.resume:
+            log(f"resuming {out_dir}: no checkpoint was written yet, starting from round 0")
+    if prep.rewrite_config:
+        _write_json(cfg_path, cfg.to_dict())
+
+
+def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optional[Callable] = None,
+                label: Optional[str] = None, log: Callable[[str], None] = print,
+                f_star: Optional[float] = None) -> dict:
+    """Run a :class:`PreparedRun` into its folder; returns the summary (see :func:`run_experiment`)."""
+    _check_f_star(f_star)
+    cfg, out_dir, fed, model, algorithm, reg, snap = (prep.cfg, prep.out_dir, prep.fed, prep.model, prep.algorithm,
+                                                      prep.reg, prep.snap)
+    ds = fed.dataset
+    label = label or cfg.algorithm
+    ckpt_path = os.path.join(out_dir, "checkpoint.pt")
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    main = launch.is_main()  # under torchrun rank 0 alone writes the folder files and shows progress
+    launch.barrier()  # every rank has checked its inputs (prepare_run) before rank 0 writes anything
+    err = None
+    if main:
+        try:
+            _start_folder(prep, log)
+        except Exception as e:  # noqa: BLE001 - the other ranks stop too (launch.agree)
+            err = e
+    launch.agree(err)  # ... and the folder is ready before any rank writes a checkpoint shard
+    eval_fn = make_eval(ds, model, extra_eval)
+
+    status = {"diverged": None, "interrupted": False}
+    metrics_file = open(metrics_path if main else os.devnull, "a")
+    bar = Progress(cfg.rounds, initial=snap["round"] if snap else 0, desc=label, enabled=progress and main)
+    kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
+
+    def on_save(s):
+        if s["round"] == 0:  # the starting point, before round 1
+            _append_row(metrics_file, s["initial"])
+
+    def per_round(t, state, m):
+        _append_row(metrics_file, m)
+        bar.update(t, m)
+        x = algorithm.report(state, reg)
+        what = None
+        if not bool(torch.isfinite(x).all()):
+            what = "the model has NaN/Inf entries"
+        elif m.get("f+h") is not None and not math.isfinite(m["f+h"]):
+            what = f"f+h = {m['f+h']}"
+        if what:
+            status["diverged"] = f"round {t}: {what}"
+            return True
+        if kill_at and t == kill_at:
+            metrics_file.close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        launch.maybe_kill(t)
+        return None
+
+    saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()}, on_save=on_save)
+    executor, executor_options = launch.executor_for(cfg.executor)
+    hist = None
+    t0 = time.perf_counter()
+    threads = apply_threads(cfg.threads, sum(p.numel() for p in model.parameters()), prep.device)
+    torch.set_rng_state(prep.torch_rng)  # as if the model had just been built (a comparison builds them all first)
+    try:
+        hist = simulate(algorithm, model, loss_function(ds.task), fed.clients, cfg.rounds, regularizer=reg,
+                        batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn, callbacks=[per_round],
+                        metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
+                        checkpoint=saver, checkpoint_every=cfg.checkpoint_every,
+                        participation=cfg.participation, clients_per_round=cfg.clients_per_round,
+                        executor=executor, executor_options=executor_options)
+    except ckpt.Diverged as e:
+        status["diverged"] = str(e)
+    except KeyboardInterrupt:
+        status["interrupted"] = True
+    finally:
+        bar.close()
+        metrics_file.close()
+    if not status["interrupted"]:  # every rank reports the same status (an interrupted peer may be gone)
+        status["diverged"] = launch.first_message(status["diverged"])
+    run_seconds = time.perf_counter() - t0
+
+    # rank 0 wrote metrics.jsonl; another rank (maybe on another node) has the same rows in memory
+    rows = read_metrics(out_dir) if main else ([hist.initial, *hist.metrics] if hist is not None else [])
+    last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else {})
+    last_ckpt = saver.last_round if saver.last_round is not None else (int(snap["round"]) if snap else None)
+    if status["interrupted"] and main:
+        last_ckpt = ckpt.saved_round(ckpt_path)  # the file, not the bookkeeping Ctrl-C may have cut short
+    summary = {
+        "label": label,
+        "algorithm": algorithm.name,
+        "hparams": algorithm.hparams(),
+        "status": "interrupted" if status["interrupted"] else "diverged" if status["diverged"] else "completed",
+        "message": None,
+        "rounds": cfg.rounds,
+        "rounds_done": rows[-1]["round"] if rows else 0,
+        "final": last_obj,
+        "initial": rows[0] if rows else None,
+        "elapsed": rows[-1].get("elapsed", 0.0) if rows else 0.0,
+        "process_seconds": run_seconds,
+        "regularizer": repr(reg),
+        "dataset": ds.source,
+        "partition": cfg.partition,
+        "num_clients": len(fed.parts),
+        "dim": sum(p.numel() for p in model.parameters()),
+        "executor": hist.executor if hist is not None else executor,
+        "world_size": hist.world_size if hist is not None else launch.world_size(),
+        "threads": threads,
+        "out_dir": out_dir,
+        "last_checkpoint_round": last_ckpt,
+        "resume_command": resume_command(out_dir),
+    }
+    if executor == "distributed":
+        summary["inner_executor"] = cfg.executor
+    if f_star is not None:
+        summary["f_star"] = float(f_star)
+    if status["interrupted"]:
+        summary["message"] = (f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; "
+                              + (f"the last checkpoint is round {last_ckpt}, where the run resumes"
+                                 if last_ckpt is not None else "no checkpoint was written, so it restarts at round 0"))
+        if main:
+            _write_json(os.path.join(out_dir, "summary.json"), summary)
+        raise Interrupted(summary)
+    if status["diverged"]:
+        keep = (f"the last good checkpoint (round {saver.last_round}) is kept in {ckpt_path}"
+                if saver.last_round is not None else
+                (f"{ckpt_path} keeps the checkpoint it had" if os.path.exists(ckpt_path) else "no checkpoint was written"))
+        summary["message"] = (f"{label} diverged at {status['diverged']}; the run was stopped and {keep}. "
+                              f"Lower the step size (--lr, currently {cfg.lr:g}) or the local steps.")
+    elif main:
+        ckpt.atomic_save({"params": hist.params.cpu(),
+                          "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}},
+                         os.path.join(out_dir, "model.pt"))
+    if main:
+        _write_json(os.path.join(out_dir, "summary.json"), summary)
+    return summary
