@@ -12,7 +12,7 @@ import torch
 from python_algos.experiments.cli import main
 from python_algos.experiments.config import Config, ConfigError
 from python_algos.experiments.data import federate, load_dataset
-from python_algos.experiments.data.datasets import _split
+from python_algos.experiments.data.split import _split
 from python_algos.experiments.build import prepare_data
 
 sk = pytest.importorskip("sklearn.datasets")

@@ -41,6 +41,7 @@ import torch
 from . import loaders, partitions, synthetic
 from .sklearn_data import PREFIX as SKLEARN_PREFIX
 from .sklearn_data import SKLEARN, load_sklearn
+from .split import _split
 
 __all__ = ["Dataset", "FederatedData", "DATASETS", "BUILTIN", "load_dataset", "federate"]
 
@@ -80,14 +81,6 @@ class FederatedData:
     clients: list  # [(X_i, y_i)]
     histograms: Optional[np.ndarray]  # [N, C] label counts (None for regression)
     partition: str
-
-
-def _split(n: int, test_fraction: float, seed: int):
-    if not 0 <= test_fraction < 1:
-        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-    perm = np.random.default_rng([seed, 7]).permutation(n)
-    k = int(round(n * test_fraction))
-    return np.sort(perm[k:]), np.sort(perm[:k])
 
 
 def _take(X, y, groups, tr, te):

@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .split import _split  # the same seeded train/test split as the built-in generators
+
 __all__ = ["SKLEARN", "SKLEARN_TASKS", "load_sklearn"]
 
 # name -> (sklearn loader, task, classes)
@@ -49,8 +51,6 @@ def _sklearn_datasets():
 def load_sklearn(name: str, seed: int = 0, test_fraction: float = 0.2, standardize: bool = True):
     """``(X, y, X_test, y_test, task, num_classes, source)`` of sklearn's bundled data set ``name``;
     the test split is a seeded random ``test_fraction`` of the samples."""
-    from .datasets import _split  # the same seeded train/test split as the built-in generators
-
     if name not in SKLEARN_TASKS:
         raise ValueError(f"unknown scikit-learn data set {name!r}; valid: "
                          f"{', '.join(PREFIX + n for n in SKLEARN)}")
