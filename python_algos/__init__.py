@@ -1,17 +1,20 @@
 """Composite federated learning on fedkernels: algorithms, client executors, ``simulate``.
 
-Layers, bottom to top (each imports only from the ones above it in this list):
+Layers, bottom to top (each imports only from itself and the ones above it in this list; no import
+cycle crosses them, checked by tests/test_layers.py):
 
+* :mod:`python_algos.runfolder` — what a run leaves on disk and shows: the run-folder files,
+  ``History`` save / load, checkpoint files, the progress display (shared by ``simulate`` and the
+  command line, so API runs and CLI runs have one format and one look);
 * :mod:`python_algos.clients` — the :class:`ClientSet` interface and its executors (how the
   clients' gradients are computed: sequentially, batched, ...);
 * :mod:`python_algos.algorithms` — one file per algorithm: hyper-parameters (the papers'
   symbols), a State NamedTuple, ``init`` / ``round`` / ``report``; clients are rows of
   ``[N, d]`` stacks updated by fused kernels, reached only through a ``ClientSet``;
-* :mod:`python_algos.simulate` — drives an algorithm through a ``ClientSet`` and records metrics
-  (the one exception to the rule: ``History.save`` / ``load`` and ``simulate(progress=True)`` import
-  the experiments layer's run-folder format and progress display when called, so API runs and CLI
-  runs share one format and one look);
-* :mod:`python_algos.experiments` — the application: CLI, data, models, checkpoints, plots.
+* :mod:`python_algos.simulate` — drives an algorithm through a ``ClientSet`` and records metrics;
+  this package (``import python_algos``) stops here;
+* :mod:`python_algos.experiments` — the application: CLI, configs, runs and comparisons, data,
+  models, launching on several processes, plots.
 
     import fedkernels as fk
     from python_algos import FedCanon, simulate

@@ -7,8 +7,8 @@ Field names are the command line's flags (``local_steps`` is ``--local-steps``) 
 TOML / YAML / JSON config file. A bad value raises :class:`ConfigError` naming the flag and the
 value the user wrote (``--lr -0.1: ...``), never an internal name or a mapped value, so the
 command line can say it in the user's terms (it rewrites the prefix for values that came from a
-config file). The checks here are the ones that need nothing but the values; the runner's
-``preflight`` adds those that need the data, the algorithm or the machine.
+config file). The checks here are the ones that need nothing but the values;
+:func:`~.prepare.prepare_run` adds those that need the data, the algorithm or the machine.
 """
 
 from __future__ import annotations
@@ -272,6 +272,6 @@ class Config:
 
 
 # Settings that change how fast a run goes, not what it computes: they may differ when a run is
-# resumed. Every other key must match the checkpoint (``rounds`` may grow, see the runner).
+# resumed. Every other key must match the checkpoint (``rounds`` may grow, see :mod:`.prepare`).
 EXECUTION_KEYS = ("executor", "threads", "checkpoint_every", "rounds")
 RESULT_KEYS = tuple(f.name for f in dataclasses.fields(Config) if f.name not in EXECUTION_KEYS)

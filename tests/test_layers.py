@@ -1,0 +1,203 @@
+"""The package's layers: ``import python_algos`` stays below the application, and no module of the
+package imports (directly or through others) a module that imports it back.
+
+Layers, bottom to top: ``runfolder`` (the run-folder files, checkpoints, the progress display),
+``clients``, ``algorithms``, ``simulate``, ``experiments`` (the application, with ``__main__``).
+A module may import its own layer and the ones below it, never one above. The import graph is read
+from the source with ``ast`` (absolute and relative imports, module level and inside functions), so
+an import that runs only when a function is called counts too: it is a dependency all the same.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = "python_algos"
+LAYERS = ("runfolder", "clients", "algorithms", "simulate", "experiments")  # bottom to top
+# ``python_algos/__init__`` re-exports simulate and what is below it; ``__main__`` is the command line
+TOP = {"": LAYERS.index("simulate"), "__main__": LAYERS.index("experiments")}
+
+# Cycles the layering test knows about, as the sorted modules of the cycle, each with its reason.
+# The clients registry (``clients/__init__``: EXECUTORS, resolve_executor) lists DistributedClients,
+# whose constructor looks the registry up again for its inner executor (a function-level import).
+KNOWN_CYCLES = {
+    ("python_algos.clients", "python_algos.clients.distributed"):
+        "the executor registry lists DistributedClients, which looks the registry up for its inner executor",
+}
+
+
+def _modules() -> dict:
+    """Module name -> source path, for every .py file of the package."""
+    out = {}
+    base = os.path.join(ROOT, PKG)
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
+        for f in sorted(files):
+            if not f.endswith(".py"):
+                continue
+            rel = os.path.relpath(os.path.join(folder, f), ROOT)[: -len(".py")].split(os.sep)
+            if rel[-1] == "__init__":
+                rel = rel[:-1]
+            out[".".join(rel)] = os.path.join(folder, f)
+    return out
+
+
+def _resolve(name: str, modules: dict) -> str:
+    """The module of the package that ``name`` (a module or a name inside one) refers to."""
+    while name not in modules and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def import_graph() -> dict:
+    """Module -> {module it imports: first line of that import}, within the package."""
+    modules = _modules()
+    graph = {}
+    for mod, path in modules.items():
+        is_pkg = os.path.basename(path) == "__init__.py"
+        package = mod if is_pkg else mod.rsplit(".", 1)[0]
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        edges = {}
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - (node.level - 1)])
+                    base = f"{base}.{node.module}" if node.module else base
+                else:
+                    base = node.module or ""
+                # `from X import Y`: Y may be a submodule of X, or a name defined in X
+                targets = [f"{base}.{a.name}" for a in node.names]
+            for t in targets:
+                if t == PKG or t.startswith(PKG + "."):
+                    target = _resolve(t, modules)
+                    if target != mod:
+                        edges.setdefault(target, node.lineno)
+        graph[mod] = edges
+    return graph
+
+
+def _layer(mod: str) -> int:
+    rest = mod[len(PKG) + 1:] if mod != PKG else ""
+    head = rest.split(".", 1)[0]
+    if head in TOP:
+        return TOP[head]
+    return LAYERS.index(head)
+
+
+def find_cycles(graph: dict) -> list:
+    """Every strongly connected component of more than one module (Tarjan), each as a sorted tuple."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(tuple(sorted(comp)))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _cycle_path(graph: dict, comp: tuple) -> str:
+    """One cycle through the component, as `a -> b -> a` with the line of each import."""
+    members = set(comp)
+    start = comp[0]
+    path, seen = [start], {start}
+    while True:
+        nxt = next(w for w in sorted(graph[path[-1]]) if w in members)
+        if nxt in seen:
+            loop = path[path.index(nxt):] + [nxt]
+            return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(loop, loop[1:])) + f" -> {nxt}"
+        path.append(nxt)
+        seen.add(nxt)
+
+
+_LIBRARY_USE = """
+import os, sys, tempfile, torch, python_algos
+from python_algos import History, make, simulate
+before = sorted(m for m in sys.modules if m.startswith("python_algos.experiments"))
+torch.manual_seed(0)
+X, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 1, dtype=torch.float64)
+model = torch.nn.Linear(3, 1).double()
+hist = simulate(make("fedavg", lr=0.1, local_steps=1), model, torch.nn.functional.mse_loss,
+                [(X[:4], y[:4]), (X[4:], y[4:])], rounds=2, progress=True)
+path = os.path.join(tempfile.mkdtemp(), "run")
+hist.save(path)
+assert History.load(path).metrics[-1]["round"] == 2
+after = sorted(m for m in sys.modules if m.startswith("python_algos.experiments"))
+print(" ".join(before) + "|" + " ".join(after))
+"""
+
+
+def test_the_library_loads_nothing_of_the_experiments_layer():
+    """``import python_algos``, then simulate(progress=True), History.save and History.load: the run
+    folder and the progress display they use sit below ``simulate``, not in the application."""
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", _LIBRARY_USE], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    on_import, after_use = out.stdout.strip().split("|")
+    assert on_import == "", f"`import python_algos` imported {on_import}"
+    assert after_use == "", f"simulate(progress=True) / History.save / History.load imported {after_use}"
+
+
+def test_every_module_is_in_a_layer():
+    for mod in import_graph():
+        _layer(mod)  # raises ValueError for a top-level module or package no layer names
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    cycles = [c for c in find_cycles(graph) if c not in KNOWN_CYCLES]
+    assert not cycles, "import cycles:\n" + "\n".join(_cycle_path(graph, c) for c in cycles)
+
+
+def test_lower_layers_never_import_higher_ones():
+    graph = import_graph()
+    bad = [f"{a} (line {line}) imports {b}" for a, edges in sorted(graph.items()) for b, line in sorted(edges.items())
+           if _layer(b) > _layer(a)]
+    assert not bad, "imports that go up a layer (order: " + " < ".join(LAYERS) + "):\n" + "\n".join(bad)
+
+
+def test_the_graph_sees_relative_absolute_and_function_level_imports():
+    """The parser itself, on imports the package is known to have (a test of the test)."""
+    graph = import_graph()
+    assert f"{PKG}.clients.base" in graph[f"{PKG}.algorithms.base"]  # from ..clients.base import ClientSet
+    assert f"{PKG}.clients" in graph[f"{PKG}.clients.distributed"]  # from . import EXECUTORS (in a function)
+    assert f"{PKG}.algorithms.registry" in graph[f"{PKG}.experiments.config"]  # function-level, two dots
+    assert f"{PKG}.experiments.cli" in graph[f"{PKG}.__main__"]
+    assert find_cycles({"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}) == [("a", "b", "c")]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
