@@ -83,11 +83,17 @@ def test_python_blocks_run_in_order(tmp_path):
     assert (work / "results" / "api-run" / "summary.json").is_file()  # the quick start's saved run
 
 
-def _commands(code: str):
-    """The shell commands of a bash block: continuation lines joined, comments dropped."""
+def _commands(code: str, strict: bool = True):
+    """The shell commands of a bash block: continuation lines joined, comments dropped. With
+    strict=False a line that is not a whole command (inside a multi-line quoted string) is skipped."""
     joined = re.sub(r"\\\n", " ", code)
     for line in joined.splitlines():
-        words = shlex.split(line, comments=True)
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            if strict:
+                raise
+            continue
         if words:
             yield words
 
@@ -142,3 +148,19 @@ def test_toml_blocks_parse():
                 tomllib.loads(code)
             except tomllib.TOMLDecodeError as e:
                 pytest.fail(f"README.md toml block {number} (line {line}): {e}")
+
+
+def test_ci_installs_as_the_cpu_only_readme_lines_say():
+    """The README's first install block is the CPU-only one: its pip lines skip CUDA (with nvcc on
+    PATH a plain `pip install .` compiles the CUDA kernels for minutes, useless to a CPU-only torch),
+    and .ci/run runs those lines word for word (its CUDA compile check is a separate build)."""
+    number, line, code, _ = readme_blocks("bash")[0]
+    pip = [words for words in _commands(code) if "pip" in words]
+    assert any("download.pytorch.org/whl/cpu" in w for words in pip for w in words), "not the CPU-only block"
+    install = [words for words in pip if "install" in words and any(w.startswith(".") for w in words)]
+    assert install and all("FEDKERNELS_CPU_ONLY=1" in words for words in install), \
+        f"README.md line {line}: the CPU-only install must set FEDKERNELS_CPU_ONLY=1"
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = list(_commands(f.read(), strict=False))
+    missing = [" ".join(words) for words in pip if words not in ci]
+    assert missing == [], "README.md install lines that .ci/run does not run as written"
