@@ -508,14 +508,10 @@ def _compare_settings(args):
     cfg = Config.from_dict(merged)
     # the cheap checks here, before the "comparing ..." line: a misspelt name or a bad flag is then
     # the only thing printed (compare_experiments checks the rest before it writes anything)
-    from .config import ConfigError
     from .runner import check_algorithm_names
 
     cfg.check()
-    try:
-        check_algorithm_names(algorithms)
-    except ConfigError as e:  # compare's flag (and config key) is --algorithms, not run's --algorithm
-        raise ConfigError("algorithms", e.value, e.rule) from None
+    check_algorithm_names(algorithms)
     return cfg, algorithms, per
 
 
