@@ -180,3 +180,69 @@ def test_per_parameter_regularizers_table_and_flag(tmp_path, capsys):
     assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "bad"), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {cfg}: regularizers = *=scad,lam=0.1,a=1.5:"), err
+
+
+# --------------------------------------------------------------------------- #
+# Error messages before anything runs (issue 17, item 17)
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("rounds = 3\nalg_opts = {alpha = [1, 2\n", "at the end of the file: Unclosed array"),
+    ("rounds = 3\nlr = = 2\n", "line 2, column 6: Invalid value"),
+])
+def test_toml_syntax_error_keeps_tomllibs_message(tmp_path, capsys, text, expected):
+    # the message used to lose every space when tomllib gave no line: 'Unclosedarray(atendofdocument)'
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text(text)
+    assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "r")]) == 1
+    assert capsys.readouterr().err == f"error: {cfg}, {expected}\n"
+    assert not (tmp_path / "r").exists()
+
+
+def test_batch_size_zero_is_refused_like_simulate_and_config_files(tmp_path, capsys):
+    """One rule for a batch size: an int >= 1, or full gradients (None in simulate, null in a config
+    file, 'full' on the command line). -B 0 used to mean 'full' on the command line alone."""
+    import torch
+
+    from python_algos import FedAvg, simulate
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", "-B", "0", "--out", str(tmp_path / "r")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument -B/--batch-size: must be an integer >= 1" in err and "'full' for full local gradients" in err
+    with pytest.raises(ValueError, match="batch_size"):  # the library refuses 0 as well
+        simulate(FedAvg(lr_local=0.1, local_steps=1), torch.nn.Linear(2, 1), torch.nn.functional.mse_loss,
+                 [(torch.zeros(4, 2), torch.zeros(4, 1))], rounds=1, batch_size=0)
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"batch_size": 0}))
+    assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "r")]) == 1
+    assert "batch_size = 0: must be an integer >= 1 or null" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    # 'full' and a size still work: the run records them as None / the size
+    for flag, recorded in (("full", None), ("3", 3)):
+        out = tmp_path / f"r-{flag}"
+        assert main(["run", *TINY, "-T", "1", "-B", flag, "--out", str(out), "--no-progress"]) == 0
+        assert json.loads((out / "config.json").read_text())["batch_size"] == recorded
+
+
+def test_compare_checks_algorithm_names_before_printing(tmp_path):
+    p = cli("compare", "-a", "fedcannon", "fedavg", "--out", str(tmp_path / "c"), *TINY, "-T", "1")
+    assert p.returncode == 1
+    assert p.stdout == ""  # no "comparing ... -> folder" line for a comparison that never starts
+    assert p.stderr.startswith("error: --algorithm fedcannon: unknown algorithm(s); valid names: fedcanon,")
+    assert not (tmp_path / "c").exists()
+
+
+def test_compare_takes_the_algorithms_of_its_config_file(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('algorithms = ["fedavg", "fedmid"]\n')
+    out = tmp_path / "c"
+    assert main(["compare", "--config", str(cfg), *TINY, "-T", "1", "--out", str(out), "--no-progress"]) == 0
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["fedavg", "fedmid"]
+    cfg.write_text('algorithms = ["fedavg", "fedcannon"]\n')
+    capsys.readouterr()
+    assert main(["compare", "--config", str(cfg), *TINY, "-T", "1", "--out", str(tmp_path / "d")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: --algorithm fedcannon: unknown algorithm(s); valid names: fedcanon,")

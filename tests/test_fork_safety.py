@@ -7,7 +7,9 @@ thread leaked its two descriptors, and a byte written by another thread between 
 read and write-back was reverted."""
 
 import os
+import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -62,23 +64,41 @@ def test_short_lived_threads_leak_no_descriptors():
 
 
 def test_probe_does_not_revert_a_concurrent_write():
-    # torch's add_ runs without the GIL, so the probe (holding it) runs alongside the writer
+    # torch's add_ releases the GIL, so the probe (holding it) runs alongside the writer's add. The
+    # writer needs the GIL back after every add_, and the probing loop hands it over only when the
+    # interpreter's switch interval (5 ms) has passed: 20,000 adds took 157 s on a 2-core machine.
+    # A 20 us interval lets the two alternate quickly, and the writer stops after n adds or (once it
+    # made 100) after 2 s, whichever comes first, counting what it did: the check stays exact and
+    # the test takes a few seconds at most on any machine.
     counter = torch.zeros(1, dtype=torch.int32)
-    n = 20_000
+    n, seconds = 20_000, 2.0
     done = threading.Event()
+    written = []
 
     def writer():
-        for _ in range(n):
+        deadline = time.monotonic() + seconds
+        i = 0
+        while i < n and (i < 100 or time.monotonic() < deadline):
             counter.add_(1)
+            i += 1
+        written.append(i)
         done.set()
 
-    t = threading.Thread(target=writer)
-    t.start()
-    ptr = counter.data_ptr()
-    while not done.is_set():
-        _C.is_writable(ptr, 4)
-    t.join()
-    assert int(counter) == n
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(2e-5)
+    try:
+        t = threading.Thread(target=writer)
+        t.start()
+        ptr = counter.data_ptr()
+        probes = 0
+        while not done.is_set():
+            _C.is_writable(ptr, 4)
+            probes += 1
+        t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert probes > 0 and written[0] >= 100
+    assert int(counter) == written[0]
 
 
 def test_probe_answers():

@@ -112,11 +112,18 @@ def _reg_param(text: str):
 
 
 def _batch(text: str):
-    if text.lower() in ("full", "none", "0"):
+    """-B: a minibatch size >= 1, or 'full' (full local gradients). One rule everywhere: simulate's
+    batch_size and a config file's batch_size are an int >= 1 or None / null for full gradients,
+    so 0 is refused here too instead of meaning 'full' on the command line alone."""
+    if text.strip().lower() in ("full", "none"):
         return None
-    v = int(text)
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
     if v < 1:
-        raise argparse.ArgumentTypeError("batch size must be >= 1 (or 'full')")
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (samples per minibatch), or 'full' for full "
+                                         f"local gradients; got {text!r}")
     return v
 
 
@@ -169,7 +176,8 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
                    "order; unmatched parameters get no penalty")
     g = p.add_argument_group("run")
     g.add_argument("-T", "--rounds", type=int, default=S)
-    g.add_argument("-B", "--batch-size", type=_batch, default=S, dest="batch_size", help="minibatch size or 'full'")
+    g.add_argument("-B", "--batch-size", type=_batch, default=S, dest="batch_size",
+                   help="minibatch size (>= 1), or 'full': full local gradients (the default)")
     g.add_argument("--seed", type=int, default=S)
     g.add_argument("--metrics-every", type=int, default=S, dest="metrics_every")
     g.add_argument("--metric-step", type=float, default=S, dest="metric_step", help="step s of ||G_s||²")
@@ -266,10 +274,7 @@ def _read_config_file(path: str) -> dict:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
-            msg = str(e)
-            where = msg[msg.rfind("(at line "):] if "(at line " in msg else ""
-            line = where[len("(at line "):].split(",")[0].rstrip(")") if where else "?"
-            raise ValueError(f"{path}, line {line}: {msg.replace(' ' + where, '')}") from None
+            raise ValueError(f"{path}, {_toml_error_text(e)}") from None
     elif ext in (".yaml", ".yml"):
         try:
             import yaml
@@ -293,6 +298,23 @@ def _read_config_file(path: str) -> dict:
     return data
 
 
+def _toml_error_text(e) -> str:
+    """tomllib's message with its position first: 'line 3, column 7: Invalid value', or 'at the
+    end of the file: Unclosed array'. Python >= 3.14 gives msg / lineno / colno; older versions
+    only a message ending in '(at line L, column C)' or '(at end of document)'."""
+    import re
+
+    msg = str(e)
+    m = re.search(r" \(at line (\d+), column (\d+)\)$", msg)
+    if msg.endswith(" (at end of document)"):
+        return f"at the end of the file: {msg[:-len(' (at end of document)')]}"
+    if getattr(e, "lineno", None) is not None and getattr(e, "msg", None):
+        return f"line {e.lineno}, column {e.colno}: {e.msg}"
+    if m:
+        return f"line {m[1]}, column {m[2]}: {msg[:m.start()]}"
+    return msg  # a message of another shape: kept whole
+
+
 _DICT_KEYS = ("alg_opts", "data_opts", "model_opts", "reg_opts", "regularizers")
 
 
@@ -306,7 +328,7 @@ def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
     names = {f.name for f in __import__("dataclasses").fields(Config)} | set(extra_keys)
     flags = set()
     for k, v in vars(args).items():
-        if k not in names:
+        if k not in names or (v is None and k in extra_keys):  # compare's -a not given: the file's list stands
             continue
         flags.add(k)
         if k in _DICT_KEYS:
@@ -478,14 +500,22 @@ def cmd_run(args) -> int:
 
 
 def _compare_settings(args):
-    """(the shared Config, the algorithm names, each algorithm's own options) of a ``compare``."""
+    """(the shared Config, the algorithm names, each algorithm's own options) of a ``compare``,
+    checked (values, algorithm names)."""
     from .config import Config
 
     merged = _merge(args, extra_keys=("algorithms",))
     algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
     merged.pop("algorithms", None)
     per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
-    return Config.from_dict(merged), algorithms, per
+    cfg = Config.from_dict(merged)
+    # the cheap checks here, before the "comparing ..." line: a misspelt name or a bad flag is then
+    # the only thing printed (compare_experiments checks the rest before it writes anything)
+    from .prepare import check_algorithm_names
+
+    cfg.check()
+    check_algorithm_names(algorithms)
+    return cfg, algorithms, per
 
 
 def cmd_compare(args) -> int:
