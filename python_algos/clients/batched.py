@@ -12,23 +12,38 @@ generator, seeded by its global index, with the same call the sequential executo
 ``executor="batched"`` and ``"sequential"`` give the same iterates up to floating-point
 summation order (the tests check 1e-10 relative in float64 for every algorithm).
 
-Unequal clients (pad and mask). A chunk's batches are gathered into one ``[c, b_max, ...]`` tensor;
-a client with a smaller batch (full-batch gradients, or ``B`` larger than its data) is padded with
-copies of its own first sample that carry weight zero. Its loss is then the mean of its *own*
-samples: the loss function is applied per sample (``vmap`` over the batch) and averaged with
-weights ``1/b_i``. This needs ``loss_fn`` to be a mean of per-sample losses (true for
-``cross_entropy``, ``mse_loss``, ``binary_cross_entropy_with_logits`` with the default
-``reduction="mean"``). When every batch in a chunk has the same size, ``loss_fn`` is called on
-the whole batch exactly as the sequential executor calls it.
+Unequal clients (pad and mask). Clients are grouped by the length their batch is computed at
+(:meth:`BatchedClients.padded_length`): a client with a shorter batch (full-batch gradients, or
+``B`` larger than its data) is padded, up to the next power of two (at most the call's longest
+batch), with copies of its own first sample that carry weight zero; its loss is then the mean of
+its *own* samples, the loss function applied per sample (``vmap`` over the batch) and averaged
+with weights ``1/b_i``. When a group's batches all have its length, ``loss_fn`` is called on each
+whole batch exactly as the sequential executor calls it.
+
+Padding is exact only when ``loss_fn`` is a mean of per-sample losses and each sample's output
+depends on that sample alone. Before any round the constructor checks that
+(:func:`~python_algos.clients.separable.coupling`: BatchNorm in training mode, a probe of the
+model's rows on a few real samples, a probe of the loss against its per-sample mean);
+``clients.coupled`` says why samples are coupled ("" when they are not). Coupled samples (e.g.
+``BatchNorm1d(track_running_stats=False)``, a ``x - x.mean(0)`` layer, ``reduction="sum"``) are
+never padded nor split: only clients of equal batch length share a pass, so the result is the
+sequential one, at the cost of fewer clients per pass (``executor="auto"`` then takes the
+sequential executor when too few clients would share one).
+
+Bits independent of the memory budget. A client's gradient depends only on its own batch and
+padded length, never on which clients share its pass; passes always hold at least two rows (a
+single client's pass is computed on a duplicated row: a lone matrix product may take another
+kernel than a batched one); the metric pass sums per-client gradients and losses in client order.
+So ``memory_budget`` / ``chunk_clients`` (and a GPU's free memory) change the speed, not the result.
 
 Memory. Clients are processed in chunks of ``chunk_clients`` rows, chosen so that a chunk's
 estimated peak (activations of ``c * b_max`` samples, measured once by a probe pass, plus ~4
 ``[c, d]`` gradient-sized buffers and the gathered batch) stays under ``memory_budget`` bytes
-(default 64 MiB on CPU, a cache-friendly working set; half the free memory on a GPU). A single client whose
-batch alone exceeds the budget is split into sample chunks whose gradients are accumulated with
-weights (as the sequential executor does for full batches beyond ``chunk`` samples). Peak extra
-memory is therefore about ``memory_budget`` whatever N is; the ``[N, d]`` stacks of the algorithm
-are separate (``N * d * itemsize`` each).
+(default 64 MiB on CPU, a cache-friendly working set; half the free memory on a GPU), but at
+least two clients. A single batch longer than ``chunk`` samples (default 2048, as the sequential
+executor's) is split into pieces of ``chunk`` samples whose gradients are accumulated with weights,
+exactly as the sequential executor splits it (never when samples are coupled). The ``[N, d]``
+stacks of the algorithm are separate (``N * d * itemsize`` each).
 
 Not supported (``BatchedClients.unsupported(model)`` says why; ``executor="auto"`` then uses the
 sequential executor): modules that update buffers in the forward pass (BatchNorm / InstanceNorm
@@ -81,7 +96,9 @@ class BatchedClients(ClientSet):
         model, loss_fn, data, batch_size, seed, flat, first_client: as for
             :class:`~python_algos.clients.SequentialClients`.
         memory_budget: bytes one chunk of clients may use (default :func:`default_memory_budget`).
-        chunk_clients: clients per vectorized pass (default: as many as fit the budget).
+        chunk_clients: clients per vectorized pass (default: as many as fit the budget, at least 2).
+        chunk: a batch longer than this many samples is split in weighted pieces (as the
+            sequential executor's ``chunk``; never when samples are coupled).
 
     Attributes ``grad_seconds`` / ``fwd_bwd_seconds`` / ``grad_evals`` count as in the sequential
     executor (``grad_evals`` per client gradient).
