@@ -246,7 +246,14 @@ class ClientSet(abc.ABC):
     @abc.abstractmethod
     def full_objective_(self, x: torch.Tensor, grad_out: torch.Tensor) -> float:
         """Metric pass: returns f(x) = (1/N) sum_i f_i(x) on all training data and writes
-        the full gradient of f into ``grad_out``. Not counted as communication."""
+        the full gradient of f into ``grad_out``. Not counted as communication.
+
+        f is the objective the algorithm optimises: the module runs in the mode the user left it
+        in (normally training mode, as in every gradient call: a BatchNorm normalises by each
+        client's batch statistics), and each client's f_i is its loss over all its samples. The
+        pass has no side effects: module buffers (BatchNorm running statistics,
+        ``num_batches_tracked``) and torch's global random state are restored afterwards, so taking
+        metrics, or how often, never changes the run; nor does the executor's evaluation chunk."""
 
 
 

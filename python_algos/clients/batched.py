@@ -12,23 +12,38 @@ generator, seeded by its global index, with the same call the sequential executo
 ``executor="batched"`` and ``"sequential"`` give the same iterates up to floating-point
 summation order (the tests check 1e-10 relative in float64 for every algorithm).
 
-Unequal clients (pad and mask). A chunk's batches are gathered into one ``[c, b_max, ...]`` tensor;
-a client with a smaller batch (full-batch gradients, or ``B`` larger than its data) is padded with
-copies of its own first sample that carry weight zero. Its loss is then the mean of its *own*
-samples: the loss function is applied per sample (``vmap`` over the batch) and averaged with
-weights ``1/b_i``. This needs ``loss_fn`` to be a mean of per-sample losses (true for
-``cross_entropy``, ``mse_loss``, ``binary_cross_entropy_with_logits`` with the default
-``reduction="mean"``). When every batch in a chunk has the same size, ``loss_fn`` is called on
-the whole batch exactly as the sequential executor calls it.
+Unequal clients (pad and mask). Clients are grouped by the length their batch is computed at
+(:meth:`BatchedClients.padded_length`): a client with a shorter batch (full-batch gradients, or
+``B`` larger than its data) is padded, up to the next power of two (at most the call's longest
+batch), with copies of its own first sample that carry weight zero; its loss is then the mean of
+its *own* samples, the loss function applied per sample (``vmap`` over the batch) and averaged
+with weights ``1/b_i``. When a group's batches all have its length, ``loss_fn`` is called on each
+whole batch exactly as the sequential executor calls it.
+
+Padding is exact only when ``loss_fn`` is a mean of per-sample losses and each sample's output
+depends on that sample alone. Before any round the constructor checks that
+(:func:`~python_algos.clients.separable.coupling`: BatchNorm in training mode, a probe of the
+model's rows on a few real samples, a probe of the loss against its per-sample mean);
+``clients.coupled`` says why samples are coupled ("" when they are not). Coupled samples (e.g.
+``BatchNorm1d(track_running_stats=False)``, a ``x - x.mean(0)`` layer, ``reduction="sum"``) are
+never padded nor split: only clients of equal batch length share a pass, so the result is the
+sequential one, at the cost of fewer clients per pass (``executor="auto"`` then takes the
+sequential executor when too few clients would share one).
+
+Bits independent of the memory budget. A client's gradient depends only on its own batch and
+padded length, never on which clients share its pass; passes always hold at least two rows (a
+single client's pass is computed on a duplicated row: a lone matrix product may take another
+kernel than a batched one); the metric pass sums per-client gradients and losses in client order.
+So ``memory_budget`` / ``chunk_clients`` (and a GPU's free memory) change the speed, not the result.
 
 Memory. Clients are processed in chunks of ``chunk_clients`` rows, chosen so that a chunk's
 estimated peak (activations of ``c * b_max`` samples, measured once by a probe pass, plus ~4
 ``[c, d]`` gradient-sized buffers and the gathered batch) stays under ``memory_budget`` bytes
-(default 64 MiB on CPU, a cache-friendly working set; half the free memory on a GPU). A single client whose
-batch alone exceeds the budget is split into sample chunks whose gradients are accumulated with
-weights (as the sequential executor does for full batches beyond ``chunk`` samples). Peak extra
-memory is therefore about ``memory_budget`` whatever N is; the ``[N, d]`` stacks of the algorithm
-are separate (``N * d * itemsize`` each).
+(default 64 MiB on CPU, a cache-friendly working set; half the free memory on a GPU), but at
+least two clients. A single batch longer than ``chunk`` samples (default 2048, as the sequential
+executor's) is split into pieces of ``chunk`` samples whose gradients are accumulated with weights,
+exactly as the sequential executor splits it (never when samples are coupled). The ``[N, d]``
+stacks of the algorithm are separate (``N * d * itemsize`` each).
 
 Not supported (``BatchedClients.unsupported(model)`` says why; ``executor="auto"`` then uses the
 sequential executor): modules that update buffers in the forward pass (BatchNorm / InstanceNorm
@@ -53,6 +68,7 @@ import fedkernels as fk
 
 from .base import ClientSet, client_generators
 from .data import TensorData, client_data
+from .separable import coupling, side_effect_free
 
 __all__ = ["BatchedClients", "default_memory_budget"]
 
@@ -80,7 +96,9 @@ class BatchedClients(ClientSet):
         model, loss_fn, data, batch_size, seed, flat, first_client: as for
             :class:`~python_algos.clients.SequentialClients`.
         memory_budget: bytes one chunk of clients may use (default :func:`default_memory_budget`).
-        chunk_clients: clients per vectorized pass (default: as many as fit the budget).
+        chunk_clients: clients per vectorized pass (default: as many as fit the budget, at least 2).
+        chunk: a batch longer than this many samples is split in weighted pieces (as the
+            sequential executor's ``chunk``; never when samples are coupled).
 
     Attributes ``grad_seconds`` / ``fwd_bwd_seconds`` / ``grad_evals`` count as in the sequential
     executor (``grad_evals`` per client gradient).
@@ -90,7 +108,7 @@ class BatchedClients(ClientSet):
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0,
-                 memory_budget: Optional[int] = None, chunk_clients: Optional[int] = None):
+                 memory_budget: Optional[int] = None, chunk_clients: Optional[int] = None, chunk: int = 2048):
         super().__init__()
         why = self.unsupported(model)
         if why:
@@ -146,6 +164,13 @@ class BatchedClients(ClientSet):
         self._sample_bytes = self._probe()
         self.memory_budget = int(memory_budget) if memory_budget is not None else default_memory_budget(self.device)
         self.chunk_clients = chunk_clients
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+        self.chunk = chunk
+        # "" when every loss is a mean of independent per-sample losses (padding and splitting
+        # are exact); otherwise why not, and every batch is then computed whole, unpadded.
+        with side_effect_free(model, self.device):
+            self.coupled = coupling(model, loss_fn, self.X_all[:4], self.y_all[:4])
 
     # -- what the model must allow --------------------------------------------------------------
     @classmethod
@@ -198,18 +223,37 @@ class BatchedClients(ClientSet):
         return max(1, sum(acts) // max(1, min(2, self.sizes[0])))
 
     def _chunk_rows(self, batch: int) -> int:
-        """Clients per vectorized pass for batches of ``batch`` samples."""
+        """Clients per vectorized pass for batches of ``batch`` samples (at least 2, see
+        :meth:`_gradients`; ``chunk_clients`` when given)."""
         if self.chunk_clients is not None:
             return self.chunk_clients
+        return max(2, self.budget_rows(batch))
+
+    def budget_rows(self, batch: int) -> int:
+        """Clients of ``batch`` samples whose pass the memory budget holds (0: not even one)."""
         itemsize = torch.empty((), dtype=self.dtype).element_size()
         per_client = 3 * batch * self._sample_bytes + 4 * self.dim * itemsize + batch * self.X_all[:1].numel() * self.X_all.element_size()
-        return max(1, int(self.memory_budget // per_client))
+        return int(self.memory_budget // per_client)
 
-    def _sample_chunk(self) -> int:
-        """Samples of one client per pass when a single client's batch exceeds the budget."""
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        room = self.memory_budget - 4 * self.dim * itemsize
-        return max(1, int(room // (3 * self._sample_bytes + self.X_all[:1].numel() * self.X_all.element_size())))
+    def padded_length(self, length: int, longest: int) -> int:
+        """The batch length a client of ``length`` samples is computed at: its own when samples
+        are coupled; otherwise the next power of two, at most the call's ``longest`` batch. A
+        function of the client's own batch and the call, never of which clients share its pass,
+        so that chunking cannot change its bits."""
+        if self.coupled or length >= longest:
+            return length
+        return min(longest, 1 << (length - 1).bit_length())
+
+    def clients_per_pass(self) -> float:
+        """Clients per vectorized pass of a typical gradient call: the fewer of the clients the
+        memory budget holds in one pass (0 if not even one) and the mean number of clients that
+        share a (padded) batch length. What ``executor="auto"`` weighs."""
+        B = self.batch_size
+        lengths = [n if B is None else min(B, n) for n in self.sizes]
+        longest = max(lengths)
+        groups = {self.padded_length(n, longest) for n in lengths}
+        fit = self.chunk_clients if self.chunk_clients is not None else self.budget_rows(longest)
+        return min(fit, len(lengths) / len(groups))
 
     # -- client-local work ------------------------------------------------------------------------
     def _batch_indices(self, clients: list) -> list:
@@ -253,63 +297,86 @@ class BatchedClients(ClientSet):
         self.grad_evals += len(clients)
         return G
 
-    def _gradients(self, X: torch.Tensor, G: torch.Tensor, batches: list, values: Optional[torch.Tensor]) -> float:
-        """``G[j] <- gradient of client j's mean loss over batches[j]`` at ``X[j]`` (``X`` may be a
+    def _gradients(self, X: torch.Tensor, G: torch.Tensor, batches: list, values: Optional[torch.Tensor],
+                   longest: Optional[int] = None) -> float:
+        """``G[j] <- gradient of client j's loss over batches[j]`` at ``X[j]`` (``X`` may be a
         stride-0 expanded vector); ``values[j]`` <- that loss if given. Returns the seconds spent in
-        the vectorized passes."""
-        n = len(batches)
+        the vectorized passes.
+
+        Bits independent of the chunking: clients are grouped by :meth:`padded_length` (a
+        function of each client's own batch), and a group runs in passes of at least two rows (a
+        pass of one client is computed on a duplicated row: a lone matrix product may take a
+        different kernel than a batched one). A batch longer than ``chunk`` samples (when samples
+        are not coupled) is split in pieces of ``chunk``, as the sequential executor splits it."""
         lengths = [int(b.numel()) for b in batches]
-        fb = 0.0
-        j = 0
-        while j < n:
-            bmax = lengths[j]
-            # Grow the chunk while it fits the budget for its largest batch.
-            c = 1
-            while j + c < n:
-                nb = max(bmax, lengths[j + c])
-                if c + 1 > self._chunk_rows(nb):
-                    break
-                bmax = nb
-                c += 1
-            if c == 1 and bmax > self._sample_chunk() and self.chunk_clients is None:
-                fb += self._one_client_in_pieces(X, G, j, batches[j], values)
+        longest = max(lengths) if longest is None else longest
+        groups: dict[int, list] = {}
+        for j, n in enumerate(lengths):
+            if n > self.chunk and not self.coupled:
+                groups.setdefault(-1, []).append(j)  # split in pieces, one client at a time
             else:
-                fb += self._chunk(X, G, j, batches[j : j + c], values)
-            j += c
+                groups.setdefault(self.padded_length(n, longest), []).append(j)
+        fb = 0.0
+        for P, members in groups.items():
+            if P < 0:
+                for j in members:
+                    fb += self._one_client_in_pieces(X, G, j, batches[j], values)
+                continue
+            c = self._chunk_rows(P)
+            for s in range(0, len(members), c):
+                fb += self._pass(X, G, members[s : s + c], [batches[j] for j in members[s : s + c]], P, values)
         return fb
 
-    def _chunk(self, X, G, j, batches, values) -> float:
+    def _pass(self, X, G, rows_at: list, batches: list, P: int, values) -> float:
+        """One vectorized pass: clients ``rows_at`` (rows of X / G), each batch padded to ``P``
+        samples with zero-weight copies of its first sample (only ever when samples are not coupled)."""
         c = len(batches)
+        if c == 1:  # see _gradients: never a one-row pass
+            rows_at, batches = rows_at * 2, batches * 2
+        k = len(batches)
         lengths = [int(b.numel()) for b in batches]
-        bmax = max(lengths)
-        if all(b == bmax for b in lengths):
+        if all(b == P for b in lengths):
             idx = torch.cat(batches)
             w = None
-        else:  # pad each batch with its own first sample, weight 0
-            idx = torch.cat([torch.cat([b, b[:1].expand(bmax - b.numel())]) for b in batches])
-            w = torch.zeros(c, bmax, dtype=self.dtype)
+        else:
+            assert not self.coupled, "padding a coupled batch"
+            idx = torch.cat([torch.cat([b, b[:1].expand(P - b.numel())]) for b in batches])
+            w = torch.zeros(k, P, dtype=self.dtype)
             for r, b in enumerate(lengths):
                 w[r, :b] = 1.0 / b
             w = w.to(self.device)
-        xb, yb = self._gather(idx, c, bmax)
-        rows = X[j : j + c]
+        xb, yb = self._gather(idx, k, P)
+        a = rows_at[0]
+        contiguous = c > 1 and rows_at == list(range(a, a + c))
+        pos = None if contiguous else torch.tensor(rows_at, device=self.device)
+        rows = X[a : a + c] if contiguous else X.index_select(0, pos)
         t1 = time.perf_counter()
         with torch.enable_grad():
             if w is None:
-                grads, vals = self._vgrad_same(self._params(rows), xb, yb, torch.ones(c, dtype=self.dtype, device=self.device))
+                grads, vals = self._vgrad_same(self._params(rows), xb, yb, torch.ones(k, dtype=self.dtype, device=self.device))
             else:
                 grads, vals = self._vgrad_masked(self._params(rows), xb, yb, w)
         fb = time.perf_counter() - t1
-        torch.cat([grads[k].reshape(c, -1) for k in self._names], dim=1, out=G[j : j + c])
-        if values is not None:
-            values[j : j + c] = vals.detach()
+        flat = torch.cat([grads[n].reshape(k, -1) for n in self._names], dim=1)
+        if contiguous:
+            G[a : a + c].copy_(flat)
+            if values is not None:
+                values[a : a + c] = vals.detach()
+        else:
+            G[rows_at[0]].copy_(flat[0]) if c == 1 else G.index_copy_(0, pos, flat)
+            if values is not None:
+                if c == 1:
+                    values[rows_at[0]] = vals.detach()[0]
+                else:
+                    values.index_copy_(0, pos, vals.detach())
         return fb
 
     def _one_client_in_pieces(self, X, G, j, batch, values) -> float:
-        """One client's batch, too large for one pass: sample chunks, gradients accumulated with
-        weights (piece length / batch length)."""
+        """One client's batch longer than ``chunk`` samples: pieces of ``chunk`` samples (a fixed
+        size, not the memory budget's, so the bits do not depend on it), gradients accumulated
+        with weights (piece length / batch length), as the sequential executor accumulates them."""
         b = int(batch.numel())
-        step = self._sample_chunk()
+        step = self.chunk
         g = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
         total = 0.0
         fb = 0.0
@@ -337,20 +404,26 @@ class BatchedClients(ClientSet):
 
     # -- evaluation -------------------------------------------------------------------------------
     def full_objective_(self, x, grad_out):
-        """f(x) = (1/N) sum_i f_i(x) and its gradient, all clients' full data in vectorized passes
-        (chunks of clients; their per-client gradients summed chunk by chunk)."""
+        """f(x) = (1/N) sum_i f_i(x) and its gradient, all clients' full data in vectorized passes.
+        The per-client gradients and losses are summed one client after another, in client order
+        (not per chunk), so the result does not depend on the memory budget. No side effects (see
+        :meth:`ClientSet.full_objective_`)."""
         x = x.detach()
         N = self.num_clients
         grad_out.zero_()
         f = 0.0
-        chunk = max(1, min(N, self._chunk_rows(max(self.sizes))))
-        G = torch.empty(min(chunk, N), self.dim, dtype=self.dtype, device=self.device)
-        vals = torch.empty(min(chunk, N), dtype=self.dtype, device=self.device)
-        for s in range(0, N, chunk):
-            c = min(chunk, N - s)
-            batches = [self._whole(i) for i in range(s, s + c)]
-            self._gradients(x.expand(c, -1), G[:c], batches, vals[:c])
-            grad_out.add_(G[:c].sum(0))
-            f += float(vals[:c].sum())
+        block = max(1, min(N, self._chunk_rows(max(self.sizes))))
+        G = torch.empty(block, self.dim, dtype=self.dtype, device=self.device)
+        vals = torch.empty(block, dtype=self.dtype, device=self.device)
+        rows = x.expand(block, -1).contiguous()  # real rows, as a stack's (a stride-0 batch may take other kernels)
+        longest = max(self.sizes)  # of the whole pass, not of a block: padding must not depend on the blocks
+        with side_effect_free(self.model, self.device):
+            for s in range(0, N, block):
+                c = min(block, N - s)
+                batches = [self._whole(i) for i in range(s, s + c)]
+                self._gradients(rows[:c], G[:c], batches, vals[:c], longest)
+                for k in range(c):
+                    grad_out.add_(G[k])
+                f += sum(vals[:c].tolist())
         grad_out.div_(N)
         return f / N

@@ -15,8 +15,13 @@ client given as        a gradient call's batch
                        reads files or decodes images only touches the samples a batch needs
 ``DataLoader``         the loader's next batch (its own sampler, batch size and workers; a new
                        pass starts when it is exhausted); full gradients (``B`` None): one whole
-                       pass over the loader
+                       pass over the loader (:meth:`LoaderData.full_pass`)
 =====================  =====================================================================
+
+A DataLoader client's objective is the mean loss over the samples one pass of the loader
+*yields*: with a ``sampler`` (e.g. ``SubsetRandomSampler`` over a shared dataset), a
+``batch_sampler`` or ``drop_last=True`` that is not ``loader.dataset``, so a full pass weights each
+batch by its share of the samples counted during that pass, never by ``len(loader.dataset)``.
 
 Reproducibility: tensor and Dataset clients draw from generators seeded by the run's seed and
 saved in checkpoints, so a run is repeatable and resumes bit-identically. A DataLoader's order
@@ -43,7 +48,7 @@ def _cast(t, dtype, device) -> torch.Tensor:
 
 
 class ClientData(abc.ABC):
-    """One client's samples. ``n``: how many (the weight of its loss in full passes)."""
+    """One client's samples. ``n``: how many (a DataLoader's: how many one pass yields, when known)."""
 
     n: int
     reproducible: bool = True  # minibatches come from the run's generators (resumable bit for bit)
@@ -104,16 +109,17 @@ class DatasetData(ClientData):
 
 
 class LoaderData(ClientData):
-    """A ``torch.utils.data.DataLoader``: its own batches, sampler and workers."""
+    """A ``torch.utils.data.DataLoader``: its own batches, sampler and workers.
+
+    ``n`` is not used for weighting: a full pass (:meth:`full_pass`) counts the samples it yields,
+    and the caller divides by that count, so a sampler over a subset of ``loader.dataset``,
+    ``drop_last`` or a ``batch_sampler`` give the mean over exactly the samples the client sees."""
 
     reproducible = False
 
     def __init__(self, loader, dtype, device):
         self.loader, self.dtype, self.device = loader, dtype, device
-        try:
-            self.n = len(loader.dataset)
-        except TypeError:  # an IterableDataset without __len__: count one pass
-            self.n = sum(int(torch.as_tensor(b[0]).shape[0]) for b in loader)
+        self.n = None  # unknown until a pass has been counted (a sampler may have no __len__)
         self._it = None
 
     def _next(self):
@@ -131,13 +137,22 @@ class LoaderData(ClientData):
         return _cast(X, self.dtype, self.device), _cast(y, self.dtype, self.device)
 
     def batches(self, batch_size, generator, chunk):
-        if batch_size is not None:  # the loader's next minibatch (its own batch size)
-            X, y = self._cast(self._next())
-            yield X, y, 1.0
-            return
-        for b in self.loader:  # full gradient: one pass, each batch weighted by its share
+        """The loader's next minibatch (its own batch size), whatever ``batch_size`` is; full passes
+        go through :meth:`full_pass`, whose weights are only known at its end."""
+        X, y = self._cast(self._next())
+        yield X, y, 1.0
+
+    def full_pass(self) -> Iterator[tuple]:
+        """One pass over the loader: its batches ``(X, y)``. The caller weights batch b by
+        ``len(b)`` and divides by the total it counted (the mean over the samples yielded)."""
+        count = 0
+        for b in self.loader:
             X, y = self._cast(b)
-            yield X, y, X.shape[0] / self.n
+            count += int(X.shape[0])
+            yield X, y
+        if count == 0:
+            raise ValueError("a client's DataLoader yielded no sample in a full pass")
+        self.n = count
 
     def draw(self, batch_size, generator):
         raise TypeError("DataLoader clients choose their own batches")

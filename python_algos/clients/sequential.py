@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from typing import Callable, Optional, Sequence
 
@@ -12,7 +13,8 @@ from torch import nn
 import fedkernels as fk
 
 from .base import ClientSet, client_generators
-from .data import TensorData, client_data
+from .data import LoaderData, TensorData, client_data
+from .separable import coupling, side_effect_free
 
 __all__ = ["SequentialClients"]
 
@@ -31,7 +33,10 @@ class SequentialClients(ClientSet):
             own ``torch.Generator`` (seeded from ``seed`` and the client index).
         seed: the run's seed.
         chunk: full-data passes are split into chunks of at most this many samples (a chunk
-            weighted by its share of the data, so the result is the same mean loss).
+            weighted by its share of the data, so the result is the same mean loss). Only when
+            that is exact: if the model or the loss couples the samples of a batch (a BatchNorm in
+            training mode, ``reduction="sum"``; :func:`~python_algos.clients.separable.coupling`,
+            probed on the batch before its first split), a batch is always one pass.
         flat: an existing ``fk.FlatParams(model)`` to reuse.
         first_client: the global index of ``data[0]`` when this process holds a shard of the
             federation (client i's generator is seeded by its global index).
@@ -68,6 +73,8 @@ class SequentialClients(ClientSet):
         if [p.numel() for p in self._params] != list(self.flat.sizes):
             raise ValueError("flat must be fk.FlatParams(model) of this model")
         self._binders: dict[tuple, Callable[[int], None]] = {}
+        self.coupled: Optional[str] = None  # why samples are coupled ("": they are not); probed when first needed
+        self._scratch: Optional[torch.Tensor] = None
 
     # -- client-local work ------------------------------------------------------------
     def gradients_(self, X, G, ids=None):
@@ -97,6 +104,18 @@ class SequentialClients(ClientSet):
         ``fk.FlatParams.bind_(x)``)."""
         t0 = time.perf_counter()
         client = self.clients[i]
+        if isinstance(client, LoaderData) and self.batch_size is None:  # one whole pass of the loader
+            self.flat.bind_(x, g)
+            g.zero_()
+            t1 = time.perf_counter()
+            with torch.enable_grad():
+                _, count = self._loader_pass(client)
+            g.div_(count)
+            t2 = time.perf_counter()
+            self.fwd_bwd_seconds += t2 - t1
+            self.grad_seconds += time.perf_counter() - t0
+            self.grad_evals += 1
+            return g
         if isinstance(client, TensorData):  # in memory: the batch is an index into the tensors
             Xi, yi = client.X, client.y
             idx = client.draw(self.batch_size, self.generators[i])
@@ -105,7 +124,7 @@ class SequentialClients(ClientSet):
                 Xi, yi = Xi[idx], yi[idx]
             pieces = [(Xi, yi, 1.0)] if Xi.shape[0] <= self.chunk else None
         else:
-            pieces = list(client.batches(self.batch_size, self.generators[i], self.chunk))
+            pieces = list(client.batches(self.batch_size, self.generators[i], self._piece_size(client)))
         if pieces is not None and len(pieces) == 1:
             Xi, yi, _ = pieces[0]
             # One pass: parameters re-pointed at row x, gradients returned by autograd and
@@ -120,7 +139,7 @@ class SequentialClients(ClientSet):
                                             allow_unused=True, materialize_grads=True)
             t2 = time.perf_counter()
             torch.cat([q.reshape(-1) for q in grads], out=g)
-        else:  # a large batch, or a loader's several batches: chunked backward, accumulating into g
+        else:  # a large batch, or a Dataset's batch in pieces: chunked backward, accumulating into g
             self.flat.bind_(x, g)
             g.zero_()
             t1 = time.perf_counter()
@@ -136,13 +155,28 @@ class SequentialClients(ClientSet):
         self.grad_evals += 1
         return g
 
+    def _coupled(self, X, y) -> bool:
+        """Whether the samples of a batch are coupled (probed once, on the first batch to be split)."""
+        if self.coupled is None:
+            self.coupled = coupling(self.model, self.loss_fn, X, y)
+        return bool(self.coupled)
+
+    def _piece_size(self, client) -> int:
+        """Samples per piece of a Dataset client's batch: ``chunk``, or no split when coupled."""
+        n = getattr(client, "n", None)
+        if n is not None and n > self.chunk and self.coupled is None:
+            self._coupled(*client.take(torch.arange(min(4, n))))
+        return sys.maxsize if self.coupled else self.chunk
+
     def _accumulate(self, X, y, weight: float) -> float:
-        """Backward of ``weight * mean loss`` over (X, y), in chunks; gradients accumulate into
-        the bound grad buffer. Returns the weighted loss."""
+        """Backward of ``weight * loss`` over (X, y), in chunks (weighted by their share, when
+        the loss is a mean of independent per-sample losses; one pass otherwise); gradients
+        accumulate into the bound grad buffer. Returns the weighted loss."""
         n = X.shape[0]
+        step = self.chunk if n <= self.chunk or not self._coupled(X, y) else n
         total = 0.0
-        for s in range(0, n, self.chunk):
-            Xc, yc = X[s : s + self.chunk], y[s : s + self.chunk]
+        for s in range(0, n, step):
+            Xc, yc = X[s : s + step], y[s : s + step]
             w = weight if Xc.shape[0] == n else weight * Xc.shape[0] / n
             loss = self.loss_fn(self.model(Xc), yc)
             if w != 1.0:
@@ -150,6 +184,16 @@ class SequentialClients(ClientSet):
             loss.backward()
             total += float(loss.detach())
         return total
+
+    def _loader_pass(self, client: LoaderData) -> tuple[float, int]:
+        """One pass over a DataLoader client, batch b's loss weighted by ``len(b)``; gradients
+        accumulate into the bound grad buffer. Returns (weighted loss sum, samples yielded): the
+        client's mean is both divided by the count, known only at the end of the pass."""
+        f, count = 0.0, 0
+        for Xp, yp in client.full_pass():
+            f += self._accumulate(Xp, yp, float(Xp.shape[0]))
+            count += int(Xp.shape[0])
+        return f, count
 
     # -- aggregation ------------------------------------------------------------------
     def _mean(self, S, divisor=None):
@@ -160,16 +204,29 @@ class SequentialClients(ClientSet):
 
     # -- evaluation -------------------------------------------------------------------
     def full_objective_(self, x, grad_out):
+        """f(x) and its gradient (see :meth:`ClientSet.full_objective_`): the module in the mode
+        the user left it in (the objective the gradient calls optimise), its buffers and torch's
+        random state restored afterwards."""
         x = x.detach().clone()
-        self.flat.bind_(x, grad_out)
-        grad_out.zero_()
-        f = 0.0
-        with torch.enable_grad():
-            for client in self.clients:
-                if isinstance(client, TensorData):
-                    f += self._accumulate(client.X, client.y, 1.0 / self.num_clients)
-                else:
-                    for Xp, yp, w in client.batches(None, None, self.chunk):
-                        f += self._accumulate(Xp, yp, w / self.num_clients)
+        N = self.num_clients
+        with side_effect_free(self.model, self.device):
+            self.flat.bind_(x, grad_out)
+            grad_out.zero_()
+            f = 0.0
+            with torch.enable_grad():
+                for client in self.clients:
+                    if isinstance(client, TensorData):
+                        f += self._accumulate(client.X, client.y, 1.0 / N)
+                    elif isinstance(client, LoaderData):  # its own mean: weights known at the end of the pass
+                        if self._scratch is None:
+                            self._scratch = torch.empty_like(grad_out)
+                        self.flat.bind_(x, self._scratch)
+                        self._scratch.zero_()
+                        fi, count = self._loader_pass(client)
+                        grad_out.add_(self._scratch, alpha=1.0 / (N * count))
+                        f += fi / (N * count)
+                        self.flat.bind_(x, grad_out)
+                    else:
+                        for Xp, yp, w in client.batches(None, None, self._piece_size(client)):
+                            f += self._accumulate(Xp, yp, w / N)
         return f
-
