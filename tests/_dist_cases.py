@@ -141,3 +141,78 @@ def rank_auto_main(rank: int, world: int, port: int, out_dir: str, n: int) -> No
     with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
         f.write(cs.inner_executor)
     finish()
+
+
+# --- reductions of client rows (metric code reading a client stack) --------------------------------
+
+def row_ops() -> dict:
+    """name -> op on an [N, d] client stack X; the distributed executor must give torch's answer."""
+    f64 = torch.float64
+    return {
+        "mean0": lambda X: X.mean(0), "mean0-keepdim": lambda X: X.mean(0, keepdim=True),
+        "mean0-dtype": lambda X: X.mean(dim=0, dtype=f64), "mean-all": lambda X: X.mean(),
+        "mean-all-dtype": lambda X: X.mean(dtype=f64), "mean01": lambda X: X.mean((0, 1)),
+        "mean10-keepdim": lambda X: X.mean((1, 0), keepdim=True), "mean-neg": lambda X: X.mean(-2),
+        "mean-negs": lambda X: X.mean(dim=(-1, -2)), "mean-none-keepdim": lambda X: X.mean(None, True),
+        "torch.mean-list": lambda X: torch.mean(X, dim=[0]), "sum01": lambda X: X.sum((0, 1)),
+        "sum0-keepdim": lambda X: X.sum(0, True), "sum-dtype": lambda X: X.sum(dtype=f64),
+        "torch.sum0": lambda X: torch.sum(X, 0), "torch.sum-dtype": lambda X: torch.sum(X, dtype=f64),
+        "sum-empty": lambda X: X.sum(()), "sum-neg-keepdim-dtype": lambda X: X.sum(-2, keepdim=True, dtype=f64),
+        "sum1-mean": lambda X: X.sum(1).mean(), "sq-sum1-sum0-keepdim": lambda X: (X * X).sum(1).sum(0, keepdim=True),
+        "consensus": lambda X: (X - X.mean(dim=0)).pow(2).sum(dim=1).mean(),
+        "bool-sum": lambda X: (X > 0).sum(0), "row0": lambda X: X[0], "row-last": lambda X: X[-1],
+    }
+
+
+def row_ops_refused() -> dict:
+    """Ops along the client dimension that would need another collective: must raise."""
+    return {
+        "amax0": lambda X: X.amax(0), "norm": lambda X: X.norm(), "norm-dim0": lambda X: X.norm(2, 0),
+        "max": lambda X: X.max(), "max0": lambda X: X.max(dim=0), "cumsum0": lambda X: X.cumsum(0),
+        "t": lambda X: X.t(), "T": lambda X: X.T, "std0": lambda X: X.std(0), "sort0": lambda X: X.sort(0),
+        "vector_norm": lambda X: torch.linalg.vector_norm(X), "vec@X": lambda X: torch.ones(X.shape[0], dtype=X.dtype)[: X.shape[0]] @ X,
+        "transpose01": lambda X: X.transpose(0, 1), "prod0": lambda X: X.prod(0), "float": lambda X: float(X[:1].sum(1)),
+    }
+
+
+def row_stack(dtype, d: int):
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(N, d, generator=g, dtype=torch.float64).to(dtype)
+
+
+class _OpReport:
+    """An algorithm stand-in whose report applies one op to the state's client stack ``x``."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def report(self, state, reg):
+        return self.op(state.x)
+
+
+def rows_results(cs) -> dict:
+    """(dtype, op name) -> result or the exception's type name, through ``cs.report``."""
+    from collections import namedtuple
+
+    S = namedtuple("S", "x")
+    out = {}
+    for dtype in (torch.float32, torch.float64):
+        X = row_stack(dtype, cs.dim)[cs.lo : cs.hi]
+        for name, op in {**row_ops(), **row_ops_refused()}.items():
+            try:
+                out[(str(dtype), name)] = cs.report(_OpReport(op), S(X.clone()), None)
+            except Exception as e:  # noqa: BLE001
+                out[(str(dtype), name)] = type(e).__name__
+    return out
+
+
+def rank_rows_main(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import python_algos as pa
+    from python_algos.experiments.launch import finish
+
+    cs = pa.DistributedClients(model(), loss, problem(), inner="sequential")
+    torch.save(rows_results(cs), os.path.join(out_dir, f"rows.rank{rank}.pt"))
+    finish()
