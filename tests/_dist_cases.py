@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import warnings
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -180,6 +181,11 @@ def row_stack(dtype, d: int):
     return torch.randn(N, d, generator=g, dtype=torch.float64).to(dtype)
 
 
+class RowsState(NamedTuple):
+    x: torch.Tensor  # [N, d] a client stack
+    client_fields = ("x",)
+
+
 class _OpReport:
     """An algorithm stand-in whose report applies one op to the state's client stack ``x``."""
 
@@ -192,15 +198,12 @@ class _OpReport:
 
 def rows_results(cs) -> dict:
     """(dtype, op name) -> result or the exception's type name, through ``cs.report``."""
-    from collections import namedtuple
-
-    S = namedtuple("S", "x")
     out = {}
     for dtype in (torch.float32, torch.float64):
         X = row_stack(dtype, cs.dim)[cs.lo : cs.hi]
         for name, op in {**row_ops(), **row_ops_refused()}.items():
             try:
-                out[(str(dtype), name)] = cs.report(_OpReport(op), S(X.clone()), None)
+                out[(str(dtype), name)] = cs.report(_OpReport(op), RowsState(X.clone()), None)
             except Exception as e:  # noqa: BLE001
                 out[(str(dtype), name)] = type(e).__name__
     return out

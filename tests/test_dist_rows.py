@@ -46,13 +46,11 @@ def test_reductions_over_client_rows_match_torch_on_one_rank(one_rank):
 
 
 def test_out_of_range_dim_raises_like_torch(one_rank):
-    from collections import namedtuple
-
     X = C.row_stack(torch.float64, one_rank.dim)
     with pytest.raises(IndexError, match="Dimension out of range"):
-        one_rank.report(C._OpReport(lambda X: X.mean(2)), namedtuple("S", "x")(X), None)
+        one_rank.report(C._OpReport(lambda X: X.mean(2)), C.RowsState(X), None)
     with pytest.raises(RuntimeError, match="appears multiple times"):
-        one_rank.report(C._OpReport(lambda X: X.sum((0, -2))), namedtuple("S", "x")(X), None)
+        one_rank.report(C._OpReport(lambda X: X.sum((0, -2))), C.RowsState(X), None)
 
 
 @pytest.mark.slow
@@ -63,3 +61,40 @@ def test_reductions_over_client_rows_match_torch_on_two_ranks(tmp_path):
     d = sum(p.numel() for p in C.model().parameters())
     for r in range(2):
         _check(torch.load(tmp_path / f"rows.rank{r}.pt", weights_only=False), d)
+
+
+# --- the gossip plan: cached by W's content, not its address ------------------------------------
+
+
+def _gossip(cs, X, W):
+    Y = X.clone()
+    cs.gossip_(Y, W)
+    return Y
+
+
+@pytest.mark.parametrize("layout", ["dense", "sparse"])
+def test_gossip_plan_follows_a_w_changed_in_place(one_rank, layout):
+    from python_algos.algorithms import topology
+
+    n, d = one_rank.num_clients, one_rank.dim
+    X = C.row_stack(torch.float64, d)
+    ring, full = (topology.build(t, n).matrix(torch.float64, layout=layout) for t in ("ring", "complete"))
+    W = ring.clone()
+    torch.testing.assert_close(_gossip(one_rank, X, W), ring.to_dense() @ X, rtol=1e-12, atol=1e-12)
+    if layout == "dense":
+        W.copy_(full)  # the same tensor (address) now holds another matrix
+    else:
+        W = W.coalesce()
+        W.values().mul_(0.5)  # same indices, new values, in place
+        want_w = W.to_dense()
+    want_w = full if layout == "dense" else want_w
+    torch.testing.assert_close(_gossip(one_rank, X, W), want_w @ X, rtol=1e-12, atol=1e-12)
+
+
+def test_gossip_plan_of_a_transposed_view_is_its_own(one_rank):
+    n, d = one_rank.num_clients, one_rank.dim
+    X = C.row_stack(torch.float64, d)
+    A = torch.rand(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    A = A / A.sum(1, keepdim=True)  # not symmetric; A.t() has A's address and shape
+    torch.testing.assert_close(_gossip(one_rank, X, A), A @ X, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(_gossip(one_rank, X, A.t()), A.t() @ X, rtol=1e-12, atol=1e-12)

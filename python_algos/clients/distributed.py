@@ -116,7 +116,7 @@ class DistributedClients(ClientSet):
         self.metric_bytes = 0
         self.participant_loads: list[list[int]] = []  # sampled clients per rank, one list per round
         self._k = None  # this round's global participant count
-        self._plans: dict = {}
+        self._plans: list = []  # (copy of W, gossip plan), newest first: see _plan
         err = None
         try:
             if n < self.world_size:
@@ -204,16 +204,22 @@ class DistributedClients(ClientSet):
         torch.mm(plan["W"], ext, out=out)
         return X.copy_(out)
 
+    _PLANS_KEPT = 4  # mixing matrices whose plans are cached (an algorithm uses one per run)
+
     def _plan(self, W: torch.Tensor) -> dict:
-        """Who needs which rows of whom, for the mixing matrix W (cached: W is built once per run).
+        """Who needs which rows of whom, for the mixing matrix W.
 
         The rank's rows of W·X use the columns of W's rows lo..hi with a nonzero entry; the ones
         outside the shard are received from their owners (``m`` rows), appended after the local
-        rows. Symmetrically, a row is sent to rank q when one of q's rows of W uses it."""
-        key = (W.data_ptr() if W.layout != torch.sparse_coo else W._values().data_ptr(), tuple(W.shape), W.layout)
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
+        rows. Symmetrically, a row is sent to rank q when one of q's rows of W uses it.
+
+        Cached by W's *content*: each plan keeps a copy of the W it was built from and is reused
+        only for an equal matrix (same layout, dtype, shape, indices and values), so a W changed
+        in place, a new W at a reused address or a transposed view never gets a stale plan. The
+        comparison reads W once (O(nnz), as the mean-degree count of every gossip does)."""
+        for snapshot, plan in self._plans:
+            if _same_matrix(snapshot, W):
+                return plan
         Wc = W.coalesce() if W.layout == torch.sparse_coo else None
         if Wc is not None:
             r, c = Wc.indices().cpu()
@@ -248,7 +254,9 @@ class DistributedClients(ClientSet):
                                        (self.rows, self.rows + m)).coalesce()
         if Wc is None:
             Wloc = Wloc.to_dense()
-        plan = self._plans[key] = {"W": Wloc, "ops": ops, "m": m, "keep": W}  # keep: W's address stays valid
+        plan = {"W": Wloc, "ops": ops, "m": m}
+        snapshot = (Wc if Wc is not None else W).detach().clone()
+        self._plans = [(snapshot, plan), *self._plans][: self._PLANS_KEPT]
         return plan
 
     # -- evaluation ---------------------------------------------------------------------
@@ -276,11 +284,12 @@ class DistributedClients(ClientSet):
 
     @contextlib.contextmanager
     def _rows_view(self, state):
-        """The state with its client stacks as :class:`_ClientRows` (reductions over clients all-reduced)."""
+        """The state with its client stacks (the fields its class declares in ``client_fields``) as
+        :class:`_ClientRows` (reductions over clients all-reduced)."""
         if not hasattr(state, "_replace"):
             yield state
             return
-        wrap = {k: v.as_subclass(_ClientRows) for k, v in state._asdict().items() if self.is_stack(v)}
+        wrap = {k: getattr(state, k).as_subclass(_ClientRows) for k in _dist.client_fields(state, self.rows)}
         token = _ClientRows.context.get()
         _ClientRows.context.set((self.rows, self.num_clients, self))
         try:
@@ -333,6 +342,16 @@ class DistributedClients(ClientSet):
     def shard_info(self) -> dict:
         return {"rank": self.rank, "world_size": self.world_size, "lo": self.lo, "hi": self.hi,
                 "num_clients": self.num_clients}
+
+
+def _same_matrix(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` (a coalesced or dense snapshot) and ``b`` are the same matrix, entry for entry."""
+    if a.layout != b.layout or a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    if b.layout == torch.sparse_coo:
+        b = b.coalesce()  # a no-op for the coalesced W the topologies build
+        return bool(torch.equal(a.indices(), b.indices()) and torch.equal(a.values(), b.values()))
+    return bool(torch.equal(a, b))
 
 
 def _plain(v, what: str):
