@@ -110,13 +110,16 @@ def rank_error_main(rank: int, world: int, port: int, out_dir: str, kind: str) -
     import python_algos as pa
 
     data = problem()
-    if kind == "bad-data":  # the last client (held by the last rank) has 3 labels for its 18 samples
+    net = model()
+    if kind == "batchnorm":  # running statistics: each rank would see only its own clients' batches
+        net = nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)).double()
+    elif kind == "bad-data":  # the last client (held by the last rank) has 3 labels for its 18 samples
         X, y = data[-1]
         data[-1] = (X, y[:3])
-    else:  # "too-few": 2 clients for 3 ranks
+    elif kind == "too-few":  # 2 clients for 3 ranks
         data = data[:2]
     try:
-        pa.DistributedClients(model(), loss, data, inner="sequential")
+        pa.DistributedClients(net, loss, data, inner="sequential")
         msg = "no error"
     except Exception as e:  # noqa: BLE001
         msg = f"{type(e).__name__}: {e}"

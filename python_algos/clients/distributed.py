@@ -90,7 +90,9 @@ class DistributedClients(ClientSet):
 
     @classmethod
     def unsupported(cls, model) -> str:
-        return "" if dist.is_available() else "torch.distributed is not available in this torch build"
+        if not dist.is_available():
+            return "torch.distributed is not available in this torch build"
+        return _running_stats_issue(model, _dist.world_size())
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, *, inner: str = "auto",
@@ -122,6 +124,9 @@ class DistributedClients(ClientSet):
             if n < self.world_size:
                 raise ValueError(f"{n} clients cannot be split over {self.world_size} ranks: every rank needs at "
                                  f"least one client (use at most {n} processes)")
+            why = _running_stats_issue(model, self.world_size)
+            if why:
+                raise ValueError(why)
             cls = resolve_executor(inner, model)
             shard = [data[i] for i in range(self.lo, self.hi)]
             opts = dict(inner_options or {})
@@ -342,6 +347,28 @@ class DistributedClients(ClientSet):
     def shard_info(self) -> dict:
         return {"rank": self.rank, "world_size": self.world_size, "lo": self.lo, "hi": self.hi,
                 "num_clients": self.num_clients}
+
+
+def _running_stats_issue(model: nn.Module, world: int) -> str:
+    """Why ``model`` cannot be split over ``world`` > 1 processes exactly, or "".
+
+    A BatchNorm / InstanceNorm in training mode with running statistics updates its buffers in
+    every forward pass, from the batches of the clients this process runs. Over several ranks each
+    rank's statistics would come from its own shard only, and the model saved or checkpointed
+    (rank 0's buffers) would differ from a one-process run's; training itself uses batch
+    statistics, so nothing else shows it. Merging them exactly would need every forward pass's
+    batch statistics from every rank, in client order."""
+    if world <= 1:
+        return ""
+    from .batched import _STATEFUL_NORMS
+
+    for name, m in model.named_modules():
+        if isinstance(m, _STATEFUL_NORMS) and m.track_running_stats and m.training:
+            return (f"module {name or 'model'!r} ({type(m).__name__}) updates running statistics in every forward "
+                    f"pass; split over {world} processes each would hold statistics of its own clients only, and the "
+                    f"saved model (rank 0's) would differ from a one-process run: use GroupNorm / LayerNorm, "
+                    f"track_running_stats=False, or run in one process")
+    return ""
 
 
 def _same_matrix(a: torch.Tensor, b: torch.Tensor) -> bool:
