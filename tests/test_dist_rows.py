@@ -59,8 +59,16 @@ def test_reductions_over_client_rows_match_torch_on_two_ranks(tmp_path):
 
     _spawn(C.rank_rows_main, 2, str(tmp_path), timeout=180)
     d = sum(p.numel() for p in C.model().parameters())
+    import python_algos as pa
+
+    f_ref, g_ref = C.objective(pa.SequentialClients(C.model(), C.loss, C.problem()))  # one process: ground truth
     for r in range(2):
-        _check(torch.load(tmp_path / f"rows.rank{r}.pt", weights_only=False), d)
+        got = torch.load(tmp_path / f"rows.rank{r}.pt", weights_only=False)
+        _check(got, d)
+        f, g = got["objective"]  # float64 end to end: equal to 1e-12, not to float32's 1e-7
+        assert type(f) is float and f == pytest.approx(f_ref, rel=1e-12, abs=0), (r, f, f_ref)
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-14)
 
 
 # --- the gossip plan: cached by W's content, not its address ------------------------------------
