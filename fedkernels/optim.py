@@ -29,7 +29,13 @@ Each parameter then gets its own penalty's prox, a ``GroupLasso`` on the paramet
 Separable penalties (L1, ElasticNet, MCP, SCAD, NonNeg, scalar Box, and their scalings) are
 applied with one fused call per parameter, or with one call over the whole flat buffer when the
 group's parameters are consecutive views of one buffer (``fk.FlatParams``). Non-separable ones
-(L2Ball) and tensor-bound Boxes are applied per parameter tensor.
+(L2Ball) and tensor-bound Boxes are applied per parameter tensor. A parameter in another memory
+format (``channels_last``, a transposed view) is proxed on a contiguous copy written back in place,
+so it gets exactly the result of a contiguous parameter with the same values.
+
+``add_param_group`` takes a group's ``"regularizer"`` (a Regularizer, a mapping, or None) as the
+constructor does; a group without one gets the default (a default mapping is then compiled over
+the new group's names too).
 """
 
 from __future__ import annotations
@@ -71,34 +77,82 @@ def _flat_span(params: list) -> Optional[torch.Tensor]:
     return span
 
 
+def _prox_param_(p: torch.Tensor, prox_) -> None:
+    """Apply the in-place ``prox_`` to parameter ``p`` as its logical (row-major) tensor.
+
+    The kernels write a contiguous tensor in place; a parameter in another memory format
+    (``channels_last`` convolution weights, a transposed view) is proxed on a contiguous copy that
+    is copied back, so its result is the one a contiguous parameter with the same values gets
+    (a GroupLasso's rows and columns, an L2Ball's norm, are those of the logical shape)."""
+    if p.is_contiguous():
+        prox_(p)
+        return
+    q = p.contiguous()
+    prox_(q)
+    p.copy_(q)
+
+
 class _ProxMixin:
     """The prox pass shared by both optimizers; ``self._default_reg`` is the group fallback."""
 
     def _compile_mappings(self, groups: list) -> None:
         """Replace every mapping regularizer by a ``PerParameter`` over the names of the groups that
-        use it (the default's mapping: every group that does not set its own)."""
-        built: dict[int, PerParameter] = {}
-        for mapping in {id(g.get("regularizer")): g.get("regularizer") for g in groups}.values():
+        use it (the default's mapping: every group that does not set its own).
+
+        ``add_param_group`` calls this again over all groups: the mappings compiled before are put
+        back first, so a new group that shares a mapping (or takes the default one) is compiled
+        together with the old groups, and every key is checked against all their names, exactly as
+        in the constructor."""
+        compiled = getattr(self, "_compiled", [])  # (PerParameter, the mapping it was built from)
+
+        def source(reg):
+            return next((m for pp, m in compiled if pp is reg), reg)
+
+        # Build everything first, assign after: a bad key raises with the groups untouched.
+        regs = [source(g["regularizer"]) if "regularizer" in g else None for g in groups]
+        default = source(self._default_reg)
+        new_compiled = []
+        for mapping in {id(r): r for r in regs}.values():
             if not isinstance(mapping, Mapping):
                 continue
-            users = [g for g in groups if g.get("regularizer") is mapping]
             named = []
-            for g in users:
+            for g, r in zip(groups, regs):
+                if r is not mapping:
+                    continue
                 if "param_names" not in g:
                     raise TypeError("a regularizer mapping needs the parameters' names: pass model.named_parameters() "
                                     "(or param groups of (name, parameter) pairs) instead of model.parameters()")
                 named += list(zip(g["param_names"], g["params"]))
-            built[id(mapping)] = PerParameter(named, mapping)
-            for g in users:
-                g["regularizer"] = built[id(mapping)]
-        if isinstance(self._default_reg, Mapping):
-            self._default_reg = built.get(id(self._default_reg), self._default_reg)
+            new_compiled.append((PerParameter(named, mapping), mapping))
+        by_id = {id(m): pp for pp, m in new_compiled}
+        for g, r in zip(groups, regs):
+            if "regularizer" in g:
+                g["regularizer"] = by_id.get(id(r), r)
+        self._default_reg = by_id.get(id(default), default)
+        self._compiled = new_compiled
+
+    def _default_source(self):
+        """The default regularizer as the user gave it (a mapping, not its compiled PerParameter)."""
+        return next((m for pp, m in getattr(self, "_compiled", []) if pp is self._default_reg), self._default_reg)
+
+    def _recompile_after_add(self, undo) -> None:
+        """After a group was added: recompile the mappings over all groups (the new group's names
+        join its mapping's); if that raises (a key that decides no parameter, a mapping without
+        names), ``undo`` the add so the optimizer is left as it was."""
+        try:
+            self._compile_mappings(self.param_groups)
+        except Exception:
+            undo()
+            raise
 
     def _prox_per_parameter(self, group: dict, reg: PerParameter, lr: float, fast: bool) -> None:
+        if "param_names" not in group:
+            raise TypeError("a PerParameter regularizer needs the parameters' names: pass model.named_parameters() "
+                            "(or param groups of (name, parameter) pairs) instead of model.parameters()")
         for name, p in zip(group["param_names"], group["params"]):
             sub = reg.regularizer_of(name)
             if sub is not None and p.grad is not None:
-                sub.prox_(reg.view_for(name, p), lr, fast=fast)
+                _prox_param_(p, lambda x: sub.prox_(reg.view_for(name, x), lr, fast=fast))
 
     def _prox_groups(self) -> None:
         compiling = torch.compiler.is_compiling()
@@ -124,7 +178,7 @@ class _ProxMixin:
                         reg.prox_(span, lr, fast=True)
                         continue
                 for p in params:
-                    reg.prox_(p, lr, fast=not compiling)
+                    _prox_param_(p, lambda x: reg.prox_(x, lr, fast=not compiling))
 
     # state_dict: regularizer objects are not tensors (torch.load(weights_only=True) refuses custom
     # classes), so a saved group records only its regularizer's repr; loading keeps this
@@ -164,18 +218,25 @@ class ProxSGD(_ProxMixin, torch.optim.SGD):
     def __init__(self, params, lr: float = 1e-3, regularizer: Optional[Regularizer] = None, momentum: float = 0,
                  dampening: float = 0, nesterov: bool = False, weight_decay: float = 0, **sgd_kwargs):
         self._default_reg = _check_regularizer(regularizer, "regularizer")
+        self._ready = False
         super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
                          weight_decay=weight_decay, **sgd_kwargs)
         for i, g in enumerate(self.param_groups):
             g.setdefault("regularizer", self._default_reg)
             _check_regularizer(g["regularizer"], f"param group {i}'s regularizer")
         self._compile_mappings(self.param_groups)
+        self._ready = True
 
     def add_param_group(self, param_group: dict) -> None:
-        if hasattr(self, "_default_reg"):
-            param_group.setdefault("regularizer", self._default_reg)
-            _check_regularizer(param_group["regularizer"], "param_group['regularizer']")
+        """As ``torch.optim.SGD.add_param_group``; the group may set ``"regularizer"`` (a
+        Regularizer, a mapping of names / patterns, or None), else it gets the default."""
+        if not getattr(self, "_ready", False):  # the constructor's groups: compiled there
+            super().add_param_group(param_group)
+            return
+        param_group.setdefault("regularizer", self._default_source())
+        _check_regularizer(param_group["regularizer"], "param_group['regularizer']")
         super().add_param_group(param_group)
+        self._recompile_after_add(self.param_groups.pop)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -210,6 +271,7 @@ class Proximal(_ProxMixin, torch.optim.Optimizer):
         for i, g in enumerate(base_optimizer.param_groups):
             _check_regularizer(g.get("regularizer"), f"param group {i}'s regularizer")
         self.base = base_optimizer
+        self._ready = False
         # The base's group dicts are registered as-is (add_param_group keeps the dict objects), so
         # both optimizers see one set of hyper-parameters; the state is the base's.
         super().__init__(base_optimizer.param_groups, base_optimizer.defaults)
@@ -218,11 +280,25 @@ class Proximal(_ProxMixin, torch.optim.Optimizer):
             for g in self.param_groups:
                 g.setdefault("regularizer", self._default_reg)
         self._compile_mappings(self.param_groups)
+        self._ready = True
 
     def add_param_group(self, param_group: dict) -> None:
-        if hasattr(self, "base") and not any(param_group is g for g in self.base.param_groups):
-            self.base.add_param_group(param_group)
+        """Adds the group to the base optimizer too; it may set ``"regularizer"`` (a Regularizer,
+        a mapping of names / patterns, or None), else it gets the default."""
+        if not getattr(self, "_ready", False):  # the base's groups, registered by the constructor
+            super().add_param_group(param_group)
+            return
+        _check_regularizer(param_group.get("regularizer"), "param_group['regularizer']")
+        if isinstance(self._default_source(), Mapping):
+            param_group.setdefault("regularizer", self._default_source())
+        self.base.add_param_group(param_group)
         super().add_param_group(param_group)
+
+        def undo():
+            self.param_groups.pop()
+            self.base.param_groups.pop()
+
+        self._recompile_after_add(undo)
 
     def step(self, closure=None):
         loss = self.base.step(closure)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import warnings
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -109,13 +110,16 @@ def rank_error_main(rank: int, world: int, port: int, out_dir: str, kind: str) -
     import python_algos as pa
 
     data = problem()
-    if kind == "bad-data":  # the last client (held by the last rank) has 3 labels for its 18 samples
+    net = model()
+    if kind == "batchnorm":  # running statistics: each rank would see only its own clients' batches
+        net = nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)).double()
+    elif kind == "bad-data":  # the last client (held by the last rank) has 3 labels for its 18 samples
         X, y = data[-1]
         data[-1] = (X, y[:3])
-    else:  # "too-few": 2 clients for 3 ranks
+    elif kind == "too-few":  # 2 clients for 3 ranks
         data = data[:2]
     try:
-        pa.DistributedClients(model(), loss, data, inner="sequential")
+        pa.DistributedClients(net, loss, data, inner="sequential")
         msg = "no error"
     except Exception as e:  # noqa: BLE001
         msg = f"{type(e).__name__}: {e}"
@@ -141,3 +145,89 @@ def rank_auto_main(rank: int, world: int, port: int, out_dir: str, n: int) -> No
     with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
         f.write(cs.inner_executor)
     finish()
+
+
+# --- reductions of client rows (metric code reading a client stack) --------------------------------
+
+def row_ops() -> dict:
+    """name -> op on an [N, d] client stack X; the distributed executor must give torch's answer."""
+    f64 = torch.float64
+    return {
+        "mean0": lambda X: X.mean(0), "mean0-keepdim": lambda X: X.mean(0, keepdim=True),
+        "mean0-dtype": lambda X: X.mean(dim=0, dtype=f64), "mean-all": lambda X: X.mean(),
+        "mean-all-dtype": lambda X: X.mean(dtype=f64), "mean01": lambda X: X.mean((0, 1)),
+        "mean10-keepdim": lambda X: X.mean((1, 0), keepdim=True), "mean-neg": lambda X: X.mean(-2),
+        "mean-negs": lambda X: X.mean(dim=(-1, -2)), "mean-none-keepdim": lambda X: X.mean(None, True),
+        "torch.mean-list": lambda X: torch.mean(X, dim=[0]), "sum01": lambda X: X.sum((0, 1)),
+        "sum0-keepdim": lambda X: X.sum(0, True), "sum-dtype": lambda X: X.sum(dtype=f64),
+        "torch.sum0": lambda X: torch.sum(X, 0), "torch.sum-dtype": lambda X: torch.sum(X, dtype=f64),
+        "sum-empty": lambda X: X.sum(()), "sum-neg-keepdim-dtype": lambda X: X.sum(-2, keepdim=True, dtype=f64),
+        "sum1-mean": lambda X: X.sum(1).mean(), "sq-sum1-sum0-keepdim": lambda X: (X * X).sum(1).sum(0, keepdim=True),
+        "consensus": lambda X: (X - X.mean(dim=0)).pow(2).sum(dim=1).mean(),
+        "bool-sum": lambda X: (X > 0).sum(0), "row0": lambda X: X[0], "row-last": lambda X: X[-1],
+    }
+
+
+def row_ops_refused() -> dict:
+    """Ops along the client dimension that would need another collective: must raise."""
+    return {
+        "amax0": lambda X: X.amax(0), "norm": lambda X: X.norm(), "norm-dim0": lambda X: X.norm(2, 0),
+        "max": lambda X: X.max(), "max0": lambda X: X.max(dim=0), "cumsum0": lambda X: X.cumsum(0),
+        "t": lambda X: X.t(), "T": lambda X: X.T, "std0": lambda X: X.std(0), "sort0": lambda X: X.sort(0),
+        "vector_norm": lambda X: torch.linalg.vector_norm(X), "vec@X": lambda X: torch.ones(X.shape[0], dtype=X.dtype)[: X.shape[0]] @ X,
+        "transpose01": lambda X: X.transpose(0, 1), "prod0": lambda X: X.prod(0), "float": lambda X: float(X[:1].sum(1)),
+    }
+
+
+def row_stack(dtype, d: int):
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(N, d, generator=g, dtype=torch.float64).to(dtype)
+
+
+class RowsState(NamedTuple):
+    x: torch.Tensor  # [N, d] a client stack
+    client_fields = ("x",)
+
+
+class _OpReport:
+    """An algorithm stand-in whose report applies one op to the state's client stack ``x``."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def report(self, state, reg):
+        return self.op(state.x)
+
+
+def rows_results(cs) -> dict:
+    """(dtype, op name) -> result or the exception's type name, through ``cs.report``."""
+    out = {}
+    for dtype in (torch.float32, torch.float64):
+        X = row_stack(dtype, cs.dim)[cs.lo : cs.hi]
+        for name, op in {**row_ops(), **row_ops_refused()}.items():
+            try:
+                out[(str(dtype), name)] = cs.report(_OpReport(op), RowsState(X.clone()), None)
+            except Exception as e:  # noqa: BLE001
+                out[(str(dtype), name)] = type(e).__name__
+    return out
+
+
+def rank_rows_main(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import python_algos as pa
+    from python_algos.experiments.launch import finish
+
+    cs = pa.DistributedClients(model(), loss, problem(), inner="sequential")
+    out = rows_results(cs)
+    out["objective"] = objective(cs)
+    torch.save(out, os.path.join(out_dir, f"rows.rank{rank}.pt"))
+    finish()
+
+
+def objective(cs):
+    """(f, grad) of the full objective at a fixed float64 point: the metric pass's all-reduce."""
+    x = torch.linspace(-0.5, 0.5, cs.dim, dtype=torch.float64)
+    g = torch.empty_like(x)
+    return cs.full_objective_(x, g), g

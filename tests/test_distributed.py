@@ -120,6 +120,7 @@ def test_measured_communication_equals_declared_costs(ranks, name):
 @pytest.mark.parametrize("kind,world,expect", [
     ("bad-data", 2, "rank 1 of 2: client data must be non-empty with matching lengths"),
     ("too-few", 3, "2 clients cannot be split over 3 ranks"),
+    ("batchnorm", 2, "rank 0 of 2: module '1' (BatchNorm1d) updates running statistics"),
 ])
 def test_an_error_on_one_rank_is_raised_on_every_rank_with_its_number(tmp_path, kind, world, expect):
     _spawn(C.rank_error_main, world, str(tmp_path), kind, timeout=120)

@@ -204,3 +204,150 @@ def test_compiled_training_step_matches_eager():
         step()
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+
+
+# --- add_param_group with a regularizer (or a mapping), and parameters in other memory formats ---------
+
+
+def _two_stage_reference(dtype, lr, prox_of, make_opt=None, steps=5):
+    """Plain torch: model[0] trained from the start, model[2] added as a group after 2 steps;
+    ``prox_of(name)`` is the plain-torch prox for a parameter (None: no prox)."""
+    X, y = data(dtype)
+    model = make_model(dtype)
+    opt = torch.optim.SGD(model[0].parameters(), lr=lr, momentum=0.9)
+    for k in range(steps):
+        if k == 2:
+            opt.add_param_group({"params": list(model[2].parameters())})
+        opt.zero_grad()
+        loss_of(model, X, y).backward()
+        opt.step()
+        with torch.no_grad():
+            stepped = {id(p) for g in opt.param_groups for p in g["params"]}
+            for n, p in model.named_parameters():
+                fn = prox_of(n)
+                if fn is not None and id(p) in stepped:
+                    p.copy_(fn(p, lr))
+    return model
+
+
+def _two_stage(model, opt, group, steps=5):
+    X, y = data(next(model.parameters()).dtype)
+    for k in range(steps):
+        if k == 2:
+            opt.add_param_group(group)
+        opt.zero_grad()
+        loss_of(model, X, y).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("which", ["proxsgd", "proximal"])
+def test_add_param_group_with_a_mapping_works_like_the_constructor(which):
+    dtype = torch.float64
+    ref = _two_stage_reference(dtype, 0.1, lambda n: (lambda p, lr: soft(p, lr * 0.3)) if n == "2.weight" else
+                               (lambda p, lr: soft(p, lr * 0.05)) if n.startswith("0.") else None)
+    model = make_model(dtype)
+    first = list(model[0].named_parameters())
+    if which == "proxsgd":
+        opt = fk.optim.ProxSGD(first, lr=0.1, momentum=0.9, regularizer=fk.L1(0.05))
+    else:
+        opt = fk.optim.Proximal(torch.optim.SGD(first, lr=0.1, momentum=0.9), fk.L1(0.05))
+    group = {"params": [(f"2.{n}", p) for n, p in model[2].named_parameters()],
+             "regularizer": {"2.weight": fk.L1(0.3), "*.bias": None}}
+    _two_stage(model, opt, group)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("which", ["proxsgd", "proximal"])
+def test_added_group_takes_the_default_mapping(which):
+    dtype = torch.float64
+    ref = _two_stage_reference(dtype, 0.1, lambda n: (lambda p, lr: soft(p, lr * 0.2)) if n.endswith("weight") else None)
+    model = make_model(dtype)
+    first = [(f"0.{n}", p) for n, p in model[0].named_parameters()]
+    mapping = {"*.weight": fk.L1(0.2), "*.bias": None}
+    if which == "proxsgd":
+        opt = fk.optim.ProxSGD(first, lr=0.1, momentum=0.9, regularizer=mapping)
+    else:
+        opt = fk.optim.Proximal(torch.optim.SGD(first, lr=0.1, momentum=0.9), mapping)
+    _two_stage(model, opt, {"params": [(f"2.{n}", p) for n, p in model[2].named_parameters()]})
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("which", ["proxsgd", "proximal"])
+def test_add_param_group_with_a_bad_mapping_raises_and_leaves_the_optimizer(which):
+    model = make_model(torch.float64)
+    first = list(model[0].named_parameters())
+    if which == "proxsgd":
+        opt = fk.optim.ProxSGD(first, lr=0.1, regularizer=fk.L1(0.05))
+    else:
+        opt = fk.optim.Proximal(torch.optim.SGD(first, lr=0.1), fk.L1(0.05))
+    with pytest.raises(ValueError, match="'2.wieght'"):
+        opt.add_param_group({"params": [(f"2.{n}", p) for n, p in model[2].named_parameters()],
+                             "regularizer": {"2.wieght": fk.L1(0.3)}})
+    assert len(opt.param_groups) == 1
+    if which == "proximal":
+        assert len(opt.base.param_groups) == 1
+    unnamed = fk.optim.ProxSGD(model[0].parameters(), lr=0.1, regularizer=fk.L1(0.05))
+    with pytest.raises(TypeError, match="named_parameters"):
+        unnamed.add_param_group({"params": list(model[2].parameters()), "regularizer": {"*": fk.L1(0.3)}})
+    assert len(unnamed.param_groups) == 1
+
+
+def _conv_reference(dtype, lr, prox, steps=4):
+    """Plain torch SGD + ``prox`` on a contiguous conv (the ground truth for channels_last)."""
+    torch.manual_seed(3)
+    conv = nn.Conv2d(3, 4, 3).to(dtype)
+    x = torch.randn(2, 3, 6, 6, dtype=dtype, generator=torch.Generator().manual_seed(4))
+    ref = copy.deepcopy(conv)
+    opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
+    for _ in range(steps):
+        opt.zero_grad()
+        ref(x).square().mean().backward()
+        opt.step()
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.copy_(prox(p, lr))
+    return conv, x, ref
+
+
+def l2ball(p, lr, radius=0.5):  # plain-torch projection of the whole parameter onto the ball
+    n = p.norm()
+    return p * (radius / n) if n > radius else p
+
+
+@pytest.mark.parametrize("which", ["proxsgd", "proximal"])
+@pytest.mark.parametrize("reg,prox", [(fk.L1(0.2), lambda p, lr: soft(p, lr * 0.2)), (fk.L2Ball(0.5), l2ball)],
+                         ids=["l1", "l2ball"])
+@pytest.mark.parametrize("mapping", [False, True])
+def test_channels_last_parameters_match_a_contiguous_model(which, reg, prox, mapping):
+    dtype = torch.float64
+    conv, x, ref = _conv_reference(dtype, 0.1, prox)
+    conv = conv.to(memory_format=torch.channels_last)
+    assert not conv.weight.is_contiguous()
+    params = conv.named_parameters() if mapping else conv.parameters()
+    r = {"*": reg} if mapping else reg
+    if which == "proxsgd":
+        opt = fk.optim.ProxSGD(params, lr=0.1, momentum=0.9, regularizer=r)
+    else:
+        opt = fk.optim.Proximal(torch.optim.SGD(params, lr=0.1, momentum=0.9), r)
+    for _ in range(4):
+        opt.zero_grad()
+        conv(x).square().mean().backward()
+        opt.step()
+    assert not conv.weight.is_contiguous()  # still channels_last: written back in place
+    for p, q in zip(conv.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+def test_transposed_parameter_gets_the_group_lasso_of_its_logical_shape():
+    # rows of the logical [4, 3] matrix, not of its storage: the contiguous-copy path keeps that
+    w0 = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    w = nn.Parameter(w0.clone().t())
+    assert not w.is_contiguous()
+    w.grad = torch.zeros_like(w)
+    fk.optim.ProxSGD([w], lr=0.5, regularizer=fk.GroupLasso(0.4, groups="rows")).step()
+    logical = w0.t()
+    norms = logical.norm(dim=1, keepdim=True)
+    expect = logical * torch.clamp(1 - 0.5 * 0.4 / norms, min=0)
+    torch.testing.assert_close(w.detach(), expect, rtol=1e-12, atol=1e-12)

@@ -32,10 +32,21 @@ inline bool has_primary_context(int device) {
   using GetState = int (*)(int, unsigned int*, int*);  // CUresult (CUdevice, flags, active)
   static const GetState get_state = []() -> GetState {
     void* fn = nullptr;
+#if CUDART_VERSION >= 12000
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
+#if CUDART_VERSION >= 12050
+    // The versioned query (CUDA 12.5+; the unversioned one is deprecated there): the 12.0 ABI.
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000,
+                                                       cudaEnableDefault, &found);
+#else
+    // Toolkits 12.0 - 12.4 have only the unversioned query (this symbol has one ABI in CUDA 12).
+    cudaError_t err = cudaGetDriverEntryPoint("cuDevicePrimaryCtxGetState", &fn, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) fn = nullptr;
+#else
+    if (cudaGetDriverEntryPoint("cuDevicePrimaryCtxGetState", &fn, cudaEnableDefault) != cudaSuccess) fn = nullptr;
+#endif
+    if (fn == nullptr) {
       cudaGetLastError();
       return nullptr;
     }

@@ -60,6 +60,7 @@ class DEPOSITUMState(NamedTuple):
     m: torch.Tensor  # [N, d] momenta m_i^t
     g: torch.Tensor  # [N, d] the previous stochastic gradients g_i^t
     t: int  # iterations done
+    client_fields = ("x", "y", "m", "g")  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

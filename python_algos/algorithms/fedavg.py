@@ -28,6 +28,7 @@ __all__ = ["FedAvg", "FedAvgState"]
 class FedAvgState(NamedTuple):
     x: torch.Tensor  # [d] server model x^t
     t: int  # rounds done
+    client_fields = ()  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

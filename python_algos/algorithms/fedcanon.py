@@ -35,6 +35,7 @@ class FedCanonState(NamedTuple):
     z: torch.Tensor  # [d] global model z^t (held by the server and, after broadcast, by every client)
     c: torch.Tensor  # [N, d] client control variates c_i^t, sum_i c_i = 0
     t: int  # rounds done
+    client_fields = ("c",)  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

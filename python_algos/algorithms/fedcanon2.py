@@ -34,6 +34,7 @@ class FedCanonIIState(NamedTuple):
     xhat0: torch.Tensor  # [N, d] each client's replica x̂_i^{t,0} of the global model z^t
     c: torch.Tensor  # [N, d] control variates c_i^t, sum_i c_i = 0
     t: int  # rounds done
+    client_fields = ("xhat0", "c")  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

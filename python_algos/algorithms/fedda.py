@@ -43,6 +43,7 @@ class FedDAState(NamedTuple):
     z: torch.Tensor  # [d] server dual state z_r
     x: torch.Tensor  # [d] primal output x_r = prox_{η_s η_c r K h}(z_r)
     t: int  # rounds done (r)
+    client_fields = ()  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

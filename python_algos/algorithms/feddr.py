@@ -52,6 +52,7 @@ class FedDRState(NamedTuple):
     xtilde: torch.Tensor  # [d] server average x̃ = (1/N) Σ_i x̂_i
     xbar: torch.Tensor  # [d] server model x̄ = prox_{η h}(x̃)
     t: int  # rounds done
+    client_fields = ("y", "x", "xhat")  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ __all__ = ["FedMiD", "FedMiDState"]
 class FedMiDState(NamedTuple):
     x: torch.Tensor  # [d] server model x_r
     t: int  # rounds done
+    client_fields = ()  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

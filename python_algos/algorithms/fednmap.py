@@ -63,6 +63,7 @@ class FedNMapState(NamedTuple):
     dbar: torch.Tensor  # [d] the clients' copy of d̄^{t−1}
     z_prev: Optional[torch.Tensor]  # [d] the clients' copy of z^{t−1} (downlink="z" only)
     t: int  # rounds done
+    client_fields = ("c", "d")  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

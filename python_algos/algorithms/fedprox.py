@@ -37,6 +37,7 @@ __all__ = ["FedProx", "FedProxState"]
 class FedProxState(NamedTuple):
     x: torch.Tensor  # [d] server model x^t
     t: int  # rounds done
+    client_fields = ()  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

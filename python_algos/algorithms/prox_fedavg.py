@@ -29,6 +29,7 @@ __all__ = ["ProxFedAvg", "ProxFedAvgState"]
 class ProxFedAvgState(NamedTuple):
     z: torch.Tensor  # [d] global model z^t
     t: int  # rounds done
+    client_fields = ()  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

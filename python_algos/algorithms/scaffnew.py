@@ -39,6 +39,7 @@ class SCAFFNEWState(NamedTuple):
     xbar: torch.Tensor  # [d] the model averaged at the last communication
     t: int  # communication rounds done
     iterations: int  # local iterations done
+    client_fields = ("x", "e")  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

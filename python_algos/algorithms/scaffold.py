@@ -36,6 +36,7 @@ class SCAFFOLDState(NamedTuple):
     c: torch.Tensor  # [d] server control variate c
     c_i: torch.Tensor  # [N, d] client control variates c_i
     t: int  # rounds done
+    client_fields = ("c_i",)  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,6 +48,7 @@ class ZA1State(NamedTuple):
     x_clients: torch.Tensor  # [N, d] each client's copy of x^r (recomputed locally from x̂^r)
     c: torch.Tensor  # [N, d] corrections c_i^r, sum_i c_i = 0
     t: int  # rounds done
+    client_fields = ("x_clients", "c")  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
 
 
 @dataclasses.dataclass(frozen=True)

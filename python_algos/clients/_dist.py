@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["DEFAULT_TIMEOUT", "TIMEOUT_ENV", "ensure_group", "bounds", "rank", "world_size", "is_main",
-           "under_launcher", "agree", "any_rank", "local_device"]
+           "under_launcher", "agree", "any_rank", "local_device", "client_fields"]
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for a silent peer
 TIMEOUT_ENV = "PYTHON_ALGOS_DIST_TIMEOUT"
@@ -135,3 +135,42 @@ def any_rank(flag: bool, device: torch.device = torch.device("cpu")) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
+
+
+def client_fields(state, rows: int) -> list:
+    """The fields of a NamedTuple algorithm state that are client stacks (one row per client held
+    here, ``rows`` of them), as the State class declares them in ``client_fields``.
+
+    Sharded checkpoints and distributed metrics split or all-reduce exactly these fields; a shape
+    test cannot tell them from a server-side 2-D field that happens to have ``rows`` rows, so an
+    undeclared state holding a 2-D tensor is refused (naming the declaration to add) rather than
+    guessed. A declared field that is None (an optional buffer) is skipped."""
+    if not hasattr(state, "_asdict"):
+        return []
+    cls = type(state)
+    declared = getattr(cls, "client_fields", None)
+    items = state._asdict()
+    if declared is None:
+        two_d = [k for k, v in items.items() if isinstance(v, torch.Tensor) and v.dim() == 2]
+        if two_d:
+            raise ValueError(f"{cls.__name__} does not declare which of its fields are per-client [N, d] stacks, so "
+                             f"a distributed run cannot tell them from server-side matrices (2-D fields: "
+                             f"{', '.join(two_d)}): add a class attribute client_fields = (...) naming the "
+                             f"per-client fields (() if none) to the {cls.__name__} NamedTuple")
+        return []
+    if isinstance(declared, str) or not all(isinstance(k, str) for k in declared):
+        raise TypeError(f"{cls.__name__}.client_fields must be a tuple of field names, got {declared!r}")
+    out = []
+    for k in declared:
+        if k not in items:
+            raise ValueError(f"{cls.__name__}.client_fields names {k!r}, which is not one of its fields "
+                             f"{', '.join(cls._fields)}")
+        v = items[k]
+        if v is None:
+            continue
+        if not isinstance(v, torch.Tensor) or v.dim() < 1 or v.shape[0] != rows:
+            shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise ValueError(f"{cls.__name__}.{k} is declared per-client (client_fields) but is {shape}, not one "
+                             f"row per client ({rows} rows here)")
+        out.append(k)
+    return out

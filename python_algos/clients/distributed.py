@@ -90,7 +90,9 @@ class DistributedClients(ClientSet):
 
     @classmethod
     def unsupported(cls, model) -> str:
-        return "" if dist.is_available() else "torch.distributed is not available in this torch build"
+        if not dist.is_available():
+            return "torch.distributed is not available in this torch build"
+        return _running_stats_issue(model, _dist.world_size())
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, *, inner: str = "auto",
@@ -116,12 +118,15 @@ class DistributedClients(ClientSet):
         self.metric_bytes = 0
         self.participant_loads: list[list[int]] = []  # sampled clients per rank, one list per round
         self._k = None  # this round's global participant count
-        self._plans: dict = {}
+        self._plans: list = []  # (copy of W, gossip plan), newest first: see _plan
         err = None
         try:
             if n < self.world_size:
                 raise ValueError(f"{n} clients cannot be split over {self.world_size} ranks: every rank needs at "
                                  f"least one client (use at most {n} processes)")
+            why = _running_stats_issue(model, self.world_size)
+            if why:
+                raise ValueError(why)
             cls = resolve_executor(inner, model)
             shard = [data[i] for i in range(self.lo, self.hi)]
             opts = dict(inner_options or {})
@@ -204,16 +209,22 @@ class DistributedClients(ClientSet):
         torch.mm(plan["W"], ext, out=out)
         return X.copy_(out)
 
+    _PLANS_KEPT = 4  # mixing matrices whose plans are cached (an algorithm uses one per run)
+
     def _plan(self, W: torch.Tensor) -> dict:
-        """Who needs which rows of whom, for the mixing matrix W (cached: W is built once per run).
+        """Who needs which rows of whom, for the mixing matrix W.
 
         The rank's rows of W·X use the columns of W's rows lo..hi with a nonzero entry; the ones
         outside the shard are received from their owners (``m`` rows), appended after the local
-        rows. Symmetrically, a row is sent to rank q when one of q's rows of W uses it."""
-        key = (W.data_ptr() if W.layout != torch.sparse_coo else W._values().data_ptr(), tuple(W.shape), W.layout)
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
+        rows. Symmetrically, a row is sent to rank q when one of q's rows of W uses it.
+
+        Cached by W's *content*: each plan keeps a copy of the W it was built from and is reused
+        only for an equal matrix (same layout, dtype, shape, indices and values), so a W changed
+        in place, a new W at a reused address or a transposed view never gets a stale plan. The
+        comparison reads W once (O(nnz), as the mean-degree count of every gossip does)."""
+        for snapshot, plan in self._plans:
+            if _same_matrix(snapshot, W):
+                return plan
         Wc = W.coalesce() if W.layout == torch.sparse_coo else None
         if Wc is not None:
             r, c = Wc.indices().cpu()
@@ -248,7 +259,9 @@ class DistributedClients(ClientSet):
                                        (self.rows, self.rows + m)).coalesce()
         if Wc is None:
             Wloc = Wloc.to_dense()
-        plan = self._plans[key] = {"W": Wloc, "ops": ops, "m": m, "keep": W}  # keep: W's address stays valid
+        plan = {"W": Wloc, "ops": ops, "m": m}
+        snapshot = (Wc if Wc is not None else W).detach().clone()
+        self._plans = [(snapshot, plan), *self._plans][: self._PLANS_KEPT]
         return plan
 
     # -- evaluation ---------------------------------------------------------------------
@@ -276,11 +289,12 @@ class DistributedClients(ClientSet):
 
     @contextlib.contextmanager
     def _rows_view(self, state):
-        """The state with its client stacks as :class:`_ClientRows` (reductions over clients all-reduced)."""
+        """The state with its client stacks (the fields its class declares in ``client_fields``) as
+        :class:`_ClientRows` (reductions over clients all-reduced)."""
         if not hasattr(state, "_replace"):
             yield state
             return
-        wrap = {k: v.as_subclass(_ClientRows) for k, v in state._asdict().items() if self.is_stack(v)}
+        wrap = {k: getattr(state, k).as_subclass(_ClientRows) for k in _dist.client_fields(state, self.rows)}
         token = _ClientRows.context.get()
         _ClientRows.context.set((self.rows, self.num_clients, self))
         try:
@@ -335,6 +349,38 @@ class DistributedClients(ClientSet):
                 "num_clients": self.num_clients}
 
 
+def _running_stats_issue(model: nn.Module, world: int) -> str:
+    """Why ``model`` cannot be split over ``world`` > 1 processes exactly, or "".
+
+    A BatchNorm / InstanceNorm in training mode with running statistics updates its buffers in
+    every forward pass, from the batches of the clients this process runs. Over several ranks each
+    rank's statistics would come from its own shard only, and the model saved or checkpointed
+    (rank 0's buffers) would differ from a one-process run's; training itself uses batch
+    statistics, so nothing else shows it. Merging them exactly would need every forward pass's
+    batch statistics from every rank, in client order."""
+    if world <= 1:
+        return ""
+    from .batched import _STATEFUL_NORMS
+
+    for name, m in model.named_modules():
+        if isinstance(m, _STATEFUL_NORMS) and m.track_running_stats and m.training:
+            return (f"module {name or 'model'!r} ({type(m).__name__}) updates running statistics in every forward "
+                    f"pass; split over {world} processes each would hold statistics of its own clients only, and the "
+                    f"saved model (rank 0's) would differ from a one-process run: use GroupNorm / LayerNorm, "
+                    f"track_running_stats=False, or run in one process")
+    return ""
+
+
+def _same_matrix(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` (a coalesced or dense snapshot) and ``b`` are the same matrix, entry for entry."""
+    if a.layout != b.layout or a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    if b.layout == torch.sparse_coo:
+        b = b.coalesce()  # a no-op for the coalesced W the topologies build
+        return bool(torch.equal(a.indices(), b.indices()) and torch.equal(a.values(), b.values()))
+    return bool(torch.equal(a, b))
+
+
 def _plain(v, what: str):
     if isinstance(v, _ClientRows):
         raise NotImplementedError(f"{what} is per-client (not reduced over the clients): the distributed executor "
@@ -347,13 +393,143 @@ _TO_PYTHON = {torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.__bool_
               torch.Tensor.tolist, torch.Tensor.numpy}
 
 
+def _funcs(*names, modules=(torch, torch.Tensor)):
+    return {f: n for n in names for m in modules for f in [getattr(m, n, None)] if f is not None}
+
+
+# Reductions, scans and sorts other than mean / sum, by the position of their ``dim`` argument
+# (after the tensor) and what an absent dim means ("all": every dimension; else a default dim).
+# Over the client dimension they would need another collective (max, a norm, a median, ...) or
+# a global order (cumsum, sort): refused, instead of a rank's partial answer.
+_DIM_ARG = {}
+for _names, _pos, _default in (
+        (("amax", "amin", "aminmax", "prod", "nansum", "nanmean", "logsumexp", "count_nonzero", "any", "all",
+          "max", "min", "argmax", "argmin", "median", "nanmedian", "mode", "var", "std", "var_mean", "std_mean"),
+         0, "all"),
+        (("norm", "quantile", "nanquantile", "kthvalue"), 1, "all"),
+        (("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "softmax", "log_softmax", "sort", "argsort",
+          "msort", "flip", "roll", "diff", "unique_consecutive"), 0, -1),
+        (("topk",), 1, -1)):
+    for _f in _funcs(*_names):
+        _DIM_ARG[_f] = (_pos, _default)
+for _f, _spec in {torch.linalg.vector_norm: (1, "all"), torch.linalg.norm: (1, "all"),
+                  torch.nn.functional.softmax: (0, -1), torch.nn.functional.log_softmax: (0, -1),
+                  torch.nn.functional.normalize: (1, 1)}.items():
+    _DIM_ARG[_f] = _spec
+_DIM_ARG.update({f: (0, "all") for f in _funcs("flip", "unique")})  # flip(dims), unique(): every dim
+# Ops that move the client dimension (or contract it, as the right operand of a product).
+_MOVES = _funcs("t", "transpose", "swapaxes", "swapdims", "permute", "movedim", "moveaxis", "einsum",
+                "tensordot", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "inner", "outer", "kron")
+_MOVES.update({torch.Tensor.T.__get__: "T", torch.Tensor.mT.__get__: "mT", torch.Tensor.H.__get__: "H",
+               torch.Tensor.mH.__get__: "mH"})
+
+
+def _norm_dims(dim, ndim: int):
+    """``dim`` as torch reads it, as a sorted tuple of non-negative dims (None, () and []: all)."""
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
+        return tuple(range(ndim))
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    out = []
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise NotImplementedError(f"dim={dim!r} on a rank's client rows: give dims as ints")
+        if not -ndim <= d < ndim:
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], but got {d})")
+        if d % ndim in out:
+            raise RuntimeError(f"dim {d % ndim} appears multiple times in the list of dims")
+        out.append(d % ndim)
+    return tuple(sorted(out))
+
+
+def _reduce_over_clients(kind: str, args, kwargs, ctx):
+    """``mean`` / ``sum`` of a rank's rows as torch computes them on the full [N, ...] stack, or
+    None when dim 0 is not reduced (a per-client value: computed locally). Signatures:
+    ``sum(input, dim=None, keepdim=False, *, dtype=None)`` (mean alike; ``dtype`` also positional
+    in ``sum(input, dtype)``)."""
+    t = args[0]
+    rest, kw = list(args[1:]), dict(kwargs)
+    dtype = kw.pop("dtype", None)
+    if rest and isinstance(rest[0], torch.dtype):
+        dtype = rest.pop(0)
+    dim = kw.pop("dim", rest.pop(0) if rest else None)
+    keepdim = kw.pop("keepdim", rest.pop(0) if rest else False)
+    if rest or kw:
+        raise NotImplementedError(f"{kind} of a rank's client rows with {sorted(kw) or rest}: only dim, keepdim and "
+                                  f"dtype are supported")
+    ndim = t.dim()
+    dims = _norm_dims(dim, ndim)
+    if 0 not in dims:
+        return None
+    rows, n, cs = ctx
+    with torch._C.DisableTorchFunctionSubclass():
+        plain = t.as_subclass(torch.Tensor)
+        if kind == "mean":
+            out_dtype = dtype if dtype is not None else plain.dtype
+            if not (out_dtype.is_floating_point or out_dtype.is_complex):
+                raise RuntimeError("mean(): could not infer output dtype. Input dtype must be either a floating "
+                                   f"point or complex dtype. Got: {str(out_dtype).replace('torch.', '').title()}")
+        local = torch.sum(plain, dim=dims, keepdim=bool(keepdim), dtype=dtype)
+        buf = local.reshape(-1).clone()
+        if cs.world_size > 1:
+            dist.all_reduce(buf, group=cs.group)
+        cs.metric_bytes += buf.numel() * buf.element_size()
+        total = buf.reshape(local.shape)
+        if kind == "mean":  # the element count of the reduced dims of the full [N, ...] stack
+            count = n
+            for d in dims[1:]:
+                count *= plain.shape[d]
+            total = total / count
+        return total
+
+
+def _moves_clients(func, args, kwargs) -> bool:
+    """True if ``func`` (one of _MOVES) moves or contracts dimension 0 of a _ClientRows argument."""
+    name = _MOVES[func]
+    t = args[0] if args else None
+    if name in ("transpose", "swapaxes", "swapdims") and isinstance(t, _ClientRows):
+        a = list(args[1:]) + [kwargs.get(k) for k in ("dim0", "dim1", "axis0", "axis1") if k in kwargs]
+        return any(isinstance(d, int) and d % t.dim() == 0 for d in a[:2])
+    if name == "permute" and isinstance(t, _ClientRows):
+        dims = args[1] if len(args) == 2 and not isinstance(args[1], int) else args[1:] or kwargs.get("dims")
+        return dims[0] % t.dim() != 0
+    if name in ("matmul", "__matmul__", "mm", "bmm", "inner") and not isinstance(t, _ClientRows):
+        return True  # the rows are the right operand: a product over the clients
+    if name in ("matmul", "__matmul__", "mm", "bmm", "inner"):
+        other = args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("mat2"))
+        return isinstance(other, _ClientRows) or t.dim() == 1
+    if name == "__rmatmul__":
+        return True
+    if name in ("T", "mT", "H", "mH", "t"):
+        return t.dim() >= 2
+    return True  # movedim, einsum, tensordot, outer, kron: not analysed
+
+
+def _touches_clients(func, args, kwargs) -> bool:
+    """True if the reduction / scan ``func`` (one of _DIM_ARG) works along dimension 0 of its input."""
+    pos, default = _DIM_ARG[func]
+    t = args[0]
+    rest = list(args[1:])
+    dim = kwargs.get("dim", kwargs.get("dims", kwargs.get("axis", rest[pos] if len(rest) > pos else default)))
+    if isinstance(dim, torch.Tensor) or (not isinstance(dim, (int, tuple, list)) and dim not in (None, "all")):
+        return func not in _funcs("max", "min")  # max(a, b): element-wise
+    if dim == "all":
+        return True
+    try:
+        return 0 in _norm_dims(dim, t.dim())
+    except (IndexError, RuntimeError, NotImplementedError):
+        return True
+
+
 class _ClientRows(torch.Tensor):
     """A rank's rows of a client stack, seen by metric code (``report``, ``state_metrics``) only.
 
-    Dimension 0 is the client dimension. ``mean`` / ``sum`` over it (or over all dimensions) are
-    all-reduced and return an ordinary tensor; element-wise arithmetic and reductions over the other
-    dimensions keep the rows (still ``_ClientRows``); anything that would turn a rank's rows into a
-    global value another way raises ``NotImplementedError`` rather than return a partial answer."""
+    Dimension 0 is the client dimension. ``mean`` / ``sum`` whose dims include it (an int, a tuple,
+    negative dims, none: all) are all-reduced and return an ordinary tensor equal to torch's on the
+    full [N, ...] stack, ``keepdim`` and ``dtype`` included. Element-wise arithmetic and reductions
+    over the other dimensions keep the rows (still ``_ClientRows``); ``x[i]`` is global client i's
+    row. Anything else that would turn a rank's rows into a global value (another reduction or scan
+    along the clients, a transpose or product over them, ``float()``) raises
+    ``NotImplementedError`` rather than return a partial answer."""
 
     context = contextvars.ContextVar("client_rows", default=None)  # (rows, N, DistributedClients)
 
@@ -363,21 +539,19 @@ class _ClientRows(torch.Tensor):
         ctx = cls.context.get()
         has_rows = any(isinstance(a, _ClientRows) for a in args) or \
             any(isinstance(a, _ClientRows) for a in kwargs.values())
+        name = getattr(func, "__name__", str(func))
         if ctx is not None and func in _REDUCTIONS and isinstance(args[0], _ClientRows):
-            dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-            dims = None if dim is None else ((dim,) if isinstance(dim, int) else tuple(dim))
-            t = args[0]
-            if dims is None or [d % t.dim() for d in dims] == [0]:
-                rows, n, cs = ctx
-                with torch._C.DisableTorchFunctionSubclass():
-                    local = t.sum(dim=0) if dims is not None else t.sum().reshape(1)
-                    local = local.contiguous()
-                    if cs.world_size > 1:
-                        dist.all_reduce(local, group=cs.group)
-                    cs.metric_bytes += local.numel() * local.element_size()
-                    if _REDUCTIONS[func] == "mean":
-                        local = local / (n if dims is not None else n * (t.numel() // max(rows, 1)))
-                    return local if dims is not None else local.reshape(())
+            out = _reduce_over_clients(_REDUCTIONS[func], args, kwargs, ctx)
+            if out is not None:
+                return out
+        elif ctx is not None and has_rows and func in _DIM_ARG and isinstance(args[0], _ClientRows) \
+                and _touches_clients(func, args, kwargs):
+            raise NotImplementedError(f"{name} along the client dimension (dim 0) of a rank's client rows: the "
+                                      f"distributed executor reduces over the clients with mean / sum only")
+        elif ctx is not None and has_rows and func in _MOVES and _moves_clients(func, args, kwargs):
+            raise NotImplementedError(f"{_MOVES[func]} moves or contracts the client dimension (dim 0) of a rank's "
+                                      f"client rows; the distributed executor cannot evaluate it (reduce over the "
+                                      f"clients with mean / sum first)")
         if ctx is not None and func is torch.Tensor.__getitem__ and isinstance(args[0], _ClientRows) \
                 and isinstance(args[1], int):  # one client's row, by its global index: from its owner
             return ctx[2]._global_row(args[0], args[1])
@@ -386,12 +560,12 @@ class _ClientRows(torch.Tensor):
         if not has_rows or ctx is None:
             return out
         if func in _TO_PYTHON:
-            raise NotImplementedError(f"{getattr(func, '__name__', func)} of a rank's client rows: reduce over the "
+            raise NotImplementedError(f"{name} of a rank's client rows: reduce over the "
                                       f"clients (mean / sum over dim 0) first")
         if isinstance(out, torch.Tensor):
             if out.dim() >= 1 and out.shape[0] == ctx[0]:
                 return out.as_subclass(_ClientRows)
-            raise NotImplementedError(f"{getattr(func, '__name__', func)} over a rank's client rows is not a per-client "
+            raise NotImplementedError(f"{name} over a rank's client rows is not a per-client "
                                       f"value or a mean / sum over the clients; the distributed executor cannot "
                                       f"evaluate it")
         return out

@@ -212,10 +212,9 @@ def _shard_name(t: int, r: int, world: int) -> str:
 
 
 def _stack_fields(state, rows: int) -> list:
-    """Fields of a NamedTuple state that are client stacks (2-D, one row per client held here)."""
-    if not hasattr(state, "_asdict"):
-        return []
-    return [k for k, v in state._asdict().items() if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[0] == rows]
+    """Fields of a NamedTuple state that are client stacks: those its class declares per-client
+    (``client_fields``; see :func:`python_algos.clients._dist.client_fields`)."""
+    return _dist.client_fields(state, rows)
 
 
 class ShardedCheckpointer(ckpt.Checkpointer):
@@ -320,8 +319,8 @@ def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu") -> d
     n = int(num_clients)
     lo, hi = _dist.bounds(n, world_size())[rank()] if distributed() else (0, n)
     if info is None:  # one process wrote it: stacks hold all N rows
-        fields = _stack_fields(snap["state"], n)
-        if fields and (lo, hi) != (0, n):
+        fields = _stack_fields(snap["state"], n) if (lo, hi) != (0, n) else []
+        if fields:
             snap["state"] = snap["state"]._replace(**{k: getattr(snap["state"], k)[lo:hi].clone() for k in fields})
         snap["client_rng"] = {k: (v[lo:hi] if isinstance(v, list) and len(v) == n else v)
                               for k, v in snap["client_rng"].items()}
