@@ -67,6 +67,7 @@ import fedkernels as fk
 
 from . import _dist
 from .base import ClientSet
+from .registry import LOCAL_EXECUTORS, resolve_local
 
 __all__ = ["DistributedClients"]
 
@@ -79,7 +80,7 @@ class DistributedClients(ClientSet):
             its shard, so a lazy sequence loads only the shard).
         inner: the executor that runs this rank's clients: ``"sequential"``, ``"batched"`` or
             ``"auto"`` (default: the fastest that supports the model; see
-            :func:`python_algos.clients.resolve_executor`).
+            :func:`python_algos.clients.registry.resolve_local`).
         inner_options: keyword arguments for the inner executor.
         timeout: seconds a collective waits for a silent peer (default: ``PYTHON_ALGOS_DIST_TIMEOUT``
             or 300); used when this call creates the process group.
@@ -98,13 +99,10 @@ class DistributedClients(ClientSet):
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, *, inner: str = "auto",
                  inner_options: Optional[dict] = None, timeout: Optional[float] = None):
         super().__init__()
-        from . import EXECUTORS, resolve_executor  # the registry imports this module
-
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-        if not isinstance(inner, str) or inner.lower() == "distributed" or \
-                (inner.lower() != "auto" and inner.lower() not in EXECUTORS):
-            names = ", ".join(["auto", *(n for n in EXECUTORS if n != "distributed")])
+        if not isinstance(inner, str) or (inner.lower() != "auto" and inner.lower() not in LOCAL_EXECUTORS):
+            names = ", ".join(["auto", *LOCAL_EXECUTORS])
             raise ValueError(f"inner (the executor of each rank's clients) must be one of {names}, got {inner!r}")
         first = next(iter(model.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
@@ -127,7 +125,7 @@ class DistributedClients(ClientSet):
             why = _running_stats_issue(model, self.world_size)
             if why:
                 raise ValueError(why)
-            cls = resolve_executor(inner, model)
+            cls = resolve_local(inner, model)
             shard = [data[i] for i in range(self.lo, self.hi)]
             opts = dict(inner_options or {})
             if inner.lower() == "auto":  # choose as one process with all N clients would, on every rank
