@@ -289,7 +289,9 @@ def simulate(
             patterns to Regularizers or None, one penalty per parameter (``{"0.weight":
             fk.GroupLasso(1e-2, groups="cols"), "*.bias": None}``; built into
             ``fk.PerParameter(model, mapping)``, whose docstring has the matching rules: an exact name
-            wins, then the first matching pattern; unmatched parameters get no penalty).
+            wins, then the first matching pattern; unmatched parameters get no penalty). A
+            ``GroupLasso`` needs a parameter's shape, so it is given per parameter only (a bare one
+            raises ``ValueError`` before any round).
             ``algorithm.validate(h)`` runs first and raises ``ValueError`` for invalid step sizes
             (e.g. FedCanon with alpha * rho >= 1; checked per parameter for a mapping).
         batch_size: minibatch size B; ``None`` means full local gradients (deterministic run).
@@ -312,14 +314,26 @@ def simulate(
         resume: a snapshot given earlier to ``checkpoint`` (e.g. saved and loaded by
             :mod:`python_algos.experiments.checkpoint`): instead of ``init``, restore the algorithm state, every
             generator, module buffers, the metrics so far and ``elapsed``, and continue with round
-            ``snapshot["round"] + 1`` up to ``rounds``. With full or minibatch gradients the result is
-            bit-identical to an uninterrupted run on CPU. Same algorithm and hyper-parameters required;
-            with ``executor="auto"`` the snapshot's executor is reused (auto chooses by timing).
+            ``snapshot["round"] + 1`` up to ``rounds`` (>= the snapshot's round). With full or minibatch
+            gradients the result is bit-identical to an uninterrupted run on CPU. Every setting must be
+            the snapshot's, which records them (``snapshot["setup"]``, :mod:`python_algos._setup_check`):
+            the algorithm and its hyper-parameters, ``clients`` (per-client sample counts and, for
+            tensor clients, a hash of their values), ``loss_fn``, ``regularizer``, ``batch_size``,
+            ``seed``, ``participation`` / ``clients_per_round``, ``metrics_every``, ``metric_step`` and
+            the model's parameter shapes, buffers, dtype and device; otherwise ``ValueError`` names every
+            differing one with both values, before anything (a generator, buffer or parameter) is
+            changed. Only ``rounds`` may differ, and the executor (it changes the summation order, not
+            the algorithm: a warning; with ``executor="auto"`` the snapshot's executor is reused). A
+            snapshot of an older version without ``"setup"`` resumes with a warning that only the
+            algorithm was checked. The resumed run continues in the snapshot's state tensors: load
+            the snapshot again to resume from it a second time.
         checkpoint: ``checkpoint(snapshot)`` after round 0 of a fresh run, every ``checkpoint_every``
             rounds and after the last round, once the callbacks have accepted the round (a round a
             callback stops on is never checkpointed). The snapshot (``round``, ``algorithm``,
             ``hparams``, ``state``, ``rng``, ``client_rng``, ``torch_rng``, ``buffers``, ``metrics``, ``executor``,
-            ``initial``, ``elapsed``) references live buffers: write it out before returning.
+            ``initial``, ``elapsed``, ``setup``) references live buffers: write it out before returning.
+            With ``checkpoint`` or ``resume`` the tensor clients are hashed once at the start (see
+            :mod:`python_algos._setup_check` for the cost).
         checkpoint_every: see ``checkpoint`` (0: only round 0 and the last round).
         participation: fraction of clients sampled each round, k = max(1, round(participation * N))
             uniformly without replacement (docs/algorithms.md §1.4); None or 1: full participation.
