@@ -172,6 +172,17 @@ def _callable_name(f) -> str:
     return f"{type(f).__module__}.{type(f).__qualname__}"
 
 
+def _plain(v):
+    """An int as a built-in int (numpy integers too); anything else as its text (the executor
+    refuses it with its own message later)."""
+    if v is None or isinstance(v, bool):
+        return v
+    try:
+        return int(v) if int(v) == v else repr(v)
+    except (TypeError, ValueError):
+        return repr(v)
+
+
 def run_setup(*, model: nn.Module, loss_fn, clients, regularizer, batch_size, seed, clients_per_round,
               metrics_every: int, metric_step: float) -> dict:
     """The record of a run's settings kept in every snapshot (module docstring)."""
@@ -181,8 +192,8 @@ def run_setup(*, model: nn.Module, loss_fn, clients, regularizer, batch_size, se
         "clients": fingerprint_clients(clients),
         "loss_fn": _callable_name(loss_fn),
         "regularizer": describe_regularizer(regularizer),
-        "batch_size": None if batch_size is None else int(batch_size),
-        "seed": int(seed),
+        "batch_size": _plain(batch_size),
+        "seed": _plain(seed),
         "clients_per_round": clients_per_round,
         "metrics_every": int(metrics_every),
         "metric_step": float(metric_step),
