@@ -206,9 +206,10 @@ def _restore(snap: dict, model: nn.Module, cs: ClientSet, rng: torch.Generator):
 
 def _check_group_lasso(regularizer, model: nn.Module) -> None:
     """A bare ``fk.GroupLasso`` (or a multiple of one) has no matrix to group: applied to the flat
-    [d] model it fails with a shape error after the run has started, and to an [N, d] stack of
-    client models (DEPOSITUM) it silently takes each parameter *coordinate* across the clients as
-    a group. The per-parameter form knows each parameter's shape."""
+    [d] model it fails with a shape error once the run has started, and to an [N, d] stack of
+    client models (DEPOSITUM) it silently runs with the wrong groups: each client's whole model
+    (rows), or one coordinate across the clients (cols). The per-parameter form knows each
+    parameter's shape."""
     kappa, base = 1.0, regularizer
     while isinstance(base, fk.Scaled):
         kappa, base = kappa * base.kappa, base.base
