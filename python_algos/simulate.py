@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Sequence
 
@@ -44,6 +45,7 @@ from torch import nn
 
 import fedkernels as fk
 
+from . import _setup_check
 from .algorithms.base import Algorithm
 from .algorithms.steps import prox
 from .clients import EXECUTORS, ClientSet, resolve_executor
@@ -143,11 +145,52 @@ def objective_metrics(clients: ClientSet, reg: fk.Regularizer, x: torch.Tensor, 
         return out
 
 
-def _restore(snap: dict, algorithm: Algorithm, model: nn.Module, cs: ClientSet, rng: torch.Generator):
-    """Undo a ``checkpoint`` snapshot: returns (state, initial, metrics, elapsed, next round)."""
-    if snap.get("algorithm") != algorithm.name or snap.get("hparams") != algorithm.hparams():
-        raise ValueError(f"cannot resume: the snapshot is of {snap.get('algorithm')} {snap.get('hparams')}, "
-                         f"not {algorithm.name} {algorithm.hparams()}")
+_SNAPSHOT_KEYS = ("round", "algorithm", "hparams", "state", "rng", "client_rng", "torch_rng", "buffers", "metrics",
+                  "initial", "elapsed")
+
+
+def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rounds: int) -> None:
+    """Refuse a snapshot that does not belong to this run, before anything is changed.
+
+    A snapshot restores the algorithm state and every generator, so the settings that produced it
+    must be the given ones (``_setup_check``); otherwise the rounds after it would continue one run
+    under another's settings and the History would describe neither. Only ``rounds`` (and how the
+    clients execute) may differ. Every differing setting is named, with both values."""
+    if not isinstance(snap, Mapping):
+        raise TypeError(f"resume must be a snapshot dict (as given to checkpoint), got {type(snap).__name__}")
+    missing = [k for k in _SNAPSHOT_KEYS if k not in snap]
+    if missing:
+        raise ValueError(f"cannot resume: resume is not a simulate snapshot (it lacks {', '.join(missing)})")
+    diffs = []
+    if snap["algorithm"] != algorithm.name or snap["hparams"] != algorithm.hparams():
+        diffs.append(f"algorithm: snapshot {snap['algorithm']} {snap['hparams']}, given {algorithm.name} "
+                     f"{algorithm.hparams()}")
+    have = {n: tuple(b.shape) for n, b in model.named_buffers()}
+    saved = {n: tuple(b.shape) for n, b in snap["buffers"].items()}
+    if have != saved:
+        diffs.append(f"model (buffers): snapshot {saved}, given {have}")
+    recorded = snap.get("setup")
+    if isinstance(recorded, Mapping):
+        diffs += _setup_check.differences(dict(recorded), setup)
+    if diffs:
+        raise ValueError(f"cannot resume: the snapshot's run has other settings than the given ones, so its state "
+                         f"would continue under them (nothing was changed): {'; '.join(diffs)}. Resume with the "
+                         f"snapshot's settings (only rounds may differ), or start a new run without resume")
+    if int(snap["round"]) > rounds:
+        raise ValueError(f"rounds must be >= the snapshot's round {snap['round']} to resume from it (a run cannot "
+                         f"go back), got {rounds}")
+    if recorded is None and not isinstance((snap.get("extra") or {}).get("config"), Mapping):
+        # a snapshot of an older version; the command line's own checkpoints carry the run's config,
+        # which the command line has compared already
+        warnings.warn("resume: the snapshot does not record its run's settings (written by an older version), so "
+                      "only the algorithm and its hyper-parameters were checked; the clients, regularizer, "
+                      "batch_size, seed and participation must be the run's own for a correct result",
+                      UserWarning, stacklevel=3)
+
+
+def _restore(snap: dict, model: nn.Module, cs: ClientSet, rng: torch.Generator):
+    """Undo a ``checkpoint`` snapshot that :func:`_check_resume` accepted: returns (state, initial,
+    metrics, elapsed, next round)."""
     rng.set_state(snap["rng"])
     cs.set_rng_state(snap["client_rng"])
     torch.set_rng_state(snap["torch_rng"])
@@ -157,6 +200,30 @@ def _restore(snap: dict, algorithm: Algorithm, model: nn.Module, cs: ClientSet, 
             buffers[name].copy_(value)
     return (snap["state"], dict(snap["initial"]), list(snap["metrics"]), float(snap["elapsed"]),
             int(snap["round"]) + 1)
+
+
+def _check_group_lasso(regularizer, model: nn.Module) -> None:
+    """A bare ``fk.GroupLasso`` (or a multiple of one) has no matrix to group: applied to the flat
+    [d] model it fails with a shape error once the run has started, and to an [N, d] stack of
+    client models (DEPOSITUM) it silently runs with the wrong groups: each client's whole model
+    (rows), or one coordinate across the clients (cols). The per-parameter form knows each
+    parameter's shape."""
+    kappa, base = 1.0, regularizer
+    while isinstance(base, fk.Scaled):
+        kappa, base = kappa * base.kappa, base.base
+    if not isinstance(base, fk.GroupLasso):
+        return
+    mats = [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
+    head = (f"regularizer: {regularizer!r} needs a matrix (its rows or columns are the groups), and a bare "
+            f"regularizer is applied to the flat vector of all the model's parameters")
+    if not mats:
+        raise ValueError(f"{head}; this model has no trainable parameter with 2 or more dimensions, so there is "
+                         f"nothing to group: use a separable penalty such as fk.L1")
+    lam = kappa * base.lam
+    shown = ", ".join(f"{n!r} {s}" for n, s in mats[:6]) + (", ..." if len(mats) > 6 else "")
+    raise ValueError(f"{head}; give it per parameter, e.g. regularizer={{{mats[0][0]!r}: fk.GroupLasso({lam!r}, "
+                     f"groups={base.groups!r})}} (groups='cols' of the first layer's weight selects input features; "
+                     f"the model's parameters with 2 or more dimensions: {shown})")
 
 
 def _clients_per_round(algorithm: Algorithm, n: int, participation, clients_per_round) -> Optional[int]:
@@ -221,7 +288,9 @@ def simulate(
             patterns to Regularizers or None, one penalty per parameter (``{"0.weight":
             fk.GroupLasso(1e-2, groups="cols"), "*.bias": None}``; built into
             ``fk.PerParameter(model, mapping)``, whose docstring has the matching rules: an exact name
-            wins, then the first matching pattern; unmatched parameters get no penalty).
+            wins, then the first matching pattern; unmatched parameters get no penalty). A
+            ``GroupLasso`` needs a parameter's shape, so it is given per parameter only (a bare one
+            raises ``ValueError`` before any round).
             ``algorithm.validate(h)`` runs first and raises ``ValueError`` for invalid step sizes
             (e.g. FedCanon with alpha * rho >= 1; checked per parameter for a mapping).
         batch_size: minibatch size B; ``None`` means full local gradients (deterministic run).
@@ -244,14 +313,26 @@ def simulate(
         resume: a snapshot given earlier to ``checkpoint`` (e.g. saved and loaded by
             :mod:`python_algos.runfolder.checkpoint`): instead of ``init``, restore the algorithm state, every
             generator, module buffers, the metrics so far and ``elapsed``, and continue with round
-            ``snapshot["round"] + 1`` up to ``rounds``. With full or minibatch gradients the result is
-            bit-identical to an uninterrupted run on CPU. Same algorithm and hyper-parameters required;
-            with ``executor="auto"`` the snapshot's executor is reused (auto chooses by timing).
+            ``snapshot["round"] + 1`` up to ``rounds`` (>= the snapshot's round). With full or minibatch
+            gradients the result is bit-identical to an uninterrupted run on CPU. Every setting must be
+            the snapshot's, which records them (``snapshot["setup"]``, :mod:`python_algos._setup_check`):
+            the algorithm and its hyper-parameters, ``clients`` (per-client sample counts and, for
+            tensor clients, a hash of their values), ``loss_fn``, ``regularizer``, ``batch_size``,
+            ``seed``, ``participation`` / ``clients_per_round``, ``metrics_every``, ``metric_step`` and
+            the model's parameter shapes, buffers, dtype and device; otherwise ``ValueError`` names every
+            differing one with both values, before anything (a generator, buffer or parameter) is
+            changed. Only ``rounds`` may differ, and the executor (it changes the summation order, not
+            the algorithm: a warning; with ``executor="auto"`` the snapshot's executor is reused). A
+            snapshot of an older version without ``"setup"`` resumes with a warning that only the
+            algorithm was checked. The resumed run continues in the snapshot's state tensors: load
+            the snapshot again to resume from it a second time.
         checkpoint: ``checkpoint(snapshot)`` after round 0 of a fresh run, every ``checkpoint_every``
             rounds and after the last round, once the callbacks have accepted the round (a round a
             callback stops on is never checkpointed). The snapshot (``round``, ``algorithm``,
             ``hparams``, ``state``, ``rng``, ``client_rng``, ``torch_rng``, ``buffers``, ``metrics``, ``executor``,
-            ``initial``, ``elapsed``) references live buffers: write it out before returning.
+            ``initial``, ``elapsed``, ``setup``) references live buffers: write it out before returning.
+            With ``checkpoint`` or ``resume`` the tensor clients are hashed once at the start (see
+            :mod:`python_algos._setup_check` for the cost).
         checkpoint_every: see ``checkpoint`` (0: only round 0 and the last round).
         participation: fraction of clients sampled each round, k = max(1, round(participation * N))
             uniformly without replacement (docs/algorithms.md §1.4); None or 1: full participation.
@@ -272,11 +353,19 @@ def simulate(
         raise TypeError(f"progress must be True or False, got {progress!r}")
     if isinstance(regularizer, Mapping):
         regularizer = fk.PerParameter(model, regularizer)
+    _check_group_lasso(regularizer, model)
     algorithm.validate(regularizer)
     k = _clients_per_round(algorithm, len(clients), participation, clients_per_round)
     step = float(metric_step) if metric_step is not None else float(algorithm.metric_step())
     if not step > 0:
         raise ValueError(f"metric_step must be > 0, got {step}")
+    settings = None  # what a snapshot records of the run (hashes the data once: only when snapshots are used)
+    if checkpoint is not None or resume is not None:
+        settings = _setup_check.run_setup(model=model, loss_fn=loss_fn, clients=clients, regularizer=regularizer,
+                                       batch_size=batch_size, seed=seed, clients_per_round=k,
+                                       metrics_every=metrics_every, metric_step=step)
+    if resume is not None:
+        _check_resume(resume, algorithm, model, settings, int(rounds))  # before anything is built or changed
 
     if backend is None and executor == "auto" and resume is not None and resume.get("executor") in EXECUTORS:
         # auto decides by timing, which varies; the executor the run started with keeps resume bit-identical
@@ -307,7 +396,15 @@ def simulate(
                 "rng": rng.get_state(), "client_rng": cs.rng_state(), "torch_rng": torch.get_rng_state(),
                 "buffers": dict(model.named_buffers()), "metrics": metrics, "initial": initial, "elapsed": elapsed,
                 # the executor that ran the clients (in each process, for the distributed one)
-                "executor": getattr(cs, "inner_executor", None) or getattr(cs, "executor", None)}
+                "executor": ran_on,
+                "setup": settings}  # the run's settings, checked by a resume (python_algos._setup_check)
+
+    ran_on = getattr(cs, "inner_executor", None) or getattr(cs, "executor", None)
+    if resume is not None and resume.get("executor") and ran_on and resume["executor"] != ran_on:
+        warnings.warn(f"resume: the snapshot's rounds ran on executor {resume['executor']!r}, these run on "
+                      f"{ran_on!r}: the same algorithm, but another floating-point summation order, so the result "
+                      f"is not bit-identical to an uninterrupted run; pass executor={resume['executor']!r} (or "
+                      f"'auto') for that", UserWarning, stacklevel=2)
 
     if resume is None:
         state = algorithm.init(x0, cs)
@@ -316,7 +413,7 @@ def simulate(
         if checkpoint is not None:
             checkpoint(snapshot(0))
     else:
-        state, initial, metrics, elapsed, start = _restore(resume, algorithm, model, cs, rng)
+        state, initial, metrics, elapsed, start = _restore(resume, model, cs, rng)
     bar = None
     if progress and getattr(cs, "rank", 0) == 0:  # distributed: rank 0 alone shows progress
         bar = Progress(rounds, initial=start - 1, desc=algorithm.name)
