@@ -45,7 +45,7 @@ from torch import nn
 
 import fedkernels as fk
 
-from . import _setup_check
+from .runfolder import setup_record
 from .algorithms.base import Algorithm
 from .algorithms.steps import prox
 from .clients import EXECUTORS, ClientSet, resolve_executor
@@ -153,7 +153,7 @@ def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rou
     """Refuse a snapshot that does not belong to this run, before anything is changed.
 
     A snapshot restores the algorithm state and every generator, so the settings that produced it
-    must be the given ones (``_setup_check``); otherwise the rounds after it would continue one run
+    must be the given ones (:mod:`.runfolder.setup_record`); otherwise the rounds after it would continue one run
     under another's settings and the History would describe neither. Only ``rounds`` (and how the
     clients execute) may differ. Every differing setting is named, with both values."""
     if not isinstance(snap, Mapping):
@@ -171,7 +171,7 @@ def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rou
         diffs.append(f"model (buffers): snapshot {saved}, given {have}")
     recorded = snap.get("setup")
     if isinstance(recorded, Mapping):
-        diffs += _setup_check.differences(dict(recorded), setup)
+        diffs += setup_record.differences(dict(recorded), setup)
     if diffs:
         raise ValueError(f"cannot resume: the snapshot's run has other settings than the given ones, so its state "
                          f"would continue under them (nothing was changed): {'; '.join(diffs)}. Resume with the "
@@ -315,7 +315,7 @@ def simulate(
             generator, module buffers, the metrics so far and ``elapsed``, and continue with round
             ``snapshot["round"] + 1`` up to ``rounds`` (>= the snapshot's round). With full or minibatch
             gradients the result is bit-identical to an uninterrupted run on CPU. Every setting must be
-            the snapshot's, which records them (``snapshot["setup"]``, :mod:`python_algos._setup_check`):
+            the snapshot's, which records them (``snapshot["setup"]``, :mod:`python_algos.runfolder.setup_record`):
             the algorithm and its hyper-parameters, ``clients`` (per-client sample counts and, for
             tensor clients, a hash of their values), ``loss_fn``, ``regularizer``, ``batch_size``,
             ``seed``, ``participation`` / ``clients_per_round``, ``metrics_every``, ``metric_step`` and
@@ -332,7 +332,7 @@ def simulate(
             ``hparams``, ``state``, ``rng``, ``client_rng``, ``torch_rng``, ``buffers``, ``metrics``, ``executor``,
             ``initial``, ``elapsed``, ``setup``) references live buffers: write it out before returning.
             With ``checkpoint`` or ``resume`` the tensor clients are hashed once at the start (see
-            :mod:`python_algos._setup_check` for the cost).
+            :mod:`python_algos.runfolder.setup_record` for the cost).
         checkpoint_every: see ``checkpoint`` (0: only round 0 and the last round).
         participation: fraction of clients sampled each round, k = max(1, round(participation * N))
             uniformly without replacement (docs/algorithms.md §1.4); None or 1: full participation.
@@ -361,7 +361,7 @@ def simulate(
         raise ValueError(f"metric_step must be > 0, got {step}")
     settings = None  # what a snapshot records of the run (hashes the data once: only when snapshots are used)
     if checkpoint is not None or resume is not None:
-        settings = _setup_check.run_setup(model=model, loss_fn=loss_fn, clients=clients, regularizer=regularizer,
+        settings = setup_record.run_setup(model=model, loss_fn=loss_fn, clients=clients, regularizer=regularizer,
                                        batch_size=batch_size, seed=seed, clients_per_round=k,
                                        metrics_every=metrics_every, metric_step=step)
     if resume is not None:
@@ -397,7 +397,7 @@ def simulate(
                 "buffers": dict(model.named_buffers()), "metrics": metrics, "initial": initial, "elapsed": elapsed,
                 # the executor that ran the clients (in each process, for the distributed one)
                 "executor": ran_on,
-                "setup": settings}  # the run's settings, checked by a resume (python_algos._setup_check)
+                "setup": settings}  # the run's settings, checked by a resume (python_algos.runfolder.setup_record)
 
     ran_on = getattr(cs, "inner_executor", None) or getattr(cs, "executor", None)
     if resume is not None and resume.get("executor") and ran_on and resume["executor"] != ran_on:

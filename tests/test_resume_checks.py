@@ -11,9 +11,9 @@ from torch import nn
 
 import fedkernels as fk
 from python_algos import simulate
-from python_algos import _setup_check as sc
+from python_algos.runfolder import setup_record as sc
 from python_algos.algorithms.registry import ALGORITHMS, make
-from python_algos.experiments import checkpoint as ckpt
+from python_algos.runfolder import checkpoint as ckpt
 
 LOSS = nn.functional.cross_entropy
 
