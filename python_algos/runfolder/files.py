@@ -19,13 +19,20 @@ import torch
 
 from . import faults
 
-__all__ = ["RUN_FILES", "RunFolderError", "read_metrics"]
+__all__ = ["RUN_FILES", "RunFolderError", "RunExistsError", "read_metrics"]
 
 RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.pt", "summary.json", "model.pt")
 
 
 class RunFolderError(ValueError):
     """A run folder that cannot be started, resumed or replaced as asked; nothing in it was changed."""
+
+
+class RunExistsError(RunFolderError, FileExistsError):
+    """The target folder already holds a run (or a comparison) that this call must not replace.
+
+    Both a :class:`RunFolderError` (a ``ValueError``, as every refusal of the command line) and a
+    ``FileExistsError`` (as ``History.save`` has always raised), so either ``except`` catches it."""
 
 
 def _clean(v):
