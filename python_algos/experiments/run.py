@@ -238,7 +238,9 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         summary["message"] = (f"{label} diverged at {status['diverged']}; the run was stopped and {keep}. "
                               f"Lower the step size (--lr, currently {cfg.lr:g}) or the local steps.")
     elif main:
-        ckpt.atomic_save({"params": hist.params.cpu(),
+        # model.pt records its round: a later resumed run that stops early (Ctrl-C, a kill, divergence)
+        # appends metrics past it and leaves this file, and a reader must pair the model with its own round
+        ckpt.atomic_save({"params": hist.params.cpu(), "round": int(hist.metrics[-1]["round"]) if hist.metrics else 0,
                           "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}},
                          os.path.join(out_dir, "model.pt"))
     if main:

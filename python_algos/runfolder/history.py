@@ -13,6 +13,11 @@ refuses it. No ``checkpoint.pt`` or ``partition.json`` is written.
 
 The folder is written in full under a temporary name beside the target and renamed into place, so
 a failure (or a kill) leaves either no folder or the previous one, never a mix.
+
+``model.pt`` records the round of its model. ``History.load`` returns that model with the metrics of
+rounds 0 up to that round: a command-line run whose resumed continuation stopped early (Ctrl-C, a
+kill, divergence) has metrics rows past model.pt's round; they are left out with a warning saying
+what the folder holds. It refuses a folder where model.pt cannot be paired with its metrics.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
+import warnings
 from typing import Optional
 
 import torch
 
 from . import checkpoint as ckpt
-from .files import _holds_run, _write_json, _write_jsonl, read_metrics
+from .files import RunFolderError, _holds_run, _write_json, _write_jsonl, read_metrics
 
 __all__ = ["save_history", "load_history", "API_MARK"]
 
@@ -95,7 +102,8 @@ def save_history(hist, path: str, *, overwrite: bool = False, label: Optional[st
         _write_json(os.path.join(tmp, "config.json"), config)
         _write_jsonl(os.path.join(tmp, "metrics.jsonl"), rows)
         state_dict = None if model is None else {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        ckpt.atomic_save({"params": hist.params.detach().cpu(), "state_dict": state_dict},
+        ckpt.atomic_save({"params": hist.params.detach().cpu(), "round": int(rows[-1].get("round", 0)),
+                          "state_dict": state_dict},
                          os.path.join(tmp, "model.pt"))
         _write_json(os.path.join(tmp, "summary.json"), {**summary, "out_dir": path})
         if os.path.isdir(path):  # empty, or a run folder that overwrite=True replaces: swap, then drop the old
@@ -125,6 +133,50 @@ def _read_json(path: str) -> dict:
     return d
 
 
+def _why_past_model(summary: dict) -> str:
+    """Why metrics.jsonl goes past model.pt's round, as far as summary.json tells."""
+    status, done = summary.get("status"), summary.get("rounds_done")
+    if status == "interrupted":
+        return f"the resumed run was interrupted after round {done}"
+    if status == "diverged":
+        return f"the resumed run diverged after round {done}"
+    return "a resumed run stopped (was killed?) before it finished"
+
+
+def _rows_of_model(path: str, rows: list, model_round, summary: dict, api_run: bool) -> list:
+    """The metrics rows up to the round of model.pt, never rows of another model's rounds.
+
+    The command line appends a row to metrics.jsonl every round and writes model.pt when a run
+    completes, so a resumed run that then stops early (Ctrl-C, a kill, divergence) leaves rows past
+    model.pt's round. Those rows are dropped with a warning saying so; a model.pt whose round has no
+    row, or an older model.pt (no ``round``) that summary.json does not vouch for, is refused."""
+    last = int(rows[-1].get("round", 0))
+    resume = ("" if api_run or summary.get("status") == "diverged"  # nothing to resume / it would diverge again
+              else f" `python -m python_algos run --resume {shlex.quote(path)}` finishes the run.")
+    if model_round is None:  # written before model.pt recorded its round: summary.json must vouch for it
+        # (model.pt is written just before summary.json, and only when a run completes)
+        if summary.get("status") == "completed" and summary.get("rounds_done") == last:
+            return rows
+        raise RunFolderError(
+            f"History.load: {path}: model.pt does not record its round (an older version wrote it) and summary.json "
+            f"(status {summary.get('status')}, rounds_done {summary.get('rounds_done')}) does not show it is the "
+            f"model of metrics.jsonl's last round {last} ({_why_past_model(summary)}), so the model cannot be paired "
+            f"with its metrics; nothing was loaded.{resume}")
+    model_round = int(model_round)
+    kept = [r for r in rows if int(r.get("round", 0)) <= model_round]
+    if int(kept[-1].get("round", 0)) != model_round:
+        raise RunFolderError(
+            f"History.load: {path}: model.pt is the model of round {model_round} but metrics.jsonl holds rounds "
+            f"0–{last} only (a resumed run rewrote them from an earlier checkpoint and stopped), so the model cannot "
+            f"be paired with its metrics; nothing was loaded.{resume}")
+    if last > model_round:
+        warnings.warn(
+            f"History.load: {path}: metrics up to round {last}, model.pt of round {model_round} "
+            f"({_why_past_model(summary)}): loaded rounds 0–{model_round}, the metrics of model.pt's model."
+            f"{resume}", stacklevel=4)
+    return kept
+
+
 def load_history(path: str) -> dict:
     """See :meth:`python_algos.simulate.History.load`: the History's fields (all but ``state``) as a
     dict, which ``History.load`` builds the History from (this layer sits below ``simulate``)."""
@@ -141,7 +193,9 @@ def load_history(path: str) -> dict:
     model_path = os.path.join(path, "model.pt")
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"History.load: {path} holds no model.pt (the run did not complete)")
-    params = torch.load(model_path, map_location="cpu", weights_only=True)["params"]
+    saved = torch.load(model_path, map_location="cpu", weights_only=True)
+    params = saved["params"]
+    rows = _rows_of_model(path, rows, saved.get("round"), summary, bool(config.get(API_MARK)))
     if config.get(API_MARK):
         setup = {k: v for k, v in config.items() if k not in (API_MARK, "saved_by", "algorithm", "hparams", "executor")}
         algorithm, hparams, executor = config["algorithm"], config["hparams"], config.get("executor", "sequential")
