@@ -73,7 +73,8 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     folder is refused, as the command line refuses ``--out DIR`` of an existing run.
     Raises :class:`ConfigError` (a value, named by its flag), :class:`RunFolderError` (the folder:
     a foreign or edited checkpoint, ``--rounds`` below the checkpoint; :class:`RunExistsError`: an
-    existing run that ``replace=False`` keeps), :class:`~python_algos.runfolder.checkpoint.CheckpointError` (a damaged checkpoint) or
+    existing run that ``replace=False`` keeps), :class:`~python_algos.runfolder.checkpoint.CheckpointError`
+    (a damaged checkpoint) or
     ``ValueError`` (data, model, algorithm and participation, named by their flags).
     """
     if not isinstance(replace, bool):  # a truthy string must not delete a run

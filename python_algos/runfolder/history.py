@@ -12,7 +12,9 @@ hyper-parameters, regularizer, rounds, seed, batch size, executor, number of cli
 refuses it. No ``checkpoint.pt`` or ``partition.json`` is written.
 
 The folder is written in full under a temporary name beside the target and renamed into place, so
-a failure (or a kill) leaves either no folder or the previous one, never a mix.
+a failure (or a kill) leaves either no folder or the previous one, never a mix. The rename is also
+the check that the target holds no run: of several processes saving to one path at once (every rank
+of a torchrun job), exactly one succeeds and the others raise ``FileExistsError``.
 
 ``model.pt`` records the round of its model. ``History.load`` returns that model with the metrics of
 rounds 0 up to that round: a command-line run whose resumed continuation stopped early (Ctrl-C, a
@@ -24,16 +26,18 @@ from __future__ import annotations
 
 import json
 import math
+import errno
 import os
 import shlex
 import shutil
+import uuid
 import warnings
 from typing import Optional
 
 import torch
 
 from . import checkpoint as ckpt
-from .files import RunFolderError, _holds_run, _write_json, _write_jsonl, read_metrics
+from .files import RunExistsError, RunFolderError, _exchange, _holds_run, _write_json, _write_jsonl, read_metrics
 
 __all__ = ["save_history", "load_history", "API_MARK"]
 
@@ -41,18 +45,70 @@ API_MARK = "api_run"  # config.json key that tells a folder written by History.s
 
 
 def _check_target(path: str, overwrite: bool) -> None:
-    """Refuse a target the save must not touch (before anything is written)."""
+    """Refuse a target the save must not touch, before anything is written. The answer can change
+    before the folder is published (another process may save there meanwhile): :func:`_publish`
+    decides for good."""
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite must be True or False, got {overwrite!r}")
     if os.path.exists(path) and not os.path.isdir(path):
         raise FileExistsError(f"History.save: {path} is a file, not a folder (nothing was changed)")
     if os.path.isdir(path) and os.listdir(path):
         if not _holds_run(path):
-            raise FileExistsError(f"History.save: {path} holds files that are not a run folder; choose another "
-                                  f"path (nothing was changed, overwrite=True replaces only run folders)")
+            raise FileExistsError(_not_a_run(path))
         if not overwrite:
-            raise FileExistsError(f"History.save: {path} already holds a run; pass overwrite=True to replace it, "
-                                  f"or choose another path (nothing was changed)")
+            raise RunExistsError(f"History.save: {path} already holds a run; pass overwrite=True to replace it, "
+                                 f"or choose another path (nothing was changed)")
+
+
+def _not_a_run(path: str) -> str:
+    return (f"History.save: {path} holds files that are not a run folder; choose another path (nothing was "
+            f"changed, overwrite=True replaces only run folders)")
+
+
+def _publish(tmp: str, path: str, overwrite: bool) -> None:
+    """Put the finished folder ``tmp`` at ``path``; the rename itself is the check, so of several
+    processes saving to one path at once exactly one succeeds without ``overwrite``.
+
+    ``rename(2)`` of a folder onto a non-empty folder fails (ENOTEMPTY / EEXIST) and onto an empty one
+    replaces it, atomically. With ``overwrite`` an existing run is swapped out in one step where the
+    system can (``renameat2`` RENAME_EXCHANGE), else with two renames that put the old folder back if
+    the second fails; ``path`` never holds a mix of two runs, and after the call it is never missing."""
+    try:
+        os.rename(tmp, path)
+        return
+    except OSError as e:
+        if e.errno in (errno.ENOTDIR, errno.EISDIR):  # a file appeared at path
+            raise FileExistsError(f"History.save: {path} is a file, not a folder (nothing was changed)") from None
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        if not overwrite:
+            if not _holds_run(path):
+                raise FileExistsError(_not_a_run(path)) from None
+            raise RunExistsError(
+                f"History.save: another process saved a run at {path} first (after this call had checked the "
+                f"folder), so this call saved nothing; pass overwrite=True to replace it, or choose another path. "
+                f"Under torchrun every rank holds the same History: save it on rank 0 only "
+                f"(if torch.distributed.get_rank() == 0: hist.save(path))") from None
+    if not _holds_run(path):  # files appeared there after the check: never replace them
+        raise FileExistsError(_not_a_run(path))
+    if _exchange(tmp, path):  # tmp now holds the old run, which the caller removes with tmp
+        if os.path.isdir(tmp) and os.listdir(tmp) and not _holds_run(tmp):  # swapped in meanwhile: put it back
+            _exchange(tmp, path)
+            raise FileExistsError(_not_a_run(path))
+        return
+    old = tmp + ".old"
+    try:
+        os.rename(path, old)
+    except FileNotFoundError:  # another overwriting saver is between its two renames: publish, or fail clearly
+        os.rename(tmp, path)
+        return
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        if not os.path.lexists(path):
+            os.rename(old, path)  # the swap failed: the old run goes back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def save_history(hist, path: str, *, overwrite: bool = False, label: Optional[str] = None,
@@ -94,9 +150,8 @@ def save_history(hist, path: str, *, overwrite: bool = False, label: Optional[st
     }
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.tmp-{os.getpid()}")
-    old = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    # a name no other saver (process or thread) uses: concurrent saves never write into each other's folder
+    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
         os.makedirs(tmp)
         _write_json(os.path.join(tmp, "config.json"), config)
@@ -106,12 +161,7 @@ def save_history(hist, path: str, *, overwrite: bool = False, label: Optional[st
                           "state_dict": state_dict},
                          os.path.join(tmp, "model.pt"))
         _write_json(os.path.join(tmp, "summary.json"), {**summary, "out_dir": path})
-        if os.path.isdir(path):  # empty, or a run folder that overwrite=True replaces: swap, then drop the old
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        _publish(tmp, path, overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
