@@ -68,8 +68,9 @@ class Runner:
     def run(self, cfg: Config, label: str, extra_eval: Optional[Callable] = None,
             f_star: Optional[float] = None) -> dict:
         t0 = time.perf_counter()
+        # replace=True: running a script again regenerates its results (the folder is the script's own)
         s = run_experiment(cfg, os.path.join(self.out, label), fed=self.fed(cfg), progress=self.progress,
-                           extra_eval=extra_eval, label=label, log=self.log, f_star=f_star)
+                           extra_eval=extra_eval, label=label, log=self.log, f_star=f_star, replace=True)
         f = s["final"]
         keys = [k for k in ("f+h", "grad_map_sq", "normal_map_sq", "dist_to_opt", "test_acc") if f.get(k) is not None]
         self.log(f"  {label:28s} " + "  ".join(f"{k}={f[k]:.4g}" for k in keys)

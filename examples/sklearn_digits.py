@@ -39,7 +39,9 @@ def main(argv=None) -> int:
                  metrics_every=1 if q else 2, checkpoint_every=0, seed=0)
     note = "dataset: scikit-learn's bundled digits (sklearn.datasets.load_digits; nothing downloaded)"
     print(note)
-    summaries = compare_experiments(cfg, list(METHODS), args.out, progress=args.progress, log=lambda *a: None)
+    # replace=True: running the script again regenerates its results (the folder is the script's own)
+    summaries = compare_experiments(cfg, list(METHODS), args.out, progress=args.progress, log=lambda *a: None,
+                                    replace=True)
     rows = [[s["label"], s["final"]["f+h"], s["final"]["test_acc"], s["final"]["sparsity"], s["elapsed"]]
             for s in summaries]
     tab = table(["method", "f+h", "test accuracy", "sparsity", "time (s)"], rows)

@@ -18,7 +18,7 @@ from .folders import compare_resume_command, resume_command
 from .build import prepare_data
 from .prepare import check_algorithm_names, prepare_run
 from .run import Interrupted, execute_run
-from ..runfolder.files import RunFolderError, _atomic_text, _write_json
+from ..runfolder.files import RunExistsError, RunFolderError, _atomic_text, _write_json
 
 __all__ = ["compare_experiments", "comparison_table", "format_table"]
 
@@ -43,7 +43,7 @@ def _read_comparison(out_dir: str) -> dict:
 def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str]], out_dir: str, *,
                         alg_opts: Optional[dict] = None, progress: bool = True,
                         extra_eval: Optional[Callable] = None, log: Callable[[str], None] = print,
-                        resume: bool = False, rounds: Optional[int] = None, replace: bool = True) -> list:
+                        resume: bool = False, rounds: Optional[int] = None, replace: bool = False) -> list:
     """Run each algorithm on the same split and the same initial model, in ``out_dir/<name>/``.
 
     ``alg_opts[name]`` overrides that algorithm's hyper-parameters (``cfg.alg_opts`` is ignored).
@@ -51,9 +51,13 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
     column is comparable. Every algorithm is checked before anything is written (an invalid one
     raises ``ValueError`` naming it). ``resume=True`` continues the comparison in ``out_dir``
     (``cfg``, ``algorithms``, ``alg_opts`` come from its ``comparison.json``; finished runs are
-    kept, the others resume from their checkpoints). Writes ``comparison.json`` and
+    kept, the others resume from their checkpoints). A fresh comparison into a folder that already
+    holds files raises :class:`~python_algos.runfolder.files.RunExistsError` (nothing is touched)
+    unless ``replace=True``, which replaces the runs of the same names. Writes ``comparison.json`` and
     ``comparison.md``; returns the summaries.
     """
+    if not isinstance(replace, bool):  # a truthy string must not delete runs
+        raise TypeError(f"replace must be True or False, got {replace!r}")
     if resume:
         saved = _read_comparison(out_dir)
         cfg, algorithms, alg_opts = saved["config"], saved["algorithms"], saved["alg_opts"]
@@ -67,8 +71,9 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
         if cfg.metric_step is None:
             cfg = cfg.replace(metric_step=cfg.lr * cfg.local_steps)
         if not replace and os.path.isdir(out_dir) and os.listdir(out_dir):
-            raise RunFolderError(f"{out_dir} already holds files: continue a comparison there with "
-                                 f"`{compare_resume_command(out_dir)}`, or choose another --out (nothing was changed)")
+            raise RunExistsError(f"{out_dir} already holds files: continue a comparison there with "
+                                 f"`{compare_resume_command(out_dir)}`, or choose another --out; from Python, "
+                                 f"replace=True replaces its runs (nothing was changed)")
     cfg.check()
     fed = prepare_data(cfg.replace(algorithm=algorithms[0]))
     plans, errors = {}, []

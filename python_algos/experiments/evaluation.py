@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Optional
 
 import torch
@@ -9,12 +10,49 @@ from torch import nn
 
 from .losses import loss_function
 
-__all__ = ["make_eval"]
+__all__ = ["make_eval", "eval_mode"]
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module):
+    """``model`` in ``eval()`` mode inside the block, every submodule's own mode restored after it.
+
+    Test metrics measure the model, they must not change it: in train mode BatchNorm would normalize
+    each chunk by that chunk's statistics (so the loss would depend on the chunk size) and fold the
+    test set into its running statistics (which the training then uses), and Dropout would drop units.
+    Each submodule's flag is restored, not just the top one's, so a model the caller had put partly
+    in eval mode comes back exactly as it was."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _batch_dependent(model: nn.Module) -> list:
+    """Submodules whose eval-mode output still depends on the other samples of the batch."""
+    return [name for name, m in model.named_modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats]
 
 
 def make_eval(ds, model: nn.Module, extra: Optional[Callable] = None, chunk: int = 4096) -> Callable:
     """``eval_fn(params)`` for simulate: test (or, without a test set, train) accuracy and loss;
-    with a known ``x_true`` and a linear model, the support F1 score and ||w − x_true||²."""
+    with a known ``x_true`` and a linear model, the support F1 score and ||w − x_true||².
+
+    The model runs in ``eval()`` mode (see :func:`eval_mode`) and under ``no_grad``, so the metrics do
+    not depend on ``chunk`` (up to floating-point summation order) and no buffer of the model changes.
+    A BatchNorm without running statistics normalizes by the batch even in eval mode, so its metrics
+    would depend on ``chunk``: such a model is refused."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
+    bad = _batch_dependent(model)
+    if bad:
+        raise ValueError(f"model: {', '.join(bad)} is a BatchNorm with track_running_stats=False, whose output "
+                         f"depends on the other samples of a batch even in eval mode, so test metrics would "
+                         f"depend on the evaluation chunk size; use track_running_stats=True (or another norm "
+                         f"layer, e.g. GroupNorm / LayerNorm)")
     X, y, prefix = (ds.X_test, ds.y_test, "test") if ds.X_test is not None else (ds.X, ds.y, "train")
     loss_fn = loss_function(ds.task)
     p0 = next(model.parameters())
@@ -24,7 +62,7 @@ def make_eval(ds, model: nn.Module, extra: Optional[Callable] = None, chunk: int
 
     def eval_fn(params: torch.Tensor) -> dict:
         out = {}
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(model):
             loss, correct = 0.0, 0
             for s in range(0, X.shape[0], chunk):
                 o = model(X[s : s + chunk])

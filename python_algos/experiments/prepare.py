@@ -26,7 +26,7 @@ from .device import resolve_device
 from .folders import _read_config_json, resume_command
 from ..algorithms.registry import ALGORITHMS
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import RunFolderError, _as_json, _holds_run
+from ..runfolder.files import RunExistsError, RunFolderError, _as_json, _holds_run
 from ..simulate import _clients_per_round
 
 __all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size"]
@@ -66,14 +66,19 @@ def check_world_size(num_clients: int, processes: int) -> None:
 
 
 def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None, resume: bool = False,
-                rounds: Optional[int] = None, replace: bool = True) -> PreparedRun:
+                rounds: Optional[int] = None, replace: bool = False) -> PreparedRun:
     """Every check of a run, in the order a user would fix them; writes nothing.
 
+    ``replace=True`` lets a fresh run replace the run already in ``out_dir``; by default such a
+    folder is refused, as the command line refuses ``--out DIR`` of an existing run.
     Raises :class:`ConfigError` (a value, named by its flag), :class:`RunFolderError` (the folder:
-    a foreign or edited checkpoint, ``--rounds`` below the checkpoint, an existing run that
-    ``replace=False`` keeps), :class:`~python_algos.runfolder.checkpoint.CheckpointError` (a damaged checkpoint) or
+    a foreign or edited checkpoint, ``--rounds`` below the checkpoint; :class:`RunExistsError`: an
+    existing run that ``replace=False`` keeps), :class:`~python_algos.runfolder.checkpoint.CheckpointError`
+    (a damaged checkpoint) or
     ``ValueError`` (data, model, algorithm and participation, named by their flags).
     """
+    if not isinstance(replace, bool):  # a truthy string must not delete a run
+        raise TypeError(f"replace must be True or False, got {replace!r}")
     cfg_path = os.path.join(out_dir, "config.json")
     ckpt_path = os.path.join(out_dir, "checkpoint.pt")
     snap = None
@@ -100,8 +105,8 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
             cfg = cfg.replace(rounds=rounds)
         cfg.check()
         if not replace and os.path.isdir(out_dir) and _holds_run(out_dir):
-            raise RunFolderError(f"{out_dir} already holds a run: continue it with `{resume_command(out_dir)}`, or "
-                                 f"choose another --out (nothing was changed)")
+            raise RunExistsError(f"{out_dir} already holds a run: continue it with `{resume_command(out_dir)}`, or "
+                                 f"choose another --out; from Python, replace=True replaces it (nothing was changed)")
     launch.join(cfg.device)  # under torchrun: join the job (and take this rank's GPU) before picking the device
     device = resolve_device(cfg.device)
     if resume and os.path.isfile(ckpt_path):

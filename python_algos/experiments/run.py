@@ -60,14 +60,15 @@ class Interrupted(KeyboardInterrupt):
 def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None,
                    resume: bool = False, rounds: Optional[int] = None, progress: bool = True,
                    extra_eval: Optional[Callable] = None, label: Optional[str] = None,
-                   log: Callable[[str], None] = print, replace: bool = True, f_star: Optional[float] = None) -> dict:
+                   log: Callable[[str], None] = print, replace: bool = False, f_star: Optional[float] = None) -> dict:
     """Run ``cfg`` into ``out_dir`` (see the module docstring); returns the summary dict.
 
     ``fed``: an already prepared split of this config's data (a comparison shares one).
     ``resume=True``: read ``out_dir/config.json`` and ``checkpoint.pt`` and continue (``cfg`` is
     ignored); ``rounds`` then extends the total (never below the checkpoint's round). Every input
     is checked (:func:`prepare_run`) before anything in ``out_dir`` is created or changed.
-    ``replace=False`` refuses a fresh run into a folder that already holds one. ``extra_eval(params)
+    A fresh run into a folder that already holds a run raises :class:`~python_algos.runfolder.files.RunExistsError`
+    (nothing is touched) unless ``replace=True``, which deletes that run's files first. ``extra_eval(params)
     -> dict`` adds metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run
     with status ``"diverged"``; the checkpoint of the last good round is kept. Ctrl-C writes the
     summary so far (status ``"interrupted"``) and raises :class:`Interrupted`. ``f_star``: the problem's
@@ -237,7 +238,9 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         summary["message"] = (f"{label} diverged at {status['diverged']}; the run was stopped and {keep}. "
                               f"Lower the step size (--lr, currently {cfg.lr:g}) or the local steps.")
     elif main:
-        ckpt.atomic_save({"params": hist.params.cpu(),
+        # model.pt records its round: a later resumed run that stops early (Ctrl-C, a kill, divergence)
+        # appends metrics past it and leaves this file, and a reader must pair the model with its own round
+        ckpt.atomic_save({"params": hist.params.cpu(), "round": int(hist.metrics[-1]["round"]) if hist.metrics else 0,
                           "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}},
                          os.path.join(out_dir, "model.pt"))
     if main:

@@ -9,6 +9,8 @@ is decided by the layers above (:mod:`python_algos.experiments`, :meth:`History.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import math
 import os
@@ -19,13 +21,20 @@ import torch
 
 from . import faults
 
-__all__ = ["RUN_FILES", "RunFolderError", "read_metrics"]
+__all__ = ["RUN_FILES", "RunFolderError", "RunExistsError", "read_metrics"]
 
 RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.pt", "summary.json", "model.pt")
 
 
 class RunFolderError(ValueError):
     """A run folder that cannot be started, resumed or replaced as asked; nothing in it was changed."""
+
+
+class RunExistsError(RunFolderError, FileExistsError):
+    """The target folder already holds a run (or a comparison) that this call must not replace.
+
+    Both a :class:`RunFolderError` (a ``ValueError``, as every refusal of the command line) and a
+    ``FileExistsError`` (as ``History.save`` has always raised), so either ``except`` catches it."""
 
 
 def _clean(v):
@@ -105,3 +114,31 @@ def _remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:
 def _as_json(v):
     return json.loads(json.dumps(_clean(v)))
 
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+_renameat2 = []  # [libc's renameat2, or None], looked up once
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap the two existing paths ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``), so
+    neither name is ever missing, not even if the process is killed. ``False`` where the system or the
+    file system cannot (then nothing happened and the caller swaps with two renames)."""
+    if not _renameat2:
+        try:
+            fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+        except OSError:
+            fn = None
+        if fn is not None:
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+        _renameat2.append(fn)
+    fn = _renameat2[0]
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):  # not supported here
+        return False
+    raise OSError(err, os.strerror(err), b)

@@ -12,21 +12,32 @@ hyper-parameters, regularizer, rounds, seed, batch size, executor, number of cli
 refuses it. No ``checkpoint.pt`` or ``partition.json`` is written.
 
 The folder is written in full under a temporary name beside the target and renamed into place, so
-a failure (or a kill) leaves either no folder or the previous one, never a mix.
+a failure (or a kill) leaves either no folder or the previous one, never a mix. The rename is also
+the check that the target holds no run: of several processes saving to one path at once (every rank
+of a torchrun job), exactly one succeeds and the others raise ``FileExistsError``.
+
+``model.pt`` records the round of its model. ``History.load`` returns that model with the metrics of
+rounds 0 up to that round: a command-line run whose resumed continuation stopped early (Ctrl-C, a
+kill, divergence) has metrics rows past model.pt's round; they are left out with a warning saying
+what the folder holds. It refuses a folder where model.pt cannot be paired with its metrics.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import errno
 import os
+import shlex
 import shutil
+import uuid
+import warnings
 from typing import Optional
 
 import torch
 
 from . import checkpoint as ckpt
-from .files import _holds_run, _write_json, _write_jsonl, read_metrics
+from .files import RunExistsError, RunFolderError, _exchange, _holds_run, _write_json, _write_jsonl, read_metrics
 
 __all__ = ["save_history", "load_history", "API_MARK"]
 
@@ -34,18 +45,70 @@ API_MARK = "api_run"  # config.json key that tells a folder written by History.s
 
 
 def _check_target(path: str, overwrite: bool) -> None:
-    """Refuse a target the save must not touch (before anything is written)."""
+    """Refuse a target the save must not touch, before anything is written. The answer can change
+    before the folder is published (another process may save there meanwhile): :func:`_publish`
+    decides for good."""
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite must be True or False, got {overwrite!r}")
     if os.path.exists(path) and not os.path.isdir(path):
         raise FileExistsError(f"History.save: {path} is a file, not a folder (nothing was changed)")
     if os.path.isdir(path) and os.listdir(path):
         if not _holds_run(path):
-            raise FileExistsError(f"History.save: {path} holds files that are not a run folder; choose another "
-                                  f"path (nothing was changed, overwrite=True replaces only run folders)")
+            raise FileExistsError(_not_a_run(path))
         if not overwrite:
-            raise FileExistsError(f"History.save: {path} already holds a run; pass overwrite=True to replace it, "
-                                  f"or choose another path (nothing was changed)")
+            raise RunExistsError(f"History.save: {path} already holds a run; pass overwrite=True to replace it, "
+                                 f"or choose another path (nothing was changed)")
+
+
+def _not_a_run(path: str) -> str:
+    return (f"History.save: {path} holds files that are not a run folder; choose another path (nothing was "
+            f"changed, overwrite=True replaces only run folders)")
+
+
+def _publish(tmp: str, path: str, overwrite: bool) -> None:
+    """Put the finished folder ``tmp`` at ``path``; the rename itself is the check, so of several
+    processes saving to one path at once exactly one succeeds without ``overwrite``.
+
+    ``rename(2)`` of a folder onto a non-empty folder fails (ENOTEMPTY / EEXIST) and onto an empty one
+    replaces it, atomically. With ``overwrite`` an existing run is swapped out in one step where the
+    system can (``renameat2`` RENAME_EXCHANGE), else with two renames that put the old folder back if
+    the second fails; ``path`` never holds a mix of two runs, and after the call it is never missing."""
+    try:
+        os.rename(tmp, path)
+        return
+    except OSError as e:
+        if e.errno in (errno.ENOTDIR, errno.EISDIR):  # a file appeared at path
+            raise FileExistsError(f"History.save: {path} is a file, not a folder (nothing was changed)") from None
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        if not overwrite:
+            if not _holds_run(path):
+                raise FileExistsError(_not_a_run(path)) from None
+            raise RunExistsError(
+                f"History.save: another process saved a run at {path} first (after this call had checked the "
+                f"folder), so this call saved nothing; pass overwrite=True to replace it, or choose another path. "
+                f"Under torchrun every rank holds the same History: save it on rank 0 only "
+                f"(if torch.distributed.get_rank() == 0: hist.save(path))") from None
+    if not _holds_run(path):  # files appeared there after the check: never replace them
+        raise FileExistsError(_not_a_run(path))
+    if _exchange(tmp, path):  # tmp now holds the old run, which the caller removes with tmp
+        if os.path.isdir(tmp) and os.listdir(tmp) and not _holds_run(tmp):  # swapped in meanwhile: put it back
+            _exchange(tmp, path)
+            raise FileExistsError(_not_a_run(path))
+        return
+    old = tmp + ".old"
+    try:
+        os.rename(path, old)
+    except FileNotFoundError:  # another overwriting saver is between its two renames: publish, or fail clearly
+        os.rename(tmp, path)
+        return
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        if not os.path.lexists(path):
+            os.rename(old, path)  # the swap failed: the old run goes back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def save_history(hist, path: str, *, overwrite: bool = False, label: Optional[str] = None,
@@ -87,23 +150,18 @@ def save_history(hist, path: str, *, overwrite: bool = False, label: Optional[st
     }
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.tmp-{os.getpid()}")
-    old = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    # a name no other saver (process or thread) uses: concurrent saves never write into each other's folder
+    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
         os.makedirs(tmp)
         _write_json(os.path.join(tmp, "config.json"), config)
         _write_jsonl(os.path.join(tmp, "metrics.jsonl"), rows)
         state_dict = None if model is None else {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        ckpt.atomic_save({"params": hist.params.detach().cpu(), "state_dict": state_dict},
+        ckpt.atomic_save({"params": hist.params.detach().cpu(), "round": int(rows[-1].get("round", 0)),
+                          "state_dict": state_dict},
                          os.path.join(tmp, "model.pt"))
         _write_json(os.path.join(tmp, "summary.json"), {**summary, "out_dir": path})
-        if os.path.isdir(path):  # empty, or a run folder that overwrite=True replaces: swap, then drop the old
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        _publish(tmp, path, overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
@@ -125,6 +183,50 @@ def _read_json(path: str) -> dict:
     return d
 
 
+def _why_past_model(summary: dict) -> str:
+    """Why metrics.jsonl goes past model.pt's round, as far as summary.json tells."""
+    status, done = summary.get("status"), summary.get("rounds_done")
+    if status == "interrupted":
+        return f"the resumed run was interrupted after round {done}"
+    if status == "diverged":
+        return f"the resumed run diverged after round {done}"
+    return "a resumed run stopped (was killed?) before it finished"
+
+
+def _rows_of_model(path: str, rows: list, model_round, summary: dict, api_run: bool) -> list:
+    """The metrics rows up to the round of model.pt, never rows of another model's rounds.
+
+    The command line appends a row to metrics.jsonl every round and writes model.pt when a run
+    completes, so a resumed run that then stops early (Ctrl-C, a kill, divergence) leaves rows past
+    model.pt's round. Those rows are dropped with a warning saying so; a model.pt whose round has no
+    row, or an older model.pt (no ``round``) that summary.json does not vouch for, is refused."""
+    last = int(rows[-1].get("round", 0))
+    resume = ("" if api_run or summary.get("status") == "diverged"  # nothing to resume / it would diverge again
+              else f" `python -m python_algos run --resume {shlex.quote(path)}` finishes the run.")
+    if model_round is None:  # written before model.pt recorded its round: summary.json must vouch for it
+        # (model.pt is written just before summary.json, and only when a run completes)
+        if summary.get("status") == "completed" and summary.get("rounds_done") == last:
+            return rows
+        raise RunFolderError(
+            f"History.load: {path}: model.pt does not record its round (an older version wrote it) and summary.json "
+            f"(status {summary.get('status')}, rounds_done {summary.get('rounds_done')}) does not show it is the "
+            f"model of metrics.jsonl's last round {last} ({_why_past_model(summary)}), so the model cannot be paired "
+            f"with its metrics; nothing was loaded.{resume}")
+    model_round = int(model_round)
+    kept = [r for r in rows if int(r.get("round", 0)) <= model_round]
+    if int(kept[-1].get("round", 0)) != model_round:
+        raise RunFolderError(
+            f"History.load: {path}: model.pt is the model of round {model_round} but metrics.jsonl holds rounds "
+            f"0–{last} only (a resumed run rewrote them from an earlier checkpoint and stopped), so the model cannot "
+            f"be paired with its metrics; nothing was loaded.{resume}")
+    if last > model_round:
+        warnings.warn(
+            f"History.load: {path}: metrics up to round {last}, model.pt of round {model_round} "
+            f"({_why_past_model(summary)}): loaded rounds 0–{model_round}, the metrics of model.pt's model."
+            f"{resume}", stacklevel=4)
+    return kept
+
+
 def load_history(path: str) -> dict:
     """See :meth:`python_algos.simulate.History.load`: the History's fields (all but ``state``) as a
     dict, which ``History.load`` builds the History from (this layer sits below ``simulate``)."""
@@ -141,7 +243,9 @@ def load_history(path: str) -> dict:
     model_path = os.path.join(path, "model.pt")
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"History.load: {path} holds no model.pt (the run did not complete)")
-    params = torch.load(model_path, map_location="cpu", weights_only=True)["params"]
+    saved = torch.load(model_path, map_location="cpu", weights_only=True)
+    params = saved["params"]
+    rows = _rows_of_model(path, rows, saved.get("round"), summary, bool(config.get(API_MARK)))
     if config.get(API_MARK):
         setup = {k: v for k, v in config.items() if k not in (API_MARK, "saved_by", "algorithm", "hparams", "executor")}
         algorithm, hparams, executor = config["algorithm"], config["hparams"], config.get("executor", "sequential")
