@@ -95,7 +95,10 @@ class History:
     def load(cls, path: str) -> "History":
         """A run folder written by :meth:`save` (or by the command line) as a History: metrics,
         initial point, reported parameters, algorithm, hyper-parameters, setup (``state`` is None).
-        Values that were non-finite (stored as null) come back as NaN."""
+        Values that were non-finite (stored as null) come back as NaN. A command-line run whose
+        resumed continuation stopped early has metrics past model.pt's round: only rounds 0..that
+        round are returned, with a warning; a folder whose model cannot be paired with its metrics
+        is refused."""
         return cls(**load_history(path), state=None)
 
 

@@ -16,7 +16,7 @@ A run folder holds:
 ``checkpoint.pt``      the last checkpoint (atomic; see :mod:`.checkpoint`; command line only)
 ``summary.json``       status (completed / diverged / interrupted), final metrics, totals,
                        the command that resumes the run
-``model.pt``           the reported model: flat ``params`` and the module's ``state_dict``
+``model.pt``           the reported model: flat ``params``, the module's ``state_dict`` and its ``round``
 =====================  ======================================================================
 
 Modules:
