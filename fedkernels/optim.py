@@ -46,7 +46,7 @@ from typing import Optional
 import torch
 
 from .per_parameter import PerParameter
-from .regularizers import Regularizer
+from .regularizers import GroupLasso, Regularizer, Scaled
 
 __all__ = ["ProxSGD", "Proximal"]
 
@@ -75,6 +75,30 @@ def _flat_span(params: list) -> Optional[torch.Tensor]:
     span = torch.empty(0, dtype=dtype, device=first.device)
     span.set_(storage, offset, (nxt - offset,), (1,))
     return span
+
+
+def _is_group_lasso(reg) -> bool:
+    while isinstance(reg, Scaled):
+        reg = reg.base
+    return isinstance(reg, GroupLasso)
+
+
+def _check_group_lasso(groups: list, regs: list, default) -> None:
+    """A group's GroupLasso treats each parameter as a matrix (``[shape[0], rest]``, as the
+    per-parameter form does): a 1-D parameter has no rows or columns to group, and the kernel would
+    only say so at the first ``step()``, after the SGD / base step had already changed it."""
+    for i, (g, reg) in enumerate(zip(groups, regs)):
+        reg = reg if "regularizer" in g else default
+        if not _is_group_lasso(reg):
+            continue
+        names = g.get("param_names") or [None] * len(g["params"])
+        for j, (name, p) in enumerate(zip(names, g["params"])):
+            if p.dim() < 2:
+                which = repr(name) if name else f"parameter {j}"
+                raise ValueError(f"param group {i}'s regularizer {reg!r} groups the rows or columns of each parameter, "
+                                 f"but {which} has shape {tuple(p.shape)}: put 1-D parameters (biases) in a group "
+                                 f"with regularizer=None, or pass named parameters with a mapping such as "
+                                 f"{{'0.weight': fk.GroupLasso(...), '*.bias': None}}")
 
 
 def _prox_param_(p: torch.Tensor, prox_) -> None:
@@ -124,6 +148,7 @@ class _ProxMixin:
                                     "(or param groups of (name, parameter) pairs) instead of model.parameters()")
                 named += list(zip(g["param_names"], g["params"]))
             new_compiled.append((PerParameter(named, mapping), mapping))
+        _check_group_lasso(groups, regs, default)  # before assigning: a refusal leaves the groups as they were
         by_id = {id(m): pp for pp, m in new_compiled}
         for g, r in zip(groups, regs):
             if "regularizer" in g:
@@ -177,8 +202,10 @@ class _ProxMixin:
                     if span is not None:
                         reg.prox_(span, lr, fast=True)
                         continue
+                matrix = _is_group_lasso(reg)  # each parameter as [shape[0], rest], like the per-parameter form
                 for p in params:
-                    _prox_param_(p, lambda x: reg.prox_(x, lr, fast=not compiling))
+                    _prox_param_(p, lambda x: reg.prox_(x.view(x.shape[0], -1) if matrix else x, lr,
+                                                        fast=not compiling))
 
     # state_dict: regularizer objects are not tensors (torch.load(weights_only=True) refuses custom
     # classes), so a saved group records only its regularizer's repr; loading keeps this

@@ -351,3 +351,43 @@ def test_transposed_parameter_gets_the_group_lasso_of_its_logical_shape():
     norms = logical.norm(dim=1, keepdim=True)
     expect = logical * torch.clamp(1 - 0.5 * 0.4 / norms, min=0)
     torch.testing.assert_close(w.detach(), expect, rtol=1e-12, atol=1e-12)
+
+
+# --- a group's bare GroupLasso: refused on 1-D parameters at construction, matrices of higher rank
+# grouped as [shape[0], rest] (as the per-parameter form does) -------------------------------------
+
+@pytest.mark.parametrize("make", ["proxsgd", "proximal"])
+def test_bare_group_lasso_on_a_bias_is_refused_at_construction(make):
+    m = torch.nn.Linear(4, 3)
+    before = [p.detach().clone() for p in m.parameters()]
+    with pytest.raises(ValueError, match=r"param group 0's regularizer .* has shape \(3,\).*regularizer=None"):
+        if make == "proxsgd":
+            fk.optim.ProxSGD(m.parameters(), lr=0.1, regularizer=fk.GroupLasso(0.1))
+        else:
+            fk.optim.Proximal(torch.optim.Adam(m.parameters()), 2.0 * fk.GroupLasso(0.1))
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
+
+
+def test_add_param_group_with_a_bare_group_lasso_on_a_bias_is_refused_and_undone():
+    m = torch.nn.Linear(4, 3)
+    opt = fk.optim.ProxSGD([{"params": [m.weight], "regularizer": fk.GroupLasso(0.1)}], lr=0.1)
+    with pytest.raises(ValueError, match="has shape"):
+        opt.add_param_group({"params": [m.bias], "regularizer": fk.GroupLasso(0.1)})
+    assert len(opt.param_groups) == 1
+    opt.add_param_group({"params": [m.bias], "regularizer": None})  # the optimizer still works
+    assert len(opt.param_groups) == 2
+
+
+@pytest.mark.parametrize("groups", ["rows", "cols"])
+def test_bare_group_lasso_groups_a_3d_parameter_as_its_matrix_view(groups):
+    torch.manual_seed(1)
+    w = torch.nn.Parameter(torch.randn(4, 3, 2, dtype=torch.float64))
+    lr, lam = 0.5, 0.8
+    g = torch.randn_like(w)
+    x = (w.detach() - lr * g).reshape(4, 6)  # SGD step, then the prox of lr * lam * sum of group norms
+    n = x.norm(dim=1 if groups == "rows" else 0, keepdim=True)
+    expect = (x * torch.clamp(1 - lr * lam / n, min=0)).reshape(4, 3, 2)
+    opt = fk.optim.ProxSGD([w], lr=lr, regularizer=fk.GroupLasso(lam, groups=groups))
+    w.grad = g
+    opt.step()
+    torch.testing.assert_close(w.detach(), expect, rtol=0, atol=1e-12)
