@@ -3,6 +3,10 @@
 Every algorithm file subclasses :class:`Algorithm`, reaches its clients only through a
 :class:`~python_algos.clients.ClientSet`, and updates ``[n, d]`` stacks with fused kernels
 (the shared step helpers are in :mod:`python_algos.algorithms.steps`).
+
+Every server–client algorithm subclasses :class:`ServerClientAlgorithm`: it is written as one
+program per side (``client_update`` / ``server_update`` / ``client_receive``, the messages named
+by ``messages()``), and its ``round`` is composed from them once, here, for every executor.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import torch
 import fedkernels as fk
 
 from ..clients.base import ClientSet
+from .steps import put_rows_, rows_
 
-__all__ = ["Algorithm", "Costs", "positive", "positive_int", "one_of", "check_prox_step"]
+__all__ = ["Algorithm", "ServerClientAlgorithm", "Messages", "Costs", "positive", "positive_int", "one_of", "check_prox_step"]
 
 
 class Costs(NamedTuple):
@@ -96,6 +101,94 @@ class Algorithm(abc.ABC):
     def hparams(self) -> dict:
         return dataclasses.asdict(self)
 
+
+
+class Messages(NamedTuple):
+    """The d-vectors that travel in one round (``Costs.up`` / ``Costs.down`` count them).
+
+    ``up``: the names of the ``[k, d]`` stacks ``client_update`` returns, one d-vector per
+    participating client each, averaged in this order. ``down``: the names of the ``[d]`` vectors
+    ``server_update`` returns, broadcast to the (participating) clients. ``up_over_all``: the up
+    names whose average under partial participation is ``(1/N) Σ_{i∈S}`` (the non-participants
+    contribute zero: a running average over all clients, e.g. SCAFFOLD's c, FedDR's x̃) instead of
+    ``(1/|S|) Σ_{i∈S}``; under full participation both are the plain mean.
+    """
+
+    up: tuple
+    down: tuple
+    up_over_all: tuple = ()
+
+
+class ServerClientAlgorithm(Algorithm):
+    """An algorithm with a server, written as one program per side (docs/algorithms.md §0.1).
+
+    The state stays one NamedTuple: its ``client_fields`` (``[N, d]`` stacks, one row per client)
+    are the clients' state, the other fields the server's (and ``[d]`` replicas the clients keep,
+    e.g. FedNMap's copy of d̄). A round is
+
+    1. ``down = download(state, rng)``: what the clients start from, read from the server's state
+       (vectors that ``server_update`` sent at the end of the previous round, or ``init`` made
+       known to all; non-tensor entries are round settings such as SCAFFNEW's local iteration
+       count, drawn by the server);
+    2. ``up = client_update(state, down, clients, reg, ids)``: every participant's work between
+       two communications, ending with its upload (``messages().up``, each a ``[k, d]`` stack);
+    3. ``server_update(state, mean_up, down, reg) -> (state, sent)``: from the means of the uploads
+       (``aggregate``) to the next download ``sent`` (``messages().down``, each a ``[d]`` vector);
+    4. ``client_receive(state, sent, up, clients, reg, ids)``: what a client does with that
+       download and its own last upload (FedCanon: ``c_i += Δ̄ − Δ_i``; default nothing). A
+       deployed client runs it at the start of its next round, one message late: its state lags,
+       the server's trajectory does not.
+
+    Inside ``client_update`` / ``client_receive`` the state's client fields hold the participants'
+    rows only (row j is client ``ids[j]``; all rows when ``ids`` is None), updated **in place**;
+    ``ids`` serves only to ask ``clients.gradients_`` for the right clients' gradients. So the same
+    two functions run on all N rows (sequential, batched executors), on a rank's shard (distributed:
+    ``clients.mean`` is then one all-reduce), or on one client's 1-row stacks (a deployed client).
+    ``server_update`` returns the new state (the server's fields, ``t``) and must leave the client
+    fields as they are.
+    """
+
+    @abc.abstractmethod
+    def messages(self) -> Messages: ...
+
+    @abc.abstractmethod
+    def download(self, state, rng: Optional[torch.Generator] = None) -> dict: ...
+
+    @abc.abstractmethod
+    def client_update(self, state, down: dict, clients: ClientSet, reg: fk.Regularizer,
+                      ids: Optional[torch.Tensor]) -> dict: ...
+
+    @abc.abstractmethod
+    def server_update(self, state, up: dict, down: dict, reg: fk.Regularizer): ...
+
+    def client_receive(self, state, down: dict, up: dict, clients: ClientSet, reg: fk.Regularizer,
+                       ids: Optional[torch.Tensor]) -> None:
+        """Nothing to do: the download is used only at the start of the next ``client_update``."""
+
+    def aggregate(self, up: dict, clients: ClientSet, ids: Optional[torch.Tensor]) -> dict:
+        """The server's view of the uploads: one ``clients.mean`` per named vector (one all-reduce
+        when distributed), ``(1/|S|) Σ_{i∈S}``, or ``(1/N) Σ_{i∈S}`` for ``up_over_all``."""
+        m = self.messages()
+        n_all = None if ids is None else clients.num_clients
+        return {name: clients.mean(up[name], ids, divisor=n_all if name in m.up_over_all else None)
+                for name in m.up}
+
+    def round(self, state, clients, reg, rng=None):
+        """One communication round, composed from the two programs (the class docstring)."""
+        ids = clients.participants() if self.partial_participation else None
+        k = clients.active_rows(ids)
+        full = {f: getattr(state, f) for f in type(state).client_fields}
+        rows = {f: rows_(v, ids, clients.workspace("_rows:" + f, k)) for f, v in full.items()}
+        local = state._replace(**rows) if rows else state  # the participants' rows (gathered copies)
+        with torch.no_grad():
+            down = self.download(local, rng)
+            up = self.client_update(local, down, clients, reg, ids)
+            local, sent = self.server_update(local, self.aggregate(up, clients, ids), down, reg)
+            sent = {name: clients.broadcast(sent[name]) for name in self.messages().down}
+            self.client_receive(local, sent, up, clients, reg, ids)
+        for f, v in full.items():
+            put_rows_(v, ids, getattr(local, f))  # non-participants keep their rows
+        return local._replace(**full) if full else local
 
 
 def positive(name: str, value) -> float:
