@@ -123,8 +123,10 @@ class ServerClientAlgorithm(Algorithm):
     """An algorithm with a server, written as one program per side (docs/algorithms.md §0.1).
 
     The state stays one NamedTuple: its ``client_fields`` (``[N, d]`` stacks, one row per client)
-    are the clients' state, the other fields the server's (and ``[d]`` replicas the clients keep,
-    e.g. FedNMap's copy of d̄). A round is
+    are the clients' state, and so are the ``[d]`` fields its class names in ``client_copies``
+    (default none): client state that is identical on every client, kept once in a simulation and
+    once per client when deployed (FedNMap's copies of d̄^{t−1} and z^{t−1}). The other fields are
+    the server's. A round is
 
     1. ``down = download(state, rng)``: what the clients start from, read from the server's state
        (vectors that ``server_update`` sent at the end of the previous round, or ``init`` made
@@ -184,6 +186,11 @@ class ServerClientAlgorithm(Algorithm):
             down = self.download(local, rng)
             up = self.client_update(local, down, clients, reg, ids)
             local, sent = self.server_update(local, self.aggregate(up, clients, ids), down, reg)
+            for f, v in rows.items():
+                if getattr(local, f) is not v:
+                    raise RuntimeError(f"{type(self).__name__}.server_update replaced the client field {f!r}: the "
+                                       f"server updates its own fields only (the clients' rows are updated in place "
+                                       f"by client_update / client_receive), or the clients' state would be lost")
             sent = {name: clients.broadcast(sent[name]) for name in self.messages().down}
             self.client_receive(local, sent, up, clients, reg, ids)
         for f, v in full.items():

@@ -65,6 +65,7 @@ class FedNMapState(NamedTuple):
     z_prev: Optional[torch.Tensor]  # [d] the clients' copy of z^{t−1} (downlink="z" only)
     t: int  # rounds done
     client_fields = ("c", "d")  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
+    client_copies = ("dbar", "z_prev")  # client state identical on every client: one [d] copy here, each client its own
 
 
 @dataclasses.dataclass(frozen=True)
