@@ -46,7 +46,8 @@ class Algorithm(abc.ABC):
     * ``init(x0, clients) -> State``: a NamedTuple named after the algorithm, whose class attribute
       ``client_fields`` names its per-client ``[N, d]`` stacks (``()`` if none): a distributed run
       shards, re-cuts and all-reduces exactly these (a 2-D server field may have N rows too).
-    * ``round(state, clients, reg, rng) -> State``: one communication round. Tensors of the
+    * ``round(state, clients, reg, rng) -> State``: one communication round (composed from the
+      client and server programs by :class:`ServerClientAlgorithm`). Tensors of the
       state are updated in place (the returned NamedTuple holds the same buffers, with the
       round counter advanced); ``rng`` is the run's server-side ``torch.Generator``.
     * ``report(state, reg) -> [d]``: the model the algorithm outputs (docs/algorithms.md §3 M7).
