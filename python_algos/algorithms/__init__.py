@@ -1,13 +1,16 @@
 """The federated algorithms, one file each, on the :class:`Algorithm` interface.
 
-Each file holds frozen hyper-parameters (the papers' symbols), a State NamedTuple, ``init``,
-``round`` and ``report``; rounds are a handful of fused kernel calls on ``[n, d]`` client stacks
-plus the clients' gradient calls, which go through a :class:`~python_algos.clients.ClientSet`.
+Each file holds frozen hyper-parameters (the papers' symbols), a State NamedTuple, ``init`` and
+``report``, and the round as a client program and a server program (``client_update`` /
+``server_update`` / ``client_receive`` and the named ``messages``; :class:`ServerClientAlgorithm`
+composes ``round`` from them) — DEPOSITUM, peer-to-peer, writes its ``round`` directly. The programs
+are a handful of fused kernel calls on ``[n, d]`` client stacks plus the clients' gradient calls,
+which go through a :class:`~python_algos.clients.ClientSet`.
 :mod:`.registry` maps names to classes; :mod:`.steps` holds the shared fused steps.
 """
 
 from . import topology
-from .base import Algorithm, Costs
+from .base import Algorithm, Costs, Messages, ServerClientAlgorithm
 from .depositum import DEPOSITUM, DEPOSITUMState
 from .fedadmm import FedADMM, FedADMMState
 from .fedavg import FedAvg, FedAvgState
@@ -25,7 +28,7 @@ from .scaffold import SCAFFOLD, SCAFFOLDState
 from .za1 import ZA1, ZA1State
 
 __all__ = [
-    "Algorithm", "Costs", "ALGORITHMS", "make", "topology",
+    "Algorithm", "ServerClientAlgorithm", "Messages", "Costs", "ALGORITHMS", "make", "topology",
     "FedCanon", "FedCanonState", "FedCanonII", "FedCanonIIState", "ZA1", "ZA1State",
     "FedNMap", "FedNMapState", "ProxFedAvg", "ProxFedAvgState", "FedMiD", "FedMiDState",
     "FedDA", "FedDAState", "FedAvg", "FedAvgState", "SCAFFOLD", "SCAFFOLDState",

@@ -13,7 +13,7 @@ paper's Algorithm, which the spec flags). Round k with participating set S_k:
     client i ∈ S_k:  receive x̄
                      x_i ≈ argmin_x f_i(x) + <z_i, x − x̄> + ||x − x̄||²/(2η)     (local GD from x̄)
                      z_i <- z_i + (x_i − x̄)/η                                    (dual ascent)
-                     x̂_i = x_i + η z_i                        -> upload Δx̂_i = x̂_i − x̂_i^old
+                     x̂_i = x_i + η z_i                        -> upload dxhat_i = x̂_i − x̂_i^old
     server:          x̃ <- x̃ + (1/N) Σ_{i ∈ S_k} Δx̂_i      (= (1/N) Σ_i x̂_i over ALL clients, stale
                                                              for non-sampled)
                      x̄ = prox_{η h}( x̃ )                                      -> broadcast
@@ -33,8 +33,8 @@ from typing import NamedTuple
 
 import torch
 
-from .base import Algorithm, Costs, check_prox_step, positive, positive_int
-from .steps import damped_step_, load_rows_, prox_, put_rows_, rows_
+from .base import Costs, Messages, ServerClientAlgorithm, check_prox_step, positive, positive_int
+from .steps import damped_step_, load_rows_, prox_
 
 __all__ = ["FedADMM", "FedADMMState"]
 
@@ -49,7 +49,7 @@ class FedADMMState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class FedADMM(Algorithm):
+class FedADMM(ServerClientAlgorithm):
     """FedADMM. ``eta``: η (1/penalty and server prox step); ``lr_local``: inner step;
     ``local_steps``: inner steps K."""
 
@@ -84,30 +84,33 @@ class FedADMM(Algorithm):
             xtilde = clients.mean(xhat)
         return FedADMMState(z=clients.new_stack(), xhat=xhat, xtilde=xtilde, xbar=clients.new_vector(x0), t=0)
 
-    def round(self, state, clients, reg, rng=None):
-        eta = self.eta
-        z, xhat, xtilde, xbar = state.z, state.xhat, state.xtilde, state.xbar
-        ids = clients.participants()
+    def messages(self):
+        # x̃ is the mean of the latest x̂_i of ALL clients: a non-participant's x̂_i did not move
+        return Messages(up=("dxhat",), down=("xbar",), up_over_all=("dxhat",))
+
+    def download(self, state, rng=None):
+        return {"xbar": state.xbar}
+
+    def client_update(self, state, down, clients, reg, ids):
+        eta, Z, Xh, xb = self.eta, state.z, state.xhat, down["xbar"]  # the participants' rows
         k = clients.active_rows(ids)
-        Z, Xh = rows_(z, ids, clients.workspace("z", k)), rows_(xhat, ids, clients.workspace("xh", k))
         X, G, C, D = (clients.workspace(n, k) for n in ("x", "g", "c", "d"))
-        with torch.no_grad():
-            xb = clients.broadcast(xbar)  # the participants receive x̄
-            torch.sub(Z, xb, alpha=1.0 / eta, out=C)  # z_i − x̄/η: gradient of the local model = g + C + x/η
-            load_rows_(X, xb)  # local solver starts at x̄
-            for _ in range(self.local_steps):
-                clients.gradients_(X, G, ids)
-                damped_step_(X, G, C, self.lr_local, 1.0 / eta)  # x <- x − lr (g + z_i + (x − x̄)/η)
-            Z.add_(torch.sub(X, xb, out=D), alpha=1.0 / eta)  # z_i <- z_i + (x_i − x̄)/η
-            torch.add(X, Z, alpha=eta, out=C)  # x̂_i^new = x_i + η z_i
-            torch.sub(C, Xh, out=D)  # Δx̂_i
-            Xh.copy_(C)
-            put_rows_(z, ids, Z)
-            put_rows_(xhat, ids, Xh)
-            # server: x̃ += (1/N) Σ_{i∈S} Δx̂_i;  x̄ = prox_{ηh}(x̃)
-            xtilde.add_(clients.mean(D, ids, divisor=None if ids is None else clients.num_clients))
-            prox_(xbar.copy_(xtilde), reg, eta)
-        return FedADMMState(z=z, xhat=xhat, xtilde=xtilde, xbar=xbar, t=state.t + 1)
+        torch.sub(Z, xb, alpha=1.0 / eta, out=C)  # z_i − x̄/η: gradient of the local model = g + C + x/η
+        load_rows_(X, xb)  # local solver starts at x̄
+        for _ in range(self.local_steps):
+            clients.gradients_(X, G, ids)
+            damped_step_(X, G, C, self.lr_local, 1.0 / eta)  # x <- x − lr (g + z_i + (x − x̄)/η)
+        Z.add_(torch.sub(X, xb, out=D), alpha=1.0 / eta)  # z_i <- z_i + (x_i − x̄)/η
+        torch.add(X, Z, alpha=eta, out=C)  # x̂_i^new = x_i + η z_i
+        torch.sub(C, Xh, out=D)  # Δx̂_i
+        Xh.copy_(C)
+        return {"dxhat": D}
+
+    def server_update(self, state, up, down, reg):
+        xtilde, xbar = state.xtilde, state.xbar
+        xtilde.add_(up["dxhat"])  # x̃ += (1/N) Σ_{i∈S} Δx̂_i
+        prox_(xbar.copy_(xtilde), reg, self.eta)  # x̄ = prox_{ηh}(x̃)
+        return state._replace(t=state.t + 1), {"xbar": xbar}
 
     def report(self, state, reg):
         return state.xbar

@@ -1,10 +1,11 @@
 """FedAvg — docs/algorithms.md §5.1 (EXACT, standard). A smooth method (h = 0).
 
-    client i:  x_i^{t,0} = x^t;   x_i^{t,k+1} = x_i^{t,k} − η_l g_i(x_i^{t,k}),  k < K
-               upload x_i^{t,K} − x^t
-    server:    x^{t+1} = x^t + η_g (1/N) Σ_i (x_i^{t,K} − x^t)      (η_g = 1: plain averaging)
+    client i:  receive x^t
+               x_i^{t,0} = x^t;   x_i^{t,k+1} = x_i^{t,k} − η_l g_i(x_i^{t,k}),  k < K
+               upload dx_i = x^t − x_i^{t,K}
+    server:    x^{t+1} = x^t − η_g (1/N) Σ_i dx_i      (η_g = 1: plain averaging)  -> broadcast x
 
-Per round: up 1, down 1, no prox. Partial participation (the spec's sampled set S,
+Per round: up 1 (dx), down 1 (x), no prox. Partial participation (the spec's sampled set S,
 ``simulate(..., clients_per_round=k)``): the server averages the k participants' updates.
 With a nonzero regularizer the update ignores h (a warning is
 issued); the metrics still report f + h of x.
@@ -19,7 +20,7 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, positive, positive_int
+from .base import Costs, Messages, ServerClientAlgorithm, positive, positive_int
 from .steps import load_rows_, sgd_step_, warn_smooth
 
 __all__ = ["FedAvg", "FedAvgState"]
@@ -32,7 +33,7 @@ class FedAvgState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class FedAvg(Algorithm):
+class FedAvg(ServerClientAlgorithm):
     """FedAvg. ``lr_local``: η_l; ``lr_global``: η_g; ``local_steps``: K."""
 
     lr_local: float
@@ -64,20 +65,26 @@ class FedAvg(Algorithm):
     def init(self, x0, clients):
         return FedAvgState(x=clients.new_vector(x0), t=0)
 
-    def round(self, state, clients, reg, rng=None):
-        x = state.x
-        ids = clients.participants()  # None: all N clients
+    def messages(self):
+        return Messages(up=("dx",), down=("x",))
+
+    def download(self, state, rng=None):
+        return {"x": state.x}
+
+    def client_update(self, state, down, clients, reg, ids):
+        x = down["x"]
         k = clients.active_rows(ids)
         X, G = clients.workspace("x", k), clients.workspace("g", k)
-        with torch.no_grad():
-            load_rows_(X, x)  # x_i^{t,0} = x^t
-            for _ in range(self.local_steps):
-                clients.gradients_(X, G, ids)
-                sgd_step_(X, G, self.lr_local)  # x_i <- x_i − η_l g_i
-            neg_delta = fk.raw.normalized_delta_(X, x, 1.0, 1)  # x^t − x_i^{t,K}
-            sgd_step_(x, clients.mean(neg_delta, ids), self.lr_global)  # x <- x + η_g mean(x_i^{t,K} − x^t)
-            x = clients.broadcast(x)
-        return FedAvgState(x=x, t=state.t + 1)
+        load_rows_(X, x)  # x_i^{t,0} = x^t
+        for _ in range(self.local_steps):
+            clients.gradients_(X, G, ids)
+            sgd_step_(X, G, self.lr_local)  # x_i <- x_i − η_l g_i
+        return {"dx": fk.raw.normalized_delta_(X, x, 1.0, 1)}  # x^t − x_i^{t,K}
+
+    def server_update(self, state, up, down, reg):
+        x = state.x
+        sgd_step_(x, up["dx"], self.lr_global)  # x <- x + η_g mean(x_i^{t,K} − x^t)
+        return state._replace(t=state.t + 1), {"x": x}
 
     def report(self, state, reg):
         return state.x

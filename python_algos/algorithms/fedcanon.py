@@ -3,12 +3,13 @@
 Clients run K control-variate SGD steps and never touch h; the server takes one proximal
 gradient step per round with the averaged normalized update as its gradient estimate:
 
-    client i:  x̂_i^{t,0} = z^t
+    client i (client_update):   x̂_i^{t,0} = z^t
                x̂_i^{t,k+1} = x̂_i^{t,k} − β ( g_i(x̂_i^{t,k}) + c_i^t ),   k < K
-               Δ_i^{t+1} = (z^t − x̂_i^{t,K}) / (β K)                        -> upload
-    server:    Δ̄^{t+1} = (1/N) Σ_i Δ_i^{t+1}
+               Δ_i^{t+1} = (z^t − x̂_i^{t,K}) / (β K)                        -> upload Δ_i
+    server (server_update):     Δ̄^{t+1} = (1/N) Σ_i Δ_i^{t+1}
                z^{t+1} = prox_{α h}( z^t − α Δ̄^{t+1} )                       -> broadcast (Δ̄, z)
-    client i:  c_i^{t+1} = c_i^t + Δ̄^{t+1} − Δ_i^{t+1}
+    client i (client_receive):  c_i^{t+1} = c_i^t + Δ̄^{t+1} − Δ_i^{t+1}
+                                (a deployed client: at the start of its next round)
 
 Output z^T. Per round: 1 prox (server), 0 on clients; up 1, down 2; K gradients per client.
 Validity (Theorem 1, §7.4): α < 1/ρ — the server prox must be unique and Lipschitz (Lemma 5),
@@ -25,7 +26,7 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, check_prox_step, positive, positive_int
+from .base import Costs, Messages, ServerClientAlgorithm, check_prox_step, positive, positive_int
 from .steps import load_rows_
 
 __all__ = ["FedCanon", "FedCanonState"]
@@ -39,7 +40,7 @@ class FedCanonState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class FedCanon(Algorithm):
+class FedCanon(ServerClientAlgorithm):
     """FedCanon (Alg. 1). ``alpha``: server step = prox step; ``beta``: local step; ``local_steps``: K."""
 
     alpha: float
@@ -73,25 +74,29 @@ class FedCanon(Algorithm):
         c = clients.new_stack()  # c_i^0 = 0, so sum_i c_i^0 = 0
         return FedCanonState(z=z, c=c, t=0)
 
-    def round(self, state, clients, reg, rng=None):
-        alpha, beta, K = self.alpha, self.beta, self.local_steps
-        z, c = state.z, state.c
-        X, G = clients.workspace("x"), clients.workspace("g")
-        with torch.no_grad():
-            # client i: x̂_i^{t,0} = z^t; K control-variate steps
-            load_rows_(X, z)
-            for _ in range(K):
-                clients.gradients_(X, G)
-                fk.raw.cv_step_(X, G, c, beta)  # x̂ <- x̂ − β (g + c_i)
-            Delta = fk.raw.normalized_delta_(X, z, beta, K)  # Δ_i = (z − x̂_i^{t,K}) / (βK), in place
-            # server
-            dbar = clients.mean(Delta)  # Δ̄ = (1/N) Σ Δ_i
-            fk.fused.prox_grad_step_(z, dbar, alpha, reg, alpha, fast=True)  # z <- prox_{αh}(z − α Δ̄)
-            dbar = clients.broadcast(dbar)
-            z = clients.broadcast(z)
-            # client i
-            fk.raw.control_update_(c, dbar, Delta)  # c_i <- c_i + Δ̄ − Δ_i
-        return FedCanonState(z=z, c=c, t=state.t + 1)
+    def messages(self):
+        return Messages(up=("delta",), down=("dbar", "z"))
+
+    def download(self, state, rng=None):
+        return {"z": state.z}
+
+    def client_update(self, state, down, clients, reg, ids):
+        beta, K, z, c = self.beta, self.local_steps, down["z"], state.c
+        k = clients.active_rows(ids)
+        X, G = clients.workspace("x", k), clients.workspace("g", k)
+        load_rows_(X, z)  # x̂_i^{t,0} = z^t; K control-variate steps
+        for _ in range(K):
+            clients.gradients_(X, G, ids)
+            fk.raw.cv_step_(X, G, c, beta)  # x̂ <- x̂ − β (g + c_i)
+        return {"delta": fk.raw.normalized_delta_(X, z, beta, K)}  # Δ_i = (z − x̂_i^{t,K}) / (βK), in place
+
+    def server_update(self, state, up, down, reg):
+        z, dbar = state.z, up["delta"]  # Δ̄ = (1/N) Σ Δ_i
+        fk.fused.prox_grad_step_(z, dbar, self.alpha, reg, self.alpha, fast=True)  # z <- prox_{αh}(z − α Δ̄)
+        return state._replace(t=state.t + 1), {"dbar": dbar, "z": z}
+
+    def client_receive(self, state, down, up, clients, reg, ids):
+        fk.raw.control_update_(state.c, down["dbar"], up["delta"])  # c_i <- c_i + Δ̄ − Δ_i
 
     def report(self, state, reg):
         return state.z

@@ -3,10 +3,10 @@
 The prox moves from the server to the clients, so only Δ̄ is broadcast. Every client keeps its
 own replica x̂_i^{t,0} of the global model z^t (bitwise identical across clients):
 
-    client i:  x̂_i^{t,k+1} = x̂_i^{t,k} − β ( g_i(x̂_i^{t,k}) + c_i^t ),   k < K
-               Δ_i^{t+1} = (x̂_i^{t,0} − x̂_i^{t,K}) / (β K)                   -> upload
-    server:    Δ̄^{t+1} = (1/N) Σ_i Δ_i^{t+1}                                  -> broadcast Δ̄ only
-    client i:  x̂_i^{t+1,0} = prox_{α h}( x̂_i^{t,0} − α Δ̄^{t+1} )
+    client i (client_update):   x̂_i^{t,k+1} = x̂_i^{t,k} − β ( g_i(x̂_i^{t,k}) + c_i^t ),   k < K
+               Δ_i^{t+1} = (x̂_i^{t,0} − x̂_i^{t,K}) / (β K)                   -> upload Δ_i
+    server (server_update):     Δ̄^{t+1} = (1/N) Σ_i Δ_i^{t+1}                 -> broadcast Δ̄ only
+    client i (client_receive):  x̂_i^{t+1,0} = prox_{α h}( x̂_i^{t,0} − α Δ̄^{t+1} )
                c_i^{t+1}   = c_i^t + Δ̄^{t+1} − Δ_i^{t+1}
 
 Identical iterates to Algorithm 1 (§7.3). Per round: N prox (1 per client), 0 on the server;
@@ -24,7 +24,7 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, check_prox_step, positive, positive_int
+from .base import Costs, Messages, ServerClientAlgorithm, check_prox_step, positive, positive_int
 from .steps import load_rows_
 
 __all__ = ["FedCanonII", "FedCanonIIState"]
@@ -38,7 +38,7 @@ class FedCanonIIState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class FedCanonII(Algorithm):
+class FedCanonII(ServerClientAlgorithm):
     """FedCanon II (Alg. 2). Same hyper-parameters as :class:`FedCanon`."""
 
     alpha: float
@@ -72,23 +72,29 @@ class FedCanonII(Algorithm):
         c = clients.new_stack()  # c_i^0 = 0
         return FedCanonIIState(xhat0=xhat0, c=c, t=0)
 
-    def round(self, state, clients, reg, rng=None):
-        alpha, beta, K = self.alpha, self.beta, self.local_steps
-        xhat0, c = state.xhat0, state.c
-        X, G = clients.workspace("x"), clients.workspace("g")
-        with torch.no_grad():
-            # client i: K control-variate steps from its replica
-            load_rows_(X, xhat0)
-            for _ in range(K):
-                clients.gradients_(X, G)
-                fk.raw.cv_step_(X, G, c, beta)  # x̂ <- x̂ − β (g + c_i)
-            Delta = fk.raw.normalized_delta_(X, xhat0, beta, K)  # Δ_i = (x̂_i^{t,0} − x̂_i^{t,K}) / (βK)
-            # server: average only
-            dbar = clients.broadcast(clients.mean(Delta))
-            # client i: local prox-gradient step on its replica, then the control update
-            fk.fused.prox_grad_step_(xhat0, dbar, alpha, reg, alpha, fast=True)  # x̂^{t+1,0} = prox_{αh}(x̂^{t,0} − αΔ̄)
-            fk.raw.control_update_(c, dbar, Delta)  # c_i <- c_i + Δ̄ − Δ_i
-        return FedCanonIIState(xhat0=xhat0, c=c, t=state.t + 1)
+    def messages(self):
+        return Messages(up=("delta",), down=("dbar",))
+
+    def download(self, state, rng=None):
+        return {}  # every client starts from its own replica x̂_i^{t,0}
+
+    def client_update(self, state, down, clients, reg, ids):
+        beta, K, xhat0, c = self.beta, self.local_steps, state.xhat0, state.c
+        k = clients.active_rows(ids)
+        X, G = clients.workspace("x", k), clients.workspace("g", k)
+        load_rows_(X, xhat0)  # K control-variate steps from its replica
+        for _ in range(K):
+            clients.gradients_(X, G, ids)
+            fk.raw.cv_step_(X, G, c, beta)  # x̂ <- x̂ − β (g + c_i)
+        return {"delta": fk.raw.normalized_delta_(X, xhat0, beta, K)}  # Δ_i = (x̂_i^{t,0} − x̂_i^{t,K}) / (βK)
+
+    def server_update(self, state, up, down, reg):
+        return state._replace(t=state.t + 1), {"dbar": up["delta"]}  # average only
+
+    def client_receive(self, state, down, up, clients, reg, ids):
+        dbar = down["dbar"]  # local prox-gradient step on the replica, then the control update
+        fk.fused.prox_grad_step_(state.xhat0, dbar, self.alpha, reg, self.alpha, fast=True)  # prox_{αh}(x̂^{t,0} − αΔ̄)
+        fk.raw.control_update_(state.c, dbar, up["delta"])  # c_i <- c_i + Δ̄ − Δ_i
 
     def report(self, state, reg):
         return state.xhat0[0]

@@ -3,13 +3,13 @@
 Yuan, Zaheer, Reddi, ICML 2021. Dual states are averaged (no "curse of primal averaging"):
 
     init: z_0 = x_0
-    round r, client m:  z_{r,0}^m = z_r
+    round r, client m:  receive z_r;  z_{r,0}^m = z_r
         for k < K:
             η̃_{r,k}    = η_s η_c r K + η_c k
             x_{r,k}^m   = prox_{η̃_{r,k} h}( z_{r,k}^m )          # retrieve primal
             z_{r,k+1}^m = z_{r,k}^m − η_c g_m(x_{r,k}^m)           # dual SGD step
         upload Δ_r^m = z_{r,K}^m − z_{r,0}^m
-    server: z_{r+1} = z_r + η_s (1/N) Σ_m Δ_r^m;   output x_{r+1} = prox_{η_s η_c (r+1) K h}( z_{r+1} )
+    server: z_{r+1} = z_r + η_s (1/N) Σ_m Δ_r^m  -> broadcast z;   output x_{r+1} = prox_{η_s η_c (r+1) K h}( z_{r+1} )
 
 The dual step and the next primal retrieval are one fused kernel (``fk.fused.za1_step_`` with a
 zero correction); the primal after the last dual step is never used and is not computed. Per
@@ -33,7 +33,7 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, positive, positive_int
+from .base import Costs, Messages, ServerClientAlgorithm, positive, positive_int
 from .steps import load_rows_, prox_
 
 __all__ = ["FedDA", "FedDAState"]
@@ -47,7 +47,7 @@ class FedDAState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class FedDA(Algorithm):
+class FedDA(ServerClientAlgorithm):
     """FedDA. ``lr_client``: η_c; ``lr_server``: η_s; ``local_steps``: K."""
 
     lr_client: float
@@ -86,27 +86,32 @@ class FedDA(Algorithm):
         z = clients.new_vector(x0)  # z_0 = x_0
         return FedDAState(z=z, x=z.clone(), t=0)
 
-    def round(self, state, clients, reg, rng=None):
-        eta_c, eta_s, K, r = self.lr_client, self.lr_server, self.local_steps, state.t
-        z, x = state.z, state.x
-        ids = clients.participants()  # None: all N clients
+    def messages(self):
+        return Messages(up=("delta",), down=("z",))
+
+    def download(self, state, rng=None):
+        return {"z": state.z}  # with the round r (state.t), which sets the elapsed step η̃
+
+    def client_update(self, state, down, clients, reg, ids):
+        eta_c, K, r, z = self.lr_client, self.local_steps, state.t, down["z"]
         n = clients.active_rows(ids)
         Z, X, G = clients.workspace("z", n), clients.workspace("x", n), clients.workspace("g", n)
         no_correction = torch.zeros_like(z)
-        with torch.no_grad():
-            load_rows_(Z, z)  # z_{r,0}^m = z_r
-            prox_(load_rows_(X, Z), reg, self.elapsed(r, 0))  # x_{r,0}^m = prox_{η̃_{r,0} h}(z_{r,0}^m)
-            for k in range(K):
-                clients.gradients_(X, G, ids)  # g_m(x_{r,k})
-                if k < K - 1:  # z <- z − η_c g;  x <- prox_{η̃_{r,k+1} h}(z)
-                    fk.fused.za1_step_(Z, X, G, no_correction, eta_c, reg, self.elapsed(r, k + 1), fast=True)
-                else:
-                    fk.raw.cv_step_(Z, G, no_correction, eta_c)
-            delta = Z.sub_(z)  # Δ_r^m = z_{r,K}^m − z_{r,0}^m
-            z.add_(clients.mean(delta, ids), alpha=eta_s)  # z_{r+1} = z_r + η_s mean Δ
-            prox_(x.copy_(z), reg, self.elapsed(r + 1))  # x_{r+1} = prox_{η_s η_c (r+1) K h}(z_{r+1})
-            z = clients.broadcast(z)
-        return FedDAState(z=z, x=x, t=r + 1)
+        load_rows_(Z, z)  # z_{r,0}^m = z_r
+        prox_(load_rows_(X, Z), reg, self.elapsed(r, 0))  # x_{r,0}^m = prox_{η̃_{r,0} h}(z_{r,0}^m)
+        for k in range(K):
+            clients.gradients_(X, G, ids)  # g_m(x_{r,k})
+            if k < K - 1:  # z <- z − η_c g;  x <- prox_{η̃_{r,k+1} h}(z)
+                fk.fused.za1_step_(Z, X, G, no_correction, eta_c, reg, self.elapsed(r, k + 1), fast=True)
+            else:
+                fk.raw.cv_step_(Z, G, no_correction, eta_c)
+        return {"delta": Z.sub_(z)}  # Δ_r^m = z_{r,K}^m − z_{r,0}^m
+
+    def server_update(self, state, up, down, reg):
+        z, x, r = state.z, state.x, state.t
+        z.add_(up["delta"], alpha=self.lr_server)  # z_{r+1} = z_r + η_s mean Δ
+        prox_(x.copy_(z), reg, self.elapsed(r + 1))  # x_{r+1} = prox_{η_s η_c (r+1) K h}(z_{r+1})
+        return state._replace(t=r + 1), {"z": z}
 
     def report(self, state, reg):
         return state.x

@@ -6,7 +6,7 @@ Round k with participating set S_k (all N clients under full participation):
     client i ∈ S_k:  receive x̄
                      y_i <- y_i + α ( x̄ − x_i )
                      x_i ≈ prox_{η f_i}(y_i) = argmin_x f_i(x) + ||x − y_i||²/(2η)
-                     x̂_i = 2 x_i − y_i                                 -> upload Δx̂_i = x̂_i − x̂_i^old
+                     x̂_i = 2 x_i − y_i                                 -> upload dxhat_i = x̂_i − x̂_i^old
     server:          x̃ <- x̃ + (1/N) Σ_{i ∈ S_k} Δx̂_i      (x̃ = mean of the latest x̂_i of ALL clients,
                                                               stale values for non-sampled ones)
                      x̄ = prox_{η h}( x̃ )                                 -> broadcast
@@ -39,8 +39,8 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, check_prox_step, one_of, positive, positive_int
-from .steps import damped_step_, prox_, put_rows_, rows_
+from .base import Costs, Messages, ServerClientAlgorithm, check_prox_step, one_of, positive, positive_int
+from .steps import damped_step_, prox_
 
 __all__ = ["FedDR", "FedDRState"]
 
@@ -56,7 +56,7 @@ class FedDRState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class FedDR(Algorithm):
+class FedDR(ServerClientAlgorithm):
     """FedDR. ``eta``: η (prox parameter of f_i and of h); ``alpha``: α_DR (relaxation, in (0, 2));
     ``lr_local``: inner step; ``local_steps``: inner steps K; ``init_from``: "paper" | "code"."""
 
@@ -110,25 +110,29 @@ class FedDR(Algorithm):
             xtilde = clients.mean(xhat)  # the server's x̃ = (1/N) Σ x̂_i
         return FedDRState(y=y, x=x, xhat=xhat, xtilde=xtilde, xbar=clients.new_vector(x0), t=0)
 
-    def round(self, state, clients, reg, rng=None):
-        y, x, xhat, xtilde, xbar = state.y, state.x, state.xhat, state.xtilde, state.xbar
-        ids = clients.participants()
+    def messages(self):
+        # x̃ is the mean of the latest x̂_i of ALL clients: a non-participant's x̂_i did not move
+        return Messages(up=("dxhat",), down=("xbar",), up_over_all=("dxhat",))
+
+    def download(self, state, rng=None):
+        return {"xbar": state.xbar}
+
+    def client_update(self, state, down, clients, reg, ids):
+        Y, X, Xh, xb = state.y, state.x, state.xhat, down["xbar"]  # the participants' rows
         k = clients.active_rows(ids)
-        Y, X, Xh = (rows_(v, ids, clients.workspace(n, k)) for v, n in ((y, "y"), (x, "x"), (xhat, "xh")))
         C, G, D = clients.workspace("c", k), clients.workspace("g", k), clients.workspace("d", k)
-        with torch.no_grad():
-            xb = clients.broadcast(xbar)  # the participants receive x̄
-            fk.raw.cv_step_(Y, X, -xb, self.alpha)  # y_i <- y_i − α (x_i − x̄)
-            self._local_prox_(X, Y, C, G, clients, ids)  # x_i ≈ prox_{η f_i}(y_i)
-            torch.sub(X, Y, out=C).add_(X)  # x̂_i^new = 2 x_i − y_i
-            torch.sub(C, Xh, out=D)  # Δx̂_i
-            Xh.copy_(C)
-            for v, V in ((y, Y), (x, X), (xhat, Xh)):
-                put_rows_(v, ids, V)
-            # server: x̃ += (1/N) Σ_{i∈S} Δx̂_i (mean of Δx̂ under full participation); x̄ = prox_{ηh}(x̃)
-            xtilde.add_(clients.mean(D, ids, divisor=None if ids is None else clients.num_clients))
-            prox_(xbar.copy_(xtilde), reg, self.eta)
-        return FedDRState(y=y, x=x, xhat=xhat, xtilde=xtilde, xbar=xbar, t=state.t + 1)
+        fk.raw.cv_step_(Y, X, -xb, self.alpha)  # y_i <- y_i − α (x_i − x̄)
+        self._local_prox_(X, Y, C, G, clients, ids)  # x_i ≈ prox_{η f_i}(y_i)
+        torch.sub(X, Y, out=C).add_(X)  # x̂_i^new = 2 x_i − y_i
+        torch.sub(C, Xh, out=D)  # Δx̂_i
+        Xh.copy_(C)
+        return {"dxhat": D}
+
+    def server_update(self, state, up, down, reg):
+        xtilde, xbar = state.xtilde, state.xbar
+        xtilde.add_(up["dxhat"])  # x̃ += (1/N) Σ_{i∈S} Δx̂_i (mean of Δx̂ under full participation)
+        prox_(xbar.copy_(xtilde), reg, self.eta)  # x̄ = prox_{ηh}(x̃)
+        return state._replace(t=state.t + 1), {"xbar": xbar}
 
     def report(self, state, reg):
         return state.xbar

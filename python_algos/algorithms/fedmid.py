@@ -2,8 +2,10 @@
 
 Yuan, Zaheer, Reddi, "Federated Composite Optimization", ICML 2021:
 
-    client m:  x_{r,0}^m = x_r;   x_{r,k+1}^m = prox_{η_c h}( x_{r,k}^m − η_c g_m(x_{r,k}^m) ),  k < K
-    server:    Δ_r = (1/N) Σ_m (x_{r,K}^m − x_r);   x_{r+1} = prox_{η_s η_c K h}( x_r + η_s Δ_r )
+    client m:  receive x_r
+               x_{r,0}^m = x_r;   x_{r,k+1}^m = prox_{η_c h}( x_{r,k}^m − η_c g_m(x_{r,k}^m) ),  k < K
+               upload dx_m = x_r − x_{r,K}^m  (= −Δ^m, the pseudo-gradient)
+    server:    Δ_r = −(1/N) Σ_m dx_m;   x_{r+1} = prox_{η_s η_c K h}( x_r + η_s Δ_r )   -> broadcast x
 
 As in the reference code (``fed_avg_schedule.py``), the server takes an SGD step with −Δ as the
 gradient and learning rate η_s, then the prox with step η_s × (sum of client lrs) = η_s η_c K.
@@ -21,7 +23,7 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, check_prox_step, positive, positive_int
+from .base import Costs, Messages, ServerClientAlgorithm, check_prox_step, positive, positive_int
 from .steps import load_rows_
 
 __all__ = ["FedMiD", "FedMiDState"]
@@ -34,7 +36,7 @@ class FedMiDState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class FedMiD(Algorithm):
+class FedMiD(ServerClientAlgorithm):
     """FedMiD. ``lr_client``: η_c; ``lr_server``: η_s; ``local_steps``: K."""
 
     lr_client: float
@@ -72,22 +74,26 @@ class FedMiD(Algorithm):
     def init(self, x0, clients):
         return FedMiDState(x=clients.new_vector(x0), t=0)
 
-    def round(self, state, clients, reg, rng=None):
-        eta_c, eta_s, K = self.lr_client, self.lr_server, self.local_steps
-        x = state.x
-        ids = clients.participants()  # None: all N clients
+    def messages(self):
+        return Messages(up=("dx",), down=("x",))
+
+    def download(self, state, rng=None):
+        return {"x": state.x}
+
+    def client_update(self, state, down, clients, reg, ids):
+        eta_c, x = self.lr_client, down["x"]
         k = clients.active_rows(ids)
         X, G = clients.workspace("x", k), clients.workspace("g", k)
-        with torch.no_grad():
-            load_rows_(X, x)  # x_{r,0}^m = x_r
-            for _ in range(K):
-                clients.gradients_(X, G, ids)
-                fk.fused.prox_grad_step_(X, G, eta_c, reg, eta_c, fast=True)  # prox_{η_c h}(x − η_c g)
-            neg_delta = fk.raw.normalized_delta_(X, x, 1.0, 1)  # x_r − x_{r,K}^m = −Δ^m (the pseudo-gradient)
-            g_server = clients.mean(neg_delta, ids)  # −Δ_r
-            fk.fused.prox_grad_step_(x, g_server, eta_s, reg, self.server_step, fast=True)  # prox(x_r + η_s Δ_r)
-            x = clients.broadcast(x)
-        return FedMiDState(x=x, t=state.t + 1)
+        load_rows_(X, x)  # x_{r,0}^m = x_r
+        for _ in range(self.local_steps):
+            clients.gradients_(X, G, ids)
+            fk.fused.prox_grad_step_(X, G, eta_c, reg, eta_c, fast=True)  # prox_{η_c h}(x − η_c g)
+        return {"dx": fk.raw.normalized_delta_(X, x, 1.0, 1)}  # x_r − x_{r,K}^m = −Δ^m (the pseudo-gradient)
+
+    def server_update(self, state, up, down, reg):
+        x = state.x  # up["dx"] = −Δ_r
+        fk.fused.prox_grad_step_(x, up["dx"], self.lr_server, reg, self.server_step, fast=True)  # prox(x_r + η_s Δ_r)
+        return state._replace(t=state.t + 1), {"x": x}
 
     def report(self, state, reg):
         return state.x

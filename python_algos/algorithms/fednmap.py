@@ -4,15 +4,16 @@ The server variable z is the normal-map variable, the model is x = prox_{λh}(z)
 corrected steps on the (unbiased) stochastic normal map g_i(x) + (z − x)/λ:
 
     server -> client i: z^t and (t >= 1) d̄^{t−1}
-    client i:
+    client i (client_update):
       (4)  c_i^t = c_i^{t−1} + d̄^{t−1} − d_i^{t−1}           (t >= 1;  c_i^0 = 0)
            z_i^{t,0} = z^t
            for q < Q:
       (5a)     x_i^{t,q}   = prox_{λh}( z_i^{t,q} )
       (5b)     z_i^{t,q+1} = z_i^{t,q} − η ( g_i(x_i^{t,q}) + (z_i^{t,q} − x_i^{t,q})/λ + c_i^t )
-      (6)  d_i^t = (z^t − z_i^{t,Q}) / (η Q)                   -> upload (one vector)
-    server:
-      (7)  d̄^t = (1/N) Σ_i d_i^t;   z^{t+1} = z^t − α d̄^t,   α = γ_s η Q
+      (6)  d_i^t = (z^t − z_i^{t,Q}) / (η Q)                   -> upload d_i (one vector)
+    server (server_update):
+      (7)  d̄^t = (1/N) Σ_i d_i^t;   z^{t+1} = z^t − α d̄^t,   α = γ_s η Q   -> broadcast z (and d̄)
+    client i (client_receive): keep d̄^t for (4) of the next round
     output x^t = prox_{λh}(z^t)
 
 (5b) and the next step's (5a) are one fused kernel (``fk.fused.normal_map_step_``); the last
@@ -48,7 +49,7 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, check_prox_step, one_of, positive, positive_int
+from .base import Costs, Messages, ServerClientAlgorithm, check_prox_step, one_of, positive, positive_int
 from .steps import load_rows_, prox, prox_
 
 __all__ = ["FedNMap", "FedNMapState"]
@@ -64,10 +65,11 @@ class FedNMapState(NamedTuple):
     z_prev: Optional[torch.Tensor]  # [d] the clients' copy of z^{t−1} (downlink="z" only)
     t: int  # rounds done
     client_fields = ("c", "d")  # the per-client [N, d] stacks (sharded checkpoints, distributed metrics)
+    client_copies = ("dbar", "z_prev")  # client state identical on every client: one [d] copy here, each client its own
 
 
 @dataclasses.dataclass(frozen=True)
-class FedNMap(Algorithm):
+class FedNMap(ServerClientAlgorithm):
     """FedNMap. ``lam``: λ; ``eta``: η; ``local_steps``: Q; ``server_scale``: γ_s (α = γ_s η Q)."""
 
     lam: float
@@ -120,33 +122,41 @@ class FedNMap(Algorithm):
         return FedNMapState(z=z, c=clients.new_stack(), d=clients.new_stack(), dbar=clients.new_vector(),
                             z_prev=z_prev, t=0)
 
-    def round(self, state, clients, reg, rng=None):
+    def messages(self):
+        return Messages(up=("d",), down=("z", "dbar") if self.downlink == "z_dbar" else ("z",))
+
+    def download(self, state, rng=None):
+        return {"z": state.z}
+
+    def client_update(self, state, down, clients, reg, ids):
         lam, eta, Q = self.lam, self.eta, self.local_steps
-        z, c, D, dbar, z_prev = state.z, state.c, state.d, state.dbar, state.z_prev
-        X, G = clients.workspace("x"), clients.workspace("g")
-        with torch.no_grad():
-            if state.t >= 1 and self.c_update_at == "round_start":
-                if self.downlink == "z":  # d̄^{t−1} = (z^{t−1} − z^t)/α from two broadcasts
-                    dbar = fk.raw.normalized_delta(z_prev, z, self.server_scale * eta, Q)
-                fk.raw.control_update_(c, dbar, D)  # (4) c_i^t = c_i^{t−1} + d̄^{t−1} − d_i^{t−1}
-            Z = load_rows_(D, z)  # z_i^{t,0} = z^t  (D's buffer is free once (4) has used it)
-            prox_(load_rows_(X, z), reg, lam)  # (5a) x_i^{t,0} = prox_{λh}(z_i^{t,0})
-            for q in range(Q):
-                clients.gradients_(X, G)
-                # (5b) z <- z − η(g + c + (z − x)/λ), fused with (5a) x <- prox_{λh}(z) of the next step
-                fk.fused.normal_map_step_(Z, X, G, c, eta, lam, reg if q < Q - 1 else _ZERO, fast=True)
-            D = fk.raw.normalized_delta_(Z, z, eta, Q)  # (6) d_i = (z^t − z_i^{t,Q}) / (ηQ)
-            # server, (7)
-            dbar_new = clients.mean(D)
-            if self.downlink == "z":
-                z_prev.copy_(z)  # the clients keep z^t to recover d̄^t next round
-            z.sub_(dbar_new, alpha=self.alpha)  # z^{t+1} = z^t − α d̄^t
-            z = clients.broadcast(z)
-            if self.downlink == "z_dbar":
-                dbar.copy_(clients.broadcast(dbar_new))
-            if self.c_update_at == "round_end":
-                fk.raw.control_update_(c, dbar_new, D)  # (4) applied right away
-        return FedNMapState(z=z, c=c, d=D, dbar=dbar, z_prev=z_prev, t=state.t + 1)
+        z, c, D, dbar = down["z"], state.c, state.d, state.dbar
+        k = clients.active_rows(ids)
+        X, G = clients.workspace("x", k), clients.workspace("g", k)
+        if state.t >= 1 and self.c_update_at == "round_start":
+            if self.downlink == "z":  # d̄^{t−1} = (z^{t−1} − z^t)/α from two broadcasts
+                dbar.copy_(fk.raw.normalized_delta(state.z_prev, z, self.server_scale * eta, Q))
+            fk.raw.control_update_(c, dbar, D)  # (4) c_i^t = c_i^{t−1} + d̄^{t−1} − d_i^{t−1}
+        if self.downlink == "z":
+            state.z_prev.copy_(z)  # the client keeps z^t to recover d̄^t next round
+        Z = load_rows_(D, z)  # z_i^{t,0} = z^t  (D's buffer is free once (4) has used it)
+        prox_(load_rows_(X, z), reg, lam)  # (5a) x_i^{t,0} = prox_{λh}(z_i^{t,0})
+        for q in range(Q):
+            clients.gradients_(X, G, ids)
+            # (5b) z <- z − η(g + c + (z − x)/λ), fused with (5a) x <- prox_{λh}(z) of the next step
+            fk.fused.normal_map_step_(Z, X, G, c, eta, lam, reg if q < Q - 1 else _ZERO, fast=True)
+        return {"d": fk.raw.normalized_delta_(Z, z, eta, Q)}  # (6) d_i = (z^t − z_i^{t,Q}) / (ηQ), kept in state.d
+
+    def server_update(self, state, up, down, reg):
+        z, dbar = state.z, up["d"]  # (7) d̄^t
+        z.sub_(dbar, alpha=self.alpha)  # z^{t+1} = z^t − α d̄^t
+        return state._replace(t=state.t + 1), ({"z": z, "dbar": dbar} if self.downlink == "z_dbar" else {"z": z})
+
+    def client_receive(self, state, down, up, clients, reg, ids):
+        if self.downlink == "z_dbar":
+            state.dbar.copy_(down["dbar"])  # the client's copy of d̄^t
+        if self.c_update_at == "round_end":
+            fk.raw.control_update_(state.c, down["dbar"], up["d"])  # (4) applied right away
 
     def report(self, state, reg):
         return prox(state.z, reg, self.lam)

@@ -4,9 +4,10 @@ extension**, not part of the original method).
 Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, MLSys 2020 (arXiv:1812.06127). Round t with
 participating set S_t (all N clients under full participation):
 
-    client i ∈ S_t:  x_i = x^t;  K steps  x_i <- x_i − η ( g_i(x_i) + μ (x_i − x^t) )
-                     upload x_i − x^t
-    server:          x^{t+1} = x^t + (1/|S_t|) Σ_{i ∈ S_t} (x_i − x^t)          (the average model)
+    client i ∈ S_t:  receive x^t
+                     x_i = x^t;  K steps  x_i <- x_i − η ( g_i(x_i) + μ (x_i − x^t) )
+                     upload dx_i = x^t − x_i
+    server:          x^{t+1} = x^t − (1/|S_t|) Σ_{i ∈ S_t} dx_i     (the average model)  -> broadcast x
     composite extension (``server_prox=True``):
                      x^{t+1} = prox_{s h}( x^t + (1/|S_t|) Σ_{i ∈ S_t} (x_i − x^t) ),
                      s = ``server_prox_step``, default η K (the clients' total step, as FedMiD's
@@ -28,7 +29,7 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, check_prox_step, positive, positive_int
+from .base import Costs, Messages, ServerClientAlgorithm, check_prox_step, positive, positive_int
 from .steps import damped_step_, load_rows_, sgd_step_, warn_smooth
 
 __all__ = ["FedProx", "FedProxState"]
@@ -41,7 +42,7 @@ class FedProxState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class FedProx(Algorithm):
+class FedProx(ServerClientAlgorithm):
     """FedProx. ``lr_local``: η; ``local_steps``: K; ``mu``: μ >= 0 (proximal weight);
     ``server_prox``: apply prox_{s h} to the average (our composite extension);
     ``server_prox_step``: s (default η K)."""
@@ -97,26 +98,30 @@ class FedProx(Algorithm):
     def init(self, x0, clients):
         return FedProxState(x=clients.new_vector(x0), t=0)
 
-    def round(self, state, clients, reg, rng=None):
-        eta, mu = self.lr_local, self.mu
-        x = state.x
-        ids = clients.participants()
+    def messages(self):
+        return Messages(up=("dx",), down=("x",))
+
+    def download(self, state, rng=None):
+        return {"x": state.x}
+
+    def client_update(self, state, down, clients, reg, ids):
+        eta, mu, x = self.lr_local, self.mu, down["x"]
         k = clients.active_rows(ids)
         X, G = clients.workspace("x", k), clients.workspace("g", k)
-        with torch.no_grad():
-            anchor = torch.mul(x, -mu)  # μ (x_i − x^t) = μ x_i + anchor
-            load_rows_(X, x)  # x_i = x^t
-            for _ in range(self.local_steps):
-                clients.gradients_(X, G, ids)
-                damped_step_(X, G, anchor, eta, mu)  # x_i <- x_i − η (g_i + μ (x_i − x^t))
-            neg_delta = fk.raw.normalized_delta_(X, x, 1.0, 1)  # x^t − x_i
-            avg = clients.mean(neg_delta, ids)  # x^t − (average client model)
-            if self.server_prox:
-                fk.fused.prox_grad_step_(x, avg, 1.0, reg, self.step, fast=True)  # prox_{s h}(average)
-            else:
-                sgd_step_(x, avg, 1.0)  # x^{t+1} = average
-            x = clients.broadcast(x)
-        return FedProxState(x=x, t=state.t + 1)
+        anchor = torch.mul(x, -mu)  # μ (x_i − x^t) = μ x_i + anchor
+        load_rows_(X, x)  # x_i = x^t
+        for _ in range(self.local_steps):
+            clients.gradients_(X, G, ids)
+            damped_step_(X, G, anchor, eta, mu)  # x_i <- x_i − η (g_i + μ (x_i − x^t))
+        return {"dx": fk.raw.normalized_delta_(X, x, 1.0, 1)}  # x^t − x_i
+
+    def server_update(self, state, up, down, reg):
+        x, avg = state.x, up["dx"]  # x^t − (average client model)
+        if self.server_prox:
+            fk.fused.prox_grad_step_(x, avg, 1.0, reg, self.step, fast=True)  # prox_{s h}(average)
+        else:
+            sgd_step_(x, avg, 1.0)  # x^{t+1} = average
+        return state._replace(t=state.t + 1), {"x": x}
 
     def report(self, state, reg):
         return state.x

@@ -3,8 +3,10 @@
 FedMiD in Euclidean geometry, the composite strawman FedCanon argues against: clients take
 proximal SGD steps, the server a proximal step on the averaged (unnormalized) client update:
 
-    client i:  x̂_i^{t,0} = z^t;   x̂_i^{t,k+1} = prox_{β h}( x̂_i^{t,k} − β g_i(x̂_i^{t,k}) ),  k < K
-    server:    Δ̄^t = (1/N) Σ_i (z^t − x̂_i^{t,K});   z^{t+1} = prox_{α h}( z^t − α Δ̄^t )
+    client i:  receive z^t
+               x̂_i^{t,0} = z^t;   x̂_i^{t,k+1} = prox_{β h}( x̂_i^{t,k} − β g_i(x̂_i^{t,k}) ),  k < K
+               upload Δ_i = z^t − x̂_i^{t,K}
+    server:    Δ̄^t = (1/N) Σ_i Δ_i;   z^{t+1} = prox_{α h}( z^t − α Δ̄^t )      -> broadcast z
 
 Output z. Per round: N·K prox on clients + 1 on the server; up 1, down 1. Note Δ̄ is not divided
 by βK here (eq. 3 as printed), so α = 1 means "take the averaged client model" before the prox.
@@ -20,7 +22,7 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, check_prox_step, positive, positive_int
+from .base import Costs, Messages, ServerClientAlgorithm, check_prox_step, positive, positive_int
 from .steps import load_rows_
 
 __all__ = ["ProxFedAvg", "ProxFedAvgState"]
@@ -33,7 +35,7 @@ class ProxFedAvgState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class ProxFedAvg(Algorithm):
+class ProxFedAvg(ServerClientAlgorithm):
     """Prox-FedAvg (FedCanon eq. 3). ``alpha``: server step = server prox step; ``beta``: local
     step = client prox step; ``local_steps``: K."""
 
@@ -68,20 +70,26 @@ class ProxFedAvg(Algorithm):
     def init(self, x0, clients):
         return ProxFedAvgState(z=clients.new_vector(x0), t=0)
 
-    def round(self, state, clients, reg, rng=None):
-        alpha, beta, K = self.alpha, self.beta, self.local_steps
+    def messages(self):
+        return Messages(up=("delta",), down=("z",))
+
+    def download(self, state, rng=None):
+        return {"z": state.z}
+
+    def client_update(self, state, down, clients, reg, ids):
+        beta, z = self.beta, down["z"]
+        k = clients.active_rows(ids)
+        X, G = clients.workspace("x", k), clients.workspace("g", k)
+        load_rows_(X, z)  # x̂_i^{t,0} = z^t
+        for _ in range(self.local_steps):
+            clients.gradients_(X, G, ids)
+            fk.fused.prox_grad_step_(X, G, beta, reg, beta, fast=True)  # x̂ <- prox_{βh}(x̂ − β g)
+        return {"delta": fk.raw.normalized_delta_(X, z, 1.0, 1)}  # z^t − x̂_i^{t,K}
+
+    def server_update(self, state, up, down, reg):
         z = state.z
-        X, G = clients.workspace("x"), clients.workspace("g")
-        with torch.no_grad():
-            load_rows_(X, z)  # x̂_i^{t,0} = z^t
-            for _ in range(K):
-                clients.gradients_(X, G)
-                fk.fused.prox_grad_step_(X, G, beta, reg, beta, fast=True)  # x̂ <- prox_{βh}(x̂ − β g)
-            Delta = fk.raw.normalized_delta_(X, z, 1.0, 1)  # z^t − x̂_i^{t,K}
-            dbar = clients.mean(Delta)
-            fk.fused.prox_grad_step_(z, dbar, alpha, reg, alpha, fast=True)  # z <- prox_{αh}(z − α Δ̄)
-            z = clients.broadcast(z)
-        return ProxFedAvgState(z=z, t=state.t + 1)
+        fk.fused.prox_grad_step_(z, up["delta"], self.alpha, reg, self.alpha, fast=True)  # z <- prox_{αh}(z − α Δ̄)
+        return state._replace(t=state.t + 1), {"z": z}
 
     def report(self, state, reg):
         return state.z

@@ -7,6 +7,15 @@ Mishchenko, Malinovsky, Stich, Richtárik, ICML 2022. Every iteration, every cli
     otherwise:                                             x_i^+ = x̂_i
     h_i <- h_i + (p/γ) ( x_i^+ − x̂_i )
 
+As client and server programs, one communication per round: the server tosses the shared coin
+until it comes up heads, which fixes n, the round's number of local iterations (sent with the
+download as a round setting, a scalar; the generator is the run's server generator, so the
+tosses are those of the per-iteration form, in the same order):
+
+    client i (client_update):   n times  x_i <- x_i − γ ( g_i(x_i) + e_i );   upload x_i (= x̂_i)
+    server (server_update):     x̄ = (1/N) Σ_i x̂_i                            -> broadcast x̄
+    client i (client_receive):  e_i <- e_i − (p/γ) ( x̄ − x̂_i );   x_i <- x̄
+
 The control variates h_i are stored as e_i = −h_i (seed 003's notation; it also keeps them apart
 from the regularizer h), so the local step is the fused ``x̂ = x − γ (g + e)``. Σ_i e_i = 0.
 
@@ -27,7 +36,7 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, positive
+from .base import Costs, Messages, ServerClientAlgorithm, positive
 from .steps import load_rows_, warn_smooth
 
 __all__ = ["SCAFFNEW", "SCAFFNEWState"]
@@ -43,7 +52,7 @@ class SCAFFNEWState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class SCAFFNEW(Algorithm):
+class SCAFFNEW(ServerClientAlgorithm):
     """SCAFFNEW / ProxSkip-FL. ``lr``: γ; ``p``: communication probability."""
 
     lr: float
@@ -75,24 +84,34 @@ class SCAFFNEW(Algorithm):
     def init(self, x0, clients):
         return SCAFFNEWState(x=clients.new_stack(x0), e=clients.new_stack(), xbar=clients.new_vector(x0), t=0, iterations=0)
 
-    def round(self, state, clients, reg, rng=None):
-        gamma, p = self.lr, self.p
-        X, E, xbar = state.x, state.e, state.xbar
-        G = clients.workspace("g")
-        iterations = state.iterations
-        with torch.no_grad():
-            while True:
-                clients.gradients_(X, G)
-                fk.raw.cv_step_(X, G, E, gamma)  # x̂_i = x_i − γ (g_i − h_i)
-                iterations += 1
-                if p >= 1.0 or float(torch.rand((), generator=rng, dtype=torch.float64)) < p:
-                    break  # heads: communicate
-                # tails: x_i^+ = x̂_i, h_i unchanged
-            xbar.copy_(clients.broadcast(clients.mean(X)))  # x_i^+ = (1/N) Σ_j x̂_j
-            D = fk.raw.normalized_delta_(X, xbar, gamma / p, 1)  # (p/γ)(x_i^+ − x̂_i)
-            fk.raw.control_update_(E, torch.zeros_like(xbar), D)  # e_i <- e_i − (p/γ)(x_i^+ − x̂_i)
-            load_rows_(X, xbar)
-        return SCAFFNEWState(x=X, e=E, xbar=xbar, t=state.t + 1, iterations=iterations)
+    def messages(self):
+        return Messages(up=("x",), down=("xbar",))
+
+    def download(self, state, rng=None):
+        """The round setting: n local iterations, the tosses of the shared coin up to the first
+        heads (each local iteration is followed by one toss; tails: x_i^+ = x̂_i, h_i unchanged)."""
+        n = 1
+        while not (self.p >= 1.0 or float(torch.rand((), generator=rng, dtype=torch.float64)) < self.p):
+            n += 1
+        return {"iterations": n}
+
+    def client_update(self, state, down, clients, reg, ids):
+        X, E = state.x, state.e
+        G = clients.workspace("g", clients.active_rows(ids))
+        for _ in range(down["iterations"]):
+            clients.gradients_(X, G, ids)
+            fk.raw.cv_step_(X, G, E, self.lr)  # x̂_i = x_i − γ (g_i − h_i)
+        return {"x": X}
+
+    def server_update(self, state, up, down, reg):
+        xbar = state.xbar.copy_(up["x"])  # x_i^+ = (1/N) Σ_j x̂_j
+        return state._replace(t=state.t + 1, iterations=state.iterations + down["iterations"]), {"xbar": xbar}
+
+    def client_receive(self, state, down, up, clients, reg, ids):
+        X, xbar = state.x, down["xbar"]
+        D = fk.raw.normalized_delta_(X, xbar, self.lr / self.p, 1)  # (p/γ)(x_i^+ − x̂_i)
+        fk.raw.control_update_(state.e, torch.zeros_like(xbar), D)  # e_i <- e_i − (p/γ)(x_i^+ − x̂_i)
+        load_rows_(X, xbar)
 
     def report(self, state, reg):
         return state.xbar

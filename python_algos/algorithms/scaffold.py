@@ -3,12 +3,13 @@
 Karimireddy et al., ICML 2020:
 
     init: c = 0, c_i = 0
-    client i:  y_i = x;  for k < K:  y_i <- y_i − η_l ( g_i(y_i) − c_i + c )
+    client i:  receive (x, c)
+               y_i = x;  for k < K:  y_i <- y_i − η_l ( g_i(y_i) − c_i + c )
                c_i^+ = c_i − c + (x − y_i)/(K η_l)                            # option II
-               upload (y_i − x, c_i^+ − c_i);  c_i <- c_i^+
-    server:    x <- x + η_g (1/N) Σ_i (y_i − x);   c <- c + (1/N) Σ_i (c_i^+ − c_i)
+               upload (dy_i, dc_i) = (y_i − x, c_i^+ − c_i);  c_i <- c_i^+
+    server:    x <- x + η_g (1/N) Σ_i dy_i;   c <- c + (1/N) Σ_i dc_i          -> broadcast (x, c)
 
-Per round: up 2, down 2 (x, c); no prox; K gradients. Partial participation (the spec's sampled
+Per round: up 2 (dy, dc), down 2 (x, c); no prox; K gradients. Partial participation (the spec's sampled
 set S, ``simulate(..., clients_per_round=k)``): only the participants run and update c_i (the
 others keep theirs); x averages their model updates, c <- c + (1/N) Σ_{i∈S} (c_i^+ − c_i).
 With h = 0 and full participation,
@@ -25,8 +26,8 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, positive, positive_int
-from .steps import load_rows_, put_rows_, rows_, warn_smooth
+from .base import Costs, Messages, ServerClientAlgorithm, positive, positive_int
+from .steps import load_rows_, warn_smooth
 
 __all__ = ["SCAFFOLD", "SCAFFOLDState"]
 
@@ -40,7 +41,7 @@ class SCAFFOLDState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class SCAFFOLD(Algorithm):
+class SCAFFOLD(ServerClientAlgorithm):
     """SCAFFOLD option II. ``lr_local``: η_l; ``lr_global``: η_g; ``local_steps``: K."""
 
     lr_local: float
@@ -72,28 +73,33 @@ class SCAFFOLD(Algorithm):
     def init(self, x0, clients):
         return SCAFFOLDState(x=clients.new_vector(x0), c=clients.new_vector(), c_i=clients.new_stack(), t=0)
 
-    def round(self, state, clients, reg, rng=None):
-        eta_l, eta_g, K = self.lr_local, self.lr_global, self.local_steps
-        x, c, c_i = state.x, state.c, state.c_i
-        ids = clients.participants()  # None: all N clients
+    def messages(self):
+        # c averages over all N clients: a non-participant's c_i did not change (dc_i = 0)
+        return Messages(up=("dy", "dc"), down=("x", "c"), up_over_all=("dc",))
+
+    def download(self, state, rng=None):
+        return {"x": state.x, "c": state.c}
+
+    def client_update(self, state, down, clients, reg, ids):
+        eta_l, K = self.lr_local, self.local_steps
+        x, c, Ci = down["x"], down["c"], state.c_i  # Ci: the participants' rows
         k = clients.active_rows(ids)
         Y, G, corr = clients.workspace("y", k), clients.workspace("g", k), clients.workspace("corr", k)
-        Ci = rows_(c_i, ids, clients.workspace("c_i", k))  # the participants' c_i (c_i itself when all)
-        with torch.no_grad():
-            torch.sub(c, Ci, out=corr)  # c − c_i, fixed during the round
-            load_rows_(Y, x)  # y_i = x
-            for _ in range(K):
-                clients.gradients_(Y, G, ids)
-                fk.raw.cv_step_(Y, G, corr, eta_l)  # y_i <- y_i − η_l (g_i − c_i + c)
-            dy = Y.sub_(x)  # y_i − x
-            dc = torch.div(dy, -K * eta_l, out=corr).sub_(c)  # c_i^+ − c_i = −c + (x − y_i)/(K η_l)
-            put_rows_(c_i, ids, Ci.add_(dc))  # c_i <- c_i^+
-            # server
-            x.add_(clients.mean(dy, ids), alpha=eta_g)  # x <- x + η_g (1/|S|) Σ_{i∈S} (y_i − x)
-            n_all = None if ids is None else clients.num_clients
-            c.add_(clients.mean(dc, ids, divisor=n_all))  # c <- c + (1/N) Σ_{i∈S} (c_i^+ − c_i)
-            x, c = clients.broadcast(x), clients.broadcast(c)
-        return SCAFFOLDState(x=x, c=c, c_i=c_i, t=state.t + 1)
+        torch.sub(c, Ci, out=corr)  # c − c_i, fixed during the round
+        load_rows_(Y, x)  # y_i = x
+        for _ in range(K):
+            clients.gradients_(Y, G, ids)
+            fk.raw.cv_step_(Y, G, corr, eta_l)  # y_i <- y_i − η_l (g_i − c_i + c)
+        dy = Y.sub_(x)  # y_i − x
+        dc = torch.div(dy, -K * eta_l, out=corr).sub_(c)  # c_i^+ − c_i = −c + (x − y_i)/(K η_l)
+        Ci.add_(dc)  # c_i <- c_i^+
+        return {"dy": dy, "dc": dc}
+
+    def server_update(self, state, up, down, reg):
+        x, c = state.x, state.c
+        x.add_(up["dy"], alpha=self.lr_global)  # x <- x + η_g (1/|S|) Σ_{i∈S} (y_i − x)
+        c.add_(up["dc"])  # c <- c + (1/N) Σ_{i∈S} (c_i^+ − c_i)
+        return state._replace(t=state.t + 1), {"x": x, "c": c}
 
     def report(self, state, reg):
         return state.x

@@ -3,13 +3,13 @@
 Each client keeps a pre-proximal model ẑ (corrected gradient steps, never proxed) and evaluates
 gradients at the post-proximal model z = prox_{(t+1)η h}(ẑ); the server does one prox-SGD step:
 
-    client i:  ẑ_{i,0}^r = z_{i,0}^r = x^r
+    client i (client_update):   ẑ_{i,0}^r = z_{i,0}^r = x^r
                ẑ_{i,t+1}^r = ẑ_{i,t}^r − η ( g_i(z_{i,t}^r) + c_i^r )        t < τ
                z_{i,t+1}^r = prox_{(t+1)η h}( ẑ_{i,t+1}^r )
                upload ẑ_{i,τ}^r
-    server:    x̂^{r+1} = x^r + η_g ( (1/N) Σ_i ẑ_{i,τ}^r − x^r )
+    server (server_update):     x̂^{r+1} = x^r + η_g ( (1/N) Σ_i ẑ_{i,τ}^r − x^r )
                x^{r+1}  = prox_{η_g η τ h}( x̂^{r+1} );   broadcast x̂^{r+1}
-    client i:  x^{r+1}   = prox_{η_g η τ h}( x̂^{r+1} )                         (recomputed locally)
+    client i (client_receive):  x^{r+1}   = prox_{η_g η τ h}( x̂^{r+1} )        (recomputed locally)
                c_i^{r+1} = c_i^r + (ẑ_{i,τ}^r − x^r)/(η τ) − (x̂^{r+1} − x^r)/(η_g η τ)
 
 Implementation notes:
@@ -36,7 +36,7 @@ import torch
 
 import fedkernels as fk
 
-from .base import Algorithm, Costs, check_prox_step, positive, positive_int
+from .base import Costs, Messages, ServerClientAlgorithm, check_prox_step, positive, positive_int
 from .steps import load_rows_, prox_
 
 __all__ = ["ZA1", "ZA1State"]
@@ -52,7 +52,7 @@ class ZA1State(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class ZA1(Algorithm):
+class ZA1(ServerClientAlgorithm):
     """ZA1. ``eta``: local step η; ``eta_g``: global step η_g; ``local_steps``: τ."""
 
     eta: float
@@ -95,34 +95,41 @@ class ZA1(Algorithm):
         x = clients.new_vector(x0)  # x^1 = the initial post-prox model
         return ZA1State(x=x, xhat=x.clone(), x_clients=clients.new_stack(x0), c=clients.new_stack(), t=0)
 
-    def round(self, state, clients, reg, rng=None):
-        eta, eta_g, tau = self.eta, self.eta_g, self.local_steps
-        s_g = self.server_step
-        x, xc, c = state.x, state.x_clients, state.c
-        Zhat, Z, G = clients.workspace("zhat"), clients.workspace("z"), clients.workspace("g")
-        with torch.no_grad():
-            # client i: ẑ_{i,0} = z_{i,0} = x^r
-            load_rows_(Zhat, xc)
-            load_rows_(Z, xc)
-            for t in range(tau):
-                clients.gradients_(Z, G)  # g_i(z_{i,t}) at the post-prox point
-                if t < tau - 1:  # ẑ <- ẑ − η(g + c_i);  z <- prox_{(t+1)η h}(ẑ)
-                    fk.fused.za1_step_(Zhat, Z, G, c, eta, reg, (t + 1) * eta, fast=True)
-                else:  # z_{i,τ} is never used: no prox
-                    fk.raw.cv_step_(Zhat, G, c, eta)
-            zbar = clients.mean(Zhat)  # upload ẑ_{i,τ}
-            # server
-            xhat = torch.lerp(x, zbar, eta_g)  # x̂^{r+1} = x^r + η_g (mean ẑ − x^r)
-            x.copy_(xhat)
-            prox_(x, reg, s_g)  # x^{r+1} = prox_{η_g η τ h}(x̂^{r+1})
-            xhat = clients.broadcast(xhat)
-            # client i: c_i^{r+1} = c_i + d̄ − d_i, with its own copy x^r
-            d = fk.raw.normalized_delta_(Zhat, xc, eta, tau)  # d_i = (x^r − ẑ_{i,τ}) / (ητ)
-            dbar = fk.raw.normalized_delta_(load_rows_(G, xhat), xc, eta_g * eta, tau)  # (x^r − x̂^{r+1})/(η_g ητ)
-            fk.raw.control_update_(c, dbar, d)
-            # client i: x^{r+1} = prox_{η_g η τ h}(x̂^{r+1}), recomputed locally
-            prox_(load_rows_(xc, xhat), reg, s_g)
-        return ZA1State(x=x, xhat=xhat, x_clients=xc, c=c, t=state.t + 1)
+    def messages(self):
+        return Messages(up=("zhat",), down=("xhat",))
+
+    def download(self, state, rng=None):
+        return {}  # every client starts from its own copy of x^r
+
+    def client_update(self, state, down, clients, reg, ids):
+        eta, tau, xc, c = self.eta, self.local_steps, state.x_clients, state.c
+        k = clients.active_rows(ids)
+        Zhat, Z, G = clients.workspace("zhat", k), clients.workspace("z", k), clients.workspace("g", k)
+        load_rows_(Zhat, xc)  # ẑ_{i,0} = z_{i,0} = x^r
+        load_rows_(Z, xc)
+        for t in range(tau):
+            clients.gradients_(Z, G, ids)  # g_i(z_{i,t}) at the post-prox point
+            if t < tau - 1:  # ẑ <- ẑ − η(g + c_i);  z <- prox_{(t+1)η h}(ẑ)
+                fk.fused.za1_step_(Zhat, Z, G, c, eta, reg, (t + 1) * eta, fast=True)
+            else:  # z_{i,τ} is never used: no prox
+                fk.raw.cv_step_(Zhat, G, c, eta)
+        return {"zhat": Zhat}  # upload ẑ_{i,τ}
+
+    def server_update(self, state, up, down, reg):
+        x = state.x
+        xhat = torch.lerp(x, up["zhat"], self.eta_g)  # x̂^{r+1} = x^r + η_g (mean ẑ − x^r)
+        x.copy_(xhat)
+        prox_(x, reg, self.server_step)  # x^{r+1} = prox_{η_g η τ h}(x̂^{r+1})
+        return state._replace(xhat=xhat, t=state.t + 1), {"xhat": xhat}
+
+    def client_receive(self, state, down, up, clients, reg, ids):
+        eta, tau, xc, xhat = self.eta, self.local_steps, state.x_clients, down["xhat"]
+        # c_i^{r+1} = c_i + d̄ − d_i, with its own copy x^r
+        d = fk.raw.normalized_delta_(up["zhat"], xc, eta, tau)  # d_i = (x^r − ẑ_{i,τ}) / (ητ)
+        G = clients.workspace("g", clients.active_rows(ids))
+        dbar = fk.raw.normalized_delta_(load_rows_(G, xhat), xc, self.eta_g * eta, tau)  # (x^r − x̂^{r+1})/(η_g ητ)
+        fk.raw.control_update_(state.c, dbar, d)
+        prox_(load_rows_(xc, xhat), reg, self.server_step)  # x^{r+1} = prox_{η_g η τ h}(x̂^{r+1}), recomputed locally
 
     def report(self, state, reg):
         return state.x
