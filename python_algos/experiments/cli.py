@@ -59,6 +59,15 @@ def _value(text: str):
         return text
 
 
+def _kv_text(text: str):
+    """KEY=VALUES with VALUES kept as text (--grid parses it: lists, log:...)."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUES (e.g. alpha=0.01,0.1 or alpha=log:1e-3:1e-1:5), "
+                                         f"got {text!r}")
+    k, v = text.split("=", 1)
+    return k.strip(), v.strip()
+
+
 def _kv(text: str):
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -255,6 +264,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every algorithm on P local processes (torchrun ranks, clients split between them; "
                         "see README 'Scaling out'); under torchrun, the ranks are torchrun's")
     _add_config_flags(c, single=False)
+
+    w = sub.add_parser("sweep", help="a grid of hyper-parameters x algorithms x seeds, in parallel, resumable",
+                       description="Run every point of a grid (--grid KEY=VALUES, repeatable) for each algorithm and "
+                       "seed, on --jobs worker processes; points that break an algorithm's rule are skipped and "
+                       "listed. Ends with a table of every point (mean ± std over the seeds), the best point per "
+                       "algorithm (--select), a heat map of 2-D grids and a figure of the best points. "
+                       "See docs/sweeps.md.")
+    w.add_argument("-a", "--algorithms", nargs="+", default=None, help="the algorithms (registry names)")
+    w.add_argument("--grid", type=_kv_text, action="append", default=S, dest="grid_items", metavar="KEY=VALUES",
+                   help="a run setting (lr, local_steps, reg_strength, ...) or a hyper-parameter (alpha, beta, ...) "
+                        "and its values: 0.01,0.05,0.1 or log:1e-3:1e-1:5 (5 values evenly spaced in log); a config "
+                        "file's [grid] table holds the same")
+    w.add_argument("--jobs", type=_workers, default=S, metavar="P",
+                   help="worker processes running points in parallel (default 1: one after another in this process)")
+    w.add_argument("--select", choices=["f_plus_h", "test_acc", "stationarity"], default=S,
+                   help="the metric that picks the best point per algorithm: lowest final f+h (default), highest "
+                        "test accuracy, lowest ‖G_s‖²")
+    w.add_argument("--resume", metavar="DIR", help="finish the sweep in DIR: finished points are kept, interrupted "
+                   "runs continue from their checkpoints, the others start (--jobs may differ)")
+    _add_config_flags(w, single=False)
 
     d = sub.add_parser("demo", help="the built-in demo (same as no arguments)")
     d.add_argument("-T", "--rounds", type=int, default=None)
@@ -728,6 +757,85 @@ def _cmd_compare_seeds(args) -> int:
     return _seeds_done(result, args, [s for per_seed in result["summaries"] for s in per_seed])
 
 
+_SWEEP_RESUME_OK = ("command", "resume", "jobs", "no_progress", "formats", "no_plot", "band", "tensorboard", "select",
+                    "argv", "algorithms", "out", "name", "config")
+
+
+def cmd_sweep(args) -> int:
+    """`sweep` (experiments/sweep.py): the grid's runs, then the table and the figures."""
+    from .config import Config
+    from .seeds import seed_list
+    from .sweep import SELECT, SweepInterrupted, parse_grid, run_sweep
+
+    opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
+    try:
+        if args.resume:
+            given = [k for k in vars(args) if k not in _SWEEP_RESUME_OK]
+            given += [k for k in ("out", "name", "config", "algorithms") if getattr(args, k, None)]
+            if given:
+                raise SystemExit(f"--resume takes the sweep's settings from {args.resume}; only --jobs, --select, "
+                                 f"--no-progress, --formats, --band, --tensorboard and --no-plot may be given (got "
+                                 f"{', '.join('--' + g.replace('_', '-') for g in given)})")
+            out = args.resume
+            kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
+            print(f"resuming the sweep in {out}")
+        else:
+            merged = _merge(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs"))
+            grid = merged.pop("grid", None) or {}
+            if not isinstance(grid, dict):
+                raise ValueError(f"{args.config}: grid must be a table of KEY = [values] or \"log:LOW:HIGH:COUNT\"")
+            grid = {**grid, **dict(getattr(args, "grid_items", []))}
+            if not grid:
+                raise ValueError("--grid: give at least one KEY=VALUES (e.g. --grid alpha=0.01,0.1), or a [grid] "
+                                 "table in --config")
+            grid = parse_grid(grid)
+            algorithms = args.algorithms or merged.pop("algorithms", None)
+            merged.pop("algorithms", None)
+            if not algorithms:
+                raise ValueError("-a/--algorithms: give the algorithm(s) to sweep (see `python -m python_algos "
+                                 "algorithms`)")
+            seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
+            reseed = merged.pop("reseed_data", False)
+            for k in ("jobs", "select"):
+                if opts[k] is None:
+                    opts[k] = merged.pop(k, None)
+                merged.pop(k, None)
+            if seeds:
+                merged["seed"] = seeds[0]
+            per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+            cfg = Config.from_dict(merged)
+            out = _out_dir(args, "sweep")
+            print(f"sweep of {', '.join(algorithms)} over {' x '.join(f'{k} ({len(v)})' for k, v in grid.items())} on "
+                  f"{cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}; results -> {out}")
+            kw = dict(cfg=cfg, algorithms=algorithms, grid=grid, seeds=seeds, alg_opts=per, reseed_data=bool(reseed))
+        select = opts["select"] or "f_plus_h"
+        result = run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select,
+                           tensorboard=bool(getattr(args, "tensorboard", False)), **kw)
+    except SweepInterrupted as e:
+        print(e.table)
+        print(f"\ninterrupted: resume with: {e.resume_command}", file=sys.stderr)
+        return 130
+    except ValueError as e:
+        raise _in_terms_of(args, e) from None
+    print(result["table"])
+    print(f"results written to {out}")
+    if getattr(args, "tensorboard", False):
+        print(f"TensorBoard events: tensorboard --logdir {shlex.quote(out)}")
+    if not getattr(args, "no_plot", False):
+        from .plotting import plot_sweep
+        from .sweep import _read_sweep
+
+        try:
+            files = plot_sweep(out, result, _read_sweep(out)["grid"], SELECT[select][0], select, formats=args.formats,
+                               band=getattr(args, "band", "std"))
+        except RuntimeError as e:  # no matplotlib
+            print(f"no figure: {e}")
+            files = []
+        for f in files:
+            print(f"figure: {f}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from . import launch
     from .compare import compare_experiments, comparison_table
@@ -806,7 +914,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from . import launch
     from .data import DataNotFoundError
 
-    handler = {"run": cmd_run, "compare": cmd_compare, "demo": cmd_demo, "plot": cmd_plot,
+    handler = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "demo": cmd_demo, "plot": cmd_plot,
                "algorithms": cmd_algorithms}[args.command]
     from .run import Interrupted
 

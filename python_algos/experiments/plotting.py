@@ -348,10 +348,26 @@ def _ticks_cover(ax, lo: float, hi: float, key: str) -> None:
     unit = key in _UNIT and lo >= 0 and hi <= 1
     tol = lambda v: 1e-9 * max(abs(v), 1e-300)  # noqa: E731 - a tick equal to the data, up to rounding
     view = (lo, hi) if hi > lo else (lo - 0.5 * max(abs(lo), 1.0), hi + 0.5 * max(abs(hi), 1.0))
-    for _ in range(4):  # the ticks depend on the view: widen until the view ends at labelled ticks
-        ticks = [t for t in ax.yaxis.get_major_locator().tick_values(*view) if t > 0 or not log]
-        below = [t for t in ticks if t <= lo + tol(lo)]
-        above = [t for t in ticks if t >= hi - tol(hi)]
+    loc = ax.yaxis.get_major_locator()
+
+    def ticks(a, b):
+        return [float(t) for t in loc.tick_values(a, b) if t > 0 or not log]
+
+    def wide(a, b):  # the ticks just beyond a view (a view's own ticks may stop inside it)
+        return ticks(a / 10, b * 10) if log else ticks(a - (b - a), b + (b - a))
+
+    def is_tick(v, ts):
+        return any(abs(t - v) <= tol(v) for t in ts)
+
+    # The ticks depend on the view (a narrow log axis falls back to linear ticks), so move the ends
+    # to ticks, then check with the ticks matplotlib draws for the new view, until both ends are ticks.
+    for _ in range(12):
+        own = ticks(*view)
+        if is_tick(view[0], own) and is_tick(view[1], own) and view[0] <= lo + tol(lo) and view[1] >= hi - tol(hi):
+            break
+        cand = sorted(set(own) | set(wide(*view)))
+        below = [t for t in cand if t <= lo + tol(lo)]
+        above = [t for t in cand if t >= hi - tol(hi)]
         new = (max(below) if below else view[0], min(above) if above else view[1])
         if unit:
             new = (max(new[0], 0.0), min(new[1], 1.0))
@@ -573,3 +589,83 @@ def _wrap(text: str, width: float) -> str:
 
 def _safe(metric: str) -> str:
     return metric.replace("+", "_plus_").replace("/", "_")
+
+
+# --------------------------------------------------------------------------- #
+# Sweeps
+# --------------------------------------------------------------------------- #
+
+
+def heatmap_data(points: list, algorithm: str, metric: str):
+    """(row key, row values, column key, column values, matrix of mean ``metric``) of ``algorithm``'s
+    points in a 2-D grid; NaN where a point was skipped or did not complete. None unless 2-D."""
+    pts = [p for p in points if p["algorithm"] == algorithm]
+    keys = list(pts[0]["point"]) if pts else []
+    return _grid(pts, keys, metric) if len(keys) == 2 else None
+
+
+def _grid(pts, keys, metric):
+    rk, ck = keys
+    rows = list(dict.fromkeys(p["point"][rk] for p in pts))
+    cols = list(dict.fromkeys(p["point"][ck] for p in pts))
+    m = [[math.nan] * len(cols) for _ in rows]
+    for p in pts:
+        st = p["final"].get(metric)
+        if st is not None and all(s == "completed" for s in p["statuses"]):
+            m[rows.index(p["point"][rk])][cols.index(p["point"][ck])] = st["mean"]
+    return rk, rows, ck, cols, m
+
+
+def plot_sweep(out_dir: str, result: dict, grid: dict, select_metric: str, select_name: str, formats=DEFAULT_FORMATS,
+               band: str = "std") -> list:
+    """The figures of a sweep: a heat map of ``select_metric`` per algorithm whose grid is 2-D
+    (skipped points blank, the best point boxed), and the best point of each algorithm drawn with
+    its seeds' band (``best.<ext>``). Returns the file paths."""
+    plt = _mpl()
+    formats = parse_formats(formats)
+    files = []
+    points = result["points"]
+    for a in dict.fromkeys(p["algorithm"] for p in points):
+        skipped = [s for s in result["skipped"] if s["algorithm"] == a]
+        keys = [k for k in grid if any(k in p["point"] for p in points if p["algorithm"] == a)]
+        if len(keys) != 2:
+            continue
+        pts = [p for p in points if p["algorithm"] == a] + [
+            {"point": s["point"], "final": {}, "statuses": ["skipped"]} for s in skipped]
+        rk, ck = keys
+        rows, cols = grid[rk], grid[ck]  # the grid's own order
+        m = [[next((p["final"][select_metric]["mean"] for p in pts if p["point"].get(rk) == r and
+                    p["point"].get(ck) == c and select_metric in p["final"]
+                    and all(s == "completed" for s in p["statuses"])), math.nan) for c in cols] for r in rows]
+        with plt.rc_context(_RC):
+            fig, ax = plt.subplots(figsize=(1.2 * len(cols) + 2.5, 0.8 * len(rows) + 1.8))
+            finite = [v for row in m for v in row if math.isfinite(v)]
+            im = ax.imshow(m, cmap="viridis_r" if select_name != "test_acc" else "viridis", aspect="auto")
+            fig.colorbar(im, ax=ax, label=_TITLES.get(select_metric, select_metric) + " (mean)")
+            ax.set_xticks(range(len(cols)), [f"{c:g}" if isinstance(c, float) else str(c) for c in cols])
+            ax.set_yticks(range(len(rows)), [f"{r:g}" if isinstance(r, float) else str(r) for r in rows])
+            ax.set_xlabel(ck)
+            ax.set_ylabel(rk)
+            b = result["best"].get(a)
+            for i, r in enumerate(rows):
+                for j, c in enumerate(cols):
+                    v = m[i][j]
+                    ax.text(j, i, f"{v:.3g}" if math.isfinite(v) else "skipped", ha="center", va="center",
+                            fontsize=8, color="white" if math.isfinite(v) else "gray")
+                    if b and b["point"].get(rk) == r and b["point"].get(ck) == c:
+                        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red",
+                                                   linewidth=2))
+            ax.set_title(f"{_display_name(a)}: {select_name} over {rk} × {ck}"
+                         + ("" if finite else " (no completed point)"), fontsize=10)
+            fig.tight_layout()
+            for ext in formats:
+                f = os.path.join(out_dir, f"heatmap-{a}.{ext}")
+                fig.savefig(f, dpi=130)
+                files.append(f)
+            plt.close(fig)
+    best = result["best"]
+    if best:
+        labels = [f"{_display_name(a)} ({b['name']})" for a, b in best.items()]
+        files += plot_runs([b["dir"] for b in best.values()], out_dir=out_dir, name="best", per_metric=False,
+                           labels=labels, formats=formats, band=band, x_axes=("round",))
+    return files
