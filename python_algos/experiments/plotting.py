@@ -175,7 +175,7 @@ def _display_name(label: str) -> str:
 def _short_reg(reg):
     """A per-parameter regularizer's repr shortened for the setup line: ``PerParameter({'0.weight':
     L1(kappa=0.01), '*.bias': None})`` -> ``per-parameter(0.weight: L1(0.01), *.bias: none)``, and
-    past 60 characters only the distinct penalties: ``per-parameter(L1, GroupLasso, none; 5 rules)``."""
+    past 72 characters only the distinct penalties: ``per-parameter(L1, GroupLasso, none; 5 rules)``."""
     import re
 
     if not isinstance(reg, str) or not reg.startswith("PerParameter("):
@@ -188,7 +188,7 @@ def _short_reg(reg):
         spec = "none" if spec == "None" else re.sub(r"\b\w+=", "", spec)
         short.append((pat, spec))
     text = "per-parameter(" + ", ".join(f"{p}: {sp}" for p, sp in short) + ")"
-    if len(text) <= 60:
+    if len(text) <= 72:
         return text
     kinds = list(dict.fromkeys(sp.split("(")[0] for _, sp in short))
     return f"per-parameter({', '.join(kinds)}; {len(short)} rules)"
