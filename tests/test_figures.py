@@ -188,4 +188,85 @@ def test_compare_writes_its_figure_with_both_algorithms(tmp_path, capsys):
                  "--formats", "svg"]) == 0
     assert f"figure: {out / 'overview.svg'}" in capsys.readouterr().out
     svg = (out / "overview.svg").read_text()
-    assert "FedAvg, FedCanon" in svg and "fedavg" in svg and "fedcanon" in svg  # setup line and legend
+    # setup line and legend, both in the algorithms' own spelling (not the registry names fedavg, fedcanon)
+    assert "FedAvg, FedCanon" in svg and svg.count("FedAvg") >= 2 and svg.count("FedCanon") >= 2
+    assert "fedavg" not in svg and "fedcanon" not in svg
+
+
+# --------------------------------------------------------------------------- #
+# Issue 19 item 5: figures a paper can use (checked on the Axes, not on pixels)
+# --------------------------------------------------------------------------- #
+
+
+def _fake_run(label, rows, algorithm=None, reg=None, path=None):
+    return {"label": label, "rows": rows, "path": path or f"/nowhere/{label}", "config": {},
+            "summary": {"algorithm": algorithm or label, "regularizer": reg}, "f_star": None}
+
+
+def _labelled_ticks(ax):
+    ax.figure.canvas.draw()
+    lo, hi = ax.get_ylim()
+    return [t.get_position()[1] for t in ax.yaxis.get_majorticklabels()
+            if t.get_text() and lo - 1e-12 <= t.get_position()[1] <= hi + 1e-12]
+
+
+@pytest.mark.parametrize("ys", [[0.7, 0.5, 0.4, 0.33], [0.9, 0.6, 0.45], [5.0, 0.33, 0.02], [0.31, 0.30]])
+def test_labelled_y_ticks_cover_the_data(ys):
+    """The f+h panel's lowest label was 0.4 while the curves ended at 0.33: the reader could not read
+    the final value off the axis. Now a labelled tick sits at or below the lowest value and at or
+    above the highest."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    assert plotting.line_plot(ax, [_fake_run("A", [{"round": t, "f+h": y} for t, y in enumerate(ys)])], "f+h")
+    ticks = _labelled_ticks(ax)
+    assert min(ticks) <= min(ys) * (1 + 1e-9) and max(ticks) >= max(ys) * (1 - 1e-9), (ticks, ys)
+    plt.close(fig)
+
+
+def test_an_all_dense_sparsity_axis_is_zero_to_one():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    assert plotting.line_plot(ax, [_fake_run("A", [{"round": t, "sparsity": 0.0} for t in range(4)])], "sparsity")
+    assert ax.get_ylim() == (0.0, 1.0)
+    ax2 = fig.add_subplot(2, 1, 2)
+    plotting.line_plot(ax2, [_fake_run("A", [{"round": t, "sparsity": s} for t, s in enumerate((0.2, 0.5, 0.7))])],
+                       "sparsity")
+    lo, hi = ax2.get_ylim()
+    assert 0.0 <= lo <= 0.2 and 0.7 <= hi <= 1.0
+    plt.close(fig)
+
+
+def test_coinciding_curves_are_named_together_in_the_legend(tmp_path):
+    """ZA1 and FedNMap give the same iterates here (h = 0, the same step): one curve hid the other."""
+    import matplotlib.pyplot as plt
+
+    rows = [{"round": t, "f+h": 1.0 / (t + 1), "sparsity": 0.1} for t in range(5)]
+    other = [{"round": t, "f+h": 2.0 / (t + 1), "sparsity": 0.1} for t in range(5)]
+    runs = plotting.merge_identical([_fake_run("ZA1", rows), _fake_run("FedNMap", [dict(r) for r in rows]),
+                                     _fake_run("FedAvg", other)], ["f+h", "sparsity"])
+    fig, ax = plt.subplots()
+    plotting.line_plot(ax, runs, "f+h")
+    assert ax.get_legend_handles_labels()[1] == ["ZA1 = FedNMap", "FedAvg"]
+    assert "ZA1, FedNMap, FedAvg" in plotting.setup_line(runs)
+    plt.close(fig)
+
+
+def test_legend_and_setup_line_spell_the_algorithm_alike(tmp_path):
+    out = str(tmp_path / "cmp")
+    assert main(["compare", "-a", "za1", "fedcanon", "--data-opt", "n=160", "--data-opt", "dim=8", "--data-opt",
+                 "nnz=3", "-N", "4", "-K", "2", "-T", "2", "--no-progress", "--no-plot", "--out", out]) == 0
+    runs = [plotting.load_run(p) for p in plotting.find_runs([out])]
+    assert [r["label"] for r in runs] == ["ZA1", "FedCanon"]
+    assert plotting.setup_line(runs).startswith("ZA1, FedCanon ·")
+
+
+def test_a_per_parameter_regularizer_is_short_in_the_setup_line():
+    reg = fk.PerParameter(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)),
+                          {"0.weight": fk.L1(0.01), "*.bias": None, "*": fk.L1(1e-4)})
+    line = plotting.setup_line([_fake_run("A", [], reg=repr(reg))])
+    assert "h=per-parameter(0.weight: L1(0.01), *.bias: none, *: L1(0.0001))" in line
+    long = "PerParameter({" + ", ".join(f"'layer{i}.weight': L1(kappa=0.01)" for i in range(12)) + ", '*': None})"
+    line = plotting.setup_line([_fake_run("A", [], reg=long)])
+    assert "h=per-parameter(L1, none; 13 rules)" in line and len(line) < 80

@@ -32,8 +32,9 @@ def _opts_text(opts: dict) -> str:
 
 def prepare_data(cfg: Config) -> FederatedData:
     """Load / generate the data and split it over the clients; errors name the flags."""
+    seed = cfg.seed if cfg.data_seed is None else cfg.data_seed  # see Config.data_seed
     try:
-        ds = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, test_fraction=cfg.test_fraction, **cfg.data_opts)
+        ds = load_dataset(cfg.dataset, cfg.data_dir, seed=seed, test_fraction=cfg.test_fraction, **cfg.data_opts)
     except (ValueError, TypeError) as e:
         named = {k: v for k, v in cfg.data_opts.items() if re.search(rf"\b{re.escape(k)}\b", str(e))}
         raise ValueError(f"--dataset {cfg.dataset}{' --data-opt ' + _opts_text(named) if named else ''}: {e}") from None
@@ -46,7 +47,7 @@ def prepare_data(cfg: Config) -> FederatedData:
                               f"--partition natural makes one client per group of the data, and {ds.name} has "
                               f"{groups} group(s): use -N {groups}{also}")
     try:
-        return federate(ds, cfg.partition, cfg.num_clients, seed=cfg.seed, eta=cfg.eta, min_size=cfg.min_size,
+        return federate(ds, cfg.partition, cfg.num_clients, seed=seed, eta=cfg.eta, min_size=cfg.min_size,
                         shards_per_client=cfg.shards_per_client)
     except ValueError as e:
         raise ValueError(f"--partition {cfg.partition} -N {cfg.num_clients}: {e}") from None

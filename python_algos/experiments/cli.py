@@ -59,6 +59,15 @@ def _value(text: str):
         return text
 
 
+def _kv_text(text: str):
+    """KEY=VALUES with VALUES kept as text (--grid parses it: lists, log:...)."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUES (e.g. alpha=0.01,0.1 or alpha=log:1e-3:1e-1:5), "
+                                         f"got {text!r}")
+    k, v = text.split("=", 1)
+    return k.strip(), v.strip()
+
+
 def _kv(text: str):
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -89,6 +98,27 @@ def _add_figure_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--formats", type=_formats, default=("png", "pdf"), metavar="png,pdf,svg",
                    help="figure file formats, comma-separated (default: png,pdf)")
     p.add_argument("--no-plot", action="store_true", dest="no_plot", help="do not write the figure")
+    p.add_argument("--band", choices=["std", "minmax"], default="std",
+                   help="several seeds: the shaded band around the mean (mean ± std, or min to max; default std)")
+    p.add_argument("--tensorboard", action="store_true", default=S,
+                   help="also write each run's per-round metrics as TensorBoard events into RUN/tensorboard/ "
+                        "(`tensorboard --logdir OUT`; needs `pip install tensorboard`)")
+
+
+def _seed(text: str):
+    """--seed: an integer, or a comma-separated list of them (one run per seed)."""
+    if "," in text:
+        from .seeds import parse_seed_list
+
+        try:
+            return parse_seed_list(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or a comma-separated list such as 1,2,3, got {text!r}") \
+            from None
 
 
 def _reg_param(text: str):
@@ -178,7 +208,17 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
     g.add_argument("-T", "--rounds", type=int, default=S)
     g.add_argument("-B", "--batch-size", type=_batch, default=S, dest="batch_size",
                    help="minibatch size (>= 1), or 'full': full local gradients (the default)")
-    g.add_argument("--seed", type=int, default=S)
+    g.add_argument("--seed", type=_seed, default=S, help="the random seed (model initialization, sampling, data); "
+                   "a comma-separated list (--seed 1,2,3) runs one independent run per seed")
+    g.add_argument("--data-seed", type=int, default=S, dest="data_seed",
+                   help="the seed of the data alone (samples, train/test split, partition); default: --seed")
+    g.add_argument("--seeds", type=_workers, default=S, metavar="K",
+                   help="K independent runs with seeds --seed, ..., --seed + K - 1, each in OUT/seed-<k>/, with "
+                        "mean / std / min / max per round in OUT/aggregate.jsonl, tables as mean ± std and figures "
+                        "with a band (see docs/sweeps.md)")
+    g.add_argument("--reseed-data", action="store_true", default=S, dest="reseed_data",
+                   help="with several seeds: redraw the data (samples, split, partition) with each seed; by default "
+                        "every seed runs on the data of the first")
     g.add_argument("--metrics-every", type=int, default=S, dest="metrics_every")
     g.add_argument("--metric-step", type=float, default=S, dest="metric_step", help="step s of ||G_s||²")
     g.add_argument("--device", default=S, help="cpu | cuda | cuda:K | auto")
@@ -225,6 +265,26 @@ def build_parser() -> argparse.ArgumentParser:
                         "see README 'Scaling out'); under torchrun, the ranks are torchrun's")
     _add_config_flags(c, single=False)
 
+    w = sub.add_parser("sweep", help="a grid of hyper-parameters x algorithms x seeds, in parallel, resumable",
+                       description="Run every point of a grid (--grid KEY=VALUES, repeatable) for each algorithm and "
+                       "seed, on --jobs worker processes; points that break an algorithm's rule are skipped and "
+                       "listed. Ends with a table of every point (mean ± std over the seeds), the best point per "
+                       "algorithm (--select), a heat map of 2-D grids and a figure of the best points. "
+                       "See docs/sweeps.md.")
+    w.add_argument("-a", "--algorithms", nargs="+", default=None, help="the algorithms (registry names)")
+    w.add_argument("--grid", type=_kv_text, action="append", default=S, dest="grid_items", metavar="KEY=VALUES",
+                   help="a run setting (lr, local_steps, reg_strength, ...) or a hyper-parameter (alpha, beta, ...) "
+                        "and its values: 0.01,0.05,0.1 or log:1e-3:1e-1:5 (5 values evenly spaced in log); a config "
+                        "file's [grid] table holds the same")
+    w.add_argument("--jobs", type=_workers, default=S, metavar="P",
+                   help="worker processes running points in parallel (default 1: one after another in this process)")
+    w.add_argument("--select", choices=["f_plus_h", "test_acc", "stationarity"], default=S,
+                   help="the metric that picks the best point per algorithm: lowest final f+h (default), highest "
+                        "test accuracy, lowest ‖G_s‖²")
+    w.add_argument("--resume", metavar="DIR", help="finish the sweep in DIR: finished points are kept, interrupted "
+                   "runs continue from their checkpoints, the others start (--jobs may differ)")
+    _add_config_flags(w, single=False)
+
     d = sub.add_parser("demo", help="the built-in demo (same as no arguments)")
     d.add_argument("-T", "--rounds", type=int, default=None)
     d.add_argument("--out")
@@ -247,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the optimal value F*: plot the suboptimality f+h − F* (default: a run's summary.json f_star)")
     pl.add_argument("--formats", type=_formats, default=("png", "pdf"), metavar="png,pdf,svg",
                     help="file formats, comma-separated (default: png,pdf)")
+    pl.add_argument("--band", choices=["std", "minmax"], default="std",
+                    help="runs of several seeds (seed-<k> folders) are drawn as their mean with a shaded band: "
+                         "mean ± std (default) or min to max")
 
     sub.add_parser("algorithms", help="print the algorithm table (declared per-round costs)")
     return p
@@ -402,7 +465,7 @@ def _print_summary(summary: dict) -> None:
 
 _RESUME_OK = ("command", "demo", "resume", "rounds", "no_progress", "out", "name", "config", "algorithms",
               "workers", "argv",
-              "formats", "no_plot")
+              "formats", "no_plot", "band", "tensorboard")
 
 
 def _quiet(_text: str) -> None:
@@ -446,6 +509,9 @@ def cmd_run(args) -> int:
                                            no_progress=args.no_progress, formats=args.formats, no_plot=args.no_plot))
     from . import launch
 
+    if getattr(args, "workers", None) and _wants_seeds(args):
+        raise ValueError("--workers with several seeds: run the seeds one after another on one process each "
+                         "(leave out --workers), or give one seed")
     if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
         out = None
         if args.resume:
@@ -464,6 +530,8 @@ def cmd_run(args) -> int:
             except ValueError as e:
                 raise _in_terms_of(args, e) from None
         return launch.run_workers(args.argv, args.workers, out)
+    if _wants_seeds(args):
+        return _cmd_run_seeds(args)
     main = launch.is_main()
     say = print if main else _quiet  # under torchrun rank 0 alone prints
     if args.resume:
@@ -492,6 +560,7 @@ def cmd_run(args) -> int:
         return 3 if summary["status"] == "diverged" else 0
     _print_summary(summary)
     print(f"results written to {summary['out_dir']}")
+    _events([summary["out_dir"]], args)
     _figure(summary["out_dir"], args)
     if summary["status"] == "diverged":
         print(summary["message"], file=sys.stderr)
@@ -499,12 +568,16 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _compare_settings(args):
+def _compare_settings(args, seeds: bool = False):
     """(the shared Config, the algorithm names, each algorithm's own options) of a ``compare``,
-    checked (values, algorithm names)."""
+    checked (values, algorithm names). ``seeds=True``: also read the seeds (into ``args.seed_list``
+    and ``args.reseed``)."""
     from .config import Config
 
-    merged = _merge(args, extra_keys=("algorithms",))
+    if seeds:
+        merged, args.seed_list, args.reseed = _seed_settings(args, extra=("algorithms",))
+    else:
+        merged = _merge(args, extra_keys=("algorithms",))
     algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
     merged.pop("algorithms", None)
     per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
@@ -522,6 +595,11 @@ def cmd_compare(args) -> int:
     from . import launch
     from .compare import compare_experiments, comparison_table
 
+    if _wants_seeds(args):
+        if getattr(args, "workers", None):
+            raise ValueError("--workers with several seeds: run the seeds one after another on one process each "
+                             "(leave out --workers), or give one seed")
+        return _cmd_compare_seeds(args)
     if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
         out = None
         if args.resume:
@@ -568,8 +646,194 @@ def cmd_compare(args) -> int:
         return 3 if any(s["status"] == "diverged" for s in summaries) else 0
     print(comparison_table(summaries, step))
     print(f"results written to {out}  (more figures: python -m python_algos plot {shlex.quote(out)})")
+    _events([s["out_dir"] for s in summaries], args)
     _figure(out, args)
     return 3 if any(s["status"] == "diverged" for s in summaries) else 0
+
+
+# --------------------------------------------------------------------------- #
+# Several seeds (experiments/seeds.py)
+# --------------------------------------------------------------------------- #
+
+
+def _events(run_dirs, args) -> None:
+    """--tensorboard: the runs' TensorBoard events (see experiments/tensorboard.py)."""
+    if getattr(args, "tensorboard", False):
+        from .tensorboard import write_events
+
+        for d in run_dirs:
+            write_events(d)
+        print(f"TensorBoard events: tensorboard --logdir {shlex.quote(os.path.commonpath(run_dirs))}")
+
+
+def _wants_seeds(args) -> bool:
+    """Several seeds asked for: --seeds, a --seed list, a seeds/reseed_data key of the config file, or
+    --resume of a folder of seeds."""
+    from .seeds import is_seeds_folder
+
+    if getattr(args, "resume", None):
+        return is_seeds_folder(args.resume)
+    if hasattr(args, "seeds") or isinstance(getattr(args, "seed", None), list):
+        return True
+    if getattr(args, "config", None):
+        keys = {k.replace("-", "_") for k in _read_config_file(args.config)}
+        return bool(keys & {"seeds"}) or isinstance(_read_config_file(args.config).get("seed"), list)
+    return False
+
+
+def _seed_settings(args, extra=()):
+    """(merged settings without the seed keys, the seeds, reseed_data) of a run / compare with seeds."""
+    from .seeds import seed_list
+
+    merged = _merge(args, extra_keys=("seeds", "reseed_data", *extra))
+    seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
+    reseed = merged.pop("reseed_data", False)
+    if not isinstance(reseed, bool):
+        raise ValueError(f"reseed_data = {reseed!r}: must be true or false")
+    merged["seed"] = seeds[0]
+    return merged, seeds, reseed
+
+
+def _tb_hook(args):
+    if not getattr(args, "tensorboard", False):
+        return None
+    from .tensorboard import check_available, write_events
+
+    check_available()
+    return write_events
+
+
+def _seeds_done(result: dict, args, flat) -> int:
+    print(result["table"])
+    out = result["out_dir"]
+    print(f"mean ± std over {len(result['seeds'])} seeds (seeds {', '.join(map(str, result['seeds']))}); results "
+          f"written to {out}  (per-round statistics: {os.path.join(out, 'aggregate.jsonl')})")
+    _figure(out, args)
+    return 3 if any(s.get("status") == "diverged" for s in flat) else 0
+
+
+def _cmd_run_seeds(args) -> int:
+    from .config import Config
+    from .seeds import run_seeds
+
+    hook = _tb_hook(args)
+    if args.resume:
+        _resume_flags_check(args)
+        print(f"resuming the seeds in {args.resume}")
+        result = run_seeds(None, None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
+                           progress=not args.no_progress, after_run=hook)
+    else:
+        try:
+            merged, seeds, reseed = _seed_settings(args)
+            cfg = Config.from_dict(merged)
+            out = _out_dir(args, cfg.algorithm)
+            print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
+                  f"seeds {', '.join(map(str, seeds))}{' (data redrawn per seed)' if reseed else ''}; results -> {out}")
+            result = run_seeds(cfg, seeds, out, reseed_data=reseed, progress=not args.no_progress, after_run=hook)
+        except ValueError as e:
+            raise _in_terms_of(args, e) from None
+    return _seeds_done(result, args, result["summaries"])
+
+
+def _cmd_compare_seeds(args) -> int:
+    from .seeds import compare_seeds
+
+    hook = _tb_hook(args)
+    if args.resume:
+        _resume_flags_check(args)
+        print(f"resuming the seeds in {args.resume}")
+        result = compare_seeds(None, None, None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
+                               progress=not args.no_progress, after_run=hook)
+    else:
+        try:
+            cfg, algorithms, per = _compare_settings(args, seeds=True)
+            out = _out_dir(args, "compare")
+            print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
+                  f"{cfg.model}, seeds {', '.join(map(str, args.seed_list))}; results -> {out}")
+            result = compare_seeds(cfg, algorithms, args.seed_list, out, alg_opts=per, reseed_data=args.reseed,
+                                   progress=not args.no_progress, after_run=hook)
+        except ValueError as e:
+            raise _in_terms_of(args, e) from None
+    return _seeds_done(result, args, [s for per_seed in result["summaries"] for s in per_seed])
+
+
+_SWEEP_RESUME_OK = ("command", "resume", "jobs", "no_progress", "formats", "no_plot", "band", "tensorboard", "select",
+                    "argv", "algorithms", "out", "name", "config")
+
+
+def cmd_sweep(args) -> int:
+    """`sweep` (experiments/sweep.py): the grid's runs, then the table and the figures."""
+    from .config import Config
+    from .seeds import seed_list
+    from .sweep import SELECT, SweepInterrupted, parse_grid, run_sweep
+
+    opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
+    try:
+        if args.resume:
+            given = [k for k in vars(args) if k not in _SWEEP_RESUME_OK]
+            given += [k for k in ("out", "name", "config", "algorithms") if getattr(args, k, None)]
+            if given:
+                raise SystemExit(f"--resume takes the sweep's settings from {args.resume}; only --jobs, --select, "
+                                 f"--no-progress, --formats, --band, --tensorboard and --no-plot may be given (got "
+                                 f"{', '.join('--' + g.replace('_', '-') for g in given)})")
+            out = args.resume
+            kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
+            print(f"resuming the sweep in {out}")
+        else:
+            merged = _merge(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs"))
+            grid = merged.pop("grid", None) or {}
+            if not isinstance(grid, dict):
+                raise ValueError(f"{args.config}: grid must be a table of KEY = [values] or \"log:LOW:HIGH:COUNT\"")
+            grid = {**grid, **dict(getattr(args, "grid_items", []))}
+            if not grid:
+                raise ValueError("--grid: give at least one KEY=VALUES (e.g. --grid alpha=0.01,0.1), or a [grid] "
+                                 "table in --config")
+            grid = parse_grid(grid)
+            algorithms = args.algorithms or merged.pop("algorithms", None)
+            merged.pop("algorithms", None)
+            if not algorithms:
+                raise ValueError("-a/--algorithms: give the algorithm(s) to sweep (see `python -m python_algos "
+                                 "algorithms`)")
+            seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
+            reseed = merged.pop("reseed_data", False)
+            for k in ("jobs", "select"):
+                if opts[k] is None:
+                    opts[k] = merged.pop(k, None)
+                merged.pop(k, None)
+            if seeds:
+                merged["seed"] = seeds[0]
+            per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+            cfg = Config.from_dict(merged)
+            out = _out_dir(args, "sweep")
+            print(f"sweep of {', '.join(algorithms)} over {' x '.join(f'{k} ({len(v)})' for k, v in grid.items())} on "
+                  f"{cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}; results -> {out}")
+            kw = dict(cfg=cfg, algorithms=algorithms, grid=grid, seeds=seeds, alg_opts=per, reseed_data=bool(reseed))
+        select = opts["select"] or "f_plus_h"
+        result = run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select,
+                           tensorboard=bool(getattr(args, "tensorboard", False)), **kw)
+    except SweepInterrupted as e:
+        print(e.table)
+        print(f"\ninterrupted: resume with: {e.resume_command}", file=sys.stderr)
+        return 130
+    except ValueError as e:
+        raise _in_terms_of(args, e) from None
+    print(result["table"])
+    print(f"results written to {out}")
+    if getattr(args, "tensorboard", False):
+        print(f"TensorBoard events: tensorboard --logdir {shlex.quote(out)}")
+    if not getattr(args, "no_plot", False):
+        from .plotting import plot_sweep
+        from .sweep import _read_sweep
+
+        try:
+            files = plot_sweep(out, result, _read_sweep(out)["grid"], SELECT[select][0], select, formats=args.formats,
+                               band=getattr(args, "band", "std"))
+        except RuntimeError as e:  # no matplotlib
+            print(f"no figure: {e}")
+            files = []
+        for f in files:
+            print(f"figure: {f}")
+    return 0
 
 
 def cmd_demo(args) -> int:
@@ -609,7 +873,8 @@ def _figure(folder: str, args) -> None:
     from .plotting import plot_runs
 
     try:
-        files = plot_runs([folder], out_dir=folder, per_metric=False, formats=args.formats)
+        files = plot_runs([folder], out_dir=folder, per_metric=False, formats=args.formats,
+                          band=getattr(args, "band", "std"))
     except RuntimeError as e:  # no matplotlib
         print(f"no figure: {e}")
         return
@@ -621,7 +886,7 @@ def cmd_plot(args) -> int:
     from .plotting import plot_runs
 
     files = plot_runs(args.runs, out_dir=args.out, metrics=args.metrics, x_axes=args.x, title=args.title,
-                      formats=args.formats, f_star=args.f_star, setup=not args.no_setup)
+                      formats=args.formats, f_star=args.f_star, setup=not args.no_setup, band=args.band)
     for f in files:
         print(f)
     return 0
@@ -649,7 +914,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from . import launch
     from .data import DataNotFoundError
 
-    handler = {"run": cmd_run, "compare": cmd_compare, "demo": cmd_demo, "plot": cmd_plot,
+    handler = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "demo": cmd_demo, "plot": cmd_plot,
                "algorithms": cmd_algorithms}[args.command]
     from .run import Interrupted
 
@@ -658,6 +923,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if launch.rank() != 0:  # rank 0 alone reports (every rank would print the same warnings)
             warnings.simplefilter("ignore")
         try:
+            if getattr(args, "tensorboard", False):  # before any run: a missing package is not found at the end
+                from .tensorboard import check_available
+
+                check_available()
             code = handler(args)
         except (DataNotFoundError, FileNotFoundError, ValueError, RuntimeError) as e:
             where = f" on rank {launch.rank()} of {launch.world_size()}" if launch.distributed() else ""

@@ -175,6 +175,7 @@ _RULES = {
     "rounds": _int(0),
     "batch_size": _int(1, none_ok=True, what=" (null: full gradients)"),
     "seed": _int(0),
+    "data_seed": _int(0, none_ok=True, what=" (null: the data follow --seed)"),
     "metrics_every": _int(0, what=" (0: timings only)"),
     "metric_step": _num(0, none_ok=True),
     "device": _str(("cpu", "cuda", "cuda:K", "auto"), prefix_ok=("cuda:",)),
@@ -220,6 +221,10 @@ class Config:
     rounds: int = 100
     batch_size: Optional[int] = None  # None: full local gradients
     seed: int = 0
+    # the seed of the data alone (generated samples, train/test split, client partition); None: ``seed``.
+    # Independent seeds of one experiment (``--seeds``) keep it fixed, so they differ in the model's
+    # initialization and the sampling, not in the problem, unless ``--reseed-data`` is given.
+    data_seed: Optional[int] = None
     metrics_every: int = 1
     metric_step: Optional[float] = None
     device: str = "cpu"

@@ -26,6 +26,8 @@ import math
 import os
 from typing import Optional, Sequence
 
+from .aggregate import aggregate_rows, group_key, seed_of
+
 __all__ = ["plot_runs", "find_runs", "load_run", "available_metrics", "DEFAULT_METRICS", "line_plot", "setup_line",
            "parse_formats", "FORMATS", "DEFAULT_FORMATS"]
 
@@ -95,10 +97,52 @@ def find_runs(paths: Sequence[str]) -> list:
         subs = sorted(d for d in os.listdir(p) if os.path.isfile(os.path.join(p, d, "metrics.jsonl")))
         order = _comparison_order(p)
         subs.sort(key=lambda d: order.get(d, len(order)))
+        seeds = sorted((d for d in os.listdir(p) if seed_of(d) is not None and os.path.isdir(os.path.join(p, d))),
+                       key=seed_of)
+        if not subs and seeds:  # a folder of seeds: each seed-<k> is a run or a comparison
+            for d in seeds:
+                try:
+                    runs += find_runs([os.path.join(p, d)])
+                except FileNotFoundError:  # a seed that has not started yet
+                    pass
+            if runs:
+                continue
         if not subs:
             raise FileNotFoundError(f"{p}: neither a run folder (metrics.jsonl) nor a folder of runs")
         runs += [os.path.join(p, d) for d in subs]
     return runs
+
+
+def group_seeds(runs: list, band: str = "std") -> list:
+    """Runs of one experiment's seeds (folders ``.../seed-<k>/...`` differing only in k) become one
+    entry: ``rows`` the per-round mean, ``band_rows`` the lower and upper edge of the band (mean ± std,
+    or min and max with ``band="minmax"``), ``seeds`` the seeds. Other runs are kept as they are."""
+    if band not in ("std", "minmax"):
+        raise ValueError(f"--band {band}: must be std or minmax")
+    groups: dict = {}
+    for r in runs:
+        key = group_key(r["path"]) if seed_of(r["path"]) is not None else ("run", r["path"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for members in groups.values():
+        if len(members) == 1 and seed_of(members[0]["path"]) is None:
+            out.append(members[0])
+            continue
+        agg = aggregate_rows([m["rows"] for m in members])
+        mean = [{"round": a["round"], **{k: v["mean"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
+        if band == "std":
+            lo = [{"round": a["round"], **{k: v["mean"] - v["std"] for k, v in a.items() if isinstance(v, dict)}}
+                  for a in agg]
+            hi = [{"round": a["round"], **{k: v["mean"] + v["std"] for k, v in a.items() if isinstance(v, dict)}}
+                  for a in agg]
+        else:
+            lo = [{"round": a["round"], **{k: v["min"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
+            hi = [{"round": a["round"], **{k: v["max"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
+        floor = [{"round": a["round"], **{k: v["min"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
+        first = members[0]
+        out.append({**first, "rows": mean, "band_rows": (lo, hi, floor), "band": band,
+                    "seeds": [seed_of(m["path"]) for m in members], "members": members})
+    return out
 
 
 def _comparison_order(folder: str) -> dict:
@@ -119,6 +163,37 @@ def _read_json(path: str) -> dict:
         return {}
 
 
+def _display_name(label: str) -> str:
+    """A registry name (``za1``, what `compare` labels its runs with) as the algorithm's own spelling
+    (``ZA1``), the one the setup line and the tables use; any other label is kept."""
+    from ..algorithms.registry import ALGORITHMS
+
+    entry = ALGORITHMS.get(str(label).lower())
+    return entry.cls.name if entry is not None else label
+
+
+def _short_reg(reg):
+    """A per-parameter regularizer's repr shortened for the setup line: ``PerParameter({'0.weight':
+    L1(kappa=0.01), '*.bias': None})`` -> ``per-parameter(0.weight: L1(0.01), *.bias: none)``, and
+    past 72 characters only the distinct penalties: ``per-parameter(L1, GroupLasso, none; 5 rules)``."""
+    import re
+
+    if not isinstance(reg, str) or not reg.startswith("PerParameter("):
+        return reg
+    entries = re.findall(r"'((?:[^'\\]|\\.)*)':\s*(None|\w+(?:\((?:[^()]|\([^()]*\))*\))?)", reg)
+    if not entries:
+        return "per-parameter"
+    short = []
+    for pat, spec in entries:
+        spec = "none" if spec == "None" else re.sub(r"\b\w+=", "", spec)
+        short.append((pat, spec))
+    text = "per-parameter(" + ", ".join(f"{p}: {sp}" for p, sp in short) + ")"
+    if len(text) <= 72:
+        return text
+    kinds = list(dict.fromkeys(sp.split("(")[0] for _, sp in short))
+    return f"per-parameter({', '.join(kinds)}; {len(short)} rules)"
+
+
 def load_run(path: str) -> dict:
     """``{"label", "rows", "path", "config", "summary", "f_star"}`` for one run folder (label: its
     summary's label, else the folder name; f_star: the summary's, else None)."""
@@ -126,6 +201,7 @@ def load_run(path: str) -> dict:
 
     summary = _read_json(os.path.join(path, "summary.json"))
     label = summary.get("label") or os.path.basename(os.path.normpath(path))
+    label = _display_name(label)
     f_star = summary.get("f_star")
     return {"label": label, "rows": read_metrics(path), "path": path, "summary": summary,
             "config": _read_json(os.path.join(path, "config.json")),
@@ -151,14 +227,14 @@ def _setup_of(run: dict) -> dict:
     k = c.get("local_steps", (s.get("hparams") or {}).get("local_steps") or (c.get("hparams") or {}).get("local_steps"))
     lr = c.get("lr")
     return {"algorithm": alg, "dataset": c.get("dataset"), "partition": partition,
-            "N": c.get("num_clients", s.get("num_clients")), "model": c.get("model"), "h": reg, "K": k,
+            "N": c.get("num_clients", s.get("num_clients")), "model": c.get("model"), "h": _short_reg(reg), "K": k,
             "lr": f"{lr:g}" if isinstance(lr, (int, float)) else lr}
 
 
 def setup_line(runs: list) -> str:
     """One line: algorithm(s), dataset, partition, N, model, h, K, lr — each value the runs share,
     or the distinct values joined by "/" where they differ; unknown items are left out."""
-    setups = [_setup_of(r) for r in runs]
+    setups = [_setup_of(r) for run in runs for r in (run, *run.get("same_as", ()))]
     parts = []
     for key in ("algorithm", "dataset", "partition", "N", "model", "h", "K", "lr"):
         vals = list(dict.fromkeys(str(s[key]) for s in setups if s[key] is not None))
@@ -166,6 +242,10 @@ def setup_line(runs: list) -> str:
             continue
         text = ", ".join(vals) if key == "algorithm" else "/".join(vals)
         parts.append(text if key in ("algorithm", "dataset", "partition", "model") else f"{key}={text}")
+    counts = sorted({len(r["seeds"]) for r in runs if r.get("seeds")})
+    if counts:
+        band = "mean ± std" if runs[0].get("band", "std") == "std" else "min to max"
+        parts.append(f"{'/'.join(map(str, counts))} seeds: mean, band {band}")
     return " · ".join(parts)
 
 
@@ -225,8 +305,82 @@ def _readable_log_y(ax, lo: float, hi: float) -> None:
         ax.yaxis.set_minor_formatter(NullFormatter())
 
 
+def _band(run: dict, key: str, x: str):
+    """x, lower and upper edge of a seed group's band of ``key`` (resolved) at the points :func:`_series`
+    keeps; on a log axis a lower edge <= 0 (mean − std) is replaced by the smallest seed's value."""
+    lo_rows, hi_rows, floor_rows = run["band_rows"]
+    f_star = run.get("f_star")
+    src = "f+h" if key == "suboptimality" else key
+    shift = f_star if key == "suboptimality" else 0.0
+    lo_at = {r["round"]: r.get(src) for r in lo_rows}
+    hi_at = {r["round"]: r.get(src) for r in hi_rows}
+    floor_at = {r["round"]: r.get(src) for r in floor_rows}
+    xs, lo, hi = [], [], []
+    for r in run["rows"]:
+        v, t = r.get(src), r["round"]
+        xv = r.get(x, 0.0 if t == 0 else None)
+        if v is None or xv is None or lo_at.get(t) is None or hi_at.get(t) is None or not math.isfinite(v):
+            continue
+        if key == "suboptimality" and v - shift <= 0:
+            continue
+        a, b = lo_at[t] - shift, hi_at[t] - shift
+        if a <= 0 and (key in _LOG):
+            a = floor_at[t] - shift if floor_at.get(t) is not None and floor_at[t] - shift > 0 else v - shift
+        xs.append(xv)
+        lo.append(a)
+        hi.append(b)
+    return xs, lo, hi
+
+
+_UNIT = {"sparsity", "hoyer", "test_acc", "train_acc", "accuracy", "support_f1"}  # fractions in [0, 1]
+
+
+def _ticks_cover(ax, lo: float, hi: float, key: str) -> None:
+    """Make the labelled y ticks enclose the data: the axis ends at the labelled tick at or below the
+    lowest value and at or above the highest (a paper's reader reads the last value off a label,
+    not off an unlabelled stretch of axis). Fractions stay within [0, 1]; a constant fraction (an
+    all-dense model's sparsity 0) gets the axis [0, 1], not matplotlib's ±0.04 around it."""
+    if key in _UNIT and lo >= 0 and hi <= 1:
+        if hi - lo < 1e-12:
+            ax.set_ylim(0.0, 1.0)
+            return
+    log = ax.get_yscale() == "log"
+    unit = key in _UNIT and lo >= 0 and hi <= 1
+    tol = lambda v: 1e-9 * max(abs(v), 1e-300)  # noqa: E731 - a tick equal to the data, up to rounding
+    view = (lo, hi) if hi > lo else (lo - 0.5 * max(abs(lo), 1.0), hi + 0.5 * max(abs(hi), 1.0))
+    loc = ax.yaxis.get_major_locator()
+
+    def ticks(a, b):
+        return [float(t) for t in loc.tick_values(a, b) if t > 0 or not log]
+
+    def wide(a, b):  # the ticks just beyond a view (a view's own ticks may stop inside it)
+        return ticks(a / 10, b * 10) if log else ticks(a - (b - a), b + (b - a))
+
+    def is_tick(v, ts):
+        return any(abs(t - v) <= tol(v) for t in ts)
+
+    # The ticks depend on the view (a narrow log axis falls back to linear ticks), so move the ends
+    # to ticks, then check with the ticks matplotlib draws for the new view, until both ends are ticks.
+    for _ in range(12):
+        own = ticks(*view)
+        if is_tick(view[0], own) and is_tick(view[1], own) and view[0] <= lo + tol(lo) and view[1] >= hi - tol(hi):
+            break
+        cand = sorted(set(own) | set(wide(*view)))
+        below = [t for t in cand if t <= lo + tol(lo)]
+        above = [t for t in cand if t >= hi - tol(hi)]
+        new = (max(below) if below else view[0], min(above) if above else view[1])
+        if unit:
+            new = (max(new[0], 0.0), min(new[1], 1.0))
+        if new == view:
+            break
+        view = new
+    if view[1] > view[0]:
+        ax.set_ylim(*view)
+
+
 def line_plot(ax, runs: list, metric: str, x: str = "round") -> bool:
-    """Draw ``metric`` vs ``x`` for every run on ``ax``; returns whether anything was drawn."""
+    """Draw ``metric`` vs ``x`` for every run on ``ax`` (a seed group: its mean, with a shaded band);
+    returns whether anything was drawn."""
     drawn = []
     for i, run in enumerate(runs):
         xs, ys, key = _series(run, metric, x)
@@ -244,8 +398,16 @@ def line_plot(ax, runs: list, metric: str, x: str = "round") -> bool:
         ax.plot(xs, ys, linestyle=_STYLES[i % len(_STYLES)], marker=_MARKERS[i % len(_MARKERS)], color=f"C{i % 10}",
                 markevery=((i * every) // n, every), markersize=5, linewidth=1.5, label=label)
     ys_all = [y for d in drawn for y in d[3]]
+    for i, run, xs, ys, key in drawn:
+        if run.get("band_rows"):
+            bx, lo, hi = _band(run, key, x)
+            if bx:
+                ax.fill_between(bx, lo, hi, color=f"C{i % 10}", alpha=0.2, linewidth=0)
+                ys_all += [v for v in lo + hi if math.isfinite(v)]
+    resolved = next(iter(keys)) if len(keys) == 1 else metric
     if metric in _LOG and min(ys_all) > 0:
         _readable_log_y(ax, min(ys_all), max(ys_all))
+    _ticks_cover(ax, min(ys_all), max(ys_all), resolved)
     ax.set_xlabel("communication rounds" if x == "round" else "wall-clock time (s)")
     key = next(iter(keys)) if len(keys) == 1 else metric
     ax.set_ylabel(_TITLES.get(key, _TITLES.get(metric, metric)))
@@ -258,10 +420,44 @@ def line_plot(ax, runs: list, metric: str, x: str = "round") -> bool:
 # --------------------------------------------------------------------------- #
 
 
+def merge_identical(runs: list, metrics: Sequence[str]) -> list:
+    """Runs whose curves of every metric in ``metrics`` are exactly equal, round by round, drawn once
+    and named together in the legend ("ZA1 = FedNMap"): otherwise the later curve hides the earlier
+    and a reader concludes an algorithm is missing. Seed groups (bands) are compared by their
+    members' rows."""
+    def signature(run):
+        src = run.get("members") or [run]
+        sig = []
+        for m in metrics:
+            per = []
+            for member in src:
+                xs, ys, _ = _series(member, m, "round")
+                per.append((tuple(xs), tuple(ys)))
+            sig.append(tuple(per))
+        return tuple(sig)
+
+    out, seen = [], {}
+    for r in runs:
+        sig = signature(r)
+        if not any(p[0] for part in sig for p in part):  # nothing drawn: nothing to confuse
+            out.append(r)
+            continue
+        if sig in seen:
+            first = seen[sig]
+            first["label"] = f"{first['label']} = {r['label']}"
+            first.setdefault("same_as", []).append(r)
+            continue
+        r = dict(r)
+        seen[sig] = r
+        out.append(r)
+    return out
+
+
 def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Optional[Sequence[str]] = None,
               x_axes: Sequence[str] = ("round", "elapsed"), title: Optional[str] = None,
               name: str = "overview", per_metric: bool = True, labels: Optional[Sequence[str]] = None,
-              formats=DEFAULT_FORMATS, f_star: Optional[float] = None, setup: bool = True) -> list:
+              formats=DEFAULT_FORMATS, f_star: Optional[float] = None, setup: bool = True,
+              band: str = "std") -> list:
     """Write figures of the runs in ``paths`` (run or comparison folders); returns the file paths.
 
     One figure per (metric, x axis) unless ``per_metric=False``, then the overview grid ``name``
@@ -269,8 +465,13 @@ def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Opti
     or a sequence; see :data:`FORMATS`). ``labels`` replaces the runs' legend labels. ``title`` is
     printed above the setup line (``setup=False`` leaves the setup line out). ``f_star`` (F*) makes
     the ``suboptimality`` metric f + h − F* available for every run (else a run's summary.json
-    ``f_star``) and the default in place of f + h. Every argument is checked before a file is written.
+    ``f_star``) and the default in place of f + h. Runs of several seeds (``seed-<k>`` folders) are
+    drawn as their per-round mean with a shaded band: mean ± std (``band="std"``) or min to max
+    (``"minmax"``). Runs whose curves coincide exactly are drawn once, named together ("A = B").
+    Every argument is checked before a file is written.
     """
+    if band not in ("std", "minmax"):
+        raise ValueError(f"--band {band!r}: must be std or minmax")
     formats = parse_formats(formats)
     if f_star is not None and (isinstance(f_star, bool) or not isinstance(f_star, (int, float))
                                or not math.isfinite(f_star)):
@@ -291,11 +492,13 @@ def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Opti
                              f"sparsity); give --metrics, available: {', '.join(have) or 'none'}")
     metrics = list(metrics)
     _check_metrics(metrics, runs)
+    runs = group_seeds(runs, band)
     if labels is not None:
         if len(labels) != len(runs):
             raise ValueError(f"{len(labels)} labels for {len(runs)} runs")
         for r, lab in zip(runs, labels):
             r["label"] = lab
+    runs = merge_identical(runs, metrics)
     plt = _mpl()
     stem = os.path.splitext(name)[0] if os.path.splitext(name)[1].lstrip(".").lower() in FORMATS else name
     heading = "\n".join(t for t in (title, setup_line(runs) if setup else None) if t)
@@ -386,3 +589,83 @@ def _wrap(text: str, width: float) -> str:
 
 def _safe(metric: str) -> str:
     return metric.replace("+", "_plus_").replace("/", "_")
+
+
+# --------------------------------------------------------------------------- #
+# Sweeps
+# --------------------------------------------------------------------------- #
+
+
+def heatmap_data(points: list, algorithm: str, metric: str):
+    """(row key, row values, column key, column values, matrix of mean ``metric``) of ``algorithm``'s
+    points in a 2-D grid; NaN where a point was skipped or did not complete. None unless 2-D."""
+    pts = [p for p in points if p["algorithm"] == algorithm]
+    keys = list(pts[0]["point"]) if pts else []
+    return _grid(pts, keys, metric) if len(keys) == 2 else None
+
+
+def _grid(pts, keys, metric):
+    rk, ck = keys
+    rows = list(dict.fromkeys(p["point"][rk] for p in pts))
+    cols = list(dict.fromkeys(p["point"][ck] for p in pts))
+    m = [[math.nan] * len(cols) for _ in rows]
+    for p in pts:
+        st = p["final"].get(metric)
+        if st is not None and all(s == "completed" for s in p["statuses"]):
+            m[rows.index(p["point"][rk])][cols.index(p["point"][ck])] = st["mean"]
+    return rk, rows, ck, cols, m
+
+
+def plot_sweep(out_dir: str, result: dict, grid: dict, select_metric: str, select_name: str, formats=DEFAULT_FORMATS,
+               band: str = "std") -> list:
+    """The figures of a sweep: a heat map of ``select_metric`` per algorithm whose grid is 2-D
+    (skipped points blank, the best point boxed), and the best point of each algorithm drawn with
+    its seeds' band (``best.<ext>``). Returns the file paths."""
+    plt = _mpl()
+    formats = parse_formats(formats)
+    files = []
+    points = result["points"]
+    for a in dict.fromkeys(p["algorithm"] for p in points):
+        skipped = [s for s in result["skipped"] if s["algorithm"] == a]
+        keys = [k for k in grid if any(k in p["point"] for p in points if p["algorithm"] == a)]
+        if len(keys) != 2:
+            continue
+        pts = [p for p in points if p["algorithm"] == a] + [
+            {"point": s["point"], "final": {}, "statuses": ["skipped"]} for s in skipped]
+        rk, ck = keys
+        rows, cols = grid[rk], grid[ck]  # the grid's own order
+        m = [[next((p["final"][select_metric]["mean"] for p in pts if p["point"].get(rk) == r and
+                    p["point"].get(ck) == c and select_metric in p["final"]
+                    and all(s == "completed" for s in p["statuses"])), math.nan) for c in cols] for r in rows]
+        with plt.rc_context(_RC):
+            fig, ax = plt.subplots(figsize=(1.2 * len(cols) + 2.5, 0.8 * len(rows) + 1.8))
+            finite = [v for row in m for v in row if math.isfinite(v)]
+            im = ax.imshow(m, cmap="viridis_r" if select_name != "test_acc" else "viridis", aspect="auto")
+            fig.colorbar(im, ax=ax, label=_TITLES.get(select_metric, select_metric) + " (mean)")
+            ax.set_xticks(range(len(cols)), [f"{c:g}" if isinstance(c, float) else str(c) for c in cols])
+            ax.set_yticks(range(len(rows)), [f"{r:g}" if isinstance(r, float) else str(r) for r in rows])
+            ax.set_xlabel(ck)
+            ax.set_ylabel(rk)
+            b = result["best"].get(a)
+            for i, r in enumerate(rows):
+                for j, c in enumerate(cols):
+                    v = m[i][j]
+                    ax.text(j, i, f"{v:.3g}" if math.isfinite(v) else "skipped", ha="center", va="center",
+                            fontsize=8, color="white" if math.isfinite(v) else "gray")
+                    if b and b["point"].get(rk) == r and b["point"].get(ck) == c:
+                        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red",
+                                                   linewidth=2))
+            ax.set_title(f"{_display_name(a)}: {select_name} over {rk} × {ck}"
+                         + ("" if finite else " (no completed point)"), fontsize=10)
+            fig.tight_layout()
+            for ext in formats:
+                f = os.path.join(out_dir, f"heatmap-{a}.{ext}")
+                fig.savefig(f, dpi=130)
+                files.append(f)
+            plt.close(fig)
+    best = result["best"]
+    if best:
+        labels = [f"{_display_name(a)} ({b['name']})" for a, b in best.items()]
+        files += plot_runs([b["dir"] for b in best.values()], out_dir=out_dir, name="best", per_metric=False,
+                           labels=labels, formats=formats, band=band, x_axes=("round",))
+    return files

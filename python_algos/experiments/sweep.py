@@ -1,0 +1,430 @@
+"""Grid sweeps: every point of a grid of hyper-parameters, for one or several algorithms, × seeds,
+in parallel worker processes, resumable (``python -m python_algos sweep``).
+
+    python -m python_algos sweep -a fedcanon --grid alpha=0.01,0.05,0.1 --grid beta=log:1e-3:1e-1:3 \\
+        --seeds 3 --jobs 2 --dataset synthetic ...            # the other flags as in `run`
+    python -m python_algos sweep --resume results/<sweep>     # what is missing or was interrupted
+
+Folder::
+
+    OUT/sweep.json                          the settings (base config, algorithms, grid, seeds)
+    OUT/<algorithm>/<k1=v1,k2=v2>/seed-<s>/ one run folder per point and seed
+    OUT/summary.json, OUT/summary.md        every point's final metrics (mean ± std over the seeds),
+                                            the skipped points with the reason, the best point per algorithm
+    OUT/heatmap-<algorithm>.<ext>           2-D grids: the selected metric over the grid
+    OUT/best.<ext>                          the best point of each algorithm, mean with a band
+
+A grid key is a run setting (``lr``, ``local_steps``, ``reg_strength``, ``eta``, ...: the flags of
+`run` with ``_`` for ``-``) or a hyper-parameter of the algorithm (``alpha``, ``beta``, ...), which
+then applies to the algorithms that have it. A point that breaks an algorithm's rule (its
+constructor or ``validate(reg)`` raises, e.g. α·ρ ≥ 1) is skipped and listed with the reason.
+
+Runs go to ``--jobs`` worker processes (``concurrent.futures`` with the ``spawn`` context: no
+fork of a process holding torch's threads), each run on one torch thread unless ``--threads``
+says otherwise. Resuming never runs a finished point again (its ``summary.json`` says completed
+or diverged at the asked rounds); a run that was interrupted continues from its checkpoint, one
+that never started starts. Ctrl-C stops every running run at once, each writing its summary
+(status interrupted), and the sweep's summary lists what is left; every file is replaced
+atomically, so nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import shlex
+import signal
+import threading
+from typing import Callable, Dict, List, Optional, Sequence
+
+from .aggregate import SEED_DIR, final_stats, stats_cell
+from .config import Config, ConfigError
+from .seeds import seed_configs
+from ..runfolder.files import RunFolderError, _atomic_text, _write_json
+
+__all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
+           "STOP_AFTER_ENV", "SWEEP_FILE"]
+
+SWEEP_FILE = "sweep.json"
+STOP_AFTER_ENV = "_FEDKERNELS_TEST_SWEEP_STOP_AFTER"  # test hook: act as on Ctrl-C after this many runs ended
+# --select: the metric, and whether the best point has its smallest or largest mean
+SELECT = {"f_plus_h": ("f+h", min), "test_acc": ("test_acc", max), "stationarity": ("grad_map_sq", min)}
+_FINISHED = ("completed", "diverged")  # a run that ended this way is never run again
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep, after its summary (what finished, what is left) was written."""
+
+    def __init__(self, out_dir: str, table: str):
+        super().__init__(f"the sweep in {out_dir} was interrupted")
+        self.out_dir, self.table = out_dir, table
+        self.resume_command = f"python -m python_algos sweep --resume {shlex.quote(out_dir)}"
+
+
+# --------------------------------------------------------------------------- #
+# The grid
+# --------------------------------------------------------------------------- #
+
+
+def parse_grid_values(key: str, spec) -> list:
+    """``"0.01,0.05,0.1"``, ``"log:1e-3:1e-1:5"`` (5 values spaced evenly in log from 1e-3 to 1e-1)
+    or a list (config file) -> the values; errors name ``--grid KEY=SPEC``."""
+    what = f"--grid {key}={spec if not isinstance(spec, list) else ','.join(map(str, spec))}"
+    if isinstance(spec, (list, tuple)):
+        vals = list(spec)
+    elif isinstance(spec, str) and spec.strip().lower().startswith("log:"):
+        parts = spec.strip().split(":")
+        try:
+            lo, hi, n = float(parts[1]), float(parts[2]), int(parts[3])
+            if len(parts) != 4:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise ValueError(f"{what}: expected log:LOW:HIGH:COUNT, e.g. log:1e-3:1e-1:5") from None
+        if not (lo > 0 and hi > 0 and math.isfinite(lo) and math.isfinite(hi) and n >= 1):
+            raise ValueError(f"{what}: log:LOW:HIGH:COUNT needs LOW, HIGH > 0 and COUNT >= 1")
+        vals = [lo] if n == 1 else [float(f"{math.exp(math.log(lo) + i * (math.log(hi) - math.log(lo)) / (n - 1)):.6g}")
+                                    for i in range(n)]
+    elif isinstance(spec, str):
+        from .cli import _value
+
+        vals = [_value(v.strip()) for v in spec.split(",") if v.strip()]
+    else:
+        vals = [spec]
+    if not vals:
+        raise ValueError(f"{what}: no values")
+    if len(set(map(json.dumps, vals))) != len(vals):
+        raise ValueError(f"{what}: a value is repeated")
+    return vals
+
+
+def parse_grid(items) -> Dict[str, list]:
+    """``[(key, spec), ...]`` or ``{key: spec}`` -> ``{key: [values]}`` (order kept)."""
+    items = items.items() if isinstance(items, dict) else items
+    grid = {}
+    for k, spec in items:
+        if not isinstance(k, str) or not k:
+            raise ValueError(f"--grid {k!r}: the key must be a setting or a hyper-parameter name")
+        grid[k.replace("-", "_")] = parse_grid_values(k, spec)
+    return grid
+
+
+def _hparams(algorithm: str) -> List[str]:
+    import dataclasses
+
+    from ..algorithms.registry import ALGORITHMS
+
+    return [f.name for f in dataclasses.fields(ALGORITHMS[algorithm.lower()].cls)]
+
+
+def _point_name(point: dict) -> str:
+    def show(v):
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    return ",".join(f"{k}={show(v)}" for k, v in point.items()) or "default"
+
+
+def plan_sweep(cfg: Config, algorithms: Sequence[str], grid: Dict[str, list], alg_opts: Optional[dict] = None) -> list:
+    """Every point: ``[{"algorithm", "point": {key: value}, "name", "config": Config | None, "skip": reason | None}]``.
+
+    Keys that are Config fields apply to every algorithm, hyper-parameters to the algorithms that
+    have them; a key that is neither raises ValueError naming ``--grid``. A point whose settings or
+    algorithm break a rule has ``config = None`` and the rule in ``skip``."""
+    import dataclasses
+    import warnings
+
+    from .build import _build_regularizer, _hparam_error, build_algorithm
+
+    fields = {f.name for f in dataclasses.fields(Config)}
+    hp = {a: _hparams(a) for a in algorithms}
+    for k in grid:
+        if k not in fields and not any(k in hp[a] for a in algorithms):
+            raise ValueError(f"--grid {k}: neither a run setting nor a hyper-parameter of {', '.join(algorithms)} "
+                             f"(hyper-parameters: {'; '.join(f'{a}: ' + ', '.join(hp[a]) for a in algorithms)})")
+        if k in ("algorithm", "seed", "alg_opts", "rounds"):
+            raise ValueError(f"--grid {k}: not a grid key (give the algorithms with -a, seeds with --seeds, "
+                             f"rounds with --rounds)")
+    plans = []
+    for a in algorithms:
+        keys = [k for k in grid if k in fields or k in hp[a]]
+        for values in itertools.product(*(grid[k] for k in keys)):
+            point = dict(zip(keys, values))
+            opts = dict((alg_opts or {}).get(a, {}))
+            opts.update({k: v for k, v in point.items() if k not in fields})
+            settings = {k: v for k, v in point.items() if k in fields}
+            entry = {"algorithm": a, "point": point, "name": _point_name(point), "config": None, "skip": None}
+            try:
+                c = cfg.replace(algorithm=a, alg_opts=opts, **settings)
+                c.check()
+                alg = build_algorithm(c)
+                if not c.regularizers:  # a per-parameter h needs the model: checked when the run starts
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        try:
+                            alg.validate(_build_regularizer(c, None))
+                        except ValueError as e:
+                            raise _hparam_error(c, alg.name, e) from None
+                entry["config"] = c
+            except (ValueError, TypeError) as e:
+                entry["skip"] = str(e)
+            plans.append(entry)
+    return plans
+
+
+# --------------------------------------------------------------------------- #
+# Running (worker side)
+# --------------------------------------------------------------------------- #
+
+_STOP = None  # the sweep's stop event, in a worker process
+
+
+def _worker_init(stop, threads) -> None:
+    """A worker: Ctrl-C is ignored between runs (the parent decides what stops); ``stop`` set by the
+    parent interrupts the running run the way Ctrl-C would (SIGINT to this process)."""
+    global _STOP
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _STOP = stop
+
+    def watch():
+        stop.wait()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _interrupt_once(signum, frame):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the summary's write short
+    raise KeyboardInterrupt
+
+
+def _finished(run_dir: str, rounds: int) -> Optional[dict]:
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            s = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return s if s.get("status") in _FINISHED and s.get("rounds") == rounds else None
+
+
+def run_point(task: dict) -> dict:
+    """One run of the sweep (in a worker, or in the parent with --jobs 1): starts it, continues it
+    from its checkpoint, or (finished) leaves it alone. Returns ``{"dir", "status", "message"}``."""
+    from .prepare import prepare_run
+    from .run import Interrupted, execute_run
+
+    d, cfg = task["dir"], Config.from_dict(task["config"])
+    if _STOP is not None and _STOP.is_set():
+        return {"dir": d, "status": "not started", "message": None}
+    in_worker = _STOP is not None
+    if in_worker:
+        signal.signal(signal.SIGINT, _interrupt_once)
+    try:
+        if in_worker and _STOP.is_set():  # the stop came between the check above and the handler
+            raise KeyboardInterrupt
+        done = _finished(d, cfg.rounds)
+        if done is not None:
+            return {"dir": d, "status": done["status"], "message": "kept"}
+        if os.path.isfile(os.path.join(d, "config.json")):
+            prep = prepare_run(None, d, resume=True, rounds=cfg.rounds)
+        else:
+            prep = prepare_run(cfg, d, replace=False)
+        s = execute_run(prep, progress=False, label=task["label"], log=lambda *_: None)
+        status, message = s["status"], s.get("message")
+    except Interrupted as e:
+        status, message = "interrupted", e.summary.get("message")
+    except KeyboardInterrupt:
+        status, message = "interrupted", "interrupted before the run started or after it ended"
+    except (ValueError, RuntimeError, OSError) as e:
+        status, message = "error", str(e)
+    finally:
+        if in_worker:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if task.get("tensorboard") and os.path.isfile(os.path.join(d, "metrics.jsonl")):
+        from .tensorboard import write_events
+
+        write_events(d)
+    return {"dir": d, "status": status, "message": message}
+
+
+# --------------------------------------------------------------------------- #
+# Running (parent side)
+# --------------------------------------------------------------------------- #
+
+
+def _read_sweep(out_dir: str) -> dict:
+    path = os.path.join(out_dir, SWEEP_FILE)
+    if not os.path.isfile(path):
+        raise RunFolderError(f"cannot resume the sweep {out_dir}: it holds no {SWEEP_FILE}")
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        d["config"] = Config.from_dict(d["config"])
+        return d
+    except json.JSONDecodeError as e:
+        raise RunFolderError(f"{path}, line {e.lineno}: {e.msg}") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise RunFolderError(f"{path}: not a sweep written by `sweep` ({e})") from None
+
+
+def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: Optional[dict], seeds=None, *,
+              out_dir: str, alg_opts: Optional[dict] = None, reseed_data: bool = False, jobs: int = 1,
+              select: str = "f_plus_h", resume: bool = False, tensorboard: bool = False,
+              log: Callable[[str], None] = print) -> dict:
+    """Run (or with ``resume=True`` finish) the sweep in ``out_dir``; returns ``{"table", "points",
+    "best", "skipped"}``. Raises :class:`SweepInterrupted` on Ctrl-C (after writing the summary)."""
+    if select not in SELECT:
+        raise ValueError(f"--select {select}: must be one of {', '.join(SELECT)}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
+    if resume:
+        saved = _read_sweep(out_dir)
+        cfg, algorithms, grid = saved["config"], saved["algorithms"], saved["grid"]
+        seeds, reseed_data, alg_opts = saved["seeds"], saved["reseed_data"], saved.get("alg_opts") or {}
+    else:
+        from .prepare import check_algorithm_names
+
+        check_algorithm_names(algorithms)
+        if os.path.isdir(out_dir) and os.listdir(out_dir):
+            raise RunFolderError(f"{out_dir} already holds files: continue a sweep there with "
+                                 f"`python -m python_algos sweep --resume {shlex.quote(out_dir)}`, or choose another "
+                                 f"--out (nothing was changed)")
+        seeds = list(seeds or [cfg.seed])
+        if cfg.threads is None:
+            cfg = cfg.replace(threads=1)  # one thread per run: the parallelism is the --jobs processes
+    plans = plan_sweep(cfg, algorithms, grid, alg_opts)
+    tasks = []
+    for p in plans:
+        if p["config"] is None:
+            continue
+        for s, c in seed_configs(p["config"], seeds, reseed_data):
+            tasks.append({"dir": os.path.join(out_dir, p["algorithm"], p["name"], SEED_DIR.format(s)),
+                          "config": c.to_dict(), "label": p["algorithm"], "tensorboard": tensorboard})
+    if not tasks:
+        raise ValueError("every point of the grid breaks a rule, nothing to run: "
+                         + "; ".join(f"{p['algorithm']} {p['name']}: {p['skip']}" for p in plans))
+    if not resume:  # data, model and folder checks of one run before anything is written
+        from .prepare import prepare_run
+
+        prepare_run(Config.from_dict(tasks[0]["config"]), tasks[0]["dir"], replace=False)
+        os.makedirs(out_dir, exist_ok=True)
+        _write_json(os.path.join(out_dir, SWEEP_FILE), {
+            "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": grid, "seeds": seeds,
+            "reseed_data": reseed_data, "alg_opts": alg_opts or {}})
+    todo = [t for t in tasks if _finished(t["dir"], t["config"]["rounds"]) is None]
+    log(f"sweep: {len(plans)} points ({sum(p['config'] is None for p in plans)} skipped) x {len(seeds)} seed(s) = "
+        f"{len(tasks)} runs, {len(tasks) - len(todo)} already finished; {len(todo)} to run on {jobs} process(es)")
+    interrupted = _execute(todo, jobs, log)
+    result = summarize(out_dir, plans, seeds, select, interrupted)
+    if interrupted:
+        raise SweepInterrupted(out_dir, result["table"])
+    return result
+
+
+def _execute(tasks: list, jobs: int, log) -> bool:
+    """Run ``tasks``; True when Ctrl-C (or the test hook) stopped them."""
+    stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
+    ended = 0
+
+    def report(r):
+        nonlocal ended
+        ended += 1
+        if r["status"] not in ("completed", "not started"):
+            log(f"{os.path.relpath(r['dir'])}: {r['status']}" + (f" ({r['message']})" if r["message"] else ""))
+        if stop_after and ended >= stop_after:
+            raise KeyboardInterrupt  # the test hook: as if Ctrl-C came now
+
+    if jobs == 1 or len(tasks) <= 1:
+        try:
+            for t in tasks:
+                r = run_point(t)
+                if r["status"] == "interrupted":
+                    return True
+                report(r)
+        except KeyboardInterrupt:
+            return True
+        return False
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    pool = cf.ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx, initializer=_worker_init,
+                                  initargs=(stop, 1))
+    futures = [pool.submit(run_point, t) for t in tasks]
+    interrupted = False
+    try:
+        for f in cf.as_completed(futures):
+            r = f.result()
+            if r["status"] == "interrupted":  # a worker saw Ctrl-C from the terminal
+                raise KeyboardInterrupt
+            report(r)
+    except KeyboardInterrupt:
+        interrupted = True
+        stop.set()  # every running run stops as on Ctrl-C and writes its summary
+        for f in futures:
+            f.cancel()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return interrupted
+
+
+# --------------------------------------------------------------------------- #
+# The summary
+# --------------------------------------------------------------------------- #
+
+
+def _read_summary(run_dir: str) -> dict:
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {"status": "not started" if not os.path.isdir(run_dir) else "unfinished"}
+
+
+def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_plus_h",
+              interrupted: bool = False, formats=("png",), band: str = "std", plot: bool = True) -> dict:
+    """The table of every point (mean ± std over seeds), the skipped points, the best point per
+    algorithm; written to ``summary.json`` / ``summary.md`` (atomically) with the figures."""
+    from .compare import format_table
+
+    metric, better = SELECT[select]
+    points, skipped = [], []
+    for p in plans:
+        if p["config"] is None:
+            skipped.append({"algorithm": p["algorithm"], "point": p["point"], "reason": p["skip"]})
+            continue
+        d = os.path.join(out_dir, p["algorithm"], p["name"])
+        sums = [_read_summary(os.path.join(d, SEED_DIR.format(s))) for s in seeds]
+        statuses = [s.get("status", "unfinished") for s in sums]
+        points.append({"algorithm": p["algorithm"], "point": p["point"], "name": p["name"], "dir": d,
+                       "statuses": statuses, "final": final_stats([s for s in sums if s.get("status") == "completed"])})
+    best = {}
+    for a in dict.fromkeys(p["algorithm"] for p in points):
+        ok = [p for p in points if p["algorithm"] == a and all(s == "completed" for s in p["statuses"])
+              and metric in p["final"]]
+        if ok:
+            b = better(ok, key=lambda p: p["final"][metric]["mean"])
+            best[a] = {"point": b["point"], "name": b["name"], "dir": b["dir"], metric: b["final"][metric]}
+    keys = [k for k in ("f+h", "grad_map_sq", "sparsity", "test_acc") if any(k in p["final"] for p in points)]
+    names = {"grad_map_sq": "‖G_s‖²", "test_acc": "test acc"}
+    rows = []
+    for p in points:
+        st = p["statuses"]
+        status = "completed" if all(s == "completed" for s in st) else ", ".join(
+            f"{st.count(s)} {s}" for s in dict.fromkeys(st))
+        mark = " *" if best.get(p["algorithm"], {}).get("name") == p["name"] else ""
+        rows.append([p["algorithm"], p["name"] + mark, *(stats_cell(p["final"].get(k)) for k in keys), status])
+    table = format_table(["algorithm", "point", *(names.get(k, k) for k in keys), "status"], rows)
+    text = [table, "", f"* best point per algorithm by {select} ({'lowest' if better is min else 'highest'} mean "
+                       f"{metric}); mean ± std over {len(seeds)} seed(s): {', '.join(map(str, seeds))}"]
+    if skipped:
+        text += ["", "skipped (the point breaks a rule of the algorithm):"]
+        text += [f"- {s['algorithm']} {_point_name(s['point'])}: {s['reason']}" for s in skipped]
+    if interrupted:
+        text += ["", f"interrupted: resume with `python -m python_algos sweep --resume {shlex.quote(out_dir)}`"]
+    table_text = "\n".join(text)
+    _write_json(os.path.join(out_dir, "summary.json"), {
+        "status": "interrupted" if interrupted else "completed", "select": select, "seeds": list(seeds),
+        "points": points, "skipped": skipped, "best": best})
+    _atomic_text(os.path.join(out_dir, "summary.md"), table_text + "\n")
+    return {"table": table_text, "points": points, "best": best, "skipped": skipped}
