@@ -326,6 +326,8 @@ def _band(run: dict, key: str, x: str):
         a, b = lo_at[t] - shift, hi_at[t] - shift
         if a <= 0 and (key in _LOG):
             a = floor_at[t] - shift if floor_at.get(t) is not None and floor_at[t] - shift > 0 else v - shift
+        if key in ("sparsity", "hoyer") or key.endswith("_acc"):  # fractions: mean ± std may leave [0, 1]
+            a, b = max(a, 0.0), min(b, 1.0)
         xs.append(xv)
         lo.append(a)
         hi.append(b)
