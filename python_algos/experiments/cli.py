@@ -25,6 +25,8 @@ import time
 import warnings
 from typing import Optional, Sequence
 
+from .values import parse_value
+
 __all__ = ["main", "build_parser", "DEMO_ALGORITHMS"]
 
 DEMO_ALGORITHMS = ("fedcanon", "fedavg", "za1", "fednmap", "fedmid")
@@ -46,17 +48,7 @@ def _demo_config():
 # --------------------------------------------------------------------------- #
 
 
-def _value(text: str):
-    """A KEY=VALUE value: JSON (numbers, true/false/null, [lists]), else the raw string."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+_value = parse_value  # a KEY=VALUE value (config.parse_value, shared with sweep's --grid)
 
 
 def _kv_text(text: str):

@@ -43,6 +43,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config, ConfigError
+from .values import parse_value
 from .seeds import seed_configs
 from ..runfolder.files import RunFolderError, _atomic_text, _write_json
 
@@ -89,9 +90,7 @@ def parse_grid_values(key: str, spec) -> list:
         vals = [lo] if n == 1 else [float(f"{math.exp(math.log(lo) + i * (math.log(hi) - math.log(lo)) / (n - 1)):.6g}")
                                     for i in range(n)]
     elif isinstance(spec, str):
-        from .cli import _value
-
-        vals = [_value(v.strip()) for v in spec.split(",") if v.strip()]
+        vals = [parse_value(v.strip()) for v in spec.split(",") if v.strip()]
     else:
         vals = [spec]
     if not vals:
