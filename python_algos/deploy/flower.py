@@ -42,7 +42,7 @@ from ..simulate import _clients_per_round
 from .nodes import NodeClients, ServerClients, node_round, node_state, receives, save_node, scalars, server_state
 
 __all__ = ["server_app", "client_app", "run_server", "handle_round", "handle_hello", "FlowerResult", "NodeFailure",
-           "encode_vectors", "decode_vectors", "payload_bytes", "INSTALL"]
+           "encode_vectors", "decode_vectors", "payload_bytes", "save_result", "INSTALL"]
 
 INSTALL = 'pip install ".[flower]"  (flwr==1.41.0)'
 HELLO, ROUND = "query.hello", "train.round"
@@ -320,7 +320,7 @@ def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_siz
                          f"the server runs num_clients={server['num_clients']}")
     _, x0 = _flat_x0(model_fn)
     fp = _fingerprint(algorithm, regularizer, seed, batch_size, server["num_clients"], x0)
-    return msg.create_reply(fapp.RecordDict({"hello": fapp.ConfigRecord(
+    return fapp.Message(reply_to=msg, content=fapp.RecordDict({"hello": fapp.ConfigRecord(
         {"client_id": cid, "fingerprint": json.dumps(fp)})}))
 
 
@@ -342,7 +342,7 @@ def handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regulari
     up = node_round(algorithm, regularizer, clients, state, saved, recv, down)
     reply = encode_vectors({name: v[0] for name, v in up.items()})
     context.state[NODE_KEY] = encode_vectors(save_node(state, names, clients, up if receives(algorithm) else None))
-    return msg.create_reply(fapp.RecordDict({"up": reply}))
+    return fapp.Message(reply_to=msg, content=fapp.RecordDict({"up": reply}))
 
 
 def client_app(algorithm: ServerClientAlgorithm, model_fn: Callable, loss_fn: Callable, load_data: Callable, *,
@@ -364,3 +364,16 @@ def client_app(algorithm: ServerClientAlgorithm, model_fn: Callable, loss_fn: Ca
         return handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, seed, batch_size)
 
     return app
+
+
+def save_result(result: FlowerResult, folder: str) -> str:
+    """Write ``folder/result.pt`` (model, per-round records, node map, setup) atomically: a reader sees
+    the whole file or none (the ServerApp of a deployment hands its result over this way)."""
+    import os
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "result.pt")
+    tmp = path + ".tmp"
+    torch.save({"params": result.params, "metrics": result.metrics, "nodes": result.nodes, "setup": result.setup},
+               tmp)
+    os.replace(tmp, path)
+    return path
