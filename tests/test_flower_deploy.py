@@ -8,7 +8,6 @@ Slow (Flower starts one ClientApp process per message): marked ``slow``.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tomllib
 import warnings
@@ -55,13 +54,6 @@ def _simulate(cfg):
         return pa.simulate(task.algorithm(cfg), task.model_fn(cfg)(), task.loss, data, s["rounds"], s["regularizer"],
                            batch_size=s["batch_size"], seed=s["seed"], clients_per_round=s["clients_per_round"],
                            metrics_every=0)
-
-
-def _ours(dep):
-    """Process ids of everything this deployment started (its process groups)."""
-    groups = {p.pid for p in dep.procs.values()}
-    out = subprocess.run(["ps", "-eo", "pid=,pgid="], capture_output=True, text=True).stdout.split("\n")
-    return [int(a) for a, b in (line.split() for line in out if line.strip()) if int(b) in groups]
 
 
 @pytest.mark.parametrize("over", [{"algorithm": "za1"}, {"algorithm": "scaffold", "clients-per-round": 2}])

@@ -53,8 +53,9 @@ class LocalDeployment:
         self.num_clients = num_clients
         self._own_dir = workdir is None
         self.dir = workdir or tempfile.mkdtemp(prefix="pa-flower-")
+        self.bin = os.path.dirname(sys.executable)  # Flower's commands, installed beside this Python
         self.env = {**os.environ, **(env or {}), "FLWR_HOME": os.path.join(self.dir, "flwr-home")}
-        self.bin = os.path.dirname(sys.executable)
+        self.env["PATH"] = self.bin + os.pathsep + self.env.get("PATH", "")  # the SuperLink starts flower-superexec
         self.procs: dict[str, subprocess.Popen] = {}
         self.port: Optional[int] = None
 
