@@ -19,7 +19,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = "python_algos"
-LAYERS = ("runfolder", "clients", "algorithms", "simulate", "experiments")  # bottom to top
+LAYERS = ("runfolder", "clients", "algorithms", "simulate", "deploy", "experiments")  # bottom to top
 # ``python_algos/__init__`` re-exports simulate and what is below it; ``__main__`` is the command line
 TOP = {"": LAYERS.index("simulate"), "__main__": LAYERS.index("experiments")}
 

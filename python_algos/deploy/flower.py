@@ -1,0 +1,379 @@
+"""Flower apps for the server–client algorithms (Flower's Message API, ``flwr==1.41.0``).
+
+    from python_algos.deploy.flower import server_app, client_app
+    app = server_app(FedCanon(...), model_fn, regularizer=fk.L1(1e-3), rounds=50, num_clients=4)
+    app = client_app(FedCanon(...), model_fn, loss_fn, load_data, regularizer=fk.L1(1e-3))
+
+What runs where (docs/algorithms.md §0.1; the framework-free parts are :mod:`.nodes`):
+
+* The **ServerApp** (:func:`run_server`) holds the algorithm's server fields. Each round it draws the
+  participants from the run's seeded generator (``simulate``'s draw), sends each participant its
+  download, collects the uploads, averages them (``algorithm.aggregate``: ``(1/|S|) Σ``, or
+  ``(1/N) Σ`` for ``up_over_all`` names) and runs ``server_update`` (the server's prox, fused
+  kernels). A client that fails or does not answer within ``round_timeout`` stops the run with
+  :class:`NodeFailure` naming it; nothing waits forever.
+* The **ClientApp** (node ``partition-id`` = client i, its own data from ``load_data(i, context)``)
+  keeps its rows of the client fields, its client copies, its minibatch generator (seeded from
+  (seed, i)) and its last upload in ``context.state``; on each round it runs ``client_receive`` of
+  the previous download (when the algorithm has one) and then ``client_update``.
+
+On the wire per round: to each participant, the ``messages().down`` vectors of the previous round
+(those its ``client_receive`` needs, or those ``download`` starts from, each sent once), plus a small
+JSON plan (round counters, round settings); back, the ``messages().up`` vectors. In float64 the
+final model equals ``simulate``'s (tested to 1e-10).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+import fedkernels as fk
+
+from ..algorithms.base import ServerClientAlgorithm
+from ..clients.base import seeds
+from ..simulate import _clients_per_round
+from .nodes import NodeClients, ServerClients, node_round, node_state, receives, save_node, scalars, server_state
+
+__all__ = ["server_app", "client_app", "run_server", "handle_round", "handle_hello", "FlowerResult", "NodeFailure",
+           "encode_vectors", "decode_vectors", "payload_bytes", "save_result", "INSTALL"]
+
+INSTALL = 'pip install ".[flower]"  (flwr==1.41.0)'
+HELLO, ROUND = "query.hello", "train.round"
+NODE_KEY = "python_algos.node"  # context.state record of a client node
+
+
+def _flwr():
+    """The Flower modules, imported on first use (an optional dependency)."""
+    try:
+        import flwr.app as fapp
+        import flwr.clientapp as fclient
+        import flwr.serverapp as fserver
+    except ImportError as e:
+        raise ImportError(f"python_algos.deploy.flower needs Flower: {INSTALL}") from e
+    return fapp, fclient, fserver
+
+
+class NodeFailure(RuntimeError):
+    """A client node failed, or did not answer in time: the run stops (nothing is written)."""
+
+
+@dataclasses.dataclass
+class FlowerResult:
+    """What the server's loop returns: the reported model, the server's state, per-round records,
+    the client id -> Flower node id map and the run's settings."""
+
+    params: torch.Tensor
+    state: object
+    metrics: list
+    nodes: dict
+    setup: dict
+
+
+# -- records ------------------------------------------------------------------------------
+def encode_vectors(vectors: dict):
+    """Named tensors -> a Flower ``ArrayRecord`` (numpy arrays, exact bytes: float64 stays float64)."""
+    fapp, _, _ = _flwr()
+    return fapp.ArrayRecord({k: fapp.Array(np.ascontiguousarray(v.detach().cpu().numpy()))
+                             for k, v in vectors.items()})
+
+
+def decode_vectors(record) -> dict:
+    """An ``ArrayRecord`` -> named tensors (writable copies)."""
+    return {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
+
+
+def payload_bytes(record) -> int:
+    """Bytes of a record's arrays as serialized (the array data, each with its small .npy header)."""
+    return sum(len(a.data) for a in record.values())
+
+
+def _fingerprint(alg, reg, seed, batch_size, num_clients, x0) -> dict:
+    """The settings server and nodes must share, compared at the handshake."""
+    return {"algorithm": alg.name, "hparams": json.dumps(alg.hparams(), sort_keys=True, default=repr),
+            "regularizer": repr(reg), "seed": int(seed), "batch_size": batch_size, "num_clients": int(num_clients),
+            "dim": int(x0.numel()), "dtype": str(x0.dtype).replace("torch.", ""),
+            "x0_sha256": hashlib.sha256(x0.detach().cpu().contiguous().numpy().tobytes()).hexdigest()}
+
+
+def _check_algorithm(algorithm) -> None:
+    if not isinstance(algorithm, ServerClientAlgorithm):
+        raise TypeError(f"algorithm must be a server–client python_algos algorithm (a ServerClientAlgorithm), got "
+                        f"{type(algorithm).__name__}" + (": DEPOSITUM is peer-to-peer, it has no server to deploy"
+                                                          if getattr(algorithm, "name", "") == "DEPOSITUM" else ""))
+
+
+def _flat_x0(model_fn: Callable) -> tuple:
+    model = model_fn()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model_fn must return an nn.Module, got {type(model).__name__}")
+    flat = fk.FlatParams(model)
+    return model, flat.params.detach().clone()
+
+
+# -- the server -------------------------------------------------------------------------------
+def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, *, regularizer: fk.Regularizer,
+               rounds: int, num_clients: int, clients_per_round: Optional[int] = None,
+               participation: Optional[float] = None, seed: int = 0, batch_size: Optional[int] = None,
+               round_timeout: float = 300.0, connect_timeout: float = 120.0,
+               callbacks: Sequence[Callable] = ()) -> FlowerResult:
+    """The server's loop on a Flower ``Grid`` (a ServerApp's ``main`` calls it); see the module docstring.
+
+    ``model_fn()`` builds the model with the run's initial parameters (every node calls it too: the
+    handshake refuses a node whose initial parameters differ). ``callbacks``: ``cb(t, state, record)``
+    after every round. Raises :class:`NodeFailure` naming the client (and Flower node) that failed,
+    answered with an error, or did not answer within ``round_timeout`` seconds.
+    """
+    _check_algorithm(algorithm)
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
+        raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
+    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+        raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
+    for name, v in (("round_timeout", round_timeout), ("connect_timeout", connect_timeout)):
+        if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a finite number of seconds > 0 (a run never waits forever), got {v!r}")
+    algorithm.validate(regularizer)
+    n = int(num_clients)
+    k = _clients_per_round(algorithm, n, participation, clients_per_round)
+    _, x0 = _flat_x0(model_fn)
+    cs = ServerClients(n, x0.numel(), x0.dtype, x0.device)
+    cs.set_participation(k, seed)  # simulate's participant draw
+    rng = torch.Generator().manual_seed(seeds(seed, 1, stream=1)[0])  # simulate's server generator
+    with torch.no_grad():
+        state = server_state(algorithm, x0, cs)
+    fp = _fingerprint(algorithm, regularizer, seed, batch_size, n, x0)
+    nodes = _handshake(grid, fp, n, connect_timeout, round_timeout)
+    msgs, with_receive = algorithm.messages(), receives(algorithm)
+    pending: dict = {}  # client -> the download its client_receive still needs (algorithms with one)
+    metrics, elapsed = [], 0.0
+    for t in range(1, int(rounds) + 1):
+        t0 = time.perf_counter()
+        ids = cs.participants() if algorithm.partial_participation else None
+        part = list(range(n)) if ids is None else ids.tolist()
+        with torch.no_grad():
+            down = algorithm.download(state, rng)
+        out, sent_bytes = [], 0
+        for i in part:
+            content = _round_content(state, down, pending.pop(i, None), n)
+            sent_bytes += payload_bytes(content["vectors"])
+            out.append(_message(content, nodes[i], ROUND, t))
+        replies = _exchange(grid, out, nodes, part, round_timeout, t)
+        recv_bytes = sum(payload_bytes(replies[i].content["up"]) for i in part)
+        ups = {i: decode_vectors(replies[i].content["up"]) for i in part}
+        for i in part:
+            if set(ups[i]) != set(msgs.up):
+                raise NodeFailure(f"round {t}: client {i} (node {nodes[i]}) uploaded {sorted(ups[i])}, "
+                                  f"expected {sorted(msgs.up)}")
+        stacked = {name: torch.stack([ups[i][name].to(x0.dtype) for i in part]) for name in msgs.up}
+        with torch.no_grad(), fk.prox_stats() as stats:
+            means = algorithm.aggregate(stacked, cs, ids)
+            state, sent = algorithm.server_update(state, means, down, regularizer)
+        if with_receive:
+            keep = {name: sent[name].detach().clone() for name in msgs.down}
+            pending.update({i: keep for i in part})
+        wall = time.perf_counter() - t0
+        elapsed += wall
+        rec = {"round": t, "wall_time": wall, "elapsed": elapsed, "participants": part,
+               "up": len(msgs.up), "down": len(msgs.down), "sent_bytes": sent_bytes, "recv_bytes": recv_bytes,
+               "prox_time": stats.seconds, "prox_evals": stats.evaluations}
+        metrics.append(rec)
+        if any(cb(t, state, rec) is True for cb in callbacks):
+            break
+    params = algorithm.report(state, regularizer).detach().clone()
+    setup = {**fp, "rounds": int(rounds), "clients_per_round": k, "regularizer": repr(regularizer)}
+    return FlowerResult(params=params, state=state, metrics=metrics, nodes=dict(nodes), setup=setup)
+
+
+def _round_content(state, down: dict, recv: Optional[dict], num_clients: int):
+    """One participant's message: the vectors its ``client_receive`` needs (``recv:``) and those its
+    round starts from (``down:``), a vector equal to one already sent travelling once; the plan
+    (JSON) maps names to keys and carries the round counters and non-tensor round settings."""
+    fapp, _, _ = _flwr()
+    vectors, plan = {}, {"recv": None, "down": {}, "settings": {}, "scalars": scalars(state),
+                         "num_clients": num_clients}
+    if recv is not None:
+        plan["recv"] = {}
+        for name, v in recv.items():
+            vectors["recv:" + name] = v
+            plan["recv"][name] = "recv:" + name
+    for name, v in down.items():
+        if not isinstance(v, torch.Tensor):
+            plan["settings"][name] = v
+        elif recv is not None and name in recv and torch.equal(recv[name], v):
+            plan["down"][name] = "recv:" + name
+        else:
+            vectors["down:" + name] = v
+            plan["down"][name] = "down:" + name
+    return fapp.RecordDict({"vectors": encode_vectors(vectors),
+                            "config": fapp.ConfigRecord({"plan": json.dumps(plan, default=_jsonable)})})
+
+
+def _jsonable(v):
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    raise TypeError(f"round setting {v!r} ({type(v).__name__}) cannot be sent to the clients")
+
+
+def _message(content, node_id: int, kind: str, t: int):
+    fapp, _, _ = _flwr()
+    return fapp.Message(content, int(node_id), kind, group_id=str(t))
+
+
+def _exchange(grid, out: list, nodes: dict, part: list, timeout: float, t) -> dict:
+    """Send and receive one batch of messages; every participant's reply, or NodeFailure naming
+    those that answered with an error or not in time."""
+    replies = list(grid.send_and_receive(out, timeout=timeout))
+    by_node = {int(r.metadata.src_node_id): r for r in replies}
+    errors, missing, got = [], [], {}
+    for i in part:
+        r = by_node.get(int(nodes[i]))
+        if r is None:
+            missing.append(f"client {i} (node {nodes[i]})")
+        elif r.has_error():
+            errors.append(f"client {i} (node {nodes[i]}): {r.error.reason}")
+        else:
+            got[i] = r
+    where = "the handshake" if t == 0 else f"round {t}"
+    if errors:
+        raise NodeFailure(f"{where}: " + "; ".join(errors))
+    if missing:
+        raise NodeFailure(f"{where}: {', '.join(missing)} did not answer within round_timeout={timeout:g} s "
+                          f"(the node stopped, or its round is slower than that: raise round_timeout)")
+    return got
+
+
+def _handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float) -> dict:
+    """Wait for N nodes, ask each its client id (``partition-id``) and settings; return client -> node id.
+    Raises ValueError if the ids are not 0..N-1 once each or a node's settings differ from the server's."""
+    fapp, _, _ = _flwr()
+    deadline = time.monotonic() + connect_timeout
+    while True:
+        node_ids = sorted(int(i) for i in grid.get_node_ids())
+        if len(node_ids) >= n:
+            break
+        if time.monotonic() > deadline:
+            raise NodeFailure(f"only {len(node_ids)} of num_clients={n} client nodes connected within "
+                              f"connect_timeout={connect_timeout:g} s")
+        time.sleep(0.2)
+    if len(node_ids) > n:
+        raise ValueError(f"{len(node_ids)} client nodes are connected, num_clients={n}: one node per client")
+    content = lambda: fapp.RecordDict({"config": fapp.ConfigRecord({"fingerprint": json.dumps(fp)})})
+    out = [_message(content(), nid, HELLO, 0) for nid in node_ids]
+    replies = _exchange(grid, out, {j: nid for j, nid in enumerate(node_ids)}, list(range(n)), timeout, 0)
+    nodes = {}
+    for j, nid in enumerate(node_ids):
+        cfg = replies[j].content["hello"]
+        cid, theirs = int(cfg["client_id"]), json.loads(cfg["fingerprint"])
+        if not 0 <= cid < n or cid in nodes:
+            raise ValueError(f"node {nid} says it is client {cid}: every node's partition-id must be one of "
+                             f"0..{n - 1}, once each (--node-config \"partition-id=<i>\")")
+        diff = [f"{key}: server {fp[key]!r}, client {theirs.get(key)!r}" for key in fp if theirs.get(key) != fp[key]]
+        if diff:
+            raise ValueError(f"client {cid} (node {nid}) runs other settings than the server: " + "; ".join(diff) +
+                             (" (model_fn must build the same initial parameters everywhere: seed it)"
+                              if any(d.startswith("x0_sha256") for d in diff) else ""))
+        nodes[cid] = nid
+    return nodes
+
+
+def server_app(algorithm: ServerClientAlgorithm, model_fn: Callable, *, on_result: Optional[Callable] = None,
+               **settings):
+    """A Flower ``ServerApp`` running :func:`run_server` with these settings; ``on_result(result,
+    context)`` receives the :class:`FlowerResult` (e.g. to write the run folder)."""
+    _check_algorithm(algorithm)
+    _, _, fserver = _flwr()
+    app = fserver.ServerApp()
+
+    @app.main()
+    def main(grid, context) -> None:
+        result = run_server(grid, algorithm, model_fn, **settings)
+        if on_result is not None:
+            on_result(result, context)
+
+    return app
+
+
+# -- a client node ----------------------------------------------------------------------------
+def _client_id(context) -> int:
+    cfg = context.node_config
+    if "partition-id" not in cfg:
+        raise ValueError(f"node {context.node_id}: its node config has no partition-id (the client index): start "
+                         f"it with --node-config \"partition-id=<i> num-partitions=<N>\"")
+    return int(cfg["partition-id"])
+
+
+def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size):
+    """The node's answer to the handshake: its client id and its settings' fingerprint."""
+    fapp, _, _ = _flwr()
+    server = json.loads(msg.content["config"]["fingerprint"])
+    cid = _client_id(context)
+    if "num-partitions" in context.node_config and int(context.node_config["num-partitions"]) != server["num_clients"]:
+        raise ValueError(f"client {cid}: num-partitions={context.node_config['num-partitions']} in its node config, "
+                         f"the server runs num_clients={server['num_clients']}")
+    _, x0 = _flat_x0(model_fn)
+    fp = _fingerprint(algorithm, regularizer, seed, batch_size, server["num_clients"], x0)
+    return fapp.Message(reply_to=msg, content=fapp.RecordDict({"hello": fapp.ConfigRecord(
+        {"client_id": cid, "fingerprint": json.dumps(fp)})}))
+
+
+def handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, seed, batch_size):
+    """One round on a client node (see the module docstring); its state lives in ``context.state``."""
+    fapp, _, _ = _flwr()
+    plan = json.loads(msg.content["config"]["plan"])
+    vecs = decode_vectors(msg.content["vectors"])
+    cid = _client_id(context)
+    model = model_fn()
+    clients = NodeClients(model, loss_fn, load_data(cid, context), cid, plan["num_clients"], batch_size, seed)
+    x0 = clients.flat.params.detach().clone()
+    saved = decode_vectors(context.state[NODE_KEY]) if NODE_KEY in context.state else None
+    state, names = node_state(algorithm, x0, clients, saved, plan["scalars"])
+    cast = lambda v: v.to(dtype=clients.dtype, device=clients.device)
+    recv = None if plan["recv"] is None else {n: cast(vecs[key]) for n, key in plan["recv"].items()}
+    down = {n: cast(vecs[key]).clone() for n, key in plan["down"].items()}
+    down.update(plan["settings"])
+    up = node_round(algorithm, regularizer, clients, state, saved, recv, down)
+    reply = encode_vectors({name: v[0] for name, v in up.items()})
+    context.state[NODE_KEY] = encode_vectors(save_node(state, names, clients, up if receives(algorithm) else None))
+    return fapp.Message(reply_to=msg, content=fapp.RecordDict({"up": reply}))
+
+
+def client_app(algorithm: ServerClientAlgorithm, model_fn: Callable, loss_fn: Callable, load_data: Callable, *,
+               regularizer: fk.Regularizer, seed: int = 0, batch_size: Optional[int] = None):
+    """A Flower ``ClientApp`` for one client node: ``load_data(client_id, context)`` returns the node's
+    data (an ``(X, y)`` pair or a ``Dataset``; ``client_id`` is the node config's ``partition-id``);
+    ``model_fn``, ``algorithm``, ``regularizer``, ``seed`` and ``batch_size`` must be the server's
+    (checked at the handshake)."""
+    _check_algorithm(algorithm)
+    _, fclient, _ = _flwr()
+    app = fclient.ClientApp()
+
+    @app.query("hello")
+    def hello(msg, context):
+        return handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size)
+
+    @app.train("round")
+    def train(msg, context):
+        return handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, seed, batch_size)
+
+    return app
+
+
+def save_result(result: FlowerResult, folder: str) -> str:
+    """Write ``folder/result.pt`` (model, per-round records, node map, setup) atomically: a reader sees
+    the whole file or none (the ServerApp of a deployment hands its result over this way)."""
+    import os
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "result.pt")
+    tmp = path + ".tmp"
+    torch.save({"params": result.params, "metrics": result.metrics, "nodes": result.nodes, "setup": result.setup},
+               tmp)
+    os.replace(tmp, path)
+    return path

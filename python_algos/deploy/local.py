@@ -1,0 +1,160 @@
+"""A real local Flower deployment: one SuperLink and one SuperNode per client as local processes.
+
+    with LocalDeployment(num_clients=4) as dep:
+        result = dep.run("examples/flower_app", {"rounds": 5, ...})   # the ServerApp's result.pt
+
+Every process listens on 127.0.0.1 only (Flower 1.41 speaks HTTP between them; ``--insecure`` is
+used on loopback only), in its own process group, so that leaving the ``with`` block, on success,
+error or Ctrl-C, ends the processes and everything they started (Flower's SuperExec and app
+processes). The Flower CLI's home (``FLWR_HOME``) is a temporary folder: the user's is not touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+import torch
+
+__all__ = ["LocalDeployment", "DeploymentError"]
+
+
+class DeploymentError(RuntimeError):
+    """The deployment failed (a process did not start, the run failed or did not finish in time)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class LocalDeployment:
+    """SuperLink + ``num_clients`` SuperNodes (``partition-id`` = 0..N-1) on 127.0.0.1."""
+
+    def __init__(self, num_clients: int, workdir: Optional[str] = None, env: Optional[dict] = None):
+        if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
+            raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
+        self.num_clients = num_clients
+        self._own_dir = workdir is None
+        self.dir = workdir or tempfile.mkdtemp(prefix="pa-flower-")
+        self.bin = os.path.dirname(sys.executable)  # Flower's commands, installed beside this Python
+        self.env = {**os.environ, **(env or {}), "FLWR_HOME": os.path.join(self.dir, "flwr-home")}
+        self.env["PATH"] = self.bin + os.pathsep + self.env.get("PATH", "")  # the SuperLink starts flower-superexec
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.port: Optional[int] = None
+
+    # -- processes --------------------------------------------------------------------------
+    def _start(self, name: str, args: list) -> subprocess.Popen:
+        log = open(os.path.join(self.dir, name + ".log"), "w")
+        p = subprocess.Popen([os.path.join(self.bin, args[0]), *args[1:]], stdout=log, stderr=subprocess.STDOUT,
+                             env=self.env, cwd=self.dir, start_new_session=True)  # its own group: killpg ends all
+        self.procs[name] = p
+        return p
+
+    def log(self, name: str, tail: int = 3000) -> str:
+        try:
+            with open(os.path.join(self.dir, name + ".log")) as f:
+                return f.read()[-tail:]
+        except OSError:
+            return ""
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def start(self) -> None:
+        os.makedirs(self.env["FLWR_HOME"], exist_ok=True)
+        self.port = _free_port()
+        with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as f:
+            f.write(f'[superlink]\ndefault = "pa-local"\n\n[superlink.pa-local]\n'
+                    f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        self._start("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(self.port),
+                                  "--database", os.path.join(self.dir, "superlink.db"),
+                                  "--disable-runtime-dependency-installation"])
+        self._wait_port(self.port, "superlink", 60)
+        for i in range(self.num_clients):
+            self._start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+                                           "--host", "127.0.0.1", "--port", str(_free_port()),
+                                           "--node-config", f"partition-id={i} num-partitions={self.num_clients}"])
+
+    def _wait_port(self, port: int, name: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise DeploymentError(f"the {name} exited at start (code {self.procs[name].returncode}):\n{self.log(name)}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise DeploymentError(f"the {name} did not listen on 127.0.0.1:{port} within {timeout:g} s:\n{self.log(name)}")
+
+    def kill_node(self, i: int) -> None:
+        """Kill client i's SuperNode and what it started (tests: a node dying mid-run)."""
+        _killpg(self.procs[f"supernode-{i}"], signal.SIGKILL)
+
+    def close(self) -> None:
+        """End every process started here and its children (each runs in its own process group)."""
+        for p in self.procs.values():
+            _killpg(p, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _killpg(p, signal.SIGKILL)  # the group's stragglers (SuperExec, app processes) too
+            p.wait()
+        self.procs.clear()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- a run --------------------------------------------------------------------------------
+    def run(self, app_dir: str, run_config: dict, timeout: float = 600.0) -> dict:
+        """``flwr run app_dir`` with ``run_config`` overrides (``result-dir`` is set here) and wait for it;
+        returns the ServerApp's ``result.pt``. Raises DeploymentError with the server's log if the run
+        fails (e.g. a NodeFailure naming the client) or does not finish within ``timeout`` seconds."""
+        out = os.path.join(self.dir, "result")
+        cfg = " ".join(f"{k}={_toml(v)}" for k, v in {**run_config, "result-dir": out}.items())
+        log = open(os.path.join(self.dir, "flwr-run.log"), "w")
+        p = subprocess.Popen([os.path.join(self.bin, "flwr"), "run", os.path.abspath(app_dir), "--run-config", cfg,
+                              "--stream"], stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir,
+                             start_new_session=True)
+        self.procs["flwr-run"] = p
+        path = os.path.join(out, "result.pt")
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise DeploymentError(f"the Flower run did not finish within {timeout:g} s:\n{self.log('flwr-run')}") from None
+        if not os.path.exists(path):
+            raise DeploymentError(f"the Flower run ended without a result:\n{self.log('flwr-run')}")
+        return torch.load(path, weights_only=False)
+
+
+def _killpg(p: subprocess.Popen, sig) -> None:
+    try:
+        os.killpg(p.pid, sig)  # the process was started as a group leader (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass

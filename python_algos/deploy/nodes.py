@@ -1,0 +1,172 @@
+"""What each party of a deployment runs, without any framework: a client node on its own data, the
+server on none (docs/algorithms.md §0.1).
+
+A deployed client node holds one row of the State's ``client_fields``, its own ``client_copies``,
+its minibatch generator (seeded from (run seed, client id), so it draws what ``simulate`` draws for
+that client) and its last upload, whose ``client_receive`` it runs at the start of its next round.
+The server holds the other fields. Both build the State with the algorithm's own ``init`` (on a
+1-row :class:`NodeClients` / an N-row data-less :class:`ServerClients`) and then drop the fields that
+are not theirs (``None``): a program reading another party's field fails loudly instead of
+silently using a stale copy.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import torch
+
+from ..algorithms.base import ServerClientAlgorithm
+from ..clients.base import ClientSet
+from ..clients.sequential import SequentialClients
+
+__all__ = ["NodeClients", "ServerClients", "NeedsClientData", "client_names", "receives",
+           "node_state", "save_node", "node_round", "server_state", "scalars"]
+
+
+class NeedsClientData(RuntimeError):
+    """The server's program asked for client gradients (only clients hold data)."""
+
+
+class NodeClients(SequentialClients):
+    """One deployed client: its own data as a 1-row client set in a federation of ``num_clients``.
+
+    ``client_id`` is the client's global index: its generator is ``client_generators(seed, ·)[id]``,
+    and the programs address it as ``ids = [client_id]``.
+    """
+
+    executor = "flower-node"
+
+    def __init__(self, model, loss_fn, data, client_id: int, num_clients: int, batch_size=None, seed: int = 0):
+        super().__init__(model, loss_fn, [data], batch_size=batch_size, seed=seed, first_client=int(client_id))
+        self.client_id, self.num_clients = int(client_id), int(num_clients)
+
+    def gradients_(self, X, G, ids=None):
+        if ids is not None and ids.tolist() != [self.client_id]:
+            raise RuntimeError(f"client node {self.client_id} was asked for the gradients of clients {ids.tolist()}")
+        return super().gradients_(X, G, None)
+
+
+class ServerClients(ClientSet):
+    """The server's view of the federation: N clients, no data. ``mean`` / ``broadcast`` are the
+    sequential executor's (so the averages are computed as ``simulate`` computes them), and the
+    participation draw is ``ClientSet``'s, from the same seeded generator."""
+
+    executor = "flower-server"
+
+    def __init__(self, num_clients: int, dim: int, dtype: torch.dtype, device=torch.device("cpu")):
+        super().__init__()
+        self.num_clients = self.rows = int(num_clients)
+        self.dim, self.dtype, self.device = int(dim), dtype, torch.device(device)
+
+    def gradients_(self, X, G, ids=None):
+        raise NeedsClientData("the server holds no data")
+
+    def _mean(self, S, divisor=None):
+        return S.mean(dim=0) if divisor is None else S.sum(dim=0).div_(divisor)
+
+    def _broadcast(self, v):
+        return v
+
+    def full_objective_(self, x, grad_out):
+        raise NeedsClientData("the server holds no data: objective metrics need the clients")
+
+
+def client_names(alg: ServerClientAlgorithm, state) -> tuple[tuple, tuple]:
+    """(client_fields, client_copies) of the State: the fields a client node keeps."""
+    cls = type(state)
+    copies = tuple(f for f in getattr(cls, "client_copies", ()) if getattr(state, f) is not None)
+    return tuple(cls.client_fields), copies
+
+
+def receives(alg: ServerClientAlgorithm) -> bool:
+    """Whether the algorithm's clients do anything with the download (``client_receive`` overridden):
+    if not, the server never sends it for that purpose."""
+    return type(alg).client_receive is not ServerClientAlgorithm.client_receive
+
+
+def scalars(state) -> dict:
+    """The State's non-tensor fields (round counters), which the server sends with every download."""
+    return {f: v for f, v in state._asdict().items() if not isinstance(v, torch.Tensor) and v is not None}
+
+
+def server_state(alg: ServerClientAlgorithm, x0: torch.Tensor, clients: ServerClients):
+    """``alg.init`` on the server, the clients' fields dropped. Raises ValueError if the algorithm's
+    init or reported model needs the clients (e.g. FedDR's gradient-based start, FedCanonII's model
+    kept in the clients' replicas)."""
+    try:
+        state = alg.init(x0, clients)
+    except NeedsClientData:
+        switches = ", ".join(f"{s}={getattr(alg, s)!r}" for s in alg.switches) or "its hyper-parameters"
+        raise ValueError(f"{alg.name}: with {switches} its init takes the clients' gradients to set the server's "
+                         f"state, which a deployed server cannot do (it holds no data): choose a start that needs "
+                         f"none (e.g. FedDR's init_from='code')") from None
+    fields, copies = client_names(alg, state)
+    state = state._replace(**{f: None for f in fields + copies})
+    try:
+        alg.report(state, _probe_reg())
+    except (AttributeError, TypeError):
+        raise ValueError(f"{alg.name} reports a model held by the clients ({alg.reports}): a deployed server cannot "
+                         f"output it; use the algorithm with a server-side model") from None
+    return state
+
+
+def _probe_reg():
+    import fedkernels as fk
+    return fk.Zero()
+
+
+def node_state(alg: ServerClientAlgorithm, x0: torch.Tensor, clients: NodeClients, saved: Optional[dict],
+               server_scalars: dict):
+    """The node's State: ``init`` on its own row (the first time), or the saved rows, copies and
+    generator state restored into it; the server's tensor fields ``None``, its counters as sent."""
+    state = alg.init(x0, clients)  # the first time, its draws are simulate's init draws for this client
+    fields, copies = client_names(alg, state)
+    if saved is not None:  # later: the generators as they were after the node's last round
+        bases = {k[4:].split("#")[0] for k in saved if k.startswith("rng:")}
+        clients.set_rng_state({b: _rng_value(saved, "rng:" + b) for b in bases})
+        for f in fields + copies:
+            getattr(state, f).copy_(saved["state:" + f])
+    drop = {f: None for f, v in state._asdict().items()
+            if isinstance(v, torch.Tensor) and f not in fields + copies}
+    return state._replace(**drop, **server_scalars), fields + copies
+
+
+def _rng_value(saved: dict, key: str):
+    if key in saved:
+        return saved[key]
+    return [saved[f"{key}#{j}"] for j in range(sum(1 for k in saved if k.startswith(key + "#")))]
+
+
+def save_node(state, names, clients: NodeClients, last_up: Optional[dict]) -> dict:
+    """What the node keeps between rounds, as named tensors (its rows, copies, generators, last upload)."""
+    out = {"state:" + f: getattr(state, f).detach().clone() for f in names}
+    for k, v in clients.rng_state().items():
+        if isinstance(v, list):
+            out.update({f"rng:{k}#{j}": s for j, s in enumerate(v)})
+        else:
+            out["rng:" + k] = v
+    for name, v in (last_up or {}).items():
+        out["up:" + name] = v.detach().clone()
+    return out
+
+
+def node_round(alg: ServerClientAlgorithm, reg, clients: NodeClients, state, saved: Optional[dict],
+               recv: Optional[dict], down: dict) -> dict:
+    """One participation of the node: ``client_receive`` of the download it got after its previous
+    upload (``recv``, with that upload), then ``client_update`` from this round's ``down``. Returns
+    the upload (``[1, d]`` stacks, by name)."""
+    ids = torch.tensor([clients.client_id])
+    with torch.no_grad():
+        if recv is not None:
+            if saved is None or not any(k.startswith("up:") for k in saved):
+                raise RuntimeError(f"client {clients.client_id} got a download for client_receive but has no "
+                                   f"upload of its own (its saved state was lost)")
+            last = {k[3:]: v for k, v in saved.items() if k.startswith("up:")}
+            alg.client_receive(state, {n: v.to(clients.dtype) for n, v in recv.items()}, last, clients, reg, ids)
+        return alg.client_update(state, down, clients, reg, ids)
+
+
+def encode_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, default=repr)

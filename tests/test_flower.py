@@ -1,0 +1,182 @@
+"""The Flower apps (python_algos.deploy.flower) reproduce simulate().
+
+The server's loop runs on an in-test Flower ``Grid`` that hands every message to the real
+``ClientApp`` (one ``Context`` per node, whose ``state`` persists across rounds as a SuperNode's
+does) and returns its reply: every vector crosses as Flower ``Array`` bytes, exactly what goes on
+the wire. (Flower's own simulation engine needs Ray; the real-process deployment is
+tests/test_flower_deploy.py.) Ground truth: ``simulate`` with the sequential executor, float64.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+flwr = pytest.importorskip("flwr", reason='Flower is not installed: pip install ".[flower]"')
+
+import fedkernels as fk  # noqa: E402
+import python_algos as pa  # noqa: E402
+from flwr.app import Context, Error, RecordDict  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from python_algos.algorithms.registry import make  # noqa: E402
+from python_algos.deploy import flower as pf  # noqa: E402
+
+from _problems import LeastSquares  # noqa: E402
+
+SEED, ROUNDS, BATCH, REG, N = 11, 4, 5, fk.L1(0.05), 4
+
+
+class LocalGrid(Grid):
+    """A Grid whose nodes are ClientApp calls in this process. ``silent``: {node_id: round} from
+    which that node answers nothing (a node that died); an exception in the app becomes an error
+    reply, as in Flower's runtime."""
+
+    def __init__(self, app, num_nodes, silent=None):
+        self.app, self.silent, self.round = app, dict(silent or {}), 0
+        self.contexts = {1000 + 7 * j: Context(run_id=1, node_id=1000 + 7 * j,
+                                               node_config={"partition-id": j, "num-partitions": num_nodes},
+                                               state=RecordDict(), run_config={})
+                         for j in reversed(range(num_nodes))}  # node ids in another order than clients
+        self.sent = []  # every message pushed, for the byte count
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+
+    def set_run(self, run):
+        pass
+
+    @property
+    def run(self):
+        return None
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return flwr.app.Message(content, dst_node_id, message_type, group_id=group_id)
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):
+        raise NotImplementedError
+
+    def send_and_receive(self, messages, *, timeout=None):
+        out = []
+        for m in messages:
+            self.sent.append(m)
+            nid = m.metadata.dst_node_id
+            if m.metadata.group_id.isdigit() and int(m.metadata.group_id) >= self.silent.get(nid, 10 ** 9):
+                continue
+            try:
+                out.append(self.app(m, self.contexts[nid]))
+            except Exception as e:  # noqa: BLE001 - what Flower's runtime does with a ClientApp's exception
+                out.append(m.create_error_reply(Error(code=1, reason=f"{type(e).__name__}: {e}")))
+        return out
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return LeastSquares(seed=5, n=N, d=10, m=15)
+
+
+def _alg(name, **ov):
+    return make(name, lr=0.03, local_steps=3, **ov)
+
+
+def _simulate(problem, alg, k):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pa.simulate(alg, problem.model(), problem.loss, problem.data, ROUNDS, REG, batch_size=BATCH,
+                           seed=SEED, executor="sequential", clients_per_round=k, metrics_every=0)
+
+
+def _flower(problem, alg, k, silent=None, **kw):
+    app = pf.client_app(alg, problem.model, problem.loss, lambda i, ctx: problem.data[i], regularizer=REG,
+                        seed=SEED, batch_size=BATCH)
+    grid = LocalGrid(app, N, silent)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = pf.run_server(grid, alg, problem.model, regularizer=REG, rounds=ROUNDS, num_clients=N,
+                            clients_per_round=k, seed=SEED, batch_size=BATCH, **kw)
+    return res, grid
+
+
+CASES = [("fedcanon", {}, None), ("za1", {}, None), ("fednmap", {}, None), ("fednmap", {"downlink": "z"}, None),
+         ("scaffold", {}, 2), ("fedavg", {}, 3), ("feddr", {"init_from": "code"}, 2)]
+
+
+@pytest.mark.parametrize("name,ov,k", CASES, ids=[f"{n}-{'-'.join(map(str, o.values())) or 'default'}-k{k}"
+                                                  for n, o, k in CASES])
+def test_flower_apps_reproduce_simulate(problem, name, ov, k):
+    want = _simulate(problem, _alg(name, **ov), k)
+    got, _ = _flower(problem, _alg(name, **ov), k)
+    assert len(got.metrics) == ROUNDS
+    scale = 1.0 + float(want.params.abs().max())
+    assert float((got.params - want.params).abs().max()) <= 1e-10 * scale
+    assert not torch.equal(got.params, problem.x0)  # it moved
+    fields = type(want.state).client_fields + tuple(getattr(type(want.state), "client_copies", ()))
+    for f, v in want.state._asdict().items():  # the server's fields too, not only the model
+        if f not in fields and isinstance(v, torch.Tensor):
+            assert float((getattr(got.state, f) - v).abs().max()) <= 1e-10 * (1 + float(v.abs().max())), f
+    if k is not None:  # the participants are simulate's draw
+        cs = problem.clients(seed=SEED)
+        cs.set_participation(k, SEED)
+        assert [m["participants"] for m in got.metrics] == [cs.participants().tolist() for _ in range(ROUNDS)]
+
+
+@pytest.mark.parametrize("name,ov,k", [("fedcanon", {}, None), ("scaffold", {}, 2), ("za1", {}, None)])
+def test_bytes_per_round_are_the_declared_messages(problem, name, ov, k):
+    """Per participant and round: |up| vectors up; |down| vectors down (from round 2: round 1 sends
+    what ``download`` starts from), each d float64 values plus the .npy header of an Array."""
+    alg = _alg(name, **ov)
+    got, grid = _flower(problem, alg, k)
+    m, d, item = alg.messages(), problem.d, 8
+    header = 128  # numpy's .npy header for a 1-D array (format 1.0: padded to 64-byte multiples)
+    for rec in got.metrics:
+        n = len(rec["participants"])
+        assert rec["recv_bytes"] == n * len(m.up) * (d * item + header)
+        if rec["round"] > 1:
+            assert rec["sent_bytes"] == n * len(m.down) * (d * item + header), rec
+    rounds = [msg for msg in grid.sent if msg.metadata.message_type == pf.ROUND]
+    assert len(rounds) == sum(len(r["participants"]) for r in got.metrics)
+
+
+def test_a_node_that_stops_answering_is_named(problem):
+    with pytest.raises(pf.NodeFailure, match=r"round 3: client 2 \(node 1014\) did not answer within round_timeout"):
+        _flower(problem, _alg("fedcanon"), None, silent={1014: 3}, round_timeout=5.0)
+
+
+def test_a_node_that_fails_is_named(problem):
+    def bad_data(i, ctx):
+        if i == 1:
+            raise OSError("disk gone")
+        return problem.data[i]
+
+    app = pf.client_app(_alg("za1"), problem.model, problem.loss, bad_data, regularizer=REG, seed=SEED,
+                        batch_size=BATCH)
+    with pytest.raises(pf.NodeFailure, match=r"round 1: client 1 \(node 1007\): OSError: disk gone"):
+        pf.run_server(LocalGrid(app, N), _alg("za1"), problem.model, regularizer=REG, rounds=2, num_clients=N,
+                      seed=SEED, batch_size=BATCH)
+
+
+def test_a_node_with_other_settings_is_refused_at_the_handshake(problem):
+    app = pf.client_app(_alg("za1"), problem.model, problem.loss, lambda i, c: problem.data[i], regularizer=REG,
+                        seed=SEED + 1, batch_size=BATCH)
+    with pytest.raises(ValueError, match=r"client \d \(node \d+\) runs other settings than the server: seed: server 11"):
+        pf.run_server(LocalGrid(app, N), _alg("za1"), problem.model, regularizer=REG, rounds=2, num_clients=N,
+                      seed=SEED, batch_size=BATCH)
+
+
+def test_bad_settings_are_refused_before_any_message(problem):
+    grid = LocalGrid(None, N)
+    with pytest.raises(ValueError, match="round_timeout must be a finite number"):
+        pf.run_server(grid, _alg("za1"), problem.model, regularizer=REG, rounds=2, num_clients=N, round_timeout=None)
+    with pytest.raises(ValueError, match="does not support partial participation"):
+        pf.run_server(grid, _alg("za1"), problem.model, regularizer=REG, rounds=2, num_clients=N, clients_per_round=2)
+    with pytest.raises(TypeError, match="DEPOSITUM is peer-to-peer"):
+        pf.client_app(make("depositum", lr=0.03, local_steps=3), problem.model, problem.loss, None, regularizer=REG)
+    with pytest.raises(ValueError, match="FedDR: with init_from='paper' its init takes the clients' gradients"):
+        pf.run_server(grid, _alg("feddr"), problem.model, regularizer=REG, rounds=2, num_clients=N)
+    assert grid.sent == []
