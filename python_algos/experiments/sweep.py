@@ -26,6 +26,10 @@ or diverged at the asked rounds); a run that was interrupted continues from its 
 that never started starts. Ctrl-C stops every running run at once, each writing its summary
 (status interrupted), and the sweep's summary lists what is left; every file is replaced
 atomically, so nothing is left half-written.
+
+``sweep --optuna N --space ...`` (optuna_search.py) is a random search over the same keys: its
+trials run through :func:`plan_point`, :class:`Workers` and :func:`run_point` into these folders,
+and end with the same :func:`summarize`.
 """
 
 from __future__ import annotations
