@@ -106,6 +106,10 @@ def test_an_interrupted_search_resumes_without_running_a_finished_trial_again(tm
     done = [r for r in runs if json.load(open(os.path.join(r, "summary.json")))["status"] == "completed"]
     assert len(done) == 5
     kept = {d: folder_state(d) for d in done}
+    before = folder_state(out)
+    assert main(["sweep", "--resume", out, "--select", "test_acc"]) == 1  # the study's values are f+h
+    assert "--select test_acc: the random search" in capsys.readouterr().err
+    assert folder_state(out) == before
     assert main(["sweep", "--resume", out, "--jobs", "2", "--no-plot"]) == 0  # another --jobs: the same study
     for d in done:  # a finished run is never run again
         assert folder_state(d) == kept[d], d

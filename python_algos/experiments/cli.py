@@ -837,12 +837,12 @@ def cmd_sweep(args) -> int:
             kw = dict(cfg=cfg, algorithms=algorithms, grid=grid, seeds=seeds, alg_opts=per, reseed_data=bool(reseed))
             if trials is not None:
                 kw.update(grid=None, space=space, trials=trials)
-        select = opts["select"] or "f_plus_h"
+        select = opts["select"]  # None: f_plus_h, or on resume what the sweep (a random search) was run with
         if "space" in kw:
             from .optuna_search import run_study
 
             result = run_study(kw.pop("cfg"), kw.pop("algorithms"), kw.pop("space"), kw.pop("trials"), kw.pop("seeds"),
-                               out_dir=out, jobs=opts["jobs"] or 1, select=select,
+                               out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
                                tensorboard=bool(getattr(args, "tensorboard", False)),
                                **{k: v for k, v in kw.items() if k != "grid"})
         else:
@@ -863,6 +863,7 @@ def cmd_sweep(args) -> int:
         from .sweep import _read_sweep
 
         try:
+            select = result["select"]
             files = plot_sweep(out, result, _read_sweep(out)["grid"], SELECT[select][0], select, formats=args.formats,
                                band=getattr(args, "band", "std"))
         except RuntimeError as e:  # no matplotlib

@@ -162,13 +162,14 @@ def _deferred_interrupt():
 
 def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space: Optional[dict], trials: Optional[int],
               seeds=None, *, out_dir: str, alg_opts: Optional[dict] = None, reseed_data: bool = False, jobs: int = 1,
-              select: str = "f_plus_h", resume: bool = False, tensorboard: bool = False,
+              select: Optional[str] = "f_plus_h", resume: bool = False, tensorboard: bool = False,
               log: Callable[[str], None] = print) -> dict:
     """Run (or with ``resume=True`` finish) the random search in ``out_dir``; returns what
     :func:`~.sweep.summarize` returns plus ``"trials"``. Raises :class:`~.sweep.SweepInterrupted`
-    on Ctrl-C (after writing the summary)."""
+    on Ctrl-C (after writing the summary). The study optimizes ``select``, so a resumed one keeps its
+    own (``select=None``); another raises ValueError."""
     optuna = _optuna()
-    if select not in SELECT:
+    if select is not None and select not in SELECT:
         raise ValueError(f"--select {select}: must be one of {', '.join(SELECT)}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
@@ -178,8 +179,14 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
         saved = _read_sweep(out_dir)
         cfg, algorithms, space, trials = saved["config"], saved["algorithms"], saved["space"], saved["optuna"]
         seeds, reseed_data, alg_opts = saved["seeds"], saved["reseed_data"], saved.get("alg_opts") or {}
+        if select is not None and select != saved["select"]:
+            raise ValueError(f"--select {select}: the random search in {out_dir} optimizes {saved['select']} (the "
+                             f"value of its trials); resume it without --select, or start another")
+        select = saved["select"]
     else:
         from .prepare import check_algorithm_names, prepare_run
+
+        select = select or "f_plus_h"
 
         check_algorithm_names(algorithms)
         if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
@@ -206,6 +213,7 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
         os.makedirs(out_dir, exist_ok=True)
         _write_json(os.path.join(out_dir, SWEEP_FILE), {
             "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": {}, "space": space, "optuna": trials,
+            "select": select,
             "seeds": seeds, "reseed_data": reseed_data, "alg_opts": alg_opts or {}})
     metric, better = SELECT[select]
     direction = "minimize" if better is min else "maximize"

@@ -298,14 +298,17 @@ def _read_sweep(out_dir: str) -> dict:
 
 def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: Optional[dict], seeds=None, *,
               out_dir: str, alg_opts: Optional[dict] = None, reseed_data: bool = False, jobs: int = 1,
-              select: str = "f_plus_h", resume: bool = False, tensorboard: bool = False,
+              select: Optional[str] = "f_plus_h", resume: bool = False, tensorboard: bool = False,
               log: Callable[[str], None] = print) -> dict:
     """Run (or with ``resume=True`` finish) the sweep in ``out_dir``; returns ``{"table", "points",
-    "best", "skipped"}``. Raises :class:`SweepInterrupted` on Ctrl-C (after writing the summary)."""
-    if select not in SELECT:
+    "best", "skipped", "select"}``. Raises :class:`SweepInterrupted` on Ctrl-C (after writing the
+    summary). ``select=None``: f_plus_h (a random search resumed: the metric it was run with)."""
+    if select is not None and select not in SELECT:
         raise ValueError(f"--select {select}: must be one of {', '.join(SELECT)}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
+    if not resume:
+        select = select or "f_plus_h"
     if resume:
         saved = _read_sweep(out_dir)
         if "optuna" in saved:  # a random search: its trials continue
@@ -313,6 +316,7 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
 
             return run_study(None, None, None, None, out_dir=out_dir, jobs=jobs, select=select, resume=True,
                              tensorboard=tensorboard, log=log)
+        select = select or "f_plus_h"
         cfg, algorithms, grid = saved["config"], saved["algorithms"], saved["grid"]
         seeds, reseed_data, alg_opts = saved["seeds"], saved["reseed_data"], saved.get("alg_opts") or {}
     else:
@@ -488,4 +492,4 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
         "status": "interrupted" if interrupted else "completed", "select": select, "seeds": list(seeds),
         "points": points, "skipped": skipped, "best": best, **(extra or {})})
     _atomic_text(os.path.join(out_dir, "summary.md"), table_text + "\n")
-    return {"table": table_text, "points": points, "best": best, "skipped": skipped}
+    return {"table": table_text, "points": points, "best": best, "skipped": skipped, "select": select}
