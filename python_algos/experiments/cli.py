@@ -268,8 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run setting (lr, local_steps, reg_strength, ...) or a hyper-parameter (alpha, beta, ...) "
                         "and its values: 0.01,0.05,0.1 or log:1e-3:1e-1:5 (5 values evenly spaced in log); a config "
                         "file's [grid] table holds the same")
+    w.add_argument("--optuna", type=_workers, default=S, metavar="N",
+                   help="instead of a grid: N trials per algorithm of a random search with Optuna's TPE sampler "
+                        "(seeded from --seed) over --space; needs pip install optuna (see docs/sweeps.md)")
+    w.add_argument("--space", type=_kv_text, action="append", default=S, dest="space_items", metavar="KEY=SPEC",
+                   help="with --optuna: a key and its range: log:1e-3:1 (log-uniform), float:0:1, int:1:20, "
+                        "intlog:1:64, or a list a,b,c (a choice); a config file's [space] table holds the same")
     w.add_argument("--jobs", type=_workers, default=S, metavar="P",
-                   help="worker processes running points in parallel (default 1: one after another in this process)")
+                   help="worker processes running points in parallel (default 1: one after another in this process); "
+                        "with --optuna, a trial's seeds run in parallel and trials one after another")
     w.add_argument("--select", choices=["f_plus_h", "test_acc", "stationarity"], default=S,
                    help="the metric that picks the best point per algorithm: lowest final f+h (default), highest "
                         "test accuracy, lowest ‖G_s‖²")
@@ -772,15 +779,33 @@ def cmd_sweep(args) -> int:
             kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
             print(f"resuming the sweep in {out}")
         else:
-            merged = _merge(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs"))
+            merged = _merge(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs", "optuna",
+                                              "space"))
             grid = merged.pop("grid", None) or {}
             if not isinstance(grid, dict):
                 raise ValueError(f"{args.config}: grid must be a table of KEY = [values] or \"log:LOW:HIGH:COUNT\"")
             grid = {**grid, **dict(getattr(args, "grid_items", []))}
-            if not grid:
+            trials, space = merged.pop("optuna", None), merged.pop("space", None) or {}
+            if not isinstance(space, dict):
+                raise ValueError(f"{args.config}: space must be a table of KEY = \"log:LOW:HIGH\" (or float:, int:, "
+                                 f"intlog:) or KEY = [choices]")
+            space = {**space, **dict(getattr(args, "space_items", []))}
+            if trials is not None and grid:
+                raise ValueError("--optuna and --grid: give one (a random search over --space, or a grid)")
+            if space and trials is None:
+                raise ValueError("--space: only with --optuna N (the number of trials); a grid takes --grid")
+            if trials is not None:
+                from .optuna_search import parse_space
+
+                if not space:
+                    raise ValueError("--optuna: give the space to search with --space KEY=SPEC (e.g. --space "
+                                     "alpha=log:1e-3:1), or a [space] table in --config")
+                space = parse_space(space)
+            elif not grid:
                 raise ValueError("--grid: give at least one KEY=VALUES (e.g. --grid alpha=0.01,0.1), or a [grid] "
                                  "table in --config")
-            grid = parse_grid(grid)
+            else:
+                grid = parse_grid(grid)
             algorithms = args.algorithms or merged.pop("algorithms", None)
             merged.pop("algorithms", None)
             if not algorithms:
@@ -797,12 +822,24 @@ def cmd_sweep(args) -> int:
             per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
             cfg = Config.from_dict(merged)
             out = _out_dir(args, "sweep")
-            print(f"sweep of {', '.join(algorithms)} over {' x '.join(f'{k} ({len(v)})' for k, v in grid.items())} on "
-                  f"{cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}; results -> {out}")
+            over = (' x '.join(f'{k} ({len(v)})' for k, v in grid.items()) if trials is None else
+                    f"{', '.join(space)} ({trials} Optuna trials)")
+            print(f"sweep of {', '.join(algorithms)} over {over} on {cfg.dataset} ({cfg.partition}, "
+                  f"N={cfg.num_clients}), {cfg.model}; results -> {out}")
             kw = dict(cfg=cfg, algorithms=algorithms, grid=grid, seeds=seeds, alg_opts=per, reseed_data=bool(reseed))
-        select = opts["select"] or "f_plus_h"
-        result = run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select,
-                           tensorboard=bool(getattr(args, "tensorboard", False)), **kw)
+            if trials is not None:
+                kw.update(grid=None, space=space, trials=trials)
+        select = opts["select"]  # None: f_plus_h, or on resume what the sweep (a random search) was run with
+        if "space" in kw:
+            from .optuna_search import run_study
+
+            result = run_study(kw.pop("cfg"), kw.pop("algorithms"), kw.pop("space"), kw.pop("trials"), kw.pop("seeds"),
+                               out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
+                               tensorboard=bool(getattr(args, "tensorboard", False)),
+                               **{k: v for k, v in kw.items() if k != "grid"})
+        else:
+            result = run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select,
+                               tensorboard=bool(getattr(args, "tensorboard", False)), **kw)
     except SweepInterrupted as e:
         print(e.table)
         print(f"\ninterrupted: resume with: {e.resume_command}", file=sys.stderr)
@@ -818,6 +855,7 @@ def cmd_sweep(args) -> int:
         from .sweep import _read_sweep
 
         try:
+            select = result["select"]
             files = plot_sweep(out, result, _read_sweep(out)["grid"], SELECT[select][0], select, formats=args.formats,
                                band=getattr(args, "band", "std"))
         except RuntimeError as e:  # no matplotlib

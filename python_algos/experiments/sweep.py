@@ -26,6 +26,10 @@ or diverged at the asked rounds); a run that was interrupted continues from its 
 that never started starts. Ctrl-C stops every running run at once, each writing its summary
 (status interrupted), and the sweep's summary lists what is left; every file is replaced
 atomically, so nothing is left half-written.
+
+``sweep --optuna N --space ...`` (optuna_search.py) is a random search over the same keys: its
+trials run through :func:`plan_point`, :class:`Workers` and :func:`run_point` into these folders,
+and end with the same :func:`summarize`.
 """
 
 from __future__ import annotations
@@ -132,45 +136,68 @@ def plan_sweep(cfg: Config, algorithms: Sequence[str], grid: Dict[str, list], al
     Keys that are Config fields apply to every algorithm, hyper-parameters to the algorithms that
     have them; a key that is neither raises ValueError naming ``--grid``. A point whose settings or
     algorithm break a rule has ``config = None`` and the rule in ``skip``."""
+    check_keys(grid, algorithms)
+    plans = []
+    for a in algorithms:
+        keys = keys_of(a, grid)
+        for values in itertools.product(*(grid[k] for k in keys)):
+            plans.append(plan_point(cfg, a, dict(zip(keys, values)), alg_opts))
+    return plans
+
+
+def check_keys(keys, algorithms: Sequence[str], flag: str = "--grid") -> None:
+    """Every key is a run setting or a hyper-parameter of one of ``algorithms``, and may vary;
+    else ValueError naming ``flag``."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(Config)}
+    hp = {a: _hparams(a) for a in algorithms}
+    for k in keys:
+        if k not in fields and not any(k in hp[a] for a in algorithms):
+            raise ValueError(f"{flag} {k}: neither a run setting nor a hyper-parameter of {', '.join(algorithms)} "
+                             f"(hyper-parameters: {'; '.join(f'{a}: ' + ', '.join(hp[a]) for a in algorithms)})")
+        if k in ("algorithm", "seed", "alg_opts", "rounds"):
+            raise ValueError(f"{flag} {k}: not a {flag[2:]} key (give the algorithms with -a, seeds with --seeds, "
+                             f"rounds with --rounds)")
+
+
+def keys_of(algorithm: str, keys) -> list:
+    """The keys (in order) that apply to ``algorithm``: run settings, and its own hyper-parameters."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(Config)}
+    hp = _hparams(algorithm)
+    return [k for k in keys if k in fields or k in hp]
+
+
+def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict] = None) -> dict:
+    """One point: ``{"algorithm", "point", "name", "config": Config | None, "skip": reason | None}``;
+    a point whose settings or algorithm break a rule has ``config = None`` and the rule in ``skip``."""
     import dataclasses
     import warnings
 
     from .build import _build_regularizer, _hparam_error, build_algorithm
 
     fields = {f.name for f in dataclasses.fields(Config)}
-    hp = {a: _hparams(a) for a in algorithms}
-    for k in grid:
-        if k not in fields and not any(k in hp[a] for a in algorithms):
-            raise ValueError(f"--grid {k}: neither a run setting nor a hyper-parameter of {', '.join(algorithms)} "
-                             f"(hyper-parameters: {'; '.join(f'{a}: ' + ', '.join(hp[a]) for a in algorithms)})")
-        if k in ("algorithm", "seed", "alg_opts", "rounds"):
-            raise ValueError(f"--grid {k}: not a grid key (give the algorithms with -a, seeds with --seeds, "
-                             f"rounds with --rounds)")
-    plans = []
-    for a in algorithms:
-        keys = [k for k in grid if k in fields or k in hp[a]]
-        for values in itertools.product(*(grid[k] for k in keys)):
-            point = dict(zip(keys, values))
-            opts = dict((alg_opts or {}).get(a, {}))
-            opts.update({k: v for k, v in point.items() if k not in fields})
-            settings = {k: v for k, v in point.items() if k in fields}
-            entry = {"algorithm": a, "point": point, "name": _point_name(point), "config": None, "skip": None}
-            try:
-                c = cfg.replace(algorithm=a, alg_opts=opts, **settings)
-                c.check()
-                alg = build_algorithm(c)
-                if not c.regularizers:  # a per-parameter h needs the model: checked when the run starts
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        try:
-                            alg.validate(_build_regularizer(c, None))
-                        except ValueError as e:
-                            raise _hparam_error(c, alg.name, e) from None
-                entry["config"] = c
-            except (ValueError, TypeError) as e:
-                entry["skip"] = str(e)
-            plans.append(entry)
-    return plans
+    opts = dict((alg_opts or {}).get(algorithm, {}))
+    opts.update({k: v for k, v in point.items() if k not in fields})
+    settings = {k: v for k, v in point.items() if k in fields}
+    entry = {"algorithm": algorithm, "point": point, "name": _point_name(point), "config": None, "skip": None}
+    try:
+        c = cfg.replace(algorithm=algorithm, alg_opts=opts, **settings)
+        c.check()
+        alg = build_algorithm(c)
+        if not c.regularizers:  # a per-parameter h needs the model: checked when the run starts
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    alg.validate(_build_regularizer(c, None))
+                except ValueError as e:
+                    raise _hparam_error(c, alg.name, e) from None
+        entry["config"] = c
+    except (ValueError, TypeError) as e:
+        entry["skip"] = str(e)
+    return entry
 
 
 # --------------------------------------------------------------------------- #
@@ -270,16 +297,25 @@ def _read_sweep(out_dir: str) -> dict:
 
 def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: Optional[dict], seeds=None, *,
               out_dir: str, alg_opts: Optional[dict] = None, reseed_data: bool = False, jobs: int = 1,
-              select: str = "f_plus_h", resume: bool = False, tensorboard: bool = False,
+              select: Optional[str] = "f_plus_h", resume: bool = False, tensorboard: bool = False,
               log: Callable[[str], None] = print) -> dict:
     """Run (or with ``resume=True`` finish) the sweep in ``out_dir``; returns ``{"table", "points",
-    "best", "skipped"}``. Raises :class:`SweepInterrupted` on Ctrl-C (after writing the summary)."""
-    if select not in SELECT:
+    "best", "skipped", "select"}``. Raises :class:`SweepInterrupted` on Ctrl-C (after writing the
+    summary). ``select=None``: f_plus_h (a random search resumed: the metric it was run with)."""
+    if select is not None and select not in SELECT:
         raise ValueError(f"--select {select}: must be one of {', '.join(SELECT)}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
+    if not resume:
+        select = select or "f_plus_h"
     if resume:
         saved = _read_sweep(out_dir)
+        if "optuna" in saved:  # a random search: its trials continue
+            from .optuna_search import run_study
+
+            return run_study(None, None, None, None, out_dir=out_dir, jobs=jobs, select=select, resume=True,
+                             tensorboard=tensorboard, log=log)
+        select = select or "f_plus_h"
         cfg, algorithms, grid = saved["config"], saved["algorithms"], saved["grid"]
         seeds, reseed_data, alg_opts = saved["seeds"], saved["reseed_data"], saved.get("alg_opts") or {}
     else:
@@ -324,47 +360,74 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
 
 def _execute(tasks: list, jobs: int, log) -> bool:
     """Run ``tasks``; True when Ctrl-C (or the test hook) stopped them."""
-    stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
-    ended = 0
+    with Workers(min(jobs, max(1, len(tasks))), log) as w:
+        return w.run(tasks)
 
-    def report(r):
-        nonlocal ended
-        ended += 1
+
+class Workers:
+    """``--jobs`` worker processes kept for several batches of runs (a random search runs one
+    trial's seeds at a time; one pool spares a process start per trial). ``run(tasks)`` returns
+    True when Ctrl-C (or the test hook, which counts the runs ended over every batch) stopped them;
+    the pool is then shut down, every running run having written its summary (status interrupted)."""
+
+    def __init__(self, jobs: int, log):
+        self.jobs, self.log = jobs, log
+        self.stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
+        self.ended = 0
+        self.pool = self.stop = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+    def _report(self, r, results) -> None:
+        self.ended += 1
+        if results is not None:
+            results[r["dir"]] = r
         if r["status"] not in ("completed", "not started"):
-            log(f"{os.path.relpath(r['dir'])}: {r['status']}" + (f" ({r['message']})" if r["message"] else ""))
-        if stop_after and ended >= stop_after:
+            self.log(f"{os.path.relpath(r['dir'])}: {r['status']}" + (f" ({r['message']})" if r["message"] else ""))
+        if self.stop_after and self.ended >= self.stop_after:
             raise KeyboardInterrupt  # the test hook: as if Ctrl-C came now
 
-    if jobs == 1 or len(tasks) <= 1:
+    def run(self, tasks: list, results: Optional[dict] = None) -> bool:
+        """Run ``tasks``; True when they were stopped. ``results`` (if given) gets each run's
+        ``{"dir", "status", "message"}`` by folder."""
+        if self.jobs == 1 or (len(tasks) <= 1 and self.pool is None):
+            try:
+                for t in tasks:
+                    r = run_point(t)
+                    if r["status"] == "interrupted":
+                        return True
+                    self._report(r, results)
+            except KeyboardInterrupt:
+                return True
+            return False
+        if self.pool is None:
+            ctx = multiprocessing.get_context("spawn")
+            self.stop = ctx.Event()
+            self.pool = cf.ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=_worker_init,
+                                               initargs=(self.stop, 1))
+        futures = [self.pool.submit(run_point, t) for t in tasks]
         try:
-            for t in tasks:
-                r = run_point(t)
-                if r["status"] == "interrupted":
-                    return True
-                report(r)
+            for f in cf.as_completed(futures):
+                r = f.result()
+                if r["status"] == "interrupted":  # a worker saw Ctrl-C from the terminal
+                    raise KeyboardInterrupt
+                self._report(r, results)
         except KeyboardInterrupt:
+            self.stop.set()  # every running run stops as on Ctrl-C and writes its summary
+            for f in futures:
+                f.cancel()
+            self.close()
             return True
         return False
-    ctx = multiprocessing.get_context("spawn")
-    stop = ctx.Event()
-    pool = cf.ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx, initializer=_worker_init,
-                                  initargs=(stop, 1))
-    futures = [pool.submit(run_point, t) for t in tasks]
-    interrupted = False
-    try:
-        for f in cf.as_completed(futures):
-            r = f.result()
-            if r["status"] == "interrupted":  # a worker saw Ctrl-C from the terminal
-                raise KeyboardInterrupt
-            report(r)
-    except KeyboardInterrupt:
-        interrupted = True
-        stop.set()  # every running run stops as on Ctrl-C and writes its summary
-        for f in futures:
-            f.cancel()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return interrupted
 
 
 # --------------------------------------------------------------------------- #
@@ -381,9 +444,10 @@ def _read_summary(run_dir: str) -> dict:
 
 
 def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_plus_h",
-              interrupted: bool = False, formats=("png",), band: str = "std", plot: bool = True) -> dict:
+              interrupted: bool = False, extra: Optional[dict] = None, notes: Sequence[str] = ()) -> dict:
     """The table of every point (mean ± std over seeds), the skipped points, the best point per
-    algorithm; written to ``summary.json`` / ``summary.md`` (atomically) with the figures."""
+    algorithm; written to ``summary.json`` / ``summary.md`` (atomically). ``extra`` goes into
+    ``summary.json``, ``notes`` (lines) below the table (a random search's trials)."""
     from .compare import format_table
 
     metric, better = SELECT[select]
@@ -419,11 +483,12 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
     if skipped:
         text += ["", "skipped (the point breaks a rule of the algorithm):"]
         text += [f"- {s['algorithm']} {_point_name(s['point'])}: {s['reason']}" for s in skipped]
+    text += list(notes)
     if interrupted:
         text += ["", f"interrupted: resume with `python -m python_algos sweep --resume {shlex.quote(out_dir)}`"]
     table_text = "\n".join(text)
     _write_json(os.path.join(out_dir, "summary.json"), {
         "status": "interrupted" if interrupted else "completed", "select": select, "seeds": list(seeds),
-        "points": points, "skipped": skipped, "best": best})
+        "points": points, "skipped": skipped, "best": best, **(extra or {})})
     _atomic_text(os.path.join(out_dir, "summary.md"), table_text + "\n")
-    return {"table": table_text, "points": points, "best": best, "skipped": skipped}
+    return {"table": table_text, "points": points, "best": best, "skipped": skipped, "select": select}
