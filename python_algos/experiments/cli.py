@@ -5,6 +5,7 @@
         --reg-strength 1e-3 --lr 0.05 -K 10 -T 200
     python -m python_algos run --config exp.toml --rounds 300     # flags override the file
     python -m python_algos run --resume results/<run>              # continue after a crash / kill
+    python -m python_algos run -a scaffold -N 4 -T 20 --flower      # through local Flower processes
     python -m python_algos compare -a fedcanon fedavg za1 --partition dirichlet --eta 0.1
     python -m python_algos compare --resume results/<compare-folder>   # finish an interrupted comparison
     python -m python_algos plot results/<compare-folder> [results/<run> ...] [--formats png,pdf,svg]

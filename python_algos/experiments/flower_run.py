@@ -5,7 +5,7 @@
 
 What runs where: :class:`~python_algos.deploy.local.LocalDeployment` starts one SuperLink and one
 SuperNode per client on 127.0.0.1 (``--insecure`` on loopback only). The apps are
-:mod:`python_algos.deploy.cli_app`: every Flower process rebuilds the data split, the model, the
+:mod:`.flower_app`: every Flower process rebuilds the data split, the model, the
 algorithm and h from the run's ``config.json`` with the command line's own builders, so the node of
 client i holds client i's rows and draws its minibatches from a generator seeded exactly as in
 simulation. In float64 the final model equals the one-process ``run``'s (tested to 1e-10).
@@ -113,7 +113,7 @@ def _python_path() -> str:
 
 
 def _write_app(folder: str, config_path: str, threads: int) -> str:
-    """A Flower app folder whose components are :mod:`python_algos.deploy.cli_app`, configured with the run's Config."""
+    """A Flower app folder whose components are :mod:`.flower_app`, configured with the run's Config."""
     app = os.path.join(folder, "pa-run-app")  # Flower's rule: the folder name is a valid app name
     os.makedirs(app, exist_ok=True)
     with open(os.path.join(app, "pyproject.toml"), "w") as f:
@@ -132,8 +132,8 @@ dependencies = []
 publisher = "python-algos"
 
 [tool.flwr.app.components]
-serverapp = "python_algos.deploy.cli_app:serverapp"
-clientapp = "python_algos.deploy.cli_app:clientapp"
+serverapp = "python_algos.experiments.flower_app:serverapp"
+clientapp = "python_algos.experiments.flower_app:clientapp"
 
 [tool.flwr.app.config]
 config-path = {json.dumps(config_path)}
@@ -145,7 +145,7 @@ result-dir = ""
     return app
 
 
-def _metric_rows(prep: PreparedRun, result: dict, points: list) -> tuple:
+def _metric_rows(prep: PreparedRun, result: dict, saved: dict) -> tuple:
     """(initial row, per-round rows, divergence message or None): the server's records, with the
     objective metrics of each metric round computed here on the full data (simulate's formula)."""
     cfg, fed, alg, reg, model = prep.cfg, prep.fed, prep.algorithm, prep.reg, prep.model
@@ -167,8 +167,8 @@ def _metric_rows(prep: PreparedRun, result: dict, points: list) -> tuple:
         with torch.no_grad():
             state0 = alg.init(x0.clone(), cs)  # the server's start, as simulate's round 0
             initial.update(evaluate(alg.report(state0, reg).detach(), alg.normal_map_point(state0)))
-    at = {p["round"]: p for p in points["points"]}
-    rows, diverged = [], points.get("diverged")
+    at = {p["round"]: p for p in saved["points"]}
+    rows, diverged = [], saved.get("diverged")
     for rec in result["metrics"]:
         row = {k: rec[k] for k in _ROW_KEYS if k in rec}
         p = at.get(rec["round"])
@@ -184,7 +184,7 @@ def _metric_rows(prep: PreparedRun, result: dict, points: list) -> tuple:
 
 def execute_flower(prep: PreparedRun, *, log: Callable[[str], None] = print, label=None) -> dict:
     """Run a :func:`prepare_flower`-checked run through a local Flower deployment; returns the summary."""
-    from ..deploy.cli_app import POINTS_FILE
+    from .flower_app import POINTS_FILE
     from ..deploy.local import LocalDeployment
 
     cfg, out_dir = prep.cfg, prep.out_dir
@@ -199,10 +199,10 @@ def execute_flower(prep: PreparedRun, *, log: Callable[[str], None] = print, lab
         app = _write_app(dep.dir, config_path, cfg.threads or 1)
         log(f"flower: a SuperLink and {n} SuperNodes on 127.0.0.1 (logs in {dep.dir} while it runs)")
         result = dep.run(app, {}, timeout=CONNECT_TIMEOUT + 60 + ROUND_TIMEOUT * max(cfg.rounds, 1))
-        points = torch.load(os.path.join(dep.dir, "result", POINTS_FILE), weights_only=False)
+        saved = torch.load(os.path.join(dep.dir, "result", POINTS_FILE), weights_only=False)
     run_seconds = time.perf_counter() - t0
 
-    initial, rows, diverged = _metric_rows(prep, result, points)
+    initial, rows, diverged = _metric_rows(prep, result, saved)
     _start_folder(prep, log)  # config.json, partition.json (every check passed, the run is done)
     _write_jsonl(os.path.join(out_dir, "metrics.jsonl"), [initial, *rows])
     last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else initial)

@@ -1,4 +1,7 @@
-"""The Flower apps behind ``python -m python_algos run --flower`` (see :mod:`python_algos.experiments.flower_run`).
+"""The Flower apps behind ``python -m python_algos run --flower`` (see :mod:`.flower_run`).
+
+They belong to the experiments layer (they rebuild a command-line run); the server and client
+programs themselves are :mod:`python_algos.deploy.flower`'s.
 
 Flower starts the ServerApp and each ClientApp in processes of its own, so the apps cannot be handed
 Python objects: they rebuild them from the run's settings. The run config names a ``config.json``
@@ -6,11 +9,11 @@ Python objects: they rebuild them from the run's settings. The run config names 
 builds the data split, the model, the algorithm and the regularizer from it with the command line's
 own builders (``experiments.build``), which are deterministic in the Config's seeds. So the node of
 client i holds exactly the rows ``run`` gives client i, starts from the same model, and draws its
-minibatches from a generator seeded as in simulation (:mod:`.flower`); the handshake of
-:func:`~.flower.run_server` compares every node's settings with the server's anyway.
+minibatches from a generator seeded as in simulation (:mod:`python_algos.deploy.flower`); the handshake of
+:func:`~python_algos.deploy.flower.run_server` compares every node's settings with the server's anyway.
 
-The ServerApp writes, beside :func:`~.flower.save_result`'s ``result.pt``, ``points.pt``: the reported
-model (and the normal-map point, where the algorithm has one) after every metric round. The server
+The ServerApp writes, beside :func:`~python_algos.deploy.flower.save_result`'s ``result.pt``,
+``points.pt``: the reported model (and the normal-map point, where the algorithm has one) after every metric round. The server
 holds no data, so the parent command computes the objective metrics on those points with the full
 data, with simulate's own formula (``simulate.objective_metrics``).
 """
@@ -21,7 +24,7 @@ import os
 
 import torch
 
-from .flower import handle_hello, handle_round, run_server, save_result, _flwr
+from ..deploy.flower import _flwr, handle_hello, handle_round, run_server, save_result
 
 __all__ = ["clientapp", "serverapp", "load_setup", "POINTS_FILE"]
 
@@ -33,9 +36,9 @@ def load_setup(path: str, threads: int = 1) -> dict:
     """The run's pieces from the Config at ``path``: data split, model builder, loss, algorithm, h."""
     if path in _CACHE:
         return _CACHE[path]
-    from ..experiments.build import _build_regularizer, build_algorithm, build_model, prepare_data
-    from ..experiments.folders import _read_config_json
-    from ..experiments.losses import loss_function
+    from .build import _build_regularizer, build_algorithm, build_model, prepare_data
+    from .folders import _read_config_json
+    from .losses import loss_function
 
     torch.set_num_threads(max(1, int(threads)))  # N nodes + the server share the machine
     cfg = _read_config_json(path)
