@@ -5,6 +5,7 @@
         --reg-strength 1e-3 --lr 0.05 -K 10 -T 200
     python -m python_algos run --config exp.toml --rounds 300     # flags override the file
     python -m python_algos run --resume results/<run>              # continue after a crash / kill
+    python -m python_algos run -a scaffold -N 4 -T 20 --flower      # through local Flower processes
     python -m python_algos compare -a fedcanon fedavg za1 --partition dirichlet --eta 0.1
     python -m python_algos compare --resume results/<compare-folder>   # finish an interrupted comparison
     python -m python_algos plot results/<compare-folder> [results/<run> ...] [--formats png,pdf,svg]
@@ -244,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=_workers, default=S, metavar="P",
                    help="run on P local processes (torchrun ranks, clients split between them; see README "
                         "'Scaling out'); under torchrun, the ranks are torchrun's")
+    r.add_argument("--flower", action="store_true", default=S,
+                   help="run through a local Flower deployment: one SuperLink and one SuperNode per client as "
+                        "processes on 127.0.0.1 (needs pip install \".[flower]\"; see README 'Deploying with Flower')")
     _add_config_flags(r, single=True)
 
     c = sub.add_parser("compare", help="several algorithms, same split and initialization",
@@ -508,6 +512,8 @@ def cmd_run(args) -> int:
                                            no_progress=args.no_progress, formats=args.formats, no_plot=args.no_plot))
     from . import launch
 
+    if getattr(args, "flower", False):
+        return _cmd_run_flower(args)
     if getattr(args, "workers", None) and _wants_seeds(args):
         raise ValueError("--workers with several seeds: run the seeds one after another on one process each "
                          "(leave out --workers), or give one seed")
@@ -557,6 +563,30 @@ def cmd_run(args) -> int:
         summary = execute_run(prep, progress=not args.no_progress, log=say)
     if not main:
         return 3 if summary["status"] == "diverged" else 0
+    return _finish_run(summary, args)
+
+
+def _cmd_run_flower(args) -> int:
+    """``run --flower`` (experiments/flower_run.py): every check, then the local Flower deployment."""
+    from . import launch
+    from .config import Config
+    from .flower_run import check_flower_flags, execute_flower, prepare_flower
+
+    check_flower_flags(workers=getattr(args, "workers", None), resume=args.resume, seeds=_wants_seeds(args),
+                       demo=args.demo, distributed=launch.distributed())
+    try:
+        cfg = Config.from_dict(_merge(args))
+        out = _out_dir(args, cfg.algorithm)
+        prep = prepare_flower(cfg, out, replace=not (args.out or getattr(args, "name", None)))
+    except ValueError as e:
+        raise _in_terms_of(args, e) from None
+    h = "per parameter" if cfg.regularizers else cfg.reg
+    print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
+          f"results -> {out} (Flower)")
+    return _finish_run(execute_flower(prep), args)
+
+
+def _finish_run(summary: dict, args) -> int:
     _print_summary(summary)
     print(f"results written to {summary['out_dir']}")
     _events([summary["out_dir"]], args)

@@ -1,0 +1,127 @@
+"""The Flower apps behind ``python -m python_algos run --flower`` (see :mod:`.flower_run`).
+
+They belong to the experiments layer (they rebuild a command-line run); the server and client
+programs themselves are :mod:`python_algos.deploy.flower`'s.
+
+Flower starts the ServerApp and each ClientApp in processes of its own, so the apps cannot be handed
+Python objects: they rebuild them from the run's settings. The run config names a ``config.json``
+(a :class:`~python_algos.experiments.config.Config`, written by the parent command); every process
+builds the data split, the model, the algorithm and the regularizer from it with the command line's
+own builders (``experiments.build``), which are deterministic in the Config's seeds. So the node of
+client i holds exactly the rows ``run`` gives client i, starts from the same model, and draws its
+minibatches from a generator seeded as in simulation (:mod:`python_algos.deploy.flower`); the handshake of
+:func:`~python_algos.deploy.flower.run_server` compares every node's settings with the server's anyway.
+
+The ServerApp writes, beside :func:`~python_algos.deploy.flower.save_result`'s ``result.pt``,
+``points.pt``: the reported model (and the normal-map point, where the algorithm has one) after every metric round. The server
+holds no data, so the parent command computes the objective metrics on those points with the full
+data, with simulate's own formula (``simulate.objective_metrics``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..deploy.flower import _flwr, handle_hello, handle_round, run_server, save_result
+
+__all__ = ["clientapp", "serverapp", "load_setup", "POINTS_FILE"]
+
+POINTS_FILE = "points.pt"
+_CACHE: dict = {}  # config path -> setup (one process may serve several messages)
+
+
+def load_setup(path: str, threads: int = 1) -> dict:
+    """The run's pieces from the Config at ``path``: data split, model builder, loss, algorithm, h."""
+    if path in _CACHE:
+        return _CACHE[path]
+    from .build import _build_regularizer, build_algorithm, build_model, prepare_data
+    from .folders import _read_config_json
+    from .losses import loss_function
+
+    torch.set_num_threads(max(1, int(threads)))  # N nodes + the server share the machine
+    cfg = _read_config_json(path)
+    fed = prepare_data(cfg)
+
+    def model_fn():
+        return build_model(cfg, fed.dataset)  # seeded: the same parameters in every process
+
+    setup = {"cfg": cfg, "fed": fed, "model_fn": model_fn, "loss": loss_function(fed.dataset.task),
+             "algorithm": build_algorithm(cfg), "regularizer": _build_regularizer(cfg, model_fn())}
+    _CACHE[path] = setup
+    return setup
+
+
+def _setup(context) -> dict:
+    rc = context.run_config
+    return load_setup(str(rc["config-path"]), int(rc.get("threads", 1)))
+
+
+def _metric_round(t: int, cfg) -> bool:
+    """simulate's rule: every ``metrics_every`` rounds and after the last."""
+    return bool(cfg.metrics_every) and (t % cfg.metrics_every == 0 or t == cfg.rounds)
+
+
+def server_main(grid, context) -> None:
+    s = _setup(context)
+    cfg, alg, reg = s["cfg"], s["algorithm"], s["regularizer"]
+    points, status = [], {"diverged": None}
+
+    def record(t, state, rec):
+        with torch.no_grad():
+            x = alg.report(state, reg).detach().clone()
+        if not bool(torch.isfinite(x).all()):  # as the one-process run: stop at a non-finite model
+            status["diverged"] = f"round {t}: the model has NaN/Inf entries"
+            return True
+        if _metric_round(t, cfg):
+            nm = alg.normal_map_point(state)
+            points.append({"round": t, "x": x,
+                           "normal_map": None if nm is None else (nm[0].detach().clone(), float(nm[1]))})
+        return None
+
+    rc = context.run_config
+    result = run_server(grid, alg, s["model_fn"], regularizer=reg, rounds=cfg.rounds, num_clients=len(s["fed"].parts),
+                        clients_per_round=cfg.clients_per_round, participation=cfg.participation, seed=cfg.seed,
+                        batch_size=cfg.batch_size, round_timeout=float(rc["round-timeout"]),
+                        connect_timeout=float(rc["connect-timeout"]), callbacks=[record])
+    out = str(rc["result-dir"])
+    os.makedirs(out, exist_ok=True)
+    torch.save({"points": points, "diverged": status["diverged"]}, os.path.join(out, POINTS_FILE))
+    save_result(result, out)  # last: result.pt tells the parent the run is complete
+
+
+def _client_load(s):
+    def load(i, context):
+        return s["fed"].clients[i]
+    return load
+
+
+def _make_apps():
+    _, fclient, fserver = _flwr()
+    server, client = fserver.ServerApp(), fclient.ClientApp()
+    server.main()(server_main)
+
+    @client.query("hello")
+    def hello(msg, context):
+        s = _setup(context)
+        cfg = s["cfg"]
+        return handle_hello(msg, context, s["algorithm"], s["model_fn"], s["regularizer"], cfg.seed, cfg.batch_size)
+
+    @client.train("round")
+    def train(msg, context):
+        s = _setup(context)
+        cfg = s["cfg"]
+        return handle_round(msg, context, s["algorithm"], s["model_fn"], s["loss"], _client_load(s), s["regularizer"],
+                            cfg.seed, cfg.batch_size)
+
+    return server, client
+
+
+def __getattr__(name):  # the apps are built on first use: importing this module does not need Flower
+    if name in ("serverapp", "clientapp"):
+        server, client = _make_apps()
+        globals().update(serverapp=server, clientapp=client)
+        return globals()[name]
+    raise AttributeError(name)
+

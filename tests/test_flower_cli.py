@@ -1,0 +1,143 @@
+"""``python -m python_algos run ... --flower`` (python_algos/experiments/flower_run.py).
+
+Ground truth: the one-process ``run`` of the same settings (the sequential executor, float64). The
+Flower run goes through real processes (a SuperLink and one SuperNode per client), so those tests
+are marked ``slow``; the refusals are checked up front and are fast. Leftover processes are found
+by their environment: the command runs with ``TMPDIR`` in the test's folder, so the deployment's
+folder (and the ``FLWR_HOME`` every Flower process inherits) lies there.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason='Flower is not installed: pip install ".[flower]"')
+
+from python_algos.experiments import flower_run  # noqa: E402
+from python_algos.experiments.cli import main  # noqa: E402
+from python_algos.simulate import History  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = ["--dataset", "sparse_logistic", "--data-opt", "n=240", "--data-opt", "dim=12", "-N", "3", "-T", "2", "-B", "8",
+        "--dtype", "float64", "--executor", "sequential", "--seed", "3", "--no-progress", "--no-plot"]
+ARGS = ["-a", "scaffold", "--clients-per-round", "2", *BASE]  # partial participation, minibatches: the seeded draws
+
+
+def _procs_with(marker: str) -> list:
+    """Live processes whose environment mentions ``marker`` (the Flower processes of one command)."""
+    found = []
+    for env in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            with open(env, "rb") as f:
+                if marker.encode() in f.read():
+                    pid = int(env.split("/")[2])
+                    with open(f"/proc/{pid}/stat") as s:
+                        if s.read().split(")")[-1].split()[0] != "Z":  # a zombie is gone
+                            found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _cli(args, tmp_path, **kw):
+    env = {**os.environ, "TMPDIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    return subprocess.Popen([sys.executable, "-m", "python_algos", "run", *args], env=env, cwd=str(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _rows(folder):
+    with open(os.path.join(folder, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+# -- refused before anything is written --------------------------------------------------------
+@pytest.mark.parametrize("extra, words", [
+    (["--workers", "2"], "--flower with --workers"),
+    (["--seeds", "2"], "--flower with several seeds"),
+    (["-a", "depositum"], "--algorithm depositum: --flower deploys server–client algorithms"),
+    (["-a", "feddr", "--alg-opt", "init_from=paper"], "--flower -a feddr: FedDR"),
+])
+def test_a_combination_flower_cannot_run_is_refused_before_anything(tmp_path, capsys, extra, words):
+    out = tmp_path / "run"
+    assert main(["run", "-a", "fedcanon", *BASE, "--flower", "--out", str(out), *extra]) == 1
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_resume_with_flower_is_refused(tmp_path, capsys):
+    assert main(["run", "--resume", str(tmp_path), "--flower"]) == 1
+    assert "--flower with --resume: not yet" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_flower_missing_names_the_install_line(monkeypatch):
+    monkeypatch.setattr(flower_run.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r'--flower needs Flower .*pip install "\.\[flower\]"'):
+        flower_run.check_flower_flags()
+
+
+# -- real processes ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_run_flower_equals_the_one_process_run(tmp_path):
+    one, fl = tmp_path / "one", tmp_path / "fl"
+    assert main(["run", *ARGS, "--out", str(one)]) == 0
+    p = _cli([*ARGS, "--flower", "--out", str(fl)], tmp_path)
+    log, _ = p.communicate(timeout=500)
+    assert p.returncode == 0, log
+    want, got = torch.load(one / "model.pt"), torch.load(fl / "model.pt")
+    assert got["params"].dtype == torch.float64 and got["round"] == want["round"] == 2
+    assert float((got["params"] - want["params"]).abs().max()) <= 1e-10 * (1 + float(want["params"].abs().max()))
+    for a, b in zip(_rows(one), _rows(fl), strict=True):  # every metric of every round, from the same model
+        assert a["round"] == b["round"]
+        for k in ("f", "h", "f+h", "grad_map_sq", "test_acc", "sparsity"):
+            assert abs(a[k] - b[k]) <= 1e-10 * (1 + abs(a[k])), (a["round"], k, a[k], b[k])
+        if b["round"] > 0:
+            assert (b["up"], b["down"]) == (a["up"], a["down"]) and b["sent_bytes"] > 0 and b["recv_bytes"] > 0
+            assert len(b["participants"]) == 2
+    with open(fl / "summary.json") as f:
+        summary = json.load(f)
+    assert (summary["engine"], summary["status"], summary["rounds_done"]) == ("flower", "completed", 2)
+    assert History.load(str(fl)).params.tolist() == got["params"].tolist()
+    assert _procs_with(str(tmp_path)) == []
+    assert glob.glob(str(tmp_path / "pa-flower-*")) == []  # the deployment's folder is gone too
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_every_process_and_writes_no_folder(tmp_path):
+    out = tmp_path / "fl"
+    p = _cli([*ARGS, "-T", "50", "--flower", "--out", str(out)], tmp_path)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not glob.glob(str(tmp_path / "pa-flower-*" / "flwr-run.log")):
+        time.sleep(0.5)
+    assert _procs_with(str(tmp_path)), "the deployment did not start"
+    time.sleep(3)
+    p.send_signal(signal.SIGINT)
+    log, _ = p.communicate(timeout=120)
+    assert p.returncode == 130, log
+    assert "interrupted" in log
+    assert not out.exists()
+    assert _procs_with(str(tmp_path)) == []
+    assert glob.glob(str(tmp_path / "pa-flower-*")) == []
+
+
+def test_a_gpu_device_is_refused(tmp_path, monkeypatch, capsys):
+    """--device auto on a machine with a GPU picks cuda: the Flower path runs on the CPU and says so."""
+    from python_algos.experiments import prepare
+
+    monkeypatch.setattr(prepare, "resolve_device", lambda name: torch.device("cuda"))
+    out = tmp_path / "run"
+    assert main(["run", *ARGS, "--device", "auto", "--flower", "--out", str(out)]) == 1
+    assert "--device auto: --flower runs the clients and the server on the CPU" in capsys.readouterr().err
+    assert not out.exists()
