@@ -794,7 +794,7 @@ def cmd_sweep(args) -> int:
     """`sweep` (experiments/sweep.py): the grid's runs, then the table and the figures."""
     from .config import Config
     from .seeds import seed_list
-    from .sweep import SELECT, SweepInterrupted, parse_grid, run_sweep
+    from .sweep import SELECT, SweepInterrupted, _read_sweep, parse_grid, run_sweep
 
     opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
     try:
@@ -867,6 +867,11 @@ def cmd_sweep(args) -> int:
                                out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
                                tensorboard=bool(getattr(args, "tensorboard", False)),
                                **{k: v for k, v in kw.items() if k != "grid"})
+        elif kw.get("resume") and "optuna" in _read_sweep(out):  # a random search: its trials continue
+            from .optuna_search import run_study
+
+            result = run_study(None, None, None, None, out_dir=out, jobs=opts["jobs"] or 1, select=select,
+                               resume=True, tensorboard=bool(getattr(args, "tensorboard", False)))
         else:
             result = run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select,
                                tensorboard=bool(getattr(args, "tensorboard", False)), **kw)

@@ -86,7 +86,7 @@ def parse_space_spec(key: str, spec) -> dict:
             raise ValueError(f"{what}: a log range needs LOW > 0")
         return {"kind": kind, "low": lo, "high": hi}
     elif isinstance(spec, str):
-        from .cli import _value
+        from .values import parse_value as _value
 
         choices = [_value(v.strip()) for v in spec.split(",") if v.strip()]
     else:

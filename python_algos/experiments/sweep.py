@@ -310,11 +310,9 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
         select = select or "f_plus_h"
     if resume:
         saved = _read_sweep(out_dir)
-        if "optuna" in saved:  # a random search: its trials continue
-            from .optuna_search import run_study
-
-            return run_study(None, None, None, None, out_dir=out_dir, jobs=jobs, select=select, resume=True,
-                             tensorboard=tensorboard, log=log)
+        if "optuna" in saved:  # a random search resumes through its own module (the CLI dispatches)
+            raise RunFolderError(f"{out_dir} holds a random search: resume it with optuna_search.run_study(..., "
+                                 f"resume=True) or `sweep --resume {out_dir}`")
         select = select or "f_plus_h"
         cfg, algorithms, grid = saved["config"], saved["algorithms"], saved["grid"]
         seeds, reseed_data, alg_opts = saved["seeds"], saved["reseed_data"], saved.get("alg_opts") or {}
