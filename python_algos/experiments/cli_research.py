@@ -1,0 +1,215 @@
+"""The command line's research loop: several seeds of ``run`` / ``compare``, and ``sweep``."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+from .cli_settings import _compare_settings, _figure, _seed_settings
+from .cli_settings import _in_terms_of, _merge, _out_dir, _read_config_file, _resume_flags_check, _split_alg_opts
+
+
+def _events(run_dirs, args) -> None:
+    """--tensorboard: the runs' TensorBoard events (see experiments/tensorboard.py)."""
+    if getattr(args, "tensorboard", False):
+        from .tensorboard import write_events
+
+        for d in run_dirs:
+            write_events(d)
+        print(f"TensorBoard events: tensorboard --logdir {shlex.quote(os.path.commonpath(run_dirs))}")
+
+
+def _wants_seeds(args) -> bool:
+    """Several seeds asked for: --seeds, a --seed list, a seeds/reseed_data key of the config file, or
+    --resume of a folder of seeds."""
+    from .seeds import is_seeds_folder
+
+    if getattr(args, "resume", None):
+        return is_seeds_folder(args.resume)
+    if hasattr(args, "seeds") or isinstance(getattr(args, "seed", None), list):
+        return True
+    if getattr(args, "config", None):
+        keys = {k.replace("-", "_") for k in _read_config_file(args.config)}
+        return bool(keys & {"seeds"}) or isinstance(_read_config_file(args.config).get("seed"), list)
+    return False
+
+
+
+
+def _tb_hook(args):
+    if not getattr(args, "tensorboard", False):
+        return None
+    from .tensorboard import check_available, write_events
+
+    check_available()
+    return write_events
+
+
+def _seeds_done(result: dict, args, flat) -> int:
+    print(result["table"])
+    out = result["out_dir"]
+    print(f"mean ± std over {len(result['seeds'])} seeds (seeds {', '.join(map(str, result['seeds']))}); results "
+          f"written to {out}  (per-round statistics: {os.path.join(out, 'aggregate.jsonl')})")
+    _figure(out, args)
+    return 3 if any(s.get("status") == "diverged" for s in flat) else 0
+
+
+def _cmd_run_seeds(args) -> int:
+    from .config import Config
+    from .seeds import run_seeds
+
+    hook = _tb_hook(args)
+    if args.resume:
+        _resume_flags_check(args)
+        print(f"resuming the seeds in {args.resume}")
+        result = run_seeds(None, None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
+                           progress=not args.no_progress, after_run=hook)
+    else:
+        try:
+            merged, seeds, reseed = _seed_settings(args)
+            cfg = Config.from_dict(merged)
+            out = _out_dir(args, cfg.algorithm)
+            print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
+                  f"seeds {', '.join(map(str, seeds))}{' (data redrawn per seed)' if reseed else ''}; results -> {out}")
+            result = run_seeds(cfg, seeds, out, reseed_data=reseed, progress=not args.no_progress, after_run=hook)
+        except ValueError as e:
+            raise _in_terms_of(args, e) from None
+    return _seeds_done(result, args, result["summaries"])
+
+
+def _cmd_compare_seeds(args) -> int:
+    from .seeds import compare_seeds
+
+    hook = _tb_hook(args)
+    if args.resume:
+        _resume_flags_check(args)
+        print(f"resuming the seeds in {args.resume}")
+        result = compare_seeds(None, None, None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
+                               progress=not args.no_progress, after_run=hook)
+    else:
+        try:
+            cfg, algorithms, per = _compare_settings(args, seeds=True)
+            out = _out_dir(args, "compare")
+            print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
+                  f"{cfg.model}, seeds {', '.join(map(str, args.seed_list))}; results -> {out}")
+            result = compare_seeds(cfg, algorithms, args.seed_list, out, alg_opts=per, reseed_data=args.reseed,
+                                   progress=not args.no_progress, after_run=hook)
+        except ValueError as e:
+            raise _in_terms_of(args, e) from None
+    return _seeds_done(result, args, [s for per_seed in result["summaries"] for s in per_seed])
+
+
+_SWEEP_RESUME_OK = ("command", "resume", "jobs", "no_progress", "formats", "no_plot", "band", "tensorboard", "select",
+                    "argv", "algorithms", "out", "name", "config")
+
+
+def cmd_sweep(args) -> int:
+    """`sweep` (experiments/sweep.py): the grid's runs, then the table and the figures."""
+    from .config import Config
+    from .seeds import seed_list
+    from .sweep import SELECT, SweepInterrupted, _read_sweep, parse_grid, run_sweep
+
+    opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
+    try:
+        if args.resume:
+            given = [k for k in vars(args) if k not in _SWEEP_RESUME_OK]
+            given += [k for k in ("out", "name", "config", "algorithms") if getattr(args, k, None)]
+            if given:
+                raise SystemExit(f"--resume takes the sweep's settings from {args.resume}; only --jobs, --select, "
+                                 f"--no-progress, --formats, --band, --tensorboard and --no-plot may be given (got "
+                                 f"{', '.join('--' + g.replace('_', '-') for g in given)})")
+            out = args.resume
+            kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
+            print(f"resuming the sweep in {out}")
+        else:
+            merged = _merge(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs", "optuna",
+                                              "space"))
+            grid = merged.pop("grid", None) or {}
+            if not isinstance(grid, dict):
+                raise ValueError(f"{args.config}: grid must be a table of KEY = [values] or \"log:LOW:HIGH:COUNT\"")
+            grid = {**grid, **dict(getattr(args, "grid_items", []))}
+            trials, space = merged.pop("optuna", None), merged.pop("space", None) or {}
+            if not isinstance(space, dict):
+                raise ValueError(f"{args.config}: space must be a table of KEY = \"log:LOW:HIGH\" (or float:, int:, "
+                                 f"intlog:) or KEY = [choices]")
+            space = {**space, **dict(getattr(args, "space_items", []))}
+            if trials is not None and grid:
+                raise ValueError("--optuna and --grid: give one (a random search over --space, or a grid)")
+            if space and trials is None:
+                raise ValueError("--space: only with --optuna N (the number of trials); a grid takes --grid")
+            if trials is not None:
+                from .optuna_search import parse_space
+
+                if not space:
+                    raise ValueError("--optuna: give the space to search with --space KEY=SPEC (e.g. --space "
+                                     "alpha=log:1e-3:1), or a [space] table in --config")
+                space = parse_space(space)
+            elif not grid:
+                raise ValueError("--grid: give at least one KEY=VALUES (e.g. --grid alpha=0.01,0.1), or a [grid] "
+                                 "table in --config")
+            else:
+                grid = parse_grid(grid)
+            algorithms = args.algorithms or merged.pop("algorithms", None)
+            merged.pop("algorithms", None)
+            if not algorithms:
+                raise ValueError("-a/--algorithms: give the algorithm(s) to sweep (see `python -m python_algos "
+                                 "algorithms`)")
+            seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
+            reseed = merged.pop("reseed_data", False)
+            for k in ("jobs", "select"):
+                if opts[k] is None:
+                    opts[k] = merged.pop(k, None)
+                merged.pop(k, None)
+            if seeds:
+                merged["seed"] = seeds[0]
+            per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+            cfg = Config.from_dict(merged)
+            out = _out_dir(args, "sweep")
+            over = (' x '.join(f'{k} ({len(v)})' for k, v in grid.items()) if trials is None else
+                    f"{', '.join(space)} ({trials} Optuna trials)")
+            print(f"sweep of {', '.join(algorithms)} over {over} on {cfg.dataset} ({cfg.partition}, "
+                  f"N={cfg.num_clients}), {cfg.model}; results -> {out}")
+            kw = dict(cfg=cfg, algorithms=algorithms, grid=grid, seeds=seeds, alg_opts=per, reseed_data=bool(reseed))
+            if trials is not None:
+                kw.update(grid=None, space=space, trials=trials)
+        select = opts["select"]  # None: f_plus_h, or on resume what the sweep (a random search) was run with
+        if "space" in kw:
+            from .optuna_search import run_study
+
+            result = run_study(kw.pop("cfg"), kw.pop("algorithms"), kw.pop("space"), kw.pop("trials"), kw.pop("seeds"),
+                               out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
+                               tensorboard=bool(getattr(args, "tensorboard", False)),
+                               **{k: v for k, v in kw.items() if k != "grid"})
+        elif kw.get("resume") and "optuna" in _read_sweep(out):  # a random search: its trials continue
+            from .optuna_search import run_study
+
+            result = run_study(None, None, None, None, out_dir=out, jobs=opts["jobs"] or 1, select=select,
+                               resume=True, tensorboard=bool(getattr(args, "tensorboard", False)))
+        else:
+            result = run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select,
+                               tensorboard=bool(getattr(args, "tensorboard", False)), **kw)
+    except SweepInterrupted as e:
+        print(e.table)
+        print(f"\ninterrupted: resume with: {e.resume_command}", file=sys.stderr)
+        return 130
+    except ValueError as e:
+        raise _in_terms_of(args, e) from None
+    print(result["table"])
+    print(f"results written to {out}")
+    if getattr(args, "tensorboard", False):
+        print(f"TensorBoard events: tensorboard --logdir {shlex.quote(out)}")
+    if not getattr(args, "no_plot", False):
+        from .plotting import plot_sweep
+        from .sweep import _read_sweep
+
+        try:
+            select = result["select"]
+            files = plot_sweep(out, result, _read_sweep(out)["grid"], SELECT[select][0], select, formats=args.formats,
+                               band=getattr(args, "band", "std"))
+        except RuntimeError as e:  # no matplotlib
+            print(f"no figure: {e}")
+            files = []
+        for f in files:
+            print(f"figure: {f}")
+    return 0

@@ -1,0 +1,248 @@
+"""The command line's settings: config files merged with flags, output folders, summaries."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Sequence
+
+from .cli_parser import DEMO_ALGORITHMS
+
+
+def _read_config_file(path: str) -> dict:
+    """The mapping in a TOML / YAML / JSON file; a syntax error is one line naming the file and line."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".toml", ".yaml", ".yml", ".json"):
+        raise ValueError(f"config file {path}: use .toml, .yaml/.yml or .json")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    if ext == ".toml":
+        try:
+            import tomllib
+        except ImportError:  # Python < 3.11
+            try:
+                import tomli as tomllib
+            except ImportError:
+                raise SystemExit("reading TOML needs Python >= 3.11 or `pip install tomli`") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}, {_toml_error_text(e)}") from None
+    elif ext in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise SystemExit("reading YAML needs `pip install pyyaml` (or use a .toml / .json config)") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+            line = mark.line + 1 if mark is not None else "?"
+            problem = " ".join(str(getattr(e, "problem", None) or e).split())
+            raise ValueError(f"{path}, line {line}: {problem}") from None
+        data = {} if data is None else data
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {e.lineno}: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the config must be a table / mapping of keys, got a {type(data).__name__}")
+    return data
+
+
+def _toml_error_text(e) -> str:
+    """tomllib's message with its position first: 'line 3, column 7: Invalid value', or 'at the
+    end of the file: Unclosed array'. Python >= 3.14 gives msg / lineno / colno; older versions
+    only a message ending in '(at line L, column C)' or '(at end of document)'."""
+    import re
+
+    msg = str(e)
+    m = re.search(r" \(at line (\d+), column (\d+)\)$", msg)
+    if msg.endswith(" (at end of document)"):
+        return f"at the end of the file: {msg[:-len(' (at end of document)')]}"
+    if getattr(e, "lineno", None) is not None and getattr(e, "msg", None):
+        return f"line {e.lineno}, column {e.colno}: {e.msg}"
+    if m:
+        return f"line {m[1]}, column {m[2]}: {msg[:m.start()]}"
+    return msg  # a message of another shape: kept whole
+
+
+_DICT_KEYS = ("alg_opts", "data_opts", "model_opts", "reg_opts", "regularizers")
+
+
+def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
+    """Config file values, overridden by the flags given on the command line. Sets
+    ``args.file_keys``: the keys whose values came from the file (for error messages)."""
+    base = _read_config_file(args.config) if getattr(args, "config", None) else {}
+    base = {k.replace("-", "_"): v for k, v in base.items()}
+    from .config import Config
+
+    names = {f.name for f in __import__("dataclasses").fields(Config)} | set(extra_keys)
+    flags = set()
+    for k, v in vars(args).items():
+        if k not in names or (v is None and k in extra_keys):  # compare's -a not given: the file's list stands
+            continue
+        flags.add(k)
+        if k in _DICT_KEYS:
+            if base.get(k) is not None and not isinstance(base[k], dict):
+                continue  # Config.check names the file's malformed value
+            base[k] = {**(base.get(k) or {}), **dict(v)}
+        else:
+            base[k] = v
+    args.file_keys = {k for k in base if k not in flags or k in _DICT_KEYS}
+    if base.get("regularizers") and any(k in base for k in ("reg", "reg_opts")):
+        from .config import ConfigError
+
+        from .regularizer_specs import _spec_text
+
+        given = " ".join(_spec_text(k, v) for k, v in base["regularizers"].items())
+        raise ConfigError("regularizers", given,
+                          "give --reg (one penalty for the whole model) or --reg-param / a [regularizers] table (one "
+                          "per parameter), not both; a '*' pattern gives the remaining parameters a default")
+    return base
+
+
+def _in_terms_of(args, e: Exception) -> Exception:
+    """A ConfigError about a value that came from the config file, worded with the file and key."""
+    from .config import ConfigError
+
+    if isinstance(e, ConfigError) and e.key in getattr(args, "file_keys", ()) and getattr(args, "config", None):
+        return e.in_file(args.config)
+    return e
+
+
+def _out_dir(args, name: str) -> str:
+    from .folders import default_out_dir
+
+    if args.out:
+        return args.out
+    if getattr(args, "name", None):
+        return os.path.join("results", args.name)
+    return default_out_dir(name)
+
+
+def _split_alg_opts(opts: dict, algorithms: Sequence[str]):
+    """compare: {ALG: {...}} / 'ALG.KEY' entries go to one algorithm, plain keys to all."""
+    common, per = {}, {a: {} for a in algorithms}
+    for k, v in opts.items():
+        if isinstance(v, dict) and k in per:
+            per[k].update(v)
+        elif "." in k and k.split(".", 1)[0] in per:
+            a, key = k.split(".", 1)
+            per[a][key] = v
+        elif "." in k:
+            raise ValueError(f"--alg-opt {k}={v}: {k.split('.', 1)[0]!r} is not one of the compared algorithms "
+                             f"({' '.join(algorithms)})")
+        else:
+            common[k] = v
+    return {a: {**common, **per[a]} for a in algorithms}
+
+
+# --------------------------------------------------------------------------- #
+# Commands
+# --------------------------------------------------------------------------- #
+
+
+def _print_summary(summary: dict) -> None:
+    from .compare import format_table
+
+    f = summary["final"]
+    keys = [k for k in ("f", "h", "f+h", "grad_map_sq", "normal_map_sq", "sparsity", "test_acc", "train_acc",
+                        "support_f1") if k in f]
+    print(format_table(["round", *keys, "time (s)"], [[summary["rounds_done"], *[f[k] for k in keys], summary["elapsed"]]]))
+
+
+_RESUME_OK = ("command", "demo", "resume", "rounds", "no_progress", "out", "name", "config", "algorithms",
+              "workers", "argv",
+              "formats", "no_plot", "band", "tensorboard")
+
+
+def _quiet(_text: str) -> None:
+    pass
+
+
+def _restarted_run(cfg, out: str) -> bool:
+    """True in a job that torchrun restarted (``--max-restarts``) whose run folder this job started:
+    the restarted ranks resume it instead of starting over. A folder holding a run of other
+    settings (the first attempt refused it) is left alone: the fresh-run checks then refuse it again."""
+    from . import launch
+    from .config import RESULT_KEYS
+    from .folders import _read_config_json
+    from ..runfolder.files import _as_json
+
+    if not (launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, "config.json"))):
+        return False
+    try:
+        saved = _as_json(_read_config_json(os.path.join(out, "config.json")).to_dict())
+    except ValueError:
+        return False
+    now = _as_json(cfg.to_dict())
+    return all(saved.get(k) == now.get(k) for k in RESULT_KEYS if k != "rounds")
+
+
+def _resume_flags_check(args) -> None:
+    given = [k for k in vars(args) if k not in _RESUME_OK]
+    given += [k for k in ("out", "name", "config", "algorithms") if getattr(args, k, None)]
+    if given:
+        raise SystemExit(f"--resume takes its settings from {args.resume}; only --rounds, --no-progress, --formats "
+                         f"and --no-plot may be "
+                         f"given (got {', '.join('--' + g.replace('_', '-') for g in given)})")
+
+
+def _compare_settings(args, seeds: bool = False):
+    """(the shared Config, the algorithm names, each algorithm's own options) of a ``compare``,
+    checked (values, algorithm names). ``seeds=True``: also read the seeds (into ``args.seed_list``
+    and ``args.reseed``)."""
+    from .config import Config
+
+    if seeds:
+        merged, args.seed_list, args.reseed = _seed_settings(args, extra=("algorithms",))
+    else:
+        merged = _merge(args, extra_keys=("algorithms",))
+    algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
+    merged.pop("algorithms", None)
+    per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+    cfg = Config.from_dict(merged)
+    # the cheap checks here, before the "comparing ..." line: a misspelt name or a bad flag is then
+    # the only thing printed (compare_experiments checks the rest before it writes anything)
+    from .prepare import check_algorithm_names
+
+    cfg.check()
+    check_algorithm_names(algorithms)
+    return cfg, algorithms, per
+
+
+def _figure(folder: str, args) -> None:
+    """The run's / comparison's overview figure in its folder, and its path; a missing matplotlib
+    is a note, not a failure (the results are written)."""
+    if getattr(args, "no_plot", False):
+        return
+    from .plotting import plot_runs
+
+    try:
+        files = plot_runs([folder], out_dir=folder, per_metric=False, formats=args.formats,
+                          band=getattr(args, "band", "std"))
+    except RuntimeError as e:  # no matplotlib
+        print(f"no figure: {e}")
+        return
+    for f in files:
+        print(f"figure: {f}")
+
+
+def _seed_settings(args, extra=()):
+    """(merged settings without the seed keys, the seeds, reseed_data) of a run / compare with seeds."""
+    from .seeds import seed_list
+
+    merged = _merge(args, extra_keys=("seeds", "reseed_data", *extra))
+    seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
+    reseed = merged.pop("reseed_data", False)
+    if not isinstance(reseed, bool):
+        raise ValueError(f"reseed_data = {reseed!r}: must be true or false")
+    merged["seed"] = seeds[0]
+    return merged, seeds, reseed
