@@ -3,15 +3,13 @@
 and leave every byte of it as it was; ``replace=True`` replaces it. Ground truth for "untouched": the
 sha256 of every file before the call."""
 
-import hashlib
-import os
-
 import pytest
 
 from python_algos.experiments.compare import compare_experiments
 from python_algos.experiments.config import Config
 from python_algos.experiments.run import run_experiment
 from python_algos.runfolder.files import RunExistsError, RunFolderError, read_metrics
+from test_run_folders import folder_state as run_folder_state, quiet
 
 TINY = dict(algorithm="fedcanon", dataset="sparse_logistic", data_opts={"n": 80, "dim": 6, "nnz": 2},
             num_clients=3, lr=0.1, local_steps=2, rounds=2, batch_size=None, reg="l1", reg_strength=0.01,
@@ -22,18 +20,8 @@ def tiny(**kw) -> Config:
     return Config.from_dict({**TINY, **kw})
 
 
-def quiet(*a, **k):
-    pass
-
-
 def folder_state(path) -> dict:
-    out = {}
-    for root, _, files in os.walk(path):
-        for f in files:
-            p = os.path.join(root, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, path)] = (hashlib.sha256(fh.read()).hexdigest(), os.stat(p).st_mtime_ns)
-    return out
+    return run_folder_state(path, mtime=True)  # same bytes and not rewritten
 
 
 def test_finished_run_not_touched_by_a_second_run_experiment(tmp_path):

@@ -36,14 +36,16 @@ def quiet(*a, **k):
     pass
 
 
-def folder_state(path) -> dict:
-    """name -> sha256 of every file under ``path`` (to prove that nothing changed)."""
+def folder_state(path, mtime: bool = False) -> dict:
+    """name -> sha256 of every file under ``path`` (to prove that nothing changed); with
+    ``mtime=True`` also its modification time (nothing was even rewritten with the same bytes)."""
     out = {}
     for root, _, files in os.walk(path):
         for f in files:
             p = os.path.join(root, f)
             with open(p, "rb") as fh:
-                out[os.path.relpath(p, path)] = hashlib.sha256(fh.read()).hexdigest()
+                digest = hashlib.sha256(fh.read()).hexdigest()
+            out[os.path.relpath(p, path)] = (digest, os.stat(p).st_mtime_ns) if mtime else digest
     return out
 
 

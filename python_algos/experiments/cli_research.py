@@ -113,12 +113,8 @@ def cmd_sweep(args) -> int:
     opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
     try:
         if args.resume:
-            given = [k for k in vars(args) if k not in _SWEEP_RESUME_OK]
-            given += [k for k in ("out", "name", "config", "algorithms") if getattr(args, k, None)]
-            if given:
-                raise SystemExit(f"--resume takes the sweep's settings from {args.resume}; only --jobs, --select, "
-                                 f"--no-progress, --formats, --band, --tensorboard and --no-plot may be given (got "
-                                 f"{', '.join('--' + g.replace('_', '-') for g in given)})")
+            _resume_flags_check(args, _SWEEP_RESUME_OK, "the sweep's", "--jobs, --select, --no-progress, --formats, "
+                                "--band, --tensorboard and --no-plot")
             out = args.resume
             kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
             print(f"resuming the sweep in {out}")

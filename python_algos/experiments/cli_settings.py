@@ -186,12 +186,14 @@ def _restarted_run(cfg, out: str) -> bool:
     return all(saved.get(k) == now.get(k) for k in RESULT_KEYS if k != "rounds")
 
 
-def _resume_flags_check(args) -> None:
-    given = [k for k in vars(args) if k not in _RESUME_OK]
+def _resume_flags_check(args, allowed: Sequence[str] = _RESUME_OK, whose: str = "its",
+                        may: str = "--rounds, --no-progress, --formats and --no-plot") -> None:
+    """With --resume, the settings come from the folder: refuse every other flag given (``allowed``
+    are the argparse destinations that may be; ``may`` lists them for the message)."""
+    given = [k for k in vars(args) if k not in allowed]
     given += [k for k in ("out", "name", "config", "algorithms") if getattr(args, k, None)]
     if given:
-        raise SystemExit(f"--resume takes its settings from {args.resume}; only --rounds, --no-progress, --formats "
-                         f"and --no-plot may be "
+        raise SystemExit(f"--resume takes {whose} settings from {args.resume}; only {may} may be "
                          f"given (got {', '.join('--' + g.replace('_', '-') for g in given)})")
 
 

@@ -36,7 +36,7 @@ from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
 from .sweep import (SELECT, SWEEP_FILE, SweepInterrupted, Workers, _finished, _point_name, _read_summary, check_keys,
-                    keys_of, plan_point, summarize)
+                    keys_of, parse_keyed, plan_point, summarize)
 from ..runfolder.files import RunFolderError, _write_json
 
 __all__ = ["parse_space", "parse_space_spec", "run_study", "STUDY_FILE", "INSTALL"]
@@ -102,13 +102,7 @@ def parse_space_spec(key: str, spec) -> dict:
 
 def parse_space(items) -> Dict[str, dict]:
     """``[(key, spec), ...]`` or ``{key: spec}`` -> ``{key: distribution spec}`` (order kept)."""
-    items = items.items() if isinstance(items, dict) else items
-    space = {}
-    for k, spec in items:
-        if not isinstance(k, str) or not k:
-            raise ValueError(f"--space {k!r}: the key must be a setting or a hyper-parameter name")
-        space[k.replace("-", "_")] = parse_space_spec(k, spec)
-    return space
+    return parse_keyed(items, "--space", parse_space_spec)
 
 
 def _distribution(optuna, d: dict):

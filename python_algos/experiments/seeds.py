@@ -23,7 +23,7 @@ from typing import Callable, List, Optional, Sequence
 
 from .aggregate import SEED_DIR, write_aggregate
 from .config import Config, ConfigError
-from ..runfolder.files import RunFolderError, _write_json, read_metrics
+from ..runfolder.files import RunFolderError, _write_json, read_metrics, read_summary
 
 __all__ = ["parse_seed_list", "seed_list", "seed_configs", "run_seeds", "compare_seeds", "is_seeds_folder",
            "read_seeds", "SEEDS_FILE"]
@@ -79,18 +79,27 @@ def is_seeds_folder(path: str) -> bool:
     return os.path.isfile(os.path.join(path, SEEDS_FILE))
 
 
-def read_seeds(out_dir: str) -> dict:
+_HOLDS = {"run": "seeds of one run", "compare": "seeds of a comparison"}
+
+
+def read_seeds(out_dir: str, kind: Optional[str] = None) -> dict:
+    """``out_dir``'s seeds.json; ``kind`` ("run" / "compare"): the command resuming it, which must
+    be the one that wrote it (otherwise the error names the command that continues it)."""
     path = os.path.join(out_dir, SEEDS_FILE)
     try:
         with open(path) as f:
             d = json.load(f)
         d["config"] = Config.from_dict(d["config"])
         d["seeds"] = _check_seeds(d["seeds"], path)
-        return d
     except json.JSONDecodeError as e:
         raise RunFolderError(f"{path}, line {e.lineno}: {e.msg}") from None
     except (KeyError, TypeError, ValueError) as e:
         raise RunFolderError(f"{path}: not a seeds experiment written by `run` / `compare` ({e})") from None
+    if kind is not None and d.get("kind") != kind:
+        other = "compare" if kind == "run" else "run"
+        raise RunFolderError(f"{out_dir} holds {_HOLDS[other]}: continue it with "
+                             f"`python -m python_algos {other} --resume {shlex.quote(out_dir)}`")
+    return d
 
 
 def _fresh_folder_check(out_dir: str, kind: str) -> None:
@@ -100,12 +109,8 @@ def _fresh_folder_check(out_dir: str, kind: str) -> None:
 
 
 def _completed(run_dir: str, rounds: int) -> Optional[dict]:
-    try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            s = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return s if s.get("status") == "completed" and s.get("rounds") == rounds else None
+    s = read_summary(run_dir)
+    return s if s is not None and s.get("status") == "completed" and s.get("rounds") == rounds else None
 
 
 def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: str, *, reseed_data: bool = False,
@@ -122,10 +127,7 @@ def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: st
     from .run import Interrupted, execute_run
 
     if resume:
-        saved = read_seeds(out_dir)
-        if saved.get("kind") != "run":
-            raise RunFolderError(f"{out_dir} holds seeds of a comparison: continue it with "
-                                 f"`python -m python_algos compare --resume {shlex.quote(out_dir)}`")
+        saved = read_seeds(out_dir, "run")
         cfg, seeds, reseed_data = saved["config"], saved["seeds"], bool(saved.get("reseed_data"))
     else:
         _fresh_folder_check(out_dir, "run")
@@ -181,10 +183,7 @@ def compare_seeds(cfg: Optional[Config], algorithms: Optional[Sequence[str]], se
     from .run import Interrupted
 
     if resume:
-        saved = read_seeds(out_dir)
-        if saved.get("kind") != "compare":
-            raise RunFolderError(f"{out_dir} holds seeds of one run: continue it with "
-                                 f"`python -m python_algos run --resume {shlex.quote(out_dir)}`")
+        saved = read_seeds(out_dir, "compare")
         cfg, seeds, reseed_data = saved["config"], saved["seeds"], bool(saved.get("reseed_data"))
         algorithms, alg_opts = saved["algorithms"], saved.get("alg_opts") or {}
     else:

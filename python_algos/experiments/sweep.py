@@ -46,10 +46,10 @@ import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .aggregate import SEED_DIR, final_stats, stats_cell
-from .config import Config, ConfigError
+from .config import Config
 from .values import parse_value
 from .seeds import seed_configs
-from ..runfolder.files import RunFolderError, _atomic_text, _write_json
+from ..runfolder.files import RunFolderError, _atomic_text, _write_json, read_summary
 
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
            "STOP_AFTER_ENV", "SWEEP_FILE"]
@@ -104,15 +104,21 @@ def parse_grid_values(key: str, spec) -> list:
     return vals
 
 
-def parse_grid(items) -> Dict[str, list]:
-    """``[(key, spec), ...]`` or ``{key: spec}`` -> ``{key: [values]}`` (order kept)."""
+def parse_keyed(items, flag: str, parse: Callable) -> dict:
+    """``[(key, spec), ...]`` or ``{key: spec}`` -> ``{key: parse(key, spec)}`` (order kept; dashes in
+    keys become underscores); ``flag`` names the option in errors (``--grid``, ``--space``)."""
     items = items.items() if isinstance(items, dict) else items
-    grid = {}
+    out = {}
     for k, spec in items:
         if not isinstance(k, str) or not k:
-            raise ValueError(f"--grid {k!r}: the key must be a setting or a hyper-parameter name")
-        grid[k.replace("-", "_")] = parse_grid_values(k, spec)
-    return grid
+            raise ValueError(f"{flag} {k!r}: the key must be a setting or a hyper-parameter name")
+        out[k.replace("-", "_")] = parse(k, spec)
+    return out
+
+
+def parse_grid(items) -> Dict[str, list]:
+    """``[(key, spec), ...]`` or ``{key: spec}`` -> ``{key: [values]}`` (order kept)."""
+    return parse_keyed(items, "--grid", parse_grid_values)
 
 
 def _hparams(algorithm: str) -> List[str]:
@@ -227,12 +233,8 @@ def _interrupt_once(signum, frame):
 
 
 def _finished(run_dir: str, rounds: int) -> Optional[dict]:
-    try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            s = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return s if s.get("status") in _FINISHED and s.get("rounds") == rounds else None
+    s = read_summary(run_dir)
+    return s if s is not None and s.get("status") in _FINISHED and s.get("rounds") == rounds else None
 
 
 def run_point(task: dict) -> dict:
@@ -434,11 +436,8 @@ class Workers:
 
 
 def _read_summary(run_dir: str) -> dict:
-    try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {"status": "not started" if not os.path.isdir(run_dir) else "unfinished"}
+    s = read_summary(run_dir)
+    return s if s is not None else {"status": "not started" if not os.path.isdir(run_dir) else "unfinished"}
 
 
 def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_plus_h",

@@ -14,7 +14,7 @@ import errno
 import json
 import math
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -94,6 +94,16 @@ def read_metrics(run_dir: str) -> list:
             except json.JSONDecodeError:
                 pass
     return rows
+
+
+def read_summary(run_dir: str) -> Optional[dict]:
+    """``run_dir/summary.json``, or None when it is missing or unreadable (a run that never got
+    that far, or was killed while writing it)."""
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def _holds_run(out_dir: str) -> bool:
