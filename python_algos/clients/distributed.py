@@ -314,10 +314,6 @@ class DistributedClients(ClientSet):
         self.metric_bytes += row.numel() * row.element_size()
         return row
 
-    def is_stack(self, v) -> bool:
-        """A ``[rows, d]`` tensor: this rank's rows of a client stack."""
-        return isinstance(v, torch.Tensor) and v.dim() == 2 and tuple(v.shape) == (self.rows, self.dim)
-
     def any_rank(self, flag: bool) -> bool:
         return _dist.any_rank(flag, self.device if self.device.type == "cuda" else torch.device("cpu"))
 
