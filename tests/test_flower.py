@@ -34,10 +34,11 @@ class LocalGrid(Grid):
     which that node answers nothing (a node that died); an exception in the app becomes an error
     reply, as in Flower's runtime."""
 
-    def __init__(self, app, num_nodes, silent=None):
+    def __init__(self, app, num_nodes, silent=None, state_dir=None):
         self.app, self.silent, self.round = app, dict(silent or {}), 0
+        extra = {} if state_dir is None else {"state-dir": str(state_dir)}
         self.contexts = {1000 + 7 * j: Context(run_id=1, node_id=1000 + 7 * j,
-                                               node_config={"partition-id": j, "num-partitions": num_nodes},
+                                               node_config={"partition-id": j, "num-partitions": num_nodes, **extra},
                                                state=RecordDict(), run_config={})
                          for j in reversed(range(num_nodes))}  # node ids in another order than clients
         self.sent = []  # every message pushed, for the byte count
@@ -92,10 +93,10 @@ def _simulate(problem, alg, k):
                            seed=SEED, executor="sequential", clients_per_round=k, metrics_every=0)
 
 
-def _flower(problem, alg, k, silent=None, **kw):
+def _flower(problem, alg, k, silent=None, state_dir=None, **kw):
     app = pf.client_app(alg, problem.model, problem.loss, lambda i, ctx: problem.data[i], regularizer=REG,
                         seed=SEED, batch_size=BATCH)
-    grid = LocalGrid(app, N, silent)
+    grid = LocalGrid(app, N, silent, state_dir)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = pf.run_server(grid, alg, problem.model, regularizer=REG, rounds=ROUNDS, num_clients=N,
@@ -180,3 +181,47 @@ def test_bad_settings_are_refused_before_any_message(problem):
     with pytest.raises(ValueError, match="FedDR: with init_from='paper' its init takes the clients' gradients"):
         pf.run_server(grid, _alg("feddr"), problem.model, regularizer=REG, rounds=2, num_clients=N)
     assert grid.sent == []
+
+
+# -- a failed node: the server's checkpoint, the nodes' own state, and an exact resume ---------------
+RESUME_CASES = [("scaffold", {}, 2), ("fedcanon", {}, None), ("feddr", {"init_from": "code"}, 3)]
+
+
+@pytest.mark.parametrize("name,ov,k", RESUME_CASES, ids=[c[0] for c in RESUME_CASES])
+def test_a_run_stopped_by_a_failed_node_resumes_exactly(problem, tmp_path, name, ov, k):
+    """Node 1014 (client 2) dies in round 3: the run stops naming it and the server's checkpoint of
+    round 2; the other participants of round 3 have already saved their round-3 state. A fresh
+    Flower run (new contexts, as after restarting the nodes) resumes from the checkpoint and ends
+    where simulate() ends. SCAFFOLD keeps control variates on the nodes, FedCanon a client_receive
+    of the previous download, FedDR duals."""
+    want = _simulate(problem, _alg(name, **ov), k)
+    path, nodes = str(tmp_path / "server.pt"), tmp_path / "nodes"
+    with pytest.raises(pf.NodeFailure, match=r"round 3: client 2 \(node 1014\) did not answer.*checkpoint of "
+                                             r"round 2 is .*server\.pt: restart the node and resume"):
+        _flower(problem, _alg(name, **ov), k, silent={1014: 3}, state_dir=nodes, round_timeout=5.0, checkpoint=path)
+    snap = pf.load_server_checkpoint(path)
+    assert snap["round"] == 2 and len(snap["metrics"]) == 2
+    got, _ = _flower(problem, _alg(name, **ov), k, state_dir=nodes, resume=snap, checkpoint=path)
+    assert [m["round"] for m in got.metrics] == list(range(1, ROUNDS + 1))
+    assert float((got.params - want.params).abs().max()) <= 1e-10 * (1.0 + float(want.params.abs().max()))
+    if k is not None:
+        cs = problem.clients(seed=SEED)
+        cs.set_participation(k, SEED)
+        assert [m["participants"] for m in got.metrics] == [cs.participants().tolist() for _ in range(ROUNDS)]
+    assert pf.load_server_checkpoint(path)["round"] == ROUNDS
+    for d in (nodes / snap["run_key"]).iterdir():  # pruned: the newest file at or before the server's last
+        assert len(list(d.iterdir())) <= 2, sorted(p.name for p in d.iterdir())  # checkpoint, and the later ones
+
+
+def test_resume_without_the_nodes_state_is_refused_naming_the_fix(problem, tmp_path):
+    path = str(tmp_path / "server.pt")
+    with pytest.raises(pf.NodeFailure, match="round 3"):
+        _flower(problem, _alg("scaffold"), 2, silent={1014: 3}, round_timeout=5.0, checkpoint=path)
+    snap = pf.load_server_checkpoint(path)
+    with pytest.raises(pf.NodeFailure, match=r"client \d cannot resume: it took part in round \d, and its state was "
+                                             r"kept only in memory; start the node with .*state-dir="):
+        _flower(problem, _alg("scaffold"), 2, resume=snap)
+    with pytest.raises(ValueError, match=r"resume: the checkpoint belongs to a run with other settings: seed: "
+                                         r"checkpoint 11, now 12"):
+        pf.run_server(LocalGrid(None, N), _alg("scaffold"), problem.model, regularizer=REG, rounds=ROUNDS,
+                      num_clients=N, clients_per_round=2, seed=SEED + 1, batch_size=BATCH, resume=snap)

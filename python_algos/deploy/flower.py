@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import secrets
 import time
 from typing import Callable, Optional, Sequence
 
@@ -40,9 +41,10 @@ from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import seeds
 from ..simulate import _clients_per_round
 from .nodes import NodeClients, ServerClients, node_round, node_state, receives, save_node, scalars, server_state
+from .persist import NodeStore, load_server, save_server
 
-__all__ = ["server_app", "client_app", "run_server", "handle_round", "handle_hello", "FlowerResult", "NodeFailure",
-           "encode_vectors", "decode_vectors", "payload_bytes", "save_result", "INSTALL"]
+__all__ = ["server_app", "client_app", "run_server", "load_server_checkpoint", "handle_round", "handle_hello",
+           "FlowerResult", "NodeFailure", "encode_vectors", "decode_vectors", "payload_bytes", "save_result", "INSTALL"]
 
 INSTALL = 'pip install ".[flower]"  (flwr==1.41.0)'
 HELLO, ROUND = "query.hello", "train.round"
@@ -122,13 +124,22 @@ def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, *, re
                rounds: int, num_clients: int, clients_per_round: Optional[int] = None,
                participation: Optional[float] = None, seed: int = 0, batch_size: Optional[int] = None,
                round_timeout: float = 300.0, connect_timeout: float = 120.0,
-               callbacks: Sequence[Callable] = ()) -> FlowerResult:
+               callbacks: Sequence[Callable] = (), checkpoint: Optional[str] = None, checkpoint_every: int = 1,
+               resume: Optional[dict] = None, checkpoint_extra: Optional[Callable[[], dict]] = None,
+               run_key: Optional[str] = None) -> FlowerResult:
     """The server's loop on a Flower ``Grid`` (a ServerApp's ``main`` calls it); see the module docstring.
 
     ``model_fn()`` builds the model with the run's initial parameters (every node calls it too: the
     handshake refuses a node whose initial parameters differ). ``callbacks``: ``cb(t, state, record)``
     after every round. Raises :class:`NodeFailure` naming the client (and Flower node) that failed,
     answered with an error, or did not answer within ``round_timeout`` seconds.
+
+    ``checkpoint``: a file the server's snapshot is written to (atomically) after every
+    ``checkpoint_every``-th round and the last, with ``checkpoint_extra()`` (the caller's own data)
+    inside; ``resume``: a snapshot read back with :func:`load_server_checkpoint`, from which the run
+    continues exactly, provided every node that took part before it was started with the node config
+    ``state-dir`` (its own state is saved there; see :mod:`.persist`). ``run_key`` names the run's
+    node-state folders (a fresh random one by default; a resume takes the snapshot's).
     """
     _check_algorithm(algorithm)
     if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
@@ -138,6 +149,8 @@ def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, *, re
     for name, v in (("round_timeout", round_timeout), ("connect_timeout", connect_timeout)):
         if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
             raise ValueError(f"{name} must be a finite number of seconds > 0 (a run never waits forever), got {v!r}")
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be an int >= 1, got {checkpoint_every!r}")
     algorithm.validate(regularizer)
     n = int(num_clients)
     k = _clients_per_round(algorithm, n, participation, clients_per_round)
@@ -148,22 +161,36 @@ def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, *, re
     with torch.no_grad():
         state = server_state(algorithm, x0, cs)
     fp = _fingerprint(algorithm, regularizer, seed, batch_size, n, x0)
-    nodes = _handshake(grid, fp, n, connect_timeout, round_timeout)
-    msgs, with_receive = algorithm.messages(), receives(algorithm)
     pending: dict = {}  # client -> the download its client_receive still needs (algorithms with one)
-    metrics, elapsed = [], 0.0
-    for t in range(1, int(rounds) + 1):
+    last_round = {i: 0 for i in range(n)}  # client -> the last round it took part in (0: none)
+    metrics, elapsed, start, committed = [], 0.0, 0, None
+    if resume is not None:
+        state, start = _restore(resume, fp, state, rng, cs, rounds)
+        pending, last_round = dict(resume["pending"]), {int(i): int(r) for i, r in resume["last_round"].items()}
+        metrics, elapsed, committed, run_key = list(resume["metrics"]), float(resume["elapsed"]), start, resume["run_key"]
+    run_key = run_key or secrets.token_hex(8)
+    restore = {"run_key": run_key, "round": start, "last_round": {str(i): r for i, r in last_round.items()}}
+    nodes = _handshake(grid, fp, n, connect_timeout, round_timeout, restore)
+    msgs, with_receive = algorithm.messages(), receives(algorithm)
+    for t in range(start + 1, int(rounds) + 1):
         t0 = time.perf_counter()
         ids = cs.participants() if algorithm.partial_participation else None
         part = list(range(n)) if ids is None else ids.tolist()
         with torch.no_grad():
             down = algorithm.download(state, rng)
         out, sent_bytes = [], 0
+        head = {"round": t, "run_key": run_key, "committed": committed, "num_clients": n}
         for i in part:
-            content = _round_content(state, down, pending.pop(i, None), n)
+            content = _round_content(state, down, pending.get(i), head)
             sent_bytes += payload_bytes(content["vectors"])
             out.append(_message(content, nodes[i], ROUND, t))
-        replies = _exchange(grid, out, nodes, part, round_timeout, t)
+        try:
+            replies = _exchange(grid, out, nodes, part, round_timeout, t)
+        except NodeFailure as e:
+            raise NodeFailure(f"{e}. " + (f"The server's checkpoint of round {committed} is {checkpoint}: restart the "
+                                          f"node and resume from it" if committed is not None and checkpoint else
+                                          "No server checkpoint was written (give checkpoint=PATH to resume a run)")
+                              ) from None
         recv_bytes = sum(payload_bytes(replies[i].content["up"]) for i in part)
         ups = {i: decode_vectors(replies[i].content["up"]) for i in part}
         for i in part:
@@ -174,6 +201,9 @@ def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, *, re
         with torch.no_grad(), fk.prox_stats() as stats:
             means = algorithm.aggregate(stacked, cs, ids)
             state, sent = algorithm.server_update(state, means, down, regularizer)
+        for i in part:
+            pending.pop(i, None)
+            last_round[i] = t
         if with_receive:
             keep = {name: sent[name].detach().clone() for name in msgs.down}
             pending.update({i: keep for i in part})
@@ -183,20 +213,50 @@ def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, *, re
                "up": len(msgs.up), "down": len(msgs.down), "sent_bytes": sent_bytes, "recv_bytes": recv_bytes,
                "prox_time": stats.seconds, "prox_evals": stats.evaluations}
         metrics.append(rec)
-        if any(cb(t, state, rec) is True for cb in callbacks):
+        stop = any(cb(t, state, rec) is True for cb in callbacks)
+        if checkpoint and not stop and (t % checkpoint_every == 0 or t == int(rounds)):
+            save_server(checkpoint, {"round": t, "run_key": run_key, "fingerprint": fp, "state": state,
+                                     "rng": rng.get_state(), "participation": cs.rng_state(), "pending": pending,
+                                     "last_round": dict(last_round), "metrics": metrics, "elapsed": elapsed,
+                                     "extra": checkpoint_extra() if checkpoint_extra is not None else {}})
+            committed = t
+        if stop:
             break
     params = algorithm.report(state, regularizer).detach().clone()
     setup = {**fp, "rounds": int(rounds), "clients_per_round": k, "regularizer": repr(regularizer)}
     return FlowerResult(params=params, state=state, metrics=metrics, nodes=dict(nodes), setup=setup)
 
 
-def _round_content(state, down: dict, recv: Optional[dict], num_clients: int):
+def _restore(snap: dict, fp: dict, state, rng, cs, rounds):
+    """The server's State and generators from a snapshot of this run (refused if its settings differ)."""
+    diff = [f"{k}: checkpoint {snap['fingerprint'].get(k)!r}, now {fp[k]!r}" for k in fp
+            if snap["fingerprint"].get(k) != fp[k]]
+    if diff:
+        raise ValueError("resume: the checkpoint belongs to a run with other settings: " + "; ".join(diff))
+    if int(rounds) < int(snap["round"]):
+        raise ValueError(f"rounds={rounds}: the checkpoint is at round {snap['round']} and a run cannot go back")
+    saved = snap["state"]
+    if type(saved) is not type(state):
+        raise ValueError(f"resume: the checkpoint holds a {type(saved).__name__}, this algorithm's state is a "
+                         f"{type(state).__name__}")
+    rng.set_state(snap["rng"])
+    cs.set_rng_state(snap["participation"])
+    return saved, int(snap["round"])
+
+
+def load_server_checkpoint(path: str) -> dict:
+    """A server checkpoint written by :func:`run_server` (``checkpoint=path``), to pass as ``resume``;
+    its ``extra`` is what ``checkpoint_extra()`` returned."""
+    return load_server(path)
+
+
+def _round_content(state, down: dict, recv: Optional[dict], head: dict):
     """One participant's message: the vectors its ``client_receive`` needs (``recv:``) and those its
     round starts from (``down:``), a vector equal to one already sent travelling once; the plan
-    (JSON) maps names to keys and carries the round counters and non-tensor round settings."""
+    (JSON) maps names to keys and carries the round counters, the non-tensor round settings and
+    ``head`` (round, run key, the server's last checkpoint round, N)."""
     fapp, _, _ = _flwr()
-    vectors, plan = {}, {"recv": None, "down": {}, "settings": {}, "scalars": scalars(state),
-                         "num_clients": num_clients}
+    vectors, plan = {}, {"recv": None, "down": {}, "settings": {}, "scalars": scalars(state), **head}
     if recv is not None:
         plan["recv"] = {}
         for name, v in recv.items():
@@ -235,10 +295,11 @@ def _exchange(grid, out: list, nodes: dict, part: list, timeout: float, t) -> di
     errors, missing, got = [], [], {}
     for i in part:
         r = by_node.get(int(nodes[i]))
+        who = f"node {nodes[i]}" if t == 0 else f"client {i} (node {nodes[i]})"  # the handshake finds the ids
         if r is None:
-            missing.append(f"client {i} (node {nodes[i]})")
+            missing.append(who)
         elif r.has_error():
-            errors.append(f"client {i} (node {nodes[i]}): {r.error.reason}")
+            errors.append(f"{who}: {r.error.reason}")
         else:
             got[i] = r
     where = "the handshake" if t == 0 else f"round {t}"
@@ -250,9 +311,11 @@ def _exchange(grid, out: list, nodes: dict, part: list, timeout: float, t) -> di
     return got
 
 
-def _handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float) -> dict:
-    """Wait for N nodes, ask each its client id (``partition-id``) and settings; return client -> node id.
-    Raises ValueError if the ids are not 0..N-1 once each or a node's settings differ from the server's."""
+def _handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, restore: dict) -> dict:
+    """Wait for N nodes, ask each its client id (``partition-id``) and settings, and tell each where the
+    run starts (``restore``: run key, round, each client's last round, which a resumed node loads from
+    its ``state-dir``); return client -> node id. Raises ValueError if the ids are not 0..N-1 once
+    each or a node's settings differ from the server's, NodeFailure if a node cannot restore its state."""
     fapp, _, _ = _flwr()
     deadline = time.monotonic() + connect_timeout
     while True:
@@ -265,7 +328,8 @@ def _handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float) -
         time.sleep(0.2)
     if len(node_ids) > n:
         raise ValueError(f"{len(node_ids)} client nodes are connected, num_clients={n}: one node per client")
-    content = lambda: fapp.RecordDict({"config": fapp.ConfigRecord({"fingerprint": json.dumps(fp)})})
+    content = lambda: fapp.RecordDict({"config": fapp.ConfigRecord({"fingerprint": json.dumps(fp),
+                                                                      "restore": json.dumps(restore)})})
     out = [_message(content(), nid, HELLO, 0) for nid in node_ids]
     replies = _exchange(grid, out, {j: nid for j, nid in enumerate(node_ids)}, list(range(n)), timeout, 0)
     nodes = {}
@@ -320,8 +384,39 @@ def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_siz
                          f"the server runs num_clients={server['num_clients']}")
     _, x0 = _flat_x0(model_fn)
     fp = _fingerprint(algorithm, regularizer, seed, batch_size, server["num_clients"], x0)
+    if fp == server and "restore" in msg.content["config"]:  # other settings: the server refuses the node
+        _restore_node(context, cid, json.loads(msg.content["config"]["restore"]))
     return fapp.Message(reply_to=msg, content=fapp.RecordDict({"hello": fapp.ConfigRecord(
         {"client_id": cid, "fingerprint": json.dumps(fp)})}))
+
+
+def _store(context, cid: int, run_key: str) -> Optional[NodeStore]:
+    """The node's on-disk store (node config ``state-dir``), or None without one."""
+    folder = context.node_config.get("state-dir")
+    return NodeStore(str(folder), run_key, cid) if folder else None
+
+
+def _restore_node(context, cid: int, restore: dict) -> None:
+    """Where the run starts, for this node: at round 0 nothing to do; on a resume from round r, the
+    state saved after the last round it took part in (``last_round``, up to r), read from its
+    ``state-dir``, and the files of rounds after r dropped (they belong to the rounds that are redone)."""
+    r, last = int(restore["round"]), int(restore["last_round"][str(cid)])
+    store = _store(context, cid, restore["run_key"])
+    if NODE_KEY in context.state:  # a fresh Flower run's context is empty; a reused one is not
+        del context.state[NODE_KEY]
+    if store is not None:
+        store.drop_after(r)
+    if last == 0:
+        return
+    if store is None:
+        raise RuntimeError(f"client {cid} cannot resume: it took part in round {last}, and its state was kept only "
+                           f"in memory; start the node with --node-config '... state-dir=<folder>' so that it "
+                           f"keeps its state on disk (a resume needs it)")
+    if last not in store.rounds():
+        raise RuntimeError(f"client {cid} cannot resume from round {r}: its state of round {last} is not in "
+                           f"{store.dir} (found rounds {store.rounds()}); was the node started with another "
+                           f"state-dir?")
+    context.state[NODE_KEY] = encode_vectors(store.load(last))
 
 
 def handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, seed, batch_size):
@@ -330,6 +425,7 @@ def handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regulari
     plan = json.loads(msg.content["config"]["plan"])
     vecs = decode_vectors(msg.content["vectors"])
     cid = _client_id(context)
+    store = _store(context, cid, plan["run_key"])
     model = model_fn()
     clients = NodeClients(model, loss_fn, load_data(cid, context), cid, plan["num_clients"], batch_size, seed)
     x0 = clients.flat.params.detach().clone()
@@ -341,7 +437,11 @@ def handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regulari
     down.update(plan["settings"])
     up = node_round(algorithm, regularizer, clients, state, saved, recv, down)
     reply = encode_vectors({name: v[0] for name, v in up.items()})
-    context.state[NODE_KEY] = encode_vectors(save_node(state, names, clients, up if receives(algorithm) else None))
+    keep = save_node(state, names, clients, up if receives(algorithm) else None)
+    context.state[NODE_KEY] = encode_vectors(keep)
+    if store is not None:  # on disk too: a resume after a failure (this node's or another's) reads it
+        store.save(plan["round"], keep)
+        store.prune(plan["committed"])
     return fapp.Message(reply_to=msg, content=fapp.RecordDict({"up": reply}))
 
 
