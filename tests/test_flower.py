@@ -73,7 +73,7 @@ class LocalGrid(Grid):
             try:
                 out.append(self.app(m, self.contexts[nid]))
             except Exception as e:  # noqa: BLE001 - what Flower's runtime does with a ClientApp's exception
-                out.append(m.create_error_reply(Error(code=1, reason=f"{type(e).__name__}: {e}")))
+                out.append(flwr.app.Message(Error(code=1, reason=f"{type(e).__name__}: {e}"), reply_to=m))
         return out
 
 
@@ -150,8 +150,11 @@ def test_a_node_that_stops_answering_is_named(problem):
 
 
 def test_a_node_that_fails_is_named(problem):
-    def bad_data(i, ctx):
-        if i == 1:
+    calls = []
+
+    def bad_data(i, ctx):  # client 1's disk goes after the handshake (which probes a few samples)
+        calls.append(i)
+        if i == 1 and calls.count(1) > 1:
             raise OSError("disk gone")
         return problem.data[i]
 
@@ -225,3 +228,37 @@ def test_resume_without_the_nodes_state_is_refused_naming_the_fix(problem, tmp_p
                                          r"checkpoint 11, now 12"):
         pf.run_server(LocalGrid(None, N), _alg("scaffold"), problem.model, regularizer=REG, rounds=ROUNDS,
                       num_clients=N, clients_per_round=2, seed=SEED + 1, batch_size=BATCH, resume=snap)
+
+
+@pytest.mark.parametrize("layer, words", [
+    (lambda d: torch.nn.BatchNorm1d(d), r"updates module buffers \('1' \(BatchNorm1d\): 1\.running_mean"),
+    (lambda d: torch.nn.Dropout(0.2), r"draws random numbers from torch's global generator \('1': Dropout\)"),
+])
+def test_a_model_with_node_local_state_is_refused_at_the_handshake(problem, layer, words):
+    """In one process every client shares BatchNorm's running statistics and torch's generator in turn;
+    a node would keep its own (rebuilt every round): refused, with the fix. In eval mode it is exact."""
+    def model_fn(eval_mode=False):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(problem.d, problem.d), layer(problem.d),
+                                torch.nn.Linear(problem.d, 1)).double()
+        return m.eval() if eval_mode else m
+
+    loss = lambda out, y: torch.nn.functional.mse_loss(out.reshape(-1), y)  # noqa: E731
+    alg = _alg("fedavg")
+    app = pf.client_app(alg, model_fn, loss, lambda i, c: problem.data[i], regularizer=REG, seed=SEED,
+                        batch_size=BATCH)
+    grid = LocalGrid(app, N)
+    with pytest.raises(pf.NodeFailure, match="the handshake: node \\d+: ValueError: client \\d: a training pass " + words +
+                       r".*return it in eval mode from model_fn"):
+        pf.run_server(grid, alg, model_fn, regularizer=REG, rounds=2, num_clients=N, seed=SEED, batch_size=BATCH)
+    assert [m.metadata.message_type for m in grid.sent] == [pf.HELLO] * N  # no round was sent
+    evaluating = lambda: model_fn(True)  # noqa: E731
+    app = pf.client_app(alg, evaluating, loss, lambda i, c: problem.data[i], regularizer=REG, seed=SEED,
+                        batch_size=BATCH)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = pf.run_server(LocalGrid(app, N), alg, evaluating, regularizer=REG, rounds=2, num_clients=N, seed=SEED,
+                            batch_size=BATCH)
+        want = pa.simulate(alg, evaluating(), loss, problem.data, 2, REG, batch_size=BATCH, seed=SEED,
+                           executor="sequential", metrics_every=0)
+    assert float((got.params - want.params).abs().max()) <= 1e-10 * (1.0 + float(want.params.abs().max()))

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-__all__ = ["coupling", "side_effect_free"]
+__all__ = ["coupling", "side_effect_free", "training_side_effects"]
 
 _BATCH_STAT_NORMS = (nn.modules.batchnorm._BatchNorm,)  # BatchNorm1d/2d/3d, SyncBatchNorm, Lazy*
 _PROBE_RTOL = 1e-4  # coupling effects are O(1); float32 rounding of a same-shape pass is ~1e-7
@@ -97,4 +97,35 @@ def coupling(model: nn.Module, loss_fn: Callable, X: torch.Tensor, y: torch.Tens
             if whole.numel() != 1 or not _close(whole.reshape(()), each.mean()):
                 return ("loss_fn is not the mean of per-sample losses (e.g. reduction='sum', or a weighted "
                         "mean): its value on a batch is not the average of its values on the batch's samples")
+    return ""
+
+
+def training_side_effects(model: nn.Module, X: torch.Tensor) -> str:
+    """What a training-mode forward pass of ``model`` on ``X`` (a few real samples) does besides
+    computing its output ("" if nothing): buffers it updates (BatchNorm running statistics) and
+    random numbers it draws from torch's global generator (Dropout). In one process these are
+    shared by every client in turn; a deployed client node would keep its own, so a deployment can
+    only equal the simulation without them. The probe itself leaves no trace (``side_effect_free``)."""
+    p = next(model.parameters(), None)
+    device = p.device if p is not None else X.device
+    owner = {f"{m_name}.{b_name}" if m_name else b_name: m_name
+             for m_name, m in model.named_modules() for b_name, _ in m.named_buffers(recurse=False)}
+    with side_effect_free(model, device), torch.no_grad():
+        before = {n: b.detach().clone() for n, b in model.named_buffers()}
+        rng = torch.get_rng_state()
+        try:
+            model(X)
+        except Exception as e:  # noqa: BLE001 -- cannot show there is none: say so
+            return f"the model could not be probed on a few samples ({type(e).__name__}: {e})"
+        changed = [n for n, b in model.named_buffers() if n in before and not torch.equal(b, before[n])]
+        drew = not torch.equal(rng, torch.get_rng_state())
+    if changed:
+        mods = dict.fromkeys(owner.get(n, "") for n in changed)
+        kinds = {name: type(model.get_submodule(name)).__name__ if name else type(model).__name__ for name in mods}
+        return ("a training pass updates module buffers (" + ", ".join(f"{n or 'model'!r} ({kinds[n]})" for n in mods)
+                + f": {', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''})")
+    if drew:
+        rand = [n for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.training]
+        return ("a training pass draws random numbers from torch's global generator"
+                + (f" ({', '.join(repr(n) for n in rand[:4])}: Dropout)" if rand else ""))
     return ""

@@ -40,7 +40,8 @@ import fedkernels as fk
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import seeds
 from ..simulate import _clients_per_round
-from .nodes import NodeClients, ServerClients, node_round, node_state, receives, save_node, scalars, server_state
+from .nodes import (NodeClients, ServerClients, check_no_node_state, node_round, node_state, receives, save_node,
+                    scalars, server_state)
 from .persist import NodeStore, load_server, save_server
 
 __all__ = ["server_app", "client_app", "run_server", "load_server_checkpoint", "handle_round", "handle_hello",
@@ -374,15 +375,18 @@ def _client_id(context) -> int:
     return int(cfg["partition-id"])
 
 
-def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size):
-    """The node's answer to the handshake: its client id and its settings' fingerprint."""
+def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size, load_data=None):
+    """The node's answer to the handshake: its client id and its settings' fingerprint (after checking,
+    on a few of its samples from ``load_data``, that the model keeps no state outside its parameters)."""
     fapp, _, _ = _flwr()
     server = json.loads(msg.content["config"]["fingerprint"])
     cid = _client_id(context)
     if "num-partitions" in context.node_config and int(context.node_config["num-partitions"]) != server["num_clients"]:
         raise ValueError(f"client {cid}: num-partitions={context.node_config['num-partitions']} in its node config, "
                          f"the server runs num_clients={server['num_clients']}")
-    _, x0 = _flat_x0(model_fn)
+    model, x0 = _flat_x0(model_fn)
+    if load_data is not None:
+        check_no_node_state(model, load_data(cid, context), f"client {cid}")
     fp = _fingerprint(algorithm, regularizer, seed, batch_size, server["num_clients"], x0)
     if fp == server and "restore" in msg.content["config"]:  # other settings: the server refuses the node
         _restore_node(context, cid, json.loads(msg.content["config"]["restore"]))
@@ -457,7 +461,7 @@ def client_app(algorithm: ServerClientAlgorithm, model_fn: Callable, loss_fn: Ca
 
     @app.query("hello")
     def hello(msg, context):
-        return handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size)
+        return handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size, load_data)
 
     @app.train("round")
     def train(msg, context):

@@ -19,10 +19,12 @@ import torch
 
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import ClientSet
+from ..clients.data import LoaderData, client_data
+from ..clients.separable import side_effect_free, training_side_effects
 from ..clients.sequential import SequentialClients
 
 __all__ = ["NodeClients", "ServerClients", "NeedsClientData", "client_names", "receives",
-           "node_state", "save_node", "node_round", "server_state", "scalars"]
+           "node_state", "save_node", "node_round", "server_state", "scalars", "check_no_node_state"]
 
 
 class NeedsClientData(RuntimeError):
@@ -170,3 +172,27 @@ def node_round(alg: ServerClientAlgorithm, reg, clients: NodeClients, state, sav
 
 def encode_json(obj) -> str:
     return json.dumps(obj, sort_keys=True, default=repr)
+
+
+def check_no_node_state(model, data, where: str) -> None:
+    """Refuse a model whose training pass updates buffers (BatchNorm running statistics) or draws
+    random numbers (Dropout), probed on a few of ``data``'s samples: in simulation every client
+    shares one module and one generator in turn, while a deployed node would keep its own (and
+    rebuild them every round), so the deployment would silently run another algorithm."""
+    p = next(model.parameters(), None)
+    dtype = p.dtype if p is not None else torch.get_default_dtype()
+    device = p.device if p is not None else torch.device("cpu")
+    cd = client_data(data, dtype, device)
+    with side_effect_free(model, device):
+        if isinstance(cd, LoaderData):
+            X = next(iter(cd.loader))[0][:4]
+            X = X.to(device=device, dtype=dtype) if X.is_floating_point() else X.to(device)
+        else:
+            X = cd.take(torch.arange(min(4, cd.n)))[0]
+    why = training_side_effects(model, X)
+    if why:
+        raise ValueError(f"{where}: {why}. In one process every client shares that state in turn; a deployed node "
+                         f"would keep its own, so the deployment would not run the algorithm that simulate runs. "
+                         f"Build the model without it (LayerNorm or GroupNorm instead of BatchNorm, no Dropout), "
+                         f"or return it in eval mode from model_fn (model.eval(): running statistics fixed, "
+                         f"dropout off)")

@@ -106,7 +106,8 @@ def _make_apps():
     def hello(msg, context):
         s = _setup(context)
         cfg = s["cfg"]
-        return handle_hello(msg, context, s["algorithm"], s["model_fn"], s["regularizer"], cfg.seed, cfg.batch_size)
+        return handle_hello(msg, context, s["algorithm"], s["model_fn"], s["regularizer"], cfg.seed, cfg.batch_size,
+                            _client_load(s))
 
     @client.train("round")
     def train(msg, context):
