@@ -76,10 +76,31 @@ def test_a_combination_flower_cannot_run_is_refused_before_anything(tmp_path, ca
     assert not out.exists()
 
 
-def test_resume_with_flower_is_refused(tmp_path, capsys):
-    assert main(["run", "--resume", str(tmp_path), "--flower"]) == 1
-    assert "--flower with --resume: not yet" in capsys.readouterr().err
-    assert os.listdir(tmp_path) == []
+def test_resume_across_engines_is_refused(tmp_path, capsys):
+    """A folder of run --flower resumes only with --flower (its checkpoint is the server's alone), and a
+    one-process folder only without it; nothing is changed."""
+    one = tmp_path / "one"
+    assert main(["run", *ARGS, "-T", "1", "--out", str(one)]) == 0
+    before = sorted(os.listdir(one))
+    assert main(["run", "--resume", str(one), "--flower"]) == 1
+    assert "ran in this process, not through Flower: continue it without --flower" in capsys.readouterr().err
+    (one / "flower.json").write_text('{"engine": "flower", "run_key": "0123456789abcdef"}')
+    assert main(["run", "--resume", str(one)]) == 1
+    assert f"ran through Flower (run --flower): continue it the same way, with `python -m python_algos run " \
+           f"--resume {one} --flower`" in capsys.readouterr().err
+    assert sorted(os.listdir(one)) == sorted(before + ["flower.json"])
+    assert main(["run", *ARGS, "--round-timeout", "5", "--out", str(tmp_path / "x")]) == 1
+    assert "--round-timeout is the Flower server's wait" in capsys.readouterr().err
+
+
+def test_a_model_with_batchnorm_is_refused_before_anything(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "-a", "fedavg", "--dataset", "image_like", "--model", "resnet18", "-N", "2", "-T", "1",
+                 "--no-progress", "--no-plot", "--flower", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "--flower with --model resnet18: a training pass updates module buffers ('bn1' (BatchNorm2d)" in err, err
+    assert "Choose a model without it (e.g. --model mlp)" in err
+    assert not out.exists()
 
 
 def test_flower_missing_names_the_install_line(monkeypatch):
@@ -114,8 +135,59 @@ def test_run_flower_equals_the_one_process_run(tmp_path):
     assert glob.glob(str(tmp_path / "pa-flower-*")) == []  # the deployment's folder is gone too
 
 
+def _kill_supernode(marker: str, client: int) -> None:
+    """SIGKILL the SuperNode of ``client`` (and what it started) among the processes of one command."""
+    for pid in _procs_with(marker):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "flower-supernode" in cmd and f"partition-id={client} " in cmd:
+            os.killpg(pid, signal.SIGKILL)
+            return
+    raise AssertionError(f"no SuperNode of client {client} found")
+
+
 @pytest.mark.slow
-def test_ctrl_c_ends_every_process_and_writes_no_folder(tmp_path):
+def test_a_killed_node_stops_the_run_and_the_resume_is_exact(tmp_path):
+    """Client 1's SuperNode dies after round 1 (it takes part in rounds 2, 3 and 4): the command fails
+    naming client 1, every process ends, and the folder is whole: metrics up to the server's last
+    checkpoint, status "failed", the resume command, no model.pt. Resuming (all nodes started anew,
+    each restoring its own state) ends exactly where the one-process run of 4 rounds ends."""
+    one, fl = tmp_path / "one", tmp_path / "fl"
+    assert main(["run", *ARGS, "-T", "4", "--out", str(one)]) == 0
+    p = _cli([*ARGS, "-T", "4", "--checkpoint-every", "1", "--flower", "--round-timeout", "40", "--out", str(fl)],
+             tmp_path)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (fl / "flower-checkpoint.pt").exists() and p.poll() is None:
+        time.sleep(0.2)
+    _kill_supernode(str(tmp_path), 1)
+    log, _ = p.communicate(timeout=400)
+    assert p.returncode == 1, log
+    assert "client 1 (node" in log and f"python -m python_algos run --resume {fl} --flower" in log, log
+    with open(fl / "summary.json") as f:
+        summary = json.load(f)
+    done = summary["last_checkpoint_round"]
+    assert summary["status"] == "failed" and 1 <= done < 4 and summary["rounds_done"] == done
+    assert [r["round"] for r in _rows(fl)] == list(range(done + 1)) and not (fl / "model.pt").exists()
+    assert _procs_with(str(tmp_path)) == []
+
+    p = _cli(["--resume", str(fl), "--flower"], tmp_path)
+    log, _ = p.communicate(timeout=500)
+    assert p.returncode == 0, log
+    assert f"resuming {fl} from round {done} (the server's checkpoint), up to round 4" in log
+    want, got = torch.load(one / "model.pt"), torch.load(fl / "model.pt")
+    assert got["round"] == want["round"] == 4
+    assert float((got["params"] - want["params"]).abs().max()) <= 1e-10 * (1 + float(want["params"].abs().max()))
+    for a, b in zip(_rows(one), _rows(fl), strict=True):
+        for k in ("round", "f", "f+h", "grad_map_sq", "test_acc"):
+            assert abs(a[k] - b[k]) <= 1e-10 * (1 + abs(a[k])), (a["round"], k, a[k], b[k])
+    assert _procs_with(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_every_process_and_leaves_a_resumable_folder(tmp_path):
     out = tmp_path / "fl"
     p = _cli([*ARGS, "-T", "50", "--flower", "--out", str(out)], tmp_path)
     deadline = time.monotonic() + 120
@@ -126,8 +198,9 @@ def test_ctrl_c_ends_every_process_and_writes_no_folder(tmp_path):
     p.send_signal(signal.SIGINT)
     log, _ = p.communicate(timeout=120)
     assert p.returncode == 130, log
-    assert "interrupted" in log
-    assert not out.exists()
+    assert f"resume with: python -m python_algos run --resume {out} --flower" in log, log
+    with open(out / "summary.json") as f:
+        assert json.load(f)["status"] == "interrupted"
     assert _procs_with(str(tmp_path)) == []
     assert glob.glob(str(tmp_path / "pa-flower-*")) == []
 

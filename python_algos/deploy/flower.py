@@ -45,7 +45,8 @@ from .nodes import (NodeClients, ServerClients, check_no_node_state, node_round,
 from .persist import NodeStore, load_server, save_server
 
 __all__ = ["server_app", "client_app", "run_server", "load_server_checkpoint", "handle_round", "handle_hello",
-           "FlowerResult", "NodeFailure", "encode_vectors", "decode_vectors", "payload_bytes", "save_result", "INSTALL"]
+           "FlowerResult", "NodeFailure", "encode_vectors", "decode_vectors", "payload_bytes", "save_result", "write_error",
+           "INSTALL"]
 
 INSTALL = 'pip install ".[flower]"  (flwr==1.41.0)'
 HELLO, ROUND = "query.hello", "train.round"
@@ -97,7 +98,7 @@ def payload_bytes(record) -> int:
     return sum(len(a.data) for a in record.values())
 
 
-def _fingerprint(alg, reg, seed, batch_size, num_clients, x0) -> dict:
+def fingerprint(alg, reg, seed, batch_size, num_clients, x0) -> dict:
     """The settings server and nodes must share, compared at the handshake."""
     return {"algorithm": alg.name, "hparams": json.dumps(alg.hparams(), sort_keys=True, default=repr),
             "regularizer": repr(reg), "seed": int(seed), "batch_size": batch_size, "num_clients": int(num_clients),
@@ -161,7 +162,7 @@ def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, *, re
     rng = torch.Generator().manual_seed(seeds(seed, 1, stream=1)[0])  # simulate's server generator
     with torch.no_grad():
         state = server_state(algorithm, x0, cs)
-    fp = _fingerprint(algorithm, regularizer, seed, batch_size, n, x0)
+    fp = fingerprint(algorithm, regularizer, seed, batch_size, n, x0)
     pending: dict = {}  # client -> the download its client_receive still needs (algorithms with one)
     last_round = {i: 0 for i in range(n)}  # client -> the last round it took part in (0: none)
     metrics, elapsed, start, committed = [], 0.0, 0, None
@@ -387,7 +388,7 @@ def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_siz
     model, x0 = _flat_x0(model_fn)
     if load_data is not None:
         check_no_node_state(model, load_data(cid, context), f"client {cid}")
-    fp = _fingerprint(algorithm, regularizer, seed, batch_size, server["num_clients"], x0)
+    fp = fingerprint(algorithm, regularizer, seed, batch_size, server["num_clients"], x0)
     if fp == server and "restore" in msg.content["config"]:  # other settings: the server refuses the node
         _restore_node(context, cid, json.loads(msg.content["config"]["restore"]))
     return fapp.Message(reply_to=msg, content=fapp.RecordDict({"hello": fapp.ConfigRecord(
@@ -414,7 +415,7 @@ def _restore_node(context, cid: int, restore: dict) -> None:
         return
     if store is None:
         raise RuntimeError(f"client {cid} cannot resume: it took part in round {last}, and its state was kept only "
-                           f"in memory; start the node with --node-config '... state-dir=<folder>' so that it "
+                           f"in memory; start the node with --node-config '... state-dir=\"<folder>\"' so that it "
                            f"keeps its state on disk (a resume needs it)")
     if last not in store.rounds():
         raise RuntimeError(f"client {cid} cannot resume from round {r}: its state of round {last} is not in "
@@ -468,6 +469,17 @@ def client_app(algorithm: ServerClientAlgorithm, model_fn: Callable, loss_fn: Ca
         return handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, seed, batch_size)
 
     return app
+
+
+def write_error(folder: str, error: BaseException) -> None:
+    """Leave the ServerApp's error in ``folder/error.txt`` (what :class:`~.local.LocalDeployment`
+    reports; Flower's own log buries it in a traceback)."""
+    import os
+    from .local import ERROR_FILE
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, ERROR_FILE), "w") as f:
+        f.write(f"{type(error).__name__}: {error}\n")
 
 
 def save_result(result: FlowerResult, folder: str) -> str:

@@ -23,7 +23,9 @@ from typing import Optional
 
 import torch
 
-__all__ = ["LocalDeployment", "DeploymentError"]
+__all__ = ["LocalDeployment", "DeploymentError", "ERROR_FILE"]
+
+ERROR_FILE = "error.txt"  # written by a ServerApp that stopped on an error (flower.write_error), beside result.pt
 
 
 class DeploymentError(RuntimeError):
@@ -47,10 +49,14 @@ def _toml(v) -> str:
 class LocalDeployment:
     """SuperLink + ``num_clients`` SuperNodes (``partition-id`` = 0..N-1) on 127.0.0.1."""
 
-    def __init__(self, num_clients: int, workdir: Optional[str] = None, env: Optional[dict] = None):
+    def __init__(self, num_clients: int, workdir: Optional[str] = None, env: Optional[dict] = None,
+                 node_config: Optional[dict] = None):
+        """``node_config``: more node config for every SuperNode (e.g. ``{"state-dir": folder}``, where
+        each node keeps its state on disk so that a stopped run can resume)."""
         if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
             raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
         self.num_clients = num_clients
+        self.node_config = dict(node_config or {})
         self._own_dir = workdir is None
         self.dir = workdir or tempfile.mkdtemp(prefix="pa-flower-")
         self.bin = os.path.dirname(sys.executable)  # Flower's commands, installed beside this Python
@@ -58,6 +64,7 @@ class LocalDeployment:
         self.env["PATH"] = self.bin + os.pathsep + self.env.get("PATH", "")  # the SuperLink starts flower-superexec
         self.procs: dict[str, subprocess.Popen] = {}
         self.port: Optional[int] = None
+        self.runs, self.result_dir = 0, None
 
     # -- processes --------------------------------------------------------------------------
     def _start(self, name: str, args: list) -> subprocess.Popen:
@@ -96,9 +103,14 @@ class LocalDeployment:
                                   "--disable-runtime-dependency-installation"])
         self._wait_port(self.port, "superlink", 60)
         for i in range(self.num_clients):
-            self._start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
-                                           "--host", "127.0.0.1", "--port", str(_free_port()),
-                                           "--node-config", f"partition-id={i} num-partitions={self.num_clients}"])
+            self.start_node(i)
+
+    def start_node(self, i: int) -> None:
+        """Start client i's SuperNode (again, after :meth:`kill_node`: it rejoins the SuperLink)."""
+        cfg = {"partition-id": i, "num-partitions": self.num_clients, **self.node_config}
+        self._start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+                                       "--host", "127.0.0.1", "--port", str(_free_port()),
+                                       "--node-config", " ".join(f"{k}={_toml(v)}" for k, v in cfg.items())])
 
     def _wait_port(self, port: int, name: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -113,7 +125,9 @@ class LocalDeployment:
 
     def kill_node(self, i: int) -> None:
         """Kill client i's SuperNode and what it started (tests: a node dying mid-run)."""
-        _killpg(self.procs[f"supernode-{i}"], signal.SIGKILL)
+        p = self.procs[f"supernode-{i}"]
+        _killpg(p, signal.SIGKILL)
+        p.wait()
 
     def close(self) -> None:
         """End every process started here and its children (each runs in its own process group)."""
@@ -136,7 +150,8 @@ class LocalDeployment:
         """``flwr run app_dir`` with ``run_config`` overrides (``result-dir`` is set here) and wait for it;
         returns the ServerApp's ``result.pt``. Raises DeploymentError with the server's log if the run
         fails (e.g. a NodeFailure naming the client) or does not finish within ``timeout`` seconds."""
-        out = os.path.join(self.dir, "result")
+        self.runs += 1
+        out = self.result_dir = os.path.join(self.dir, f"result-{self.runs}")  # one folder per run
         cfg = " ".join(f"{k}={_toml(v)}" for k, v in {**run_config, "result-dir": out}.items())
         log = open(os.path.join(self.dir, "flwr-run.log"), "w")
         p = subprocess.Popen([os.path.join(self.bin, "flwr"), "run", os.path.abspath(app_dir), "--run-config", cfg,
@@ -149,6 +164,10 @@ class LocalDeployment:
         except subprocess.TimeoutExpired:
             raise DeploymentError(f"the Flower run did not finish within {timeout:g} s:\n{self.log('flwr-run')}") from None
         if not os.path.exists(path):
+            failure = os.path.join(out, ERROR_FILE)  # the ServerApp's own account of what stopped it
+            if os.path.exists(failure):
+                with open(failure) as f:
+                    raise DeploymentError(f.read().strip())
             raise DeploymentError(f"the Flower run ended without a result:\n{self.log('flwr-run')}")
         return torch.load(path, weights_only=False)
 

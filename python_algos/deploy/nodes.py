@@ -174,7 +174,7 @@ def encode_json(obj) -> str:
     return json.dumps(obj, sort_keys=True, default=repr)
 
 
-def check_no_node_state(model, data, where: str) -> None:
+def check_no_node_state(model, data, where: str, fix: Optional[str] = None) -> None:
     """Refuse a model whose training pass updates buffers (BatchNorm running statistics) or draws
     random numbers (Dropout), probed on a few of ``data``'s samples: in simulation every client
     shares one module and one generator in turn, while a deployed node would keep its own (and
@@ -192,7 +192,7 @@ def check_no_node_state(model, data, where: str) -> None:
     why = training_side_effects(model, X)
     if why:
         raise ValueError(f"{where}: {why}. In one process every client shares that state in turn; a deployed node "
-                         f"would keep its own, so the deployment would not run the algorithm that simulate runs. "
-                         f"Build the model without it (LayerNorm or GroupNorm instead of BatchNorm, no Dropout), "
-                         f"or return it in eval mode from model_fn (model.eval(): running statistics fixed, "
-                         f"dropout off)")
+                         f"would keep its own, so the deployment would not run the algorithm that simulate runs. " +
+                         (fix or "Build the model without it (LayerNorm or GroupNorm instead of BatchNorm, no "
+                                 "Dropout), or return it in eval mode from model_fn (model.eval(): running statistics "
+                                 "fixed, dropout off)"))

@@ -14,7 +14,8 @@ import warnings
 from typing import Optional, Sequence
 
 from .cli_parser import DEMO_ALGORITHMS, _demo_config, build_parser
-from .cli_settings import _in_terms_of, _merge, _out_dir, _print_summary, _quiet, _restarted_run, _resume_flags_check
+from .cli_settings import (_RESUME_OK, _in_terms_of, _merge, _out_dir, _print_summary, _quiet, _restarted_run,
+                           _resume_flags_check)
 from .cli_settings import _compare_settings, _figure
 from .cli_research import _cmd_compare_seeds, _cmd_run_seeds, _events, _wants_seeds, cmd_sweep
 
@@ -31,6 +32,9 @@ def cmd_run(args) -> int:
 
     if getattr(args, "flower", False):
         return _cmd_run_flower(args)
+    if getattr(args, "round_timeout", None) is not None:
+        raise ValueError("--round-timeout is the Flower server's wait for a round (run --flower); without --flower "
+                         "a run has no server to wait")
     if getattr(args, "workers", None) and _wants_seeds(args):
         raise ValueError("--workers with several seeds: run the seeds one after another on one process each "
                          "(leave out --workers), or give one seed")
@@ -89,18 +93,25 @@ def _cmd_run_flower(args) -> int:
     from .config import Config
     from .flower_run import check_flower_flags, execute_flower, prepare_flower
 
-    check_flower_flags(workers=getattr(args, "workers", None), resume=args.resume, seeds=_wants_seeds(args),
+    if args.resume:
+        _resume_flags_check(args, allowed=_RESUME_OK + ("flower", "round_timeout"),
+                            may="--rounds, --round-timeout, --no-progress, --formats and --no-plot")
+    check_flower_flags(workers=getattr(args, "workers", None), seeds=not args.resume and _wants_seeds(args),
                        demo=args.demo, distributed=launch.distributed())
     try:
-        cfg = Config.from_dict(_merge(args))
-        out = _out_dir(args, cfg.algorithm)
-        prep = prepare_flower(cfg, out, replace=not (args.out or getattr(args, "name", None)))
+        if args.resume:
+            prep = prepare_flower(None, args.resume, resume=True, rounds=getattr(args, "rounds", None))
+        else:
+            cfg = Config.from_dict(_merge(args))
+            out = _out_dir(args, cfg.algorithm)
+            prep = prepare_flower(cfg, out, replace=not (args.out or getattr(args, "name", None)))
     except ValueError as e:
         raise _in_terms_of(args, e) from None
+    cfg, out = prep.run.cfg, prep.run.out_dir
     h = "per parameter" if cfg.regularizers else cfg.reg
     print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
           f"results -> {out} (Flower)")
-    return _finish_run(execute_flower(prep), args)
+    return _finish_run(execute_flower(prep, round_timeout=getattr(args, "round_timeout", None)), args)
 
 
 def _finish_run(summary: dict, args) -> int:

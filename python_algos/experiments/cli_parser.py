@@ -70,6 +70,16 @@ def _workers(text: str) -> int:
     return v
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return v
+
+
 def _formats(text: str):
     from .plotting import parse_formats
 
@@ -240,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--flower", action="store_true", default=S,
                    help="run through a local Flower deployment: one SuperLink and one SuperNode per client as "
                         "processes on 127.0.0.1 (needs pip install \".[flower]\"; see README 'Deploying with Flower')")
+    r.add_argument("--round-timeout", type=_seconds, default=S, metavar="SECONDS", dest="round_timeout",
+                   help="with --flower: seconds the server waits for a round's answers before it stops the run, "
+                        "naming the client that did not answer (default 300; the run can then be resumed)")
     _add_config_flags(r, single=True)
 
     c = sub.add_parser("compare", help="several algorithms, same split and initialization",

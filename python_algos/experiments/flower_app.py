@@ -12,10 +12,13 @@ client i holds exactly the rows ``run`` gives client i, starts from the same mod
 minibatches from a generator seeded as in simulation (:mod:`python_algos.deploy.flower`); the handshake of
 :func:`~python_algos.deploy.flower.run_server` compares every node's settings with the server's anyway.
 
-The ServerApp writes, beside :func:`~python_algos.deploy.flower.save_result`'s ``result.pt``,
-``points.pt``: the reported model (and the normal-map point, where the algorithm has one) after every metric round. The server
-holds no data, so the parent command computes the objective metrics on those points with the full
-data, with simulate's own formula (``simulate.objective_metrics``).
+The ServerApp writes the reported model (and the normal-map point, where the algorithm has one)
+of every metric round to the run config's ``points-dir`` (one file a round), its checkpoint to
+``checkpoint`` (a resume continues from it), and, beside
+:func:`~python_algos.deploy.flower.save_result`'s ``result.pt``, ``status.pt`` (divergence) or, if
+it stopped on an error, ``error.txt``. The server holds no data, so the parent command computes the
+objective metrics on those points with the full data, with simulate's own formula
+(``simulate.objective_metrics``).
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import os
 
 import torch
 
-from ..deploy.flower import _flwr, handle_hello, handle_round, run_server, save_result
+from ..deploy.flower import (_flwr, handle_hello, handle_round, load_server_checkpoint, run_server, save_result,
+                             write_error)
+from ..runfolder import checkpoint as ckpt
 
-__all__ = ["clientapp", "serverapp", "load_setup", "POINTS_FILE"]
+__all__ = ["clientapp", "serverapp", "load_setup", "STATUS_FILE"]
 
-POINTS_FILE = "points.pt"
+STATUS_FILE = "status.pt"
 _CACHE: dict = {}  # config path -> setup (one process may serve several messages)
 
 
@@ -66,28 +71,36 @@ def _metric_round(t: int, cfg) -> bool:
 def server_main(grid, context) -> None:
     s = _setup(context)
     cfg, alg, reg = s["cfg"], s["algorithm"], s["regularizer"]
-    points, status = [], {"diverged": None}
-
-    def record(t, state, rec):
-        with torch.no_grad():
-            x = alg.report(state, reg).detach().clone()
-        if not bool(torch.isfinite(x).all()):  # as the one-process run: stop at a non-finite model
-            status["diverged"] = f"round {t}: the model has NaN/Inf entries"
-            return True
-        if _metric_round(t, cfg):
-            nm = alg.normal_map_point(state)
-            points.append({"round": t, "x": x,
-                           "normal_map": None if nm is None else (nm[0].detach().clone(), float(nm[1]))})
-        return None
-
     rc = context.run_config
-    result = run_server(grid, alg, s["model_fn"], regularizer=reg, rounds=cfg.rounds, num_clients=len(s["fed"].parts),
-                        clients_per_round=cfg.clients_per_round, participation=cfg.participation, seed=cfg.seed,
-                        batch_size=cfg.batch_size, round_timeout=float(rc["round-timeout"]),
-                        connect_timeout=float(rc["connect-timeout"]), callbacks=[record])
-    out = str(rc["result-dir"])
+    out, points_dir, path = str(rc["result-dir"]), str(rc["points-dir"]), str(rc["checkpoint"])
+    status = {"diverged": None}
+    try:
+        resume = load_server_checkpoint(path) if rc["resume"] else None
+
+        def record(t, state, rec):
+            with torch.no_grad():
+                x = alg.report(state, reg).detach().clone()
+            if not bool(torch.isfinite(x).all()):  # as the one-process run: stop at a non-finite model
+                status["diverged"] = f"round {t}: the model has NaN/Inf entries"
+                return True
+            if _metric_round(t, cfg):  # one file per metric round, written before the round's checkpoint
+                nm = alg.normal_map_point(state)
+                ckpt.atomic_save({"round": t, "x": x, "normal_map": None if nm is None else
+                                  (nm[0].detach().clone(), float(nm[1]))}, os.path.join(points_dir, f"round-{t}.pt"))
+            return None
+
+        every = int(cfg.checkpoint_every) or cfg.rounds + 1  # 0: only after the last round
+        result = run_server(grid, alg, s["model_fn"], regularizer=reg, rounds=cfg.rounds,
+                            num_clients=len(s["fed"].parts), clients_per_round=cfg.clients_per_round,
+                            participation=cfg.participation, seed=cfg.seed, batch_size=cfg.batch_size,
+                            round_timeout=float(rc["round-timeout"]), connect_timeout=float(rc["connect-timeout"]),
+                            callbacks=[record], checkpoint=path, checkpoint_every=every, resume=resume,
+                            run_key=str(rc["run-key"]))
+    except Exception as e:
+        write_error(out, e)  # the parent command reports it (Flower's log buries it in a traceback)
+        raise
     os.makedirs(out, exist_ok=True)
-    torch.save({"points": points, "diverged": status["diverged"]}, os.path.join(out, POINTS_FILE))
+    torch.save({"diverged": status["diverged"]}, os.path.join(out, STATUS_FILE))
     save_result(result, out)  # last: result.pt tells the parent the run is complete
 
 

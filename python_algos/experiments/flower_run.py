@@ -2,6 +2,7 @@
 
     prep = prepare_flower(cfg, "results/my-run")   # every check, nothing written, no process started
     summary = execute_flower(prep)                 # SuperLink + one SuperNode per client, then the run folder
+    prep = prepare_flower(None, "results/my-run", resume=True)   # continue a run a failed node stopped
 
 What runs where: :class:`~python_algos.deploy.local.LocalDeployment` starts one SuperLink and one
 SuperNode per client on 127.0.0.1 (``--insecure`` on loopback only). The apps are
@@ -12,26 +13,36 @@ simulation. In float64 the final model equals the one-process ``run``'s (tested 
 
 The run folder has the usual format (``config.json``, ``partition.json``, ``metrics.jsonl``,
 ``summary.json`` with ``engine: "flower"``, ``model.pt`` with its round), so ``plot`` and
-``History.load`` read it. The server holds no data: it records the reported model of every metric
-round, and the objective metrics (f, h, f+h, ||G_s||², the normal map, sparsity, test metrics) are
-computed here afterwards on the full data by simulate's own formula. Per round, ``sent_bytes`` /
-``recv_bytes`` are the server's bytes on the wire (all participants) and ``wall_time`` the server's
-round trip, Flower's per-message process start included.
+``History.load`` read it, plus what a deployment keeps: ``flower.json`` (the engine and the key of
+the nodes' state folders), ``flower-checkpoint.pt`` (the server's checkpoint, every
+``--checkpoint-every`` rounds: its fields of the State and generators, no client state),
+``flower-nodes/`` (each node's own state, written by the node: in a real deployment it lies on the
+client's machine) and ``flower-points/`` (the reported model of every metric round). The server
+holds no data, so the objective metrics (f, h, f+h, ||G_s||², the normal map, sparsity, test
+metrics) are computed here afterwards on the full data by simulate's own formula. Per round,
+``sent_bytes`` / ``recv_bytes`` are the server's bytes on the wire (all participants) and
+``wall_time`` the server's round trip, Flower's per-message process start included.
 
-Not yet: ``--resume`` (no server checkpoint), ``--workers``, several seeds, a GPU, and the algorithms
-the deployment refuses (DEPOSITUM, FedDR's ``init_from='paper'``, FedCanon II): refused before
-anything is written. Nothing is written before the Flower run has finished: Ctrl-C or a failure
-(e.g. a node that stops) ends every process and leaves no run folder.
+A node that fails or stops answering stops the run: every process ends, and the folder gets the
+metrics up to the server's last checkpoint and a summary with ``status: "failed"``, the client named,
+and the command that continues it exactly (``run --resume DIR --flower``); Ctrl-C likewise, with
+``status: "interrupted"``. Not with ``--flower``: ``--workers``, several seeds, a GPU, and the
+algorithms the deployment refuses (DEPOSITUM, FedDR's ``init_from='paper'``, FedCanon II) or models
+whose training pass keeps state outside the parameters (BatchNorm statistics, Dropout): refused
+before anything is written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
+import secrets
+import shutil
 import sys
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -39,24 +50,44 @@ import fedkernels as fk
 
 from .config import ConfigError
 from .evaluation import make_eval
+from .folders import resume_command
 from .losses import loss_function
 from .prepare import PreparedRun, prepare_run
-from .run import _start_folder
+from .run import Interrupted, _start_folder
 from ..clients import resolve_executor
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import _write_json, _write_jsonl
+from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, _remove_leftovers, _write_json, _write_jsonl
 from ..simulate import objective_metrics
 
-__all__ = ["check_flower_flags", "prepare_flower", "execute_flower", "ROUND_TIMEOUT", "CONNECT_TIMEOUT"]
+__all__ = ["check_flower_flags", "prepare_flower", "execute_flower", "PreparedFlower", "FlowerRunFailed",
+           "flower_resume_command", "ROUND_TIMEOUT", "CONNECT_TIMEOUT"]
 
 ROUND_TIMEOUT = 300.0  # seconds a round may take before the run stops naming the node that did not answer
 CONNECT_TIMEOUT = 120.0  # seconds for the N SuperNodes to connect
 _ROW_KEYS = ("round", "wall_time", "elapsed", "prox_time", "prox_evals", "up", "down", "sent_bytes", "recv_bytes",
              "participants")
+NODES_DIR, POINTS_DIR = FLOWER_DIRS
 
 
-def check_flower_flags(*, workers=None, resume=None, seeds: bool = False, demo: bool = False,
-                       distributed: bool = False) -> None:
+class FlowerRunFailed(RuntimeError):
+    """A node failed (or the deployment did): the folder holds the run up to the server's last checkpoint."""
+
+
+@dataclasses.dataclass
+class PreparedFlower:
+    """A checked ``run --flower``: the run's pieces, the server checkpoint a resume continues from
+    (None: from round 0) and the key of the nodes' state folders."""
+
+    run: PreparedRun
+    snap: Optional[dict]
+    run_key: str
+
+
+def flower_resume_command(out_dir: str) -> str:
+    return resume_command(out_dir) + " --flower"
+
+
+def check_flower_flags(*, workers=None, seeds: bool = False, demo: bool = False, distributed: bool = False) -> None:
     """The command-line combinations ``--flower`` cannot run (one line each, naming the flag), and Flower itself."""
     if demo:
         raise ValueError("--flower with --demo: the demo is a comparison of several algorithms; --flower runs one "
@@ -64,9 +95,6 @@ def check_flower_flags(*, workers=None, resume=None, seeds: bool = False, demo: 
     if workers:
         raise ValueError("--flower with --workers: the Flower run already has one process per client (its "
                          "SuperNodes); leave out --workers")
-    if resume:
-        raise ValueError("--flower with --resume: not yet (a Flower run writes no checkpoint to continue from); "
-                         "start the run again, or resume it without --flower")
     if seeds:
         raise ValueError("--flower with several seeds (--seeds or a --seed list): not yet; run one seed per command")
     if distributed:
@@ -77,29 +105,52 @@ def check_flower_flags(*, workers=None, resume=None, seeds: bool = False, demo: 
         raise ValueError(f"--flower needs Flower installed beside this Python ({sys.executable}): {INSTALL}")
 
 
-def prepare_flower(cfg, out_dir: str, *, replace: bool = False) -> PreparedRun:
-    """Every check of ``run`` (:func:`prepare_run`) plus those of a Flower deployment; writes nothing."""
-    prep = prepare_run(cfg, out_dir, replace=replace)
+def prepare_flower(cfg, out_dir: str, *, replace: bool = False, resume: bool = False,
+                   rounds: Optional[int] = None) -> PreparedFlower:
+    """Every check of ``run`` (:func:`prepare_run`) plus those of a Flower deployment; writes nothing.
+    ``resume=True``: continue the ``run --flower`` in ``out_dir`` (``cfg`` None, its settings are the
+    folder's; ``rounds`` may extend it) from its server checkpoint."""
+    prep = prepare_run(cfg, out_dir, replace=replace, resume=resume, rounds=rounds, flower=True)
+    cfg = prep.cfg
     if prep.device.type != "cpu":
         raise ConfigError("device", cfg.device, f"--flower runs the clients and the server on the CPU (this picks "
                                                 f"{prep.device}); give --device cpu")
     from ..algorithms.base import ServerClientAlgorithm
-    from ..deploy.nodes import ServerClients, server_state
+    from ..deploy.flower import fingerprint
+    from ..deploy.nodes import ServerClients, check_no_node_state, server_state
 
     alg = prep.algorithm
     if not isinstance(alg, ServerClientAlgorithm):
         why = "it is peer-to-peer, with no server" if alg.name == "DEPOSITUM" else "it has no server program"
         raise ConfigError("algorithm", cfg.algorithm, f"--flower deploys server–client algorithms; {alg.name} cannot "
                                                       f"be deployed: {why}")
-    dim = sum(p.numel() for p in prep.model.parameters())
-    p0 = next(prep.model.parameters())
-    x0 = torch.zeros(dim, dtype=p0.dtype)  # the values do not matter: only whether init needs client data
+    flat = fk.FlatParams(prep.model)
+    x0 = flat.params.detach().clone()
     try:
         with torch.no_grad():
-            server_state(alg, x0, ServerClients(len(prep.fed.parts), dim, p0.dtype))
+            server_state(alg, torch.zeros_like(x0), ServerClients(len(prep.fed.parts), x0.numel(), x0.dtype))
     except ValueError as e:
         raise ValueError(f"--flower -a {cfg.algorithm}: {e}") from None
-    return prep
+    check_no_node_state(prep.model, prep.fed.clients[0], f"--flower with --model {cfg.model}",
+                        fix="Choose a model without it (e.g. --model mlp), or run without --flower")
+    snap, run_key = None, secrets.token_hex(8)
+    if resume:
+        with open(os.path.join(out_dir, FLOWER_MARK)) as f:
+            run_key = json.load(f)["run_key"]
+        path = os.path.join(out_dir, FLOWER_CHECKPOINT)
+        if os.path.isfile(path):
+            from ..deploy.flower import load_server_checkpoint
+
+            snap = load_server_checkpoint(path)
+            fp = fingerprint(alg, prep.reg, cfg.seed, cfg.batch_size, len(prep.fed.parts), x0)
+            diff = [k for k in fp if snap["fingerprint"].get(k) != fp[k]]
+            if diff or snap["run_key"] != run_key:
+                raise ConfigError("resume", out_dir, f"{path} does not belong to the settings in config.json (they "
+                                  f"differ in {', '.join(diff) or 'the run key'}); nothing was changed")
+            if cfg.rounds < int(snap["round"]):
+                raise ConfigError("rounds", cfg.rounds, f"the checkpoint in {out_dir} is at round {snap['round']} and "
+                                  f"a run cannot go back; give --rounds {snap['round']} or more (nothing was changed)")
+    return PreparedFlower(prep, snap, run_key)
 
 
 def _python_path() -> str:
@@ -112,7 +163,7 @@ def _python_path() -> str:
     return os.pathsep.join(dict.fromkeys(dirs))
 
 
-def _write_app(folder: str, config_path: str, threads: int) -> str:
+def _write_app(folder: str, config_path: str, threads: int, round_timeout: float) -> str:
     """A Flower app folder whose components are :mod:`.flower_app`, configured with the run's Config."""
     app = os.path.join(folder, "pa-run-app")  # Flower's rule: the folder name is a valid app name
     os.makedirs(app, exist_ok=True)
@@ -138,16 +189,21 @@ clientapp = "python_algos.experiments.flower_app:clientapp"
 [tool.flwr.app.config]
 config-path = {json.dumps(config_path)}
 threads = {int(threads)}
-round-timeout = {ROUND_TIMEOUT}
+round-timeout = {float(round_timeout)}
 connect-timeout = {CONNECT_TIMEOUT}
 result-dir = ""
+checkpoint = ""
+resume = false
+points-dir = ""
+run-key = ""
 """)
     return app
 
 
-def _metric_rows(prep: PreparedRun, result: dict, saved: dict) -> tuple:
-    """(initial row, per-round rows, divergence message or None): the server's records, with the
-    objective metrics of each metric round computed here on the full data (simulate's formula)."""
+def _metric_rows(prep: PreparedRun, records: list, points_dir: str, diverged: Optional[str]) -> tuple:
+    """(initial row, per-round rows, divergence message or None): the server's per-round records, with
+    the objective metrics of each metric round computed here on the full data (simulate's formula)
+    from the model the server recorded for it."""
     cfg, fed, alg, reg, model = prep.cfg, prep.fed, prep.algorithm, prep.reg, prep.model
     flat = fk.FlatParams(model)
     x0 = flat.params.detach().clone()
@@ -167,52 +223,96 @@ def _metric_rows(prep: PreparedRun, result: dict, saved: dict) -> tuple:
         with torch.no_grad():
             state0 = alg.init(x0.clone(), cs)  # the server's start, as simulate's round 0
             initial.update(evaluate(alg.report(state0, reg).detach(), alg.normal_map_point(state0)))
-    at = {p["round"]: p for p in saved["points"]}
-    rows, diverged = [], saved.get("diverged")
-    for rec in result["metrics"]:
+    rows = []
+    for rec in records:
         row = {k: rec[k] for k in _ROW_KEYS if k in rec}
-        p = at.get(rec["round"])
-        if p is not None:
+        path = os.path.join(points_dir, f"round-{rec['round']}.pt")
+        if os.path.exists(path):
+            p = torch.load(path, weights_only=True)
             row.update(evaluate(p["x"].to(x0.dtype), p["normal_map"]))
         rows.append(row)
-        if p is not None and not torch.isfinite(torch.tensor(row["f+h"])):
+        if "f+h" in row and not torch.isfinite(torch.tensor(row["f+h"])):
             diverged = f"round {rec['round']}: f+h = {row['f+h']}"
             break
-    flat.bind_(result["params"].to(x0.dtype).clone(), torch.zeros_like(x0))  # the model holds the final params
+    flat.bind_(x0.clone(), torch.zeros_like(x0))
     return initial, rows, diverged
 
 
-def execute_flower(prep: PreparedRun, *, log: Callable[[str], None] = print, label=None) -> dict:
-    """Run a :func:`prepare_flower`-checked run through a local Flower deployment; returns the summary."""
-    from .flower_app import POINTS_FILE
-    from ..deploy.local import LocalDeployment
+def _start(fp: PreparedFlower, log) -> None:
+    """The first writes (every check has passed): a fresh run's settings, split and engine mark; a
+    resume drops what the rounds after its checkpoint left (they are redone)."""
+    prep, out_dir = fp.run, fp.run.out_dir
+    if not prep.resume:
+        _start_folder(prep, log)  # config.json first, partition.json; a replaced run's files go
+        for d in FLOWER_DIRS:
+            shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
+        _write_json(os.path.join(out_dir, FLOWER_MARK), {"engine": "flower", "run_key": fp.run_key})
+        return
+    _remove_leftovers(out_dir)
+    r = int(fp.snap["round"]) if fp.snap is not None else 0
+    points = os.path.join(out_dir, POINTS_DIR)
+    for name in os.listdir(points) if os.path.isdir(points) else ():
+        if name.startswith("round-") and int(name[6:].split(".")[0]) > r:
+            os.remove(os.path.join(points, name))
+    if prep.rewrite_config:
+        _write_json(os.path.join(out_dir, "config.json"), prep.cfg.to_dict())
+    log(f"resuming {out_dir} from round {r} (the server's checkpoint), up to round {prep.cfg.rounds}"
+        if fp.snap is not None else f"resuming {out_dir}: no checkpoint was written yet, starting from round 0")
 
-    cfg, out_dir = prep.cfg, prep.out_dir
+
+def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, label=None,
+                   round_timeout: Optional[float] = None) -> dict:
+    """Run a :func:`prepare_flower`-checked run through a local Flower deployment; returns the summary.
+    Raises :class:`FlowerRunFailed` (a node failed) or :class:`~.run.Interrupted` (Ctrl-C) after
+    writing the folder up to the server's last checkpoint, from which ``run --resume DIR --flower``
+    continues. ``round_timeout``: seconds the server waits for a round's answers (default ROUND_TIMEOUT)."""
+    from .flower_app import STATUS_FILE
+    from ..deploy.local import DeploymentError, LocalDeployment
+
+    prep = fp.run
+    cfg, out_dir = prep.cfg, os.path.abspath(prep.out_dir)
     n = len(prep.fed.parts)
     label = label or cfg.algorithm
     node_cfg = cfg.replace(device="cpu", data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None)
+    _start(fp, log)
+    ckpt_path, points_dir = os.path.join(out_dir, FLOWER_CHECKPOINT), os.path.join(out_dir, POINTS_DIR)
+    os.makedirs(points_dir, exist_ok=True)
+    result, failure, interrupted, status = None, None, False, {}
     t0 = time.perf_counter()
-    with LocalDeployment(n, env={"PYTHONPATH": _python_path()}) as dep:
-        config_path = os.path.join(dep.dir, "run-config.json")
-        with open(config_path, "w") as f:
-            json.dump(node_cfg.to_dict(), f)
-        app = _write_app(dep.dir, config_path, cfg.threads or 1)
-        log(f"flower: a SuperLink and {n} SuperNodes on 127.0.0.1 (logs in {dep.dir} while it runs)")
-        result = dep.run(app, {}, timeout=CONNECT_TIMEOUT + 60 + ROUND_TIMEOUT * max(cfg.rounds, 1))
-        saved = torch.load(os.path.join(dep.dir, "result", POINTS_FILE), weights_only=False)
+    try:
+        with LocalDeployment(n, env={"PYTHONPATH": _python_path()},
+                             node_config={"state-dir": os.path.join(out_dir, NODES_DIR)}) as dep:
+            config_path = os.path.join(dep.dir, "run-config.json")
+            with open(config_path, "w") as f:
+                json.dump(node_cfg.to_dict(), f)
+            wait = float(round_timeout or ROUND_TIMEOUT)
+            app = _write_app(dep.dir, config_path, cfg.threads or 1, wait)
+            log(f"flower: a SuperLink and {n} SuperNodes on 127.0.0.1 (logs in {dep.dir} while it runs)")
+            try:
+                result = dep.run(app, {"checkpoint": ckpt_path, "resume": fp.snap is not None, "points-dir": points_dir,
+                                       "run-key": fp.run_key},
+                                 timeout=CONNECT_TIMEOUT + 60 + wait * max(cfg.rounds, 1))
+                status = torch.load(os.path.join(dep.result_dir, STATUS_FILE), weights_only=True)
+            except DeploymentError as e:
+                failure = str(e)
+    except KeyboardInterrupt:  # every process has ended (the with block)
+        interrupted = True
     run_seconds = time.perf_counter() - t0
 
-    initial, rows, diverged = _metric_rows(prep, result, saved)
-    _start_folder(prep, log)  # config.json, partition.json (every check passed, the run is done)
+    saved = _load_checkpoint(ckpt_path) if os.path.exists(ckpt_path) else None
+    records = result["metrics"] if result is not None else (saved["metrics"] if saved is not None else [])
+    initial, rows, diverged = _metric_rows(prep, records, points_dir, status.get("diverged"))
     _write_jsonl(os.path.join(out_dir, "metrics.jsonl"), [initial, *rows])
     last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else initial)
     alg, model = prep.algorithm, prep.model
+    last_ckpt = int(saved["round"]) if saved is not None else None
     summary = {
         "label": label,
         "algorithm": alg.name,
         "hparams": alg.hparams(),
         "engine": "flower",
-        "status": "diverged" if diverged else "completed",
+        "status": ("interrupted" if interrupted else "failed" if failure is not None else
+                   "diverged" if diverged else "completed"),
         "message": None,
         "rounds": cfg.rounds,
         "rounds_done": rows[-1]["round"] if rows else 0,
@@ -228,17 +328,37 @@ def execute_flower(prep: PreparedRun, *, log: Callable[[str], None] = print, lab
         "executor": "flower",
         "world_size": n + 1,  # the server and one node per client
         "threads": cfg.threads or 1,
-        "out_dir": out_dir,
-        "last_checkpoint_round": None,
-        "resume_command": None,  # not yet: see the module docstring
-        "nodes": {str(k): v for k, v in result["nodes"].items()},
+        "out_dir": prep.out_dir,
+        "last_checkpoint_round": last_ckpt,
+        "resume_command": flower_resume_command(prep.out_dir),
+        "nodes": {str(k): v for k, v in result["nodes"].items()} if result is not None else None,
     }
+    where = (f"it continues from round {last_ckpt}, the server's last checkpoint" if last_ckpt is not None else
+             "no server checkpoint was written, so it restarts at round 0")
+    if interrupted:
+        summary["message"] = f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; {where}"
+        _write_json(os.path.join(out_dir, "summary.json"), summary)
+        raise Interrupted(summary)
+    if failure is not None:
+        summary["message"] = (f"{label} stopped in the Flower deployment: {failure}\nThe folder holds the run up to "
+                              f"round {summary['rounds_done']}; {where} (each node restores its own state from "
+                              f"{os.path.join(prep.out_dir, NODES_DIR)}): {summary['resume_command']}")
+        _write_json(os.path.join(out_dir, "summary.json"), summary)
+        raise FlowerRunFailed(summary["message"])
     if diverged:
         summary["message"] = (f"{label} diverged at {diverged}; the run was stopped. Lower the step size "
                               f"(--lr, currently {cfg.lr:g}) or the local steps.")
     else:  # model.pt records its round, as the one-process run's
+        flat = fk.FlatParams(model)
+        flat.bind_(result["params"].to(flat.params.dtype).clone(), torch.zeros_like(flat.params))
         ckpt.atomic_save({"params": result["params"].cpu(), "round": rows[-1]["round"] if rows else 0,
                           "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}},
                          os.path.join(out_dir, "model.pt"))
     _write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary
+
+
+def _load_checkpoint(path: str) -> dict:
+    from ..deploy.flower import load_server_checkpoint
+
+    return load_server_checkpoint(path)

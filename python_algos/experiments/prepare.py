@@ -26,7 +26,7 @@ from .device import resolve_device
 from .folders import _read_config_json, resume_command
 from ..algorithms.registry import ALGORITHMS
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import RunExistsError, RunFolderError, _as_json, _holds_run
+from ..runfolder.files import FLOWER_MARK, RunExistsError, RunFolderError, _as_json, _holds_run
 from ..simulate import _clients_per_round
 
 __all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size"]
@@ -66,7 +66,7 @@ def check_world_size(num_clients: int, processes: int) -> None:
 
 
 def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None, resume: bool = False,
-                rounds: Optional[int] = None, replace: bool = False) -> PreparedRun:
+                rounds: Optional[int] = None, replace: bool = False, flower: bool = False) -> PreparedRun:
     """Every check of a run, in the order a user would fix them; writes nothing.
 
     ``replace=True`` lets a fresh run replace the run already in ``out_dir``; by default such a
@@ -92,6 +92,13 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
                                      f"`python -m python_algos compare --resume {out_dir}`")
             raise RunFolderError(f"cannot resume {out_dir}: it holds no config.json, so no run was started there "
                                  f"(a run stopped before it wrote its settings leaves none); start it again with `run`")
+        ran_flower = os.path.isfile(os.path.join(out_dir, FLOWER_MARK))
+        if ran_flower and not flower:
+            raise RunFolderError(f"{out_dir} ran through Flower (run --flower): continue it the same way, with "
+                                 f"`{resume_command(out_dir)} --flower`; nothing was changed")
+        if flower and not ran_flower:
+            raise RunFolderError(f"{out_dir} ran in this process, not through Flower: continue it without --flower, "
+                                 f"with `{resume_command(out_dir)}`; nothing was changed")
         cfg = _read_config_json(cfg_path)
         if rounds is not None:
             if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import time
 from typing import Callable, Optional
@@ -39,7 +40,7 @@ from .losses import loss_function
 from .prepare import PreparedRun, prepare_run
 from .threads import apply_threads
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import RUN_FILES, _append_row, _remove_leftovers, _write_json, _write_jsonl, read_metrics
+from ..runfolder.files import FLOWER_DIRS, RUN_FILES, _append_row, _remove_leftovers, _write_json, _write_jsonl, read_metrics
 from ..runfolder.progress import Progress
 from ..simulate import simulate
 
@@ -94,6 +95,8 @@ def _start_folder(prep: PreparedRun, log) -> None:
     if not prep.resume:
         os.makedirs(out_dir, exist_ok=True)
         _remove_leftovers(out_dir, also=RUN_FILES)  # replace: no file of the previous run may outlive it
+        for d in FLOWER_DIRS:  # ... nor the folders of a run --flower
+            shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
         launch.remove_shards(os.path.join(out_dir, "checkpoint.pt"))  # ... nor its checkpoint shards
         _write_json(cfg_path, cfg.to_dict())  # first: a folder with config.json can always be resumed
         prep.rewrite_config = False

@@ -18,7 +18,7 @@ def _common(context):
 @app.query("hello")
 def hello(msg, context):
     alg, model_fn, reg, seed, batch = _common(context)
-    return handle_hello(msg, context, alg, model_fn, reg, seed, batch)
+    return handle_hello(msg, context, alg, model_fn, reg, seed, batch, task.load_data(context.run_config))
 
 
 @app.train("round")

@@ -1,11 +1,15 @@
-"""The ServerApp: the algorithm's server program; writes result.pt to the run config's result-dir."""
+"""The ServerApp: the algorithm's server program; writes result.pt to the run config's result-dir.
+
+With ``checkpoint`` set, the server writes its checkpoint there after every round; a run stopped by
+a failed node continues from it with ``--run-config "resume=true"`` (every SuperNode started with
+``state-dir`` in its node config, where it keeps its own state).
+"""
 
 import os
 
-import torch
 from flwr.serverapp import ServerApp
 
-from python_algos.deploy.flower import run_server, save_result
+from python_algos.deploy.flower import load_server_checkpoint, run_server, save_result, write_error
 
 from . import task
 
@@ -15,8 +19,15 @@ app = ServerApp()
 @app.main()
 def main(grid, context) -> None:
     cfg = context.run_config
-    result = run_server(grid, task.algorithm(cfg), task.model_fn(cfg), round_timeout=float(cfg["round-timeout"]),
-                        **task.settings(cfg))
+    path = str(cfg["checkpoint"]) or None
+    resume = load_server_checkpoint(path) if cfg["resume"] and path and os.path.exists(path) else None
+    try:
+        result = run_server(grid, task.algorithm(cfg), task.model_fn(cfg), round_timeout=float(cfg["round-timeout"]),
+                            checkpoint=path, resume=resume, **task.settings(cfg))
+    except Exception as e:
+        if cfg["result-dir"]:
+            write_error(str(cfg["result-dir"]), e)
+        raise
     if cfg["result-dir"]:
         save_result(result, str(cfg["result-dir"]))
     print(f"final model: {result.params.tolist()}")
