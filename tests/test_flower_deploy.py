@@ -56,36 +56,51 @@ def _simulate(cfg):
                            metrics_every=0)
 
 
-# SCAFFOLD with 2 of 3 clients per round through real processes: tests/test_flower_cli.py (run --flower);
-# each real-process run costs about a minute, so the default suite runs one per path.
-@pytest.mark.parametrize("over", [{"algorithm": "za1"}])
-def test_local_deployment_equals_simulate(over):
-    cfg = _config(rounds=2, **{"num-clients": 3}, **over)
+def _close(got, want):
+    return float((got - want).abs().max()) <= 1e-10 * (1 + float(want.abs().max()))
+
+
+# SCAFFOLD with 2 of 3 clients per round through real processes: below and tests/test_flower_cli.py.
+# Each real-process run costs tens of seconds (Flower starts a ClientApp process for every message),
+# so the three algorithms share one deployment (SuperNodes serve one run after another).
+def test_local_deployment_equals_simulate():
     with LocalDeployment(3, env=_env()) as dep:
-        got = dep.run(APP, cfg, timeout=400)
+        for algorithm in ("fedcanon", "za1", "fednmap"):
+            cfg = _config(rounds=2, **{"num-clients": 3, "algorithm": algorithm})
+            got = dep.run(APP, cfg, timeout=400)
+            want = _simulate(cfg)
+            assert _close(got["params"], want.params), algorithm
+            assert not torch.equal(got["params"], _task().model_fn(cfg)().weight.detach().reshape(-1))
         started = dep.procs.copy()
-    want = _simulate(cfg)
-    assert float((got["params"] - want.params).abs().max()) <= 1e-10 * (1 + float(want.params.abs().max()))
-    assert not torch.equal(got["params"], _task().model_fn(cfg)().weight.detach().reshape(-1))
     assert all(p.poll() is not None for p in started.values())
 
 
-def test_a_killed_supernode_stops_the_run_naming_the_client():
-    cfg = _config(rounds=30, **{"num-clients": 3, "round-timeout": 20.0})
-    with LocalDeployment(3, env=_env()) as dep:
-        import threading
-        import time
+def test_a_killed_supernode_stops_the_run_naming_the_client_and_the_run_resumes_exactly(tmp_path):
+    """Client 2 (in every round of this draw) is killed once the server's checkpoint of round 1 exists:
+    the run stops naming it, with no result. Client 2's SuperNode is started again (the SuperLink still
+    lists the dead one for a while) and the same run with resume=true ends where simulate() ends:
+    the server continues from its checkpoint, each node from its own state in its state-dir."""
+    import threading
+    import time
 
+    server = tmp_path / "server.pt"
+    cfg = _config(rounds=4, **{"num-clients": 3, "round-timeout": 25.0, "algorithm": "scaffold",
+                               "clients-per-round": 2, "checkpoint": str(server)})
+    with LocalDeployment(3, env=_env(), node_config={"state-dir": str(tmp_path / "nodes")}) as dep:
         def kill_after_first_round():
             deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and dep.log("supernode-1").count("Sent successfully") < 2:
-                time.sleep(0.5)
-            dep.kill_node(1)
+            while time.monotonic() < deadline and not server.exists():
+                time.sleep(0.2)
+            dep.kill_node(2)
 
         threading.Thread(target=kill_after_first_round, daemon=True).start()
-        with pytest.raises(DeploymentError, match=r"client 1 \(node \d+\)"):
+        with pytest.raises(DeploymentError, match=r"NodeFailure: round \d: client 2 \(node \d+\).*The server's "
+                                                  r"checkpoint of round \d is .*server\.pt: restart the node"):
             dep.run(APP, cfg, timeout=400)
-        assert not os.path.exists(os.path.join(dep.dir, "result", "result.pt"))
+        assert not os.path.exists(os.path.join(dep.result_dir, "result.pt"))
+        dep.start_node(2)
+        got = dep.run(APP, {**cfg, "resume": True}, timeout=400)
         groups = dict(dep.procs)
-    dep_left = [p for p in groups.values() if p.poll() is None]
-    assert dep_left == []
+    assert _close(got["params"], _simulate(cfg).params)
+    assert [m["round"] for m in got["metrics"]] == [1, 2, 3, 4]
+    assert [p for p in groups.values() if p.poll() is None] == []

@@ -11,7 +11,9 @@ What runs where (docs/algorithms.md §0.1; the framework-free parts are :mod:`.n
   download, collects the uploads, averages them (``algorithm.aggregate``: ``(1/|S|) Σ``, or
   ``(1/N) Σ`` for ``up_over_all`` names) and runs ``server_update`` (the server's prox, fused
   kernels). A client that fails or does not answer within ``round_timeout`` stops the run with
-  :class:`NodeFailure` naming it; nothing waits forever.
+  :class:`NodeFailure` naming it; nothing waits forever. With ``checkpoint=PATH`` the server saves
+  its side after every round, and ``resume=load_server_checkpoint(PATH)`` continues exactly, each
+  node restoring its own state from its node config's ``state-dir`` (:mod:`.persist`).
 * The **ClientApp** (node ``partition-id`` = client i, its own data from ``load_data(i, context)``)
   keeps its rows of the client fields, its client copies, its minibatch generator (seeded from
   (seed, i)) and its last upload in ``context.state``; on each round it runs ``client_receive`` of
@@ -50,6 +52,7 @@ __all__ = ["server_app", "client_app", "run_server", "load_server_checkpoint", "
 
 INSTALL = 'pip install ".[flower]"  (flwr==1.41.0)'
 HELLO, ROUND = "query.hello", "train.round"
+POLL = 0.1  # seconds between two pulls of replies from the SuperLink
 NODE_KEY = "python_algos.node"  # context.state record of a client node
 
 
@@ -290,25 +293,34 @@ def _message(content, node_id: int, kind: str, t: int):
 
 
 def _exchange(grid, out: list, nodes: dict, part: list, timeout: float, t) -> dict:
-    """Send and receive one batch of messages; every participant's reply, or NodeFailure naming
-    those that answered with an error or not in time."""
-    replies = list(grid.send_and_receive(out, timeout=timeout))
-    by_node = {int(r.metadata.src_node_id): r for r in replies}
+    """Send one round's messages (``out[j]`` to participant ``part[j]``) and collect the replies as
+    they come, pulling every ``POLL`` seconds (Flower's ``send_and_receive`` sleeps 3 s between
+    pulls, which a round would pay on every exchange); every participant's reply, or NodeFailure
+    naming those that answered with an error (the wait stops at the first) or not in time."""
+    waiting = {int(nodes[i]): mid for i, mid in zip(part, grid.push_messages(out))}
+    by_node, until = {}, time.monotonic() + timeout
+    while waiting:
+        for r in grid.pull_messages(list(waiting.values())):
+            nid = int(r.metadata.src_node_id)
+            if waiting.pop(nid, None) is not None:
+                by_node[nid] = r
+        if not waiting or any(r.has_error() for r in by_node.values()) or time.monotonic() > until:
+            break
+        time.sleep(POLL)
     errors, missing, got = [], [], {}
     for i in part:
         r = by_node.get(int(nodes[i]))
-        who = f"node {nodes[i]}" if t == 0 else f"client {i} (node {nodes[i]})"  # the handshake finds the ids
+        who = f"client {i} (node {nodes[i]})"
         if r is None:
             missing.append(who)
         elif r.has_error():
             errors.append(f"{who}: {r.error.reason}")
         else:
             got[i] = r
-    where = "the handshake" if t == 0 else f"round {t}"
     if errors:
-        raise NodeFailure(f"{where}: " + "; ".join(errors))
+        raise NodeFailure(f"round {t}: " + "; ".join(errors))
     if missing:
-        raise NodeFailure(f"{where}: {', '.join(missing)} did not answer within round_timeout={timeout:g} s "
+        raise NodeFailure(f"round {t}: {', '.join(missing)} did not answer within round_timeout={timeout:g} s "
                           f"(the node stopped, or its round is slower than that: raise round_timeout)")
     return got
 
@@ -316,8 +328,13 @@ def _exchange(grid, out: list, nodes: dict, part: list, timeout: float, t) -> di
 def _handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, restore: dict) -> dict:
     """Wait for N nodes, ask each its client id (``partition-id``) and settings, and tell each where the
     run starts (``restore``: run key, round, each client's last round, which a resumed node loads from
-    its ``state-dir``); return client -> node id. Raises ValueError if the ids are not 0..N-1 once
-    each or a node's settings differ from the server's, NodeFailure if a node cannot restore its state."""
+    its ``state-dir``); return client -> node id. Raises ValueError if two nodes claim one client or a
+    node's settings differ from the server's, NodeFailure if a node fails (e.g. cannot restore its
+    state) or no node answers for some client within ``timeout``.
+
+    More than N nodes may be listed: a node that was killed stays "online" at the SuperLink until its
+    heartbeats are missed (about a minute), while the restarted node has joined. The handshake asks
+    them all and goes on as soon as one node of every client has answered."""
     fapp, _, _ = _flwr()
     deadline = time.monotonic() + connect_timeout
     while True:
@@ -328,25 +345,40 @@ def _handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, r
             raise NodeFailure(f"only {len(node_ids)} of num_clients={n} client nodes connected within "
                               f"connect_timeout={connect_timeout:g} s")
         time.sleep(0.2)
-    if len(node_ids) > n:
-        raise ValueError(f"{len(node_ids)} client nodes are connected, num_clients={n}: one node per client")
     content = lambda: fapp.RecordDict({"config": fapp.ConfigRecord({"fingerprint": json.dumps(fp),
                                                                       "restore": json.dumps(restore)})})
-    out = [_message(content(), nid, HELLO, 0) for nid in node_ids]
-    replies = _exchange(grid, out, {j: nid for j, nid in enumerate(node_ids)}, list(range(n)), timeout, 0)
-    nodes = {}
-    for j, nid in enumerate(node_ids):
-        cfg = replies[j].content["hello"]
-        cid, theirs = int(cfg["client_id"]), json.loads(cfg["fingerprint"])
-        if not 0 <= cid < n or cid in nodes:
-            raise ValueError(f"node {nid} says it is client {cid}: every node's partition-id must be one of "
-                             f"0..{n - 1}, once each (--node-config \"partition-id=<i>\")")
-        diff = [f"{key}: server {fp[key]!r}, client {theirs.get(key)!r}" for key in fp if theirs.get(key) != fp[key]]
-        if diff:
-            raise ValueError(f"client {cid} (node {nid}) runs other settings than the server: " + "; ".join(diff) +
-                             (" (model_fn must build the same initial parameters everywhere: seed it)"
-                              if any(d.startswith("x0_sha256") for d in diff) else ""))
-        nodes[cid] = nid
+    waiting = dict(zip(node_ids, grid.push_messages([_message(content(), nid, HELLO, 0) for nid in node_ids])))
+    nodes, errors, until = {}, [], time.monotonic() + timeout
+    while waiting and len(nodes) + len(errors) < n:
+        for r in grid.pull_messages(list(waiting.values())):
+            nid = int(r.metadata.src_node_id)
+            if waiting.pop(nid, None) is None:
+                continue
+            if r.has_error():
+                errors.append(f"node {nid}: {r.error.reason}")
+                continue
+            cfg = r.content["hello"]
+            cid, theirs = int(cfg["client_id"]), json.loads(cfg["fingerprint"])
+            if not 0 <= cid < n or cid in nodes:
+                raise ValueError(f"node {nid} says it is client {cid}: every node's partition-id must be one of "
+                                 f"0..{n - 1}, once each (--node-config \"partition-id=<i>\")")
+            diff = [f"{key}: server {fp[key]!r}, client {theirs.get(key)!r}" for key in fp
+                    if theirs.get(key) != fp[key]]
+            if diff:
+                raise ValueError(f"client {cid} (node {nid}) runs other settings than the server: " + "; ".join(diff) +
+                                 (" (model_fn must build the same initial parameters everywhere: seed it)"
+                                  if any(d.startswith("x0_sha256") for d in diff) else ""))
+            nodes[cid] = nid
+        if waiting and len(nodes) + len(errors) < n:
+            if time.monotonic() > until:
+                break
+            time.sleep(POLL)
+    if errors:
+        raise NodeFailure("the handshake: " + "; ".join(errors))
+    missing = [i for i in range(n) if i not in nodes]
+    if missing:
+        raise NodeFailure(f"the handshake: no node answered for client(s) {missing} within round_timeout="
+                          f"{timeout:g} s ({len(node_ids)} nodes listed, {len(nodes)} answered)")
     return nodes
 
 

@@ -6,6 +6,7 @@
     python -m python_algos run --config exp.toml --rounds 300     # flags override the file
     python -m python_algos run --resume results/<run>              # continue after a crash / kill
     python -m python_algos run -a scaffold -N 4 -T 20 --flower      # through local Flower processes
+    python -m python_algos run --resume results/<run> --flower     # continue it after a failed node
     python -m python_algos compare -a fedcanon fedavg za1 --partition dirichlet --eta 0.1
     python -m python_algos compare --resume results/<compare-folder>   # finish an interrupted comparison
     python -m python_algos sweep -a fedcanon --grid alpha=0.05,0.1 --grid beta=log:1e-3:1e-1:3 --seeds 3 --jobs 2
