@@ -23,9 +23,9 @@ from typing import Optional
 
 import torch
 
-__all__ = ["LocalDeployment", "DeploymentError", "ERROR_FILE"]
+from .wire import ERROR_FILE
 
-ERROR_FILE = "error.txt"  # written by a ServerApp that stopped on an error (flower.write_error), beside result.pt
+__all__ = ["LocalDeployment", "DeploymentError"]
 
 
 class DeploymentError(RuntimeError):

@@ -1,0 +1,119 @@
+"""A client node of a Flower deployment: the handlers of its two messages (:func:`handle_hello`,
+:func:`handle_round`) and :func:`client_app`. See :mod:`.flower` for what runs where."""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Optional
+
+import fedkernels as fk
+
+from ..algorithms.base import ServerClientAlgorithm
+from .nodes import NodeClients, check_no_node_state, node_round, node_state, receives, save_node
+from .persist import NodeStore
+from .wire import NODE_KEY, _check_algorithm, _flat_x0, _flwr, decode_vectors, encode_vectors, fingerprint
+
+__all__ = ["client_app", "handle_hello", "handle_round"]
+
+
+def _client_id(context) -> int:
+    cfg = context.node_config
+    if "partition-id" not in cfg:
+        raise ValueError(f"node {context.node_id}: its node config has no partition-id (the client index): start "
+                         f"it with --node-config \"partition-id=<i> num-partitions=<N>\"")
+    return int(cfg["partition-id"])
+
+
+def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size, load_data=None):
+    """The node's answer to the handshake: its client id and its settings' fingerprint (after checking,
+    on a few of its samples from ``load_data``, that the model keeps no state outside its parameters)."""
+    fapp, _, _ = _flwr()
+    server = json.loads(msg.content["config"]["fingerprint"])
+    cid = _client_id(context)
+    if "num-partitions" in context.node_config and int(context.node_config["num-partitions"]) != server["num_clients"]:
+        raise ValueError(f"client {cid}: num-partitions={context.node_config['num-partitions']} in its node config, "
+                         f"the server runs num_clients={server['num_clients']}")
+    model, x0 = _flat_x0(model_fn)
+    if load_data is not None:
+        check_no_node_state(model, load_data(cid, context), f"client {cid}")
+    fp = fingerprint(algorithm, regularizer, seed, batch_size, server["num_clients"], x0)
+    if fp == server and "restore" in msg.content["config"]:  # other settings: the server refuses the node
+        _restore_node(context, cid, json.loads(msg.content["config"]["restore"]))
+    return fapp.Message(reply_to=msg, content=fapp.RecordDict({"hello": fapp.ConfigRecord(
+        {"client_id": cid, "fingerprint": json.dumps(fp)})}))
+
+
+def _store(context, cid: int, run_key: str) -> Optional[NodeStore]:
+    """The node's on-disk store (node config ``state-dir``), or None without one."""
+    folder = context.node_config.get("state-dir")
+    return NodeStore(str(folder), run_key, cid) if folder else None
+
+
+def _restore_node(context, cid: int, restore: dict) -> None:
+    """Where the run starts, for this node: at round 0 nothing to do; on a resume from round r, the
+    state saved after the last round it took part in (``last_round``, up to r), read from its
+    ``state-dir``, and the files of rounds after r dropped (they belong to the rounds that are redone)."""
+    r, last = int(restore["round"]), int(restore["last_round"][str(cid)])
+    store = _store(context, cid, restore["run_key"])
+    if NODE_KEY in context.state:  # a fresh Flower run's context is empty; a reused one is not
+        del context.state[NODE_KEY]
+    if store is not None:
+        store.drop_after(r)
+    if last == 0:
+        return
+    if store is None:
+        raise RuntimeError(f"client {cid} cannot resume: it took part in round {last}, and its state was kept only "
+                           f"in memory; start the node with --node-config '... state-dir=\"<folder>\"' so that it "
+                           f"keeps its state on disk (a resume needs it)")
+    if last not in store.rounds():
+        raise RuntimeError(f"client {cid} cannot resume from round {r}: its state of round {last} is not in "
+                           f"{store.dir} (found rounds {store.rounds()}); was the node started with another "
+                           f"state-dir?")
+    context.state[NODE_KEY] = encode_vectors(store.load(last))
+
+
+def handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, seed, batch_size):
+    """One round on a client node (see the module docstring); its state lives in ``context.state``."""
+    fapp, _, _ = _flwr()
+    plan = json.loads(msg.content["config"]["plan"])
+    vecs = decode_vectors(msg.content["vectors"])
+    cid = _client_id(context)
+    store = _store(context, cid, plan["run_key"])
+    model = model_fn()
+    clients = NodeClients(model, loss_fn, load_data(cid, context), cid, plan["num_clients"], batch_size, seed)
+    x0 = clients.flat.params.detach().clone()
+    saved = decode_vectors(context.state[NODE_KEY]) if NODE_KEY in context.state else None
+    state, names = node_state(algorithm, x0, clients, saved, plan["scalars"])
+    cast = lambda v: v.to(dtype=clients.dtype, device=clients.device)
+    recv = None if plan["recv"] is None else {n: cast(vecs[key]) for n, key in plan["recv"].items()}
+    down = {n: cast(vecs[key]).clone() for n, key in plan["down"].items()}
+    down.update(plan["settings"])
+    up = node_round(algorithm, regularizer, clients, state, saved, recv, down)
+    reply = encode_vectors({name: v[0] for name, v in up.items()})
+    keep = save_node(state, names, clients, up if receives(algorithm) else None)
+    context.state[NODE_KEY] = encode_vectors(keep)
+    if store is not None:  # on disk too: a resume after a failure (this node's or another's) reads it
+        store.save(plan["round"], keep)
+        store.prune(plan["committed"])
+    return fapp.Message(reply_to=msg, content=fapp.RecordDict({"up": reply}))
+
+
+def client_app(algorithm: ServerClientAlgorithm, model_fn: Callable, loss_fn: Callable, load_data: Callable, *,
+               regularizer: fk.Regularizer, seed: int = 0, batch_size: Optional[int] = None):
+    """A Flower ``ClientApp`` for one client node: ``load_data(client_id, context)`` returns the node's
+    data (an ``(X, y)`` pair or a ``Dataset``; ``client_id`` is the node config's ``partition-id``);
+    ``model_fn``, ``algorithm``, ``regularizer``, ``seed`` and ``batch_size`` must be the server's
+    (checked at the handshake)."""
+    _check_algorithm(algorithm)
+    _, fclient, _ = _flwr()
+    app = fclient.ClientApp()
+
+    @app.query("hello")
+    def hello(msg, context):
+        return handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size, load_data)
+
+    @app.train("round")
+    def train(msg, context):
+        return handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, seed, batch_size)
+
+    return app

@@ -1,0 +1,119 @@
+"""What travels between a Flower server and its client nodes, shared by both sides: named vectors as
+Flower ``ArrayRecord`` bytes (float64 stays float64), the settings both sides must share
+(:func:`fingerprint`), the message names, and the files a ServerApp leaves (``result.pt``,
+``error.txt``). The programs themselves: :mod:`.flower_server`, :mod:`.flower_client`."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Callable
+
+import numpy as np
+import torch
+
+import fedkernels as fk
+
+from ..algorithms.base import ServerClientAlgorithm
+
+__all__ = ["INSTALL", "HELLO", "ROUND", "NODE_KEY", "NodeFailure", "FlowerResult", "encode_vectors", "decode_vectors",
+           "payload_bytes", "fingerprint", "save_result", "write_error", "ERROR_FILE"]
+
+INSTALL = 'pip install ".[flower]"  (flwr==1.41.0)'
+HELLO, ROUND = "query.hello", "train.round"
+NODE_KEY = "python_algos.node"  # context.state record of a client node
+ERROR_FILE = "error.txt"  # written by a ServerApp that stopped on an error, beside where result.pt would be
+
+
+def _flwr():
+    """The Flower modules, imported on first use (an optional dependency)."""
+    try:
+        import flwr.app as fapp
+        import flwr.clientapp as fclient
+        import flwr.serverapp as fserver
+    except ImportError as e:
+        raise ImportError(f"python_algos.deploy.flower needs Flower: {INSTALL}") from e
+    return fapp, fclient, fserver
+
+
+class NodeFailure(RuntimeError):
+    """A client node failed, or did not answer in time: the run stops (resumable from the server's checkpoint)."""
+
+
+@dataclasses.dataclass
+class FlowerResult:
+    """What the server's loop returns: the reported model, the server's state, per-round records,
+    the client id -> Flower node id map and the run's settings."""
+
+    params: torch.Tensor
+    state: object
+    metrics: list
+    nodes: dict
+    setup: dict
+
+
+def encode_vectors(vectors: dict):
+    """Named tensors -> a Flower ``ArrayRecord`` (numpy arrays, exact bytes: float64 stays float64)."""
+    fapp, _, _ = _flwr()
+    return fapp.ArrayRecord({k: fapp.Array(np.ascontiguousarray(v.detach().cpu().numpy()))
+                             for k, v in vectors.items()})
+
+
+def decode_vectors(record) -> dict:
+    """An ``ArrayRecord`` -> named tensors (writable copies)."""
+    return {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
+
+
+def payload_bytes(record) -> int:
+    """Bytes of a record's arrays as serialized (the array data, each with its small .npy header)."""
+    return sum(len(a.data) for a in record.values())
+
+
+def fingerprint(alg, reg, seed, batch_size, num_clients, x0) -> dict:
+    """The settings server and nodes must share, compared at the handshake."""
+    return {"algorithm": alg.name, "hparams": json.dumps(alg.hparams(), sort_keys=True, default=repr),
+            "regularizer": repr(reg), "seed": int(seed), "batch_size": batch_size, "num_clients": int(num_clients),
+            "dim": int(x0.numel()), "dtype": str(x0.dtype).replace("torch.", ""),
+            "x0_sha256": hashlib.sha256(x0.detach().cpu().contiguous().numpy().tobytes()).hexdigest()}
+
+
+def _check_algorithm(algorithm) -> None:
+    if not isinstance(algorithm, ServerClientAlgorithm):
+        raise TypeError(f"algorithm must be a server–client python_algos algorithm (a ServerClientAlgorithm), got "
+                        f"{type(algorithm).__name__}" + (": DEPOSITUM is peer-to-peer, it has no server to deploy"
+                                                          if getattr(algorithm, "name", "") == "DEPOSITUM" else ""))
+
+
+def _flat_x0(model_fn: Callable) -> tuple:
+    model = model_fn()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model_fn must return an nn.Module, got {type(model).__name__}")
+    flat = fk.FlatParams(model)
+    return model, flat.params.detach().clone()
+
+
+def _message(content, node_id: int, kind: str, t: int):
+    fapp, _, _ = _flwr()
+    return fapp.Message(content, int(node_id), kind, group_id=str(t))
+
+
+def write_error(folder: str, error: BaseException) -> None:
+    """Leave the ServerApp's error in ``folder/error.txt`` (what :class:`~.local.LocalDeployment`
+    reports; Flower's own log buries it in a traceback)."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, ERROR_FILE), "w") as f:
+        f.write(f"{type(error).__name__}: {error}\n")
+
+
+def save_result(result: FlowerResult, folder: str) -> str:
+    """Write ``folder/result.pt`` (model, per-round records, node map, setup) atomically: a reader sees
+    the whole file or none (the ServerApp of a deployment hands its result over this way)."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "result.pt")
+    tmp = path + ".tmp"
+    torch.save({"params": result.params, "metrics": result.metrics, "nodes": result.nodes, "setup": result.setup},
+               tmp)
+    os.replace(tmp, path)
+    return path
