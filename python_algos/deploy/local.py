@@ -25,7 +25,7 @@ import torch
 
 from .wire import ERROR_FILE
 
-__all__ = ["LocalDeployment", "DeploymentError"]
+__all__ = ["LocalDeployment", "FlowerRun", "DeploymentError"]
 
 
 class DeploymentError(RuntimeError):
@@ -61,6 +61,9 @@ class LocalDeployment:
         self.dir = workdir or tempfile.mkdtemp(prefix="pa-flower-")
         self.bin = os.path.dirname(sys.executable)  # Flower's commands, installed beside this Python
         self.env = {**os.environ, **(env or {}), "FLWR_HOME": os.path.join(self.dir, "flwr-home")}
+        # Flower's SuperExecs look for a task (an app process to start) every second by default; on
+        # loopback a tenth of that costs nothing and saves about half a second per message
+        self.env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
         self.env["PATH"] = self.bin + os.pathsep + self.env.get("PATH", "")  # the SuperLink starts flower-superexec
         self.procs: dict[str, subprocess.Popen] = {}
         self.port: Optional[int] = None
@@ -146,29 +149,50 @@ class LocalDeployment:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     # -- a run --------------------------------------------------------------------------------
-    def run(self, app_dir: str, run_config: dict, timeout: float = 600.0) -> dict:
-        """``flwr run app_dir`` with ``run_config`` overrides (``result-dir`` is set here) and wait for it;
-        returns the ServerApp's ``result.pt``. Raises DeploymentError with the server's log if the run
-        fails (e.g. a NodeFailure naming the client) or does not finish within ``timeout`` seconds."""
+    def start_run(self, app_dir: str, run_config: dict) -> "FlowerRun":
+        """Start ``flwr run app_dir`` with ``run_config`` overrides (``result-dir`` is set here, one
+        folder per run) and return at once; several runs may share the SuperNodes (each node handles
+        one message at a time, the runs' messages in turn). :meth:`FlowerRun.wait` collects it."""
         self.runs += 1
-        out = self.result_dir = os.path.join(self.dir, f"result-{self.runs}")  # one folder per run
-        cfg = " ".join(f"{k}={_toml(v)}" for k, v in {**run_config, "result-dir": out}.items())
-        log = open(os.path.join(self.dir, "flwr-run.log"), "w")
+        k = self.runs
+        out = self.result_dir = os.path.join(self.dir, f"result-{k}")
+        cfg = " ".join(f"{key}={_toml(v)}" for key, v in {**run_config, "result-dir": out}.items())
+        name = "flwr-run" if k == 1 else f"flwr-run-{k}"
+        log = open(os.path.join(self.dir, name + ".log"), "w")
         p = subprocess.Popen([os.path.join(self.bin, "flwr"), "run", os.path.abspath(app_dir), "--run-config", cfg,
                               "--stream"], stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir,
                              start_new_session=True)
-        self.procs["flwr-run"] = p
-        path = os.path.join(out, "result.pt")
+        self.procs[name] = p
+        return FlowerRun(self, name, p, out)
+
+    def run(self, app_dir: str, run_config: dict, timeout: float = 600.0) -> dict:
+        """:meth:`start_run` and wait for it: the ServerApp's ``result.pt``. Raises DeploymentError
+        with the ServerApp's error (e.g. a NodeFailure naming the client) or Flower's log if the run
+        fails, or if it does not finish within ``timeout`` seconds."""
+        return self.start_run(app_dir, run_config).wait(timeout)
+
+
+class FlowerRun:
+    """One ``flwr run`` of a :class:`LocalDeployment` (``result_dir``: where its ServerApp writes)."""
+
+    def __init__(self, dep: LocalDeployment, name: str, proc: subprocess.Popen, result_dir: str):
+        self.dep, self.name, self.proc, self.result_dir = dep, name, proc, result_dir
+
+    def wait(self, timeout: float = 600.0) -> dict:
+        """The ServerApp's ``result.pt``, once the run has ended; DeploymentError if it failed or
+        did not end within ``timeout`` seconds."""
         try:
-            p.wait(timeout=timeout)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise DeploymentError(f"the Flower run did not finish within {timeout:g} s:\n{self.log('flwr-run')}") from None
+            raise DeploymentError(f"the Flower run did not finish within {timeout:g} s:\n"
+                                  f"{self.dep.log(self.name)}") from None
+        path = os.path.join(self.result_dir, "result.pt")
         if not os.path.exists(path):
-            failure = os.path.join(out, ERROR_FILE)  # the ServerApp's own account of what stopped it
+            failure = os.path.join(self.result_dir, ERROR_FILE)  # the ServerApp's own account of what stopped it
             if os.path.exists(failure):
                 with open(failure) as f:
                     raise DeploymentError(f.read().strip())
-            raise DeploymentError(f"the Flower run ended without a result:\n{self.log('flwr-run')}")
+            raise DeploymentError(f"the Flower run ended without a result:\n{self.dep.log(self.name)}")
         return torch.load(path, weights_only=False)
 
 
