@@ -6,7 +6,8 @@
 
 What runs where (docs/algorithms.md §0.1; the framework-free parts are :mod:`.nodes`):
 
-* The **ServerApp** (:func:`run_server`) holds the algorithm's server fields. Each round it draws the
+* The **ServerApp** (:func:`run_server`, or Flower's own loop with the same program as a
+  ``Strategy``: :class:`~.strategy.AlgorithmStrategy`) holds the algorithm's server fields. Each round it draws the
   participants from the run's seeded generator (``simulate``'s draw), sends each participant its
   download, collects the uploads, averages them (``algorithm.aggregate``: ``(1/|S|) Σ``, or
   ``(1/N) Σ`` for ``up_over_all`` names) and runs ``server_update`` (the server's prox, fused
@@ -27,11 +28,20 @@ final model equals ``simulate``'s (tested to 1e-10).
 
 from __future__ import annotations
 
+from .exchange import POLL
 from .flower_client import client_app, handle_hello, handle_round
-from .flower_server import POLL, load_server_checkpoint, run_server, server_app
+from .flower_server import ServerProgram, load_server_checkpoint, run_server, server_app
 from .wire import (HELLO, INSTALL, NODE_KEY, ROUND, FlowerResult, NodeFailure, _flwr, decode_vectors, encode_vectors,
                    fingerprint, payload_bytes, save_result, write_error)
 
-__all__ = ["server_app", "client_app", "run_server", "load_server_checkpoint", "handle_round", "handle_hello",
-           "FlowerResult", "NodeFailure", "encode_vectors", "decode_vectors", "payload_bytes", "fingerprint",
+__all__ = ["server_app", "client_app", "run_server", "ServerProgram", "AlgorithmStrategy", "load_server_checkpoint",
+           "handle_round", "handle_hello", "FlowerResult", "NodeFailure", "encode_vectors", "decode_vectors", "payload_bytes", "fingerprint",
            "save_result", "write_error", "INSTALL", "HELLO", "ROUND", "NODE_KEY", "POLL", "_flwr"]
+
+
+def __getattr__(name):  # the Strategy subclass needs Flower at import: loaded on first use
+    if name == "AlgorithmStrategy":
+        from .strategy import AlgorithmStrategy
+
+        return AlgorithmStrategy
+    raise AttributeError(name)

@@ -1,5 +1,14 @@
-"""The server's side of a Flower deployment: :func:`run_server` (a ServerApp's loop on Flower's
-``Grid``) and :func:`server_app`. See :mod:`.flower` for what runs where."""
+"""The server's side of a Flower deployment (see :mod:`.flower` for what runs where).
+
+* :class:`ServerProgram`: the algorithm's server program over Flower messages: it holds the
+  server's fields of the State, draws each round's participants (``simulate``'s draw), builds
+  their messages (``configure_train``) and, from the replies, averages the uploads and runs the
+  server update, the prox included, with the fused kernels (``aggregate_train``). It checkpoints
+  its side and resumes from such a checkpoint.
+* :func:`run_server`: a ServerApp's loop over it, replies collected as they come.
+* :class:`~.strategy.AlgorithmStrategy`: the same program as a Flower ``Strategy`` (for
+  ``strategy.start(grid, ...)``, Flower's own loop).
+"""
 
 from __future__ import annotations
 
@@ -16,29 +25,23 @@ import fedkernels as fk
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import seeds
 from ..simulate import _clients_per_round
+from .exchange import check_replies, collect, handshake
 from .nodes import ServerClients, receives, scalars, server_state
 from .persist import load_server, save_server
-from .wire import (HELLO, ROUND, FlowerResult, NodeFailure, _check_algorithm, _flat_x0, _flwr, _message,
-                   decode_vectors, encode_vectors, fingerprint, payload_bytes)
+from .wire import (ROUND, FlowerResult, NodeFailure, _check_algorithm, _flat_x0, _flwr, _message, decode_vectors,
+                   encode_vectors, fingerprint, payload_bytes)
 
-__all__ = ["run_server", "server_app", "load_server_checkpoint", "POLL"]
-
-POLL = 0.1  # seconds between two pulls of replies from the SuperLink
+__all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint"]
 
 
-def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, *, regularizer: fk.Regularizer,
-               rounds: int, num_clients: int, clients_per_round: Optional[int] = None,
-               participation: Optional[float] = None, seed: int = 0, batch_size: Optional[int] = None,
-               round_timeout: float = 300.0, connect_timeout: float = 120.0,
-               callbacks: Sequence[Callable] = (), checkpoint: Optional[str] = None, checkpoint_every: int = 1,
-               resume: Optional[dict] = None, checkpoint_extra: Optional[Callable[[], dict]] = None,
-               run_key: Optional[str] = None) -> FlowerResult:
-    """The server's loop on a Flower ``Grid`` (a ServerApp's ``main`` calls it); see the module docstring.
+class ServerProgram:
+    """An algorithm's server program on Flower messages; see the module docstring.
 
     ``model_fn()`` builds the model with the run's initial parameters (every node calls it too: the
     handshake refuses a node whose initial parameters differ). ``callbacks``: ``cb(t, state, record)``
-    after every round. Raises :class:`NodeFailure` naming the client (and Flower node) that failed,
-    answered with an error, or did not answer within ``round_timeout`` seconds.
+    after every round; one returning True stops the run. ``round_timeout``: seconds :func:`run_server`
+    waits for a round's replies. A client that failed, answered with an error or did not answer
+    raises :class:`NodeFailure` naming it (and its Flower node).
 
     ``checkpoint``: a file the server's snapshot is written to (atomically) after every
     ``checkpoint_every``-th round and the last, with ``checkpoint_extra()`` (the caller's own data)
@@ -47,90 +50,162 @@ def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, *, re
     ``state-dir`` (its own state is saved there; see :mod:`.persist`). ``run_key`` names the run's
     node-state folders (a fresh random one by default; a resume takes the snapshot's).
     """
-    _check_algorithm(algorithm)
-    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
-        raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
-    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
-        raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
-    for name, v in (("round_timeout", round_timeout), ("connect_timeout", connect_timeout)):
-        if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
-            raise ValueError(f"{name} must be a finite number of seconds > 0 (a run never waits forever), got {v!r}")
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be an int >= 1, got {checkpoint_every!r}")
-    algorithm.validate(regularizer)
-    n = int(num_clients)
-    k = _clients_per_round(algorithm, n, participation, clients_per_round)
-    _, x0 = _flat_x0(model_fn)
-    cs = ServerClients(n, x0.numel(), x0.dtype, x0.device)
-    cs.set_participation(k, seed)  # simulate's participant draw
-    rng = torch.Generator().manual_seed(seeds(seed, 1, stream=1)[0])  # simulate's server generator
-    with torch.no_grad():
-        state = server_state(algorithm, x0, cs)
-    fp = fingerprint(algorithm, regularizer, seed, batch_size, n, x0)
-    pending: dict = {}  # client -> the download its client_receive still needs (algorithms with one)
-    last_round = {i: 0 for i in range(n)}  # client -> the last round it took part in (0: none)
-    metrics, elapsed, start, committed = [], 0.0, 0, None
-    if resume is not None:
-        state, start = _restore(resume, fp, state, rng, cs, rounds)
-        pending, last_round = dict(resume["pending"]), {int(i): int(r) for i, r in resume["last_round"].items()}
-        metrics, elapsed, committed, run_key = list(resume["metrics"]), float(resume["elapsed"]), start, resume["run_key"]
-    run_key = run_key or secrets.token_hex(8)
-    restore = {"run_key": run_key, "round": start, "last_round": {str(i): r for i, r in last_round.items()}}
-    nodes = _handshake(grid, fp, n, connect_timeout, round_timeout, restore)
-    msgs, with_receive = algorithm.messages(), receives(algorithm)
-    for t in range(start + 1, int(rounds) + 1):
-        t0 = time.perf_counter()
-        ids = cs.participants() if algorithm.partial_participation else None
-        part = list(range(n)) if ids is None else ids.tolist()
+
+    def __init__(self, algorithm: ServerClientAlgorithm, model_fn: Callable, *, regularizer: fk.Regularizer,
+                 rounds: int, num_clients: int, clients_per_round: Optional[int] = None,
+                 participation: Optional[float] = None, seed: int = 0, batch_size: Optional[int] = None,
+                 round_timeout: float = 300.0, connect_timeout: float = 120.0, callbacks: Sequence[Callable] = (),
+                 checkpoint: Optional[str] = None, checkpoint_every: int = 1, resume: Optional[dict] = None,
+                 checkpoint_extra: Optional[Callable[[], dict]] = None, run_key: Optional[str] = None):
+        _check_algorithm(algorithm)
+        if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
+            raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
+        if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+            raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
+        for name, v in (("round_timeout", round_timeout), ("connect_timeout", connect_timeout)):
+            if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number of seconds > 0 (a run never waits forever), "
+                                 f"got {v!r}")
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be an int >= 1, got {checkpoint_every!r}")
+        algorithm.validate(regularizer)
+        self.algorithm, self.model_fn, self.regularizer = algorithm, model_fn, regularizer
+        self.rounds, self.n = int(rounds), int(num_clients)
+        self.k = _clients_per_round(algorithm, self.n, participation, clients_per_round)
+        self.round_timeout, self.connect_timeout = float(round_timeout), float(connect_timeout)
+        self.callbacks, self.checkpoint, self.checkpoint_every = list(callbacks), checkpoint, checkpoint_every
+        self.checkpoint_extra = checkpoint_extra
+        _, x0 = _flat_x0(model_fn)
+        self.dtype = x0.dtype
+        self.cs = ServerClients(self.n, x0.numel(), x0.dtype, x0.device)
+        self.cs.set_participation(self.k, seed)  # simulate's participant draw
+        self.rng = torch.Generator().manual_seed(seeds(seed, 1, stream=1)[0])  # simulate's server generator
         with torch.no_grad():
-            down = algorithm.download(state, rng)
+            self.state = server_state(algorithm, x0, self.cs)
+        self.fp = fingerprint(algorithm, regularizer, seed, batch_size, self.n, x0)
+        self.pending: dict = {}  # client -> the download its client_receive still needs (algorithms with one)
+        self.last_round = {i: 0 for i in range(self.n)}  # client -> the last round it took part in (0: none)
+        self.metrics, self.elapsed, self.t, self.committed = [], 0.0, 0, None
+        if resume is not None:
+            self.state, self.t = _restore(resume, self.fp, self.state, self.rng, self.cs, self.rounds)
+            self.pending = dict(resume["pending"])
+            self.last_round = {int(i): int(r) for i, r in resume["last_round"].items()}
+            self.metrics, self.elapsed, run_key = list(resume["metrics"]), float(resume["elapsed"]), resume["run_key"]
+            self.committed = self.t
+        self.run_key = run_key or secrets.token_hex(8)
+        self.nodes: Optional[dict] = None  # client -> Flower node id, after connect()
+        self.stopped = False
+        self._round: Optional[dict] = None  # the round configured and not yet aggregated
+
+    @property
+    def remaining(self) -> int:
+        """Rounds left to run (all of them, or those after the resumed checkpoint)."""
+        return 0 if self.stopped else self.rounds - self.t
+
+    def connect(self, grid) -> None:
+        """The handshake: which node is which client, the same settings everywhere, and where each node's
+        state starts (a resume restores it from the node's ``state-dir``)."""
+        restore = {"run_key": self.run_key, "round": self.t,
+                   "last_round": {str(i): r for i, r in self.last_round.items()}}
+        self.nodes = handshake(grid, self.fp, self.n, self.connect_timeout, self.round_timeout, restore)
+
+    def configure_train(self, server_round, arrays, config, grid) -> list:
+        """The next round's messages, one per participant (connecting first if not yet connected);
+        ``server_round``, ``arrays`` and ``config`` (Flower's Strategy arguments) are not used: the
+        round is the program's own count and the vectors are its State's."""
+        if self.nodes is None:
+            self.connect(grid)
+        if self.remaining <= 0:
+            return []
+        t, alg = self.t + 1, self.algorithm
+        t0 = time.perf_counter()
+        ids = self.cs.participants() if alg.partial_participation else None
+        part = list(range(self.n)) if ids is None else ids.tolist()
+        with torch.no_grad():
+            down = alg.download(self.state, self.rng)
         out, sent_bytes = [], 0
-        head = {"round": t, "run_key": run_key, "committed": committed, "num_clients": n}
+        head = {"round": t, "run_key": self.run_key, "committed": self.committed, "num_clients": self.n}
         for i in part:
-            content = _round_content(state, down, pending.get(i), head)
+            content = _round_content(self.state, down, self.pending.get(i), head)
             sent_bytes += payload_bytes(content["vectors"])
-            out.append(_message(content, nodes[i], ROUND, t))
+            out.append(_message(content, self.nodes[i], ROUND, t))
+        self._round = {"t": t, "t0": t0, "ids": ids, "part": part, "down": down, "sent_bytes": sent_bytes}
+        return out
+
+    def aggregate_train(self, server_round, replies, waited: Optional[str] = None):
+        """Average the participants' uploads and run the server update; returns (the reported model
+        as an ``ArrayRecord`` named "params", the round's record as a ``MetricRecord``)."""
+        fapp, _, _ = _flwr()
+        if self._round is None:
+            return None, None
+        r, self._round = self._round, None
+        t, part, ids, alg = r["t"], r["part"], r["ids"], self.algorithm
         try:
-            replies = _exchange(grid, out, nodes, part, round_timeout, t)
+            got = check_replies(replies, self.nodes, part, t, waited or "the time given")
         except NodeFailure as e:
-            raise NodeFailure(f"{e}. " + (f"The server's checkpoint of round {committed} is {checkpoint}: restart the "
-                                          f"node and resume from it" if committed is not None and checkpoint else
+            raise NodeFailure(f"{e}. " + (f"The server's checkpoint of round {self.committed} is {self.checkpoint}: "
+                                          f"restart the node and resume from it"
+                                          if self.committed is not None and self.checkpoint else
                                           "No server checkpoint was written (give checkpoint=PATH to resume a run)")
                               ) from None
-        recv_bytes = sum(payload_bytes(replies[i].content["up"]) for i in part)
-        ups = {i: decode_vectors(replies[i].content["up"]) for i in part}
+        msgs = alg.messages()
+        ups = {i: decode_vectors(got[i].content["up"]) for i in part}
         for i in part:
             if set(ups[i]) != set(msgs.up):
-                raise NodeFailure(f"round {t}: client {i} (node {nodes[i]}) uploaded {sorted(ups[i])}, "
+                raise NodeFailure(f"round {t}: client {i} (node {self.nodes[i]}) uploaded {sorted(ups[i])}, "
                                   f"expected {sorted(msgs.up)}")
-        stacked = {name: torch.stack([ups[i][name].to(x0.dtype) for i in part]) for name in msgs.up}
+        stacked = {name: torch.stack([ups[i][name].to(self.dtype) for i in part]) for name in msgs.up}
         with torch.no_grad(), fk.prox_stats() as stats:
-            means = algorithm.aggregate(stacked, cs, ids)
-            state, sent = algorithm.server_update(state, means, down, regularizer)
+            means = alg.aggregate(stacked, self.cs, ids)
+            self.state, sent = alg.server_update(self.state, means, r["down"], self.regularizer)
         for i in part:
-            pending.pop(i, None)
-            last_round[i] = t
-        if with_receive:
+            self.pending.pop(i, None)
+            self.last_round[i] = t
+        if receives(alg):
             keep = {name: sent[name].detach().clone() for name in msgs.down}
-            pending.update({i: keep for i in part})
-        wall = time.perf_counter() - t0
-        elapsed += wall
-        rec = {"round": t, "wall_time": wall, "elapsed": elapsed, "participants": part,
-               "up": len(msgs.up), "down": len(msgs.down), "sent_bytes": sent_bytes, "recv_bytes": recv_bytes,
+            self.pending.update({i: keep for i in part})
+        wall = time.perf_counter() - r["t0"]
+        self.elapsed += wall
+        rec = {"round": t, "wall_time": wall, "elapsed": self.elapsed, "participants": part,
+               "up": len(msgs.up), "down": len(msgs.down), "sent_bytes": r["sent_bytes"],
+               "recv_bytes": sum(payload_bytes(got[i].content["up"]) for i in part),
                "prox_time": stats.seconds, "prox_evals": stats.evaluations}
-        metrics.append(rec)
-        stop = any(cb(t, state, rec) is True for cb in callbacks)
-        if checkpoint and not stop and (t % checkpoint_every == 0 or t == int(rounds)):
-            save_server(checkpoint, {"round": t, "run_key": run_key, "fingerprint": fp, "state": state,
-                                     "rng": rng.get_state(), "participation": cs.rng_state(), "pending": pending,
-                                     "last_round": dict(last_round), "metrics": metrics, "elapsed": elapsed,
-                                     "extra": checkpoint_extra() if checkpoint_extra is not None else {}})
-            committed = t
-        if stop:
-            break
-    params = algorithm.report(state, regularizer).detach().clone()
-    setup = {**fp, "rounds": int(rounds), "clients_per_round": k, "regularizer": repr(regularizer)}
-    return FlowerResult(params=params, state=state, metrics=metrics, nodes=dict(nodes), setup=setup)
+        self.metrics.append(rec)
+        self.t = t
+        self.stopped = any(cb(t, self.state, rec) is True for cb in self.callbacks)
+        if self.checkpoint and not self.stopped and (t % self.checkpoint_every == 0 or t == self.rounds):
+            self.save(self.checkpoint)
+        params = self.algorithm.report(self.state, self.regularizer).detach()
+        return encode_vectors({"params": params}), fapp.MetricRecord(rec)
+
+    def save(self, path: str) -> None:
+        """Write the server's checkpoint of the last round done (atomically)."""
+        save_server(path, {"round": self.t, "run_key": self.run_key, "fingerprint": self.fp, "state": self.state,
+                           "rng": self.rng.get_state(), "participation": self.cs.rng_state(),
+                           "pending": self.pending, "last_round": dict(self.last_round), "metrics": self.metrics,
+                           "elapsed": self.elapsed,
+                           "extra": self.checkpoint_extra() if self.checkpoint_extra is not None else {}})
+        self.committed = self.t
+
+    def result(self) -> FlowerResult:
+        params = self.algorithm.report(self.state, self.regularizer).detach().clone()
+        setup = {**self.fp, "rounds": self.rounds, "clients_per_round": self.k, "regularizer": repr(self.regularizer)}
+        return FlowerResult(params=params, state=self.state, metrics=self.metrics, nodes=dict(self.nodes or {}),
+                            setup=setup)
+
+
+def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, **settings) -> FlowerResult:
+    """The server's loop on a Flower ``Grid`` (a ServerApp's ``main`` calls it): :class:`ServerProgram`
+    with these settings, each round's replies collected as they come, at most ``round_timeout``
+    seconds. Raises :class:`NodeFailure` naming the client (and Flower node) that failed, answered
+    with an error, or did not answer in time."""
+    prog = ServerProgram(algorithm, model_fn, **settings)
+    prog.connect(grid)
+    waited = f"round_timeout={prog.round_timeout:g} s"
+    while prog.remaining > 0:
+        out = prog.configure_train(prog.t + 1, None, None, grid)
+        prog.aggregate_train(prog.t + 1, collect(grid, out, prog.round_timeout), waited)
+    return prog.result()
 
 
 def _restore(snap: dict, fp: dict, state, rng, cs, rounds):
@@ -151,8 +226,8 @@ def _restore(snap: dict, fp: dict, state, rng, cs, rounds):
 
 
 def load_server_checkpoint(path: str) -> dict:
-    """A server checkpoint written by :func:`run_server` (``checkpoint=path``), to pass as ``resume``;
-    its ``extra`` is what ``checkpoint_extra()`` returned."""
+    """A server checkpoint written by :class:`ServerProgram` / :func:`run_server` (``checkpoint=path``),
+    to pass as ``resume``; its ``extra`` is what ``checkpoint_extra()`` returned."""
     return load_server(path)
 
 
@@ -186,96 +261,6 @@ def _jsonable(v):
     if isinstance(v, (np.floating,)):
         return float(v)
     raise TypeError(f"round setting {v!r} ({type(v).__name__}) cannot be sent to the clients")
-
-
-def _exchange(grid, out: list, nodes: dict, part: list, timeout: float, t) -> dict:
-    """Send one round's messages (``out[j]`` to participant ``part[j]``) and collect the replies as
-    they come, pulling every ``POLL`` seconds (Flower's ``send_and_receive`` sleeps 3 s between
-    pulls, which a round would pay on every exchange); every participant's reply, or NodeFailure
-    naming those that answered with an error (the wait stops at the first) or not in time."""
-    waiting = {int(nodes[i]): mid for i, mid in zip(part, grid.push_messages(out))}
-    by_node, until = {}, time.monotonic() + timeout
-    while waiting:
-        for r in grid.pull_messages(list(waiting.values())):
-            nid = int(r.metadata.src_node_id)
-            if waiting.pop(nid, None) is not None:
-                by_node[nid] = r
-        if not waiting or any(r.has_error() for r in by_node.values()) or time.monotonic() > until:
-            break
-        time.sleep(POLL)
-    errors, missing, got = [], [], {}
-    for i in part:
-        r = by_node.get(int(nodes[i]))
-        who = f"client {i} (node {nodes[i]})"
-        if r is None:
-            missing.append(who)
-        elif r.has_error():
-            errors.append(f"{who}: {r.error.reason}")
-        else:
-            got[i] = r
-    if errors:
-        raise NodeFailure(f"round {t}: " + "; ".join(errors))
-    if missing:
-        raise NodeFailure(f"round {t}: {', '.join(missing)} did not answer within round_timeout={timeout:g} s "
-                          f"(the node stopped, or its round is slower than that: raise round_timeout)")
-    return got
-
-
-def _handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, restore: dict) -> dict:
-    """Wait for N nodes, ask each its client id (``partition-id``) and settings, and tell each where the
-    run starts (``restore``: run key, round, each client's last round, which a resumed node loads from
-    its ``state-dir``); return client -> node id. Raises ValueError if two nodes claim one client or a
-    node's settings differ from the server's, NodeFailure if a node fails (e.g. cannot restore its
-    state) or no node answers for some client within ``timeout``.
-
-    More than N nodes may be listed: a node that was killed stays "online" at the SuperLink until its
-    heartbeats are missed (about a minute), while the restarted node has joined. The handshake asks
-    them all and goes on as soon as one node of every client has answered."""
-    fapp, _, _ = _flwr()
-    deadline = time.monotonic() + connect_timeout
-    while True:
-        node_ids = sorted(int(i) for i in grid.get_node_ids())
-        if len(node_ids) >= n:
-            break
-        if time.monotonic() > deadline:
-            raise NodeFailure(f"only {len(node_ids)} of num_clients={n} client nodes connected within "
-                              f"connect_timeout={connect_timeout:g} s")
-        time.sleep(0.2)
-    content = lambda: fapp.RecordDict({"config": fapp.ConfigRecord({"fingerprint": json.dumps(fp),
-                                                                      "restore": json.dumps(restore)})})
-    waiting = dict(zip(node_ids, grid.push_messages([_message(content(), nid, HELLO, 0) for nid in node_ids])))
-    nodes, errors, until = {}, [], time.monotonic() + timeout
-    while waiting and len(nodes) + len(errors) < n:
-        for r in grid.pull_messages(list(waiting.values())):
-            nid = int(r.metadata.src_node_id)
-            if waiting.pop(nid, None) is None:
-                continue
-            if r.has_error():
-                errors.append(f"node {nid}: {r.error.reason}")
-                continue
-            cfg = r.content["hello"]
-            cid, theirs = int(cfg["client_id"]), json.loads(cfg["fingerprint"])
-            if not 0 <= cid < n or cid in nodes:
-                raise ValueError(f"node {nid} says it is client {cid}: every node's partition-id must be one of "
-                                 f"0..{n - 1}, once each (--node-config \"partition-id=<i>\")")
-            diff = [f"{key}: server {fp[key]!r}, client {theirs.get(key)!r}" for key in fp
-                    if theirs.get(key) != fp[key]]
-            if diff:
-                raise ValueError(f"client {cid} (node {nid}) runs other settings than the server: " + "; ".join(diff) +
-                                 (" (model_fn must build the same initial parameters everywhere: seed it)"
-                                  if any(d.startswith("x0_sha256") for d in diff) else ""))
-            nodes[cid] = nid
-        if waiting and len(nodes) + len(errors) < n:
-            if time.monotonic() > until:
-                break
-            time.sleep(POLL)
-    if errors:
-        raise NodeFailure("the handshake: " + "; ".join(errors))
-    missing = [i for i in range(n) if i not in nodes]
-    if missing:
-        raise NodeFailure(f"the handshake: no node answered for client(s) {missing} within round_timeout="
-                          f"{timeout:g} s ({len(node_ids)} nodes listed, {len(nodes)} answered)")
-    return nodes
 
 
 def server_app(algorithm: ServerClientAlgorithm, model_fn: Callable, *, on_result: Optional[Callable] = None,
