@@ -30,7 +30,7 @@ import fedkernels as fk
 
 from .bandwidth import machine_info, machine_line
 from .clients import ALGORITHMS, MODELS, bmm_rate, flops_per_step, make_clients, time_executor, time_plain_loop
-from .readme_block import markers, update_readme, write_results
+from .readme_block import markers, publish
 
 README_BEGIN, README_END = markers("clients-table")
 DEFAULT_CLIENTS = (10, 100, 1000)
@@ -141,10 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     res = run(args, log)
     md = render_markdown(res)
-    write_results(args.out, md, res)
-    if args.readme:
-        update_readme(args.readme, md, README_BEGIN, README_END)
-    print(md)
+    publish(md, res, args.out, args.readme, README_BEGIN, README_END)
 
 
 if __name__ == "__main__":

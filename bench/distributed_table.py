@@ -37,7 +37,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .readme_block import markers, update_readme, write_results
+from .readme_block import markers, publish
 
 README_BEGIN, README_END = markers("distributed-table")
 
@@ -236,10 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         res = run(args, log)
     md = render_markdown(res)
     if not args.from_json:
-        write_results(args.out, md, res)
-    if args.readme:
-        update_readme(args.readme, md, README_BEGIN, README_END)
-    print(md)
+        publish(md, res, args.out, args.readme, README_BEGIN, README_END)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 import torch
 
 from .bandwidth import machine_info, machine_line
-from .readme_block import markers, update_readme, write_results
+from .readme_block import markers, publish
 
 README_BEGIN, README_END = markers("flower-table")
 ENGINES = {"one process": [], "--workers 2": ["--workers", "2"], "--flower": ["--flower"]}
@@ -119,10 +119,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     res = run(args, log)
     md = render_markdown(res)
-    write_results(args.out, md, res)
-    if args.readme:
-        update_readme(args.readme, md, README_BEGIN, README_END)
-    print(md)
+    publish(md, res, args.out, args.readme, README_BEGIN, README_END)
 
 
 if __name__ == "__main__":

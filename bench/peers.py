@@ -42,7 +42,7 @@ import fedkernels as fk
 
 from .bandwidth import machine_info, machine_line
 from .clients import make_clients, make_model, time_executor, time_plain_loop
-from .readme_block import markers, update_readme, write_results
+from .readme_block import markers, publish
 
 README_BEGIN, README_END = markers("peers-table")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -249,10 +249,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     res = run(args, log)
     md = render_markdown(res)
-    write_results(args.out, md, res)
-    if args.readme:
-        update_readme(args.readme, md, README_BEGIN, README_END)
-    print(md)
+    publish(md, res, args.out, args.readme, README_BEGIN, README_END)
 
 
 if __name__ == "__main__":

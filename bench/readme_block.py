@@ -43,3 +43,12 @@ def write_results(out: str, md: str, results: dict) -> None:
         f.write(md + "\n")
     with open(os.path.splitext(out)[0] + ".json", "w") as f:
         json.dump(results, f, indent=1, default=str)
+
+
+def publish(md: str, results: dict, out: str, readme, begin: str, end: str) -> None:
+    """What every table script does with its table: ``md`` and the raw ``results`` to ``out``, the
+    block ``begin``..``end`` of ``readme`` (when given) replaced by ``md``, and ``md`` printed."""
+    write_results(out, md, results)
+    if readme:
+        update_readme(readme, md, begin, end)
+    print(md)
