@@ -88,7 +88,9 @@ def test_a_killed_supernode_stops_the_run_naming_the_client_and_the_run_resumes_
     server = tmp_path / "server.pt"
     cfg = _config(rounds=3, **{"num-clients": 3, "round-timeout": 20.0, "algorithm": "scaffold",
                                "clients-per-round": 2, "checkpoint": str(server)})
-    with LocalDeployment(3, env=_env(), node_config={"state-dir": str(tmp_path / "nodes")}) as dep:
+    # watch_nodes=False: the server must find the dead node itself (its round timeout)
+    with LocalDeployment(3, env=_env(), node_config={"state-dir": str(tmp_path / "nodes")},
+                         watch_nodes=False) as dep:
         def kill_after_first_round():
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline and not server.exists():

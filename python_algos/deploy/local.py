@@ -11,6 +11,7 @@ processes). The Flower CLI's home (``FLWR_HOME``) is a temporary folder: the use
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import signal
@@ -50,12 +51,14 @@ class LocalDeployment:
     """SuperLink + ``num_clients`` SuperNodes (``partition-id`` = 0..N-1) on 127.0.0.1."""
 
     def __init__(self, num_clients: int, workdir: Optional[str] = None, env: Optional[dict] = None,
-                 node_config: Optional[dict] = None):
+                 node_config: Optional[dict] = None, watch_nodes: bool = True):
         """``node_config``: more node config for every SuperNode (e.g. ``{"state-dir": folder}``, where
-        each node keeps its state on disk so that a stopped run can resume)."""
+        each node keeps its state on disk so that a stopped run can resume). ``watch_nodes``: a run
+        waited on here stops as soon as one of these SuperNode processes has exited, naming its
+        client (the server itself would wait its round timeout for the missing reply)."""
         if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
             raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
-        self.num_clients = num_clients
+        self.num_clients, self.watch_nodes = num_clients, bool(watch_nodes)
         self.node_config = dict(node_config or {})
         self._own_dir = workdir is None
         self.dir = workdir or tempfile.mkdtemp(prefix="pa-flower-")
@@ -126,6 +129,11 @@ class LocalDeployment:
             time.sleep(0.2)
         raise DeploymentError(f"the {name} did not listen on 127.0.0.1:{port} within {timeout:g} s:\n{self.log(name)}")
 
+    def stopped_nodes(self) -> list:
+        """(client, exit status) of the SuperNodes started here that are no longer running."""
+        return [(i, p.returncode) for i in range(self.num_clients)
+                if (p := self.procs.get(f"supernode-{i}")) is not None and p.poll() is not None]
+
     def kill_node(self, i: int) -> None:
         """Kill client i's SuperNode and what it started (tests: a node dying mid-run)."""
         p = self.procs[f"supernode-{i}"]
@@ -133,7 +141,11 @@ class LocalDeployment:
         p.wait()
 
     def close(self) -> None:
-        """End every process started here and its children (each runs in its own process group)."""
+        """End every process started here and everything they started: each runs in its own process
+        group, and the processes that left it (Flower's SuperExec starts an app process in a group
+        of its own) are found as descendants before anything is stopped (once a parent is gone, its
+        orphans no longer point back to it)."""
+        family = _descendants([p.pid for p in self.procs.values() if p.poll() is None])
         for p in self.procs.values():
             _killpg(p, signal.SIGTERM)
         deadline = time.monotonic() + 10
@@ -144,6 +156,11 @@ class LocalDeployment:
                 pass
             _killpg(p, signal.SIGKILL)  # the group's stragglers (SuperExec, app processes) too
             p.wait()
+        for pid in family:  # those in other groups (a ServerApp waiting on a node that died)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self.procs.clear()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -181,11 +198,19 @@ class FlowerRun:
     def wait(self, timeout: float = 600.0) -> dict:
         """The ServerApp's ``result.pt``, once the run has ended; DeploymentError if it failed or
         did not end within ``timeout`` seconds."""
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise DeploymentError(f"the Flower run did not finish within {timeout:g} s:\n"
-                                  f"{self.dep.log(self.name)}") from None
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None:
+            stopped = self.dep.stopped_nodes() if self.dep.watch_nodes else []
+            if stopped:
+                _killpg(self.proc, signal.SIGTERM)  # the run's server goes with the deployment
+                raise DeploymentError("; ".join(
+                    f"client {i}'s SuperNode stopped during the run ("
+                    + (f"killed by signal {-code}" if code < 0 else f"exit status {code}") + ")"
+                    for i, code in stopped) + "; the run was stopped")
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"the Flower run did not finish within {timeout:g} s:\n"
+                                      f"{self.dep.log(self.name)}")
+            time.sleep(0.2)
         path = os.path.join(self.result_dir, "result.pt")
         if not os.path.exists(path):
             failure = os.path.join(self.result_dir, ERROR_FILE)  # the ServerApp's own account of what stopped it
@@ -194,6 +219,24 @@ class FlowerRun:
                     raise DeploymentError(f.read().strip())
             raise DeploymentError(f"the Flower run ended without a result:\n{self.dep.log(self.name)}")
         return torch.load(path, weights_only=False)
+
+
+def _descendants(roots: list) -> list:
+    """Every live process below ``roots`` (Linux: read from /proc; elsewhere none)."""
+    children: dict = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], list(roots)
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
 
 
 def _killpg(p: subprocess.Popen, sig) -> None:
