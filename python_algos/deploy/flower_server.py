@@ -31,7 +31,7 @@ from .persist import load_server, save_server
 from .wire import (ROUND, FlowerResult, NodeFailure, _check_algorithm, _flat_x0, _flwr, _message, decode_vectors,
                    encode_vectors, fingerprint, payload_bytes)
 
-__all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint"]
+__all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint", "checkpoint_differences"]
 
 
 class ServerProgram:
@@ -208,10 +208,16 @@ def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, **set
     return prog.result()
 
 
+def checkpoint_differences(snap: dict, fp: dict) -> list:
+    """The settings (``fingerprint``) in which a server checkpoint differs from this run, one
+    "key: checkpoint X, now Y" each; empty when it belongs to the run."""
+    return [f"{k}: checkpoint {snap['fingerprint'].get(k)!r}, now {fp[k]!r}" for k in fp
+            if snap["fingerprint"].get(k) != fp[k]]
+
+
 def _restore(snap: dict, fp: dict, state, rng, cs, rounds):
     """The server's State and generators from a snapshot of this run (refused if its settings differ)."""
-    diff = [f"{k}: checkpoint {snap['fingerprint'].get(k)!r}, now {fp[k]!r}" for k in fp
-            if snap["fingerprint"].get(k) != fp[k]]
+    diff = checkpoint_differences(snap, fp)
     if diff:
         raise ValueError("resume: the checkpoint belongs to a run with other settings: " + "; ".join(diff))
     if int(rounds) < int(snap["round"]):

@@ -22,14 +22,13 @@ from __future__ import annotations
 import glob
 import os
 import re
-import shutil
 from typing import Optional
 
 import torch
 
 from ..runfolder import checkpoint as ckpt
 
-__all__ = ["save_server", "load_server", "NodeStore", "SERVER_FORMAT"]
+__all__ = ["save_server", "load_server", "RoundFiles", "NodeStore", "SERVER_FORMAT"]
 
 SERVER_FORMAT = "python_algos.flower-server/1"
 
@@ -58,14 +57,12 @@ def load_server(path: str) -> dict:
 _ROUND_FILE = re.compile(r"^round-(\d+)\.pt$")
 
 
-class NodeStore:
-    """One client's saved states in ``state_dir/<run_key>/client-<client_id>/round-<t>.pt``."""
+class RoundFiles:
+    """A folder of one file per round, ``round-<t>.pt``, each written atomically: a node's saved
+    states (:class:`NodeStore`), the server's recorded models of ``run --flower``."""
 
-    def __init__(self, state_dir: str, run_key: str, client_id: int):
-        if not re.fullmatch(r"[0-9a-f]{8,64}", str(run_key)):
-            raise ValueError(f"run key {run_key!r} is not a hex string (the server sends it)")
-        self.dir = os.path.join(os.fspath(state_dir), str(run_key), f"client-{int(client_id)}")
-        self.client_id = int(client_id)
+    def __init__(self, folder: str):
+        self.dir = os.fspath(folder)
 
     def path(self, t: int) -> str:
         return os.path.join(self.dir, f"round-{int(t)}.pt")
@@ -81,6 +78,21 @@ class NodeStore:
     def load(self, t: int) -> dict:
         return torch.load(self.path(t), map_location="cpu", weights_only=True)
 
+    def drop_after(self, t: int) -> None:
+        """Forget the rounds after ``t`` (on resume from the server's checkpoint of round ``t``)."""
+        for r in self.rounds():
+            if r > t:
+                os.remove(self.path(r))
+
+
+class NodeStore(RoundFiles):
+    """One client's saved states in ``state_dir/<run_key>/client-<client_id>/round-<t>.pt``."""
+
+    def __init__(self, state_dir: str, run_key: str, client_id: int):
+        if not re.fullmatch(r"[0-9a-f]{8,64}", str(run_key)):
+            raise ValueError(f"run key {run_key!r} is not a hex string (the server sends it)")
+        super().__init__(os.path.join(os.fspath(state_dir), str(run_key), f"client-{int(client_id)}"))
+
     def prune(self, committed: Optional[int]) -> None:
         """Drop what no resume can ask for: files older than the newest one at or before the server's
         last checkpoint round ``committed`` (None: the server writes none, keep only the newest)."""
@@ -90,12 +102,3 @@ class NodeStore:
         for t in saved:
             if keep_from is not None and t < keep_from:
                 os.remove(self.path(t))
-
-    def drop_after(self, t: int) -> None:
-        """Forget the rounds after ``t`` (on resume from the server's checkpoint of round ``t``)."""
-        for r in self.rounds():
-            if r > t:
-                os.remove(self.path(r))
-
-    def clear(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)

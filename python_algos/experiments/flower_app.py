@@ -29,7 +29,7 @@ import torch
 
 from ..deploy.flower import (_flwr, handle_hello, handle_round, load_server_checkpoint, run_server, save_result,
                              write_error)
-from ..runfolder import checkpoint as ckpt
+from ..deploy.persist import RoundFiles
 
 __all__ = ["clientapp", "serverapp", "load_setup", "STATUS_FILE"]
 
@@ -72,7 +72,7 @@ def server_main(grid, context) -> None:
     s = _setup(context)
     cfg, alg, reg = s["cfg"], s["algorithm"], s["regularizer"]
     rc = context.run_config
-    out, points_dir, path = str(rc["result-dir"]), str(rc["points-dir"]), str(rc["checkpoint"])
+    out, points, path = str(rc["result-dir"]), RoundFiles(str(rc["points-dir"])), str(rc["checkpoint"])
     status = {"diverged": None}
     try:
         resume = load_server_checkpoint(path) if rc["resume"] else None
@@ -85,8 +85,8 @@ def server_main(grid, context) -> None:
                 return True
             if _metric_round(t, cfg):  # one file per metric round, written before the round's checkpoint
                 nm = alg.normal_map_point(state)
-                ckpt.atomic_save({"round": t, "x": x, "normal_map": None if nm is None else
-                                  (nm[0].detach().clone(), float(nm[1]))}, os.path.join(points_dir, f"round-{t}.pt"))
+                points.save(t, {"round": t, "x": x,
+                                "normal_map": None if nm is None else (nm[0].detach().clone(), float(nm[1]))})
             return None
 
         every = int(cfg.checkpoint_every) or cfg.rounds + 1  # 0: only after the last round

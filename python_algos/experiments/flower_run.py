@@ -39,7 +39,6 @@ import importlib.util
 import json
 import os
 import secrets
-import shutil
 import sys
 import time
 from typing import Callable, Optional
@@ -52,9 +51,14 @@ from .config import ConfigError
 from .evaluation import make_eval
 from .folders import resume_command
 from .losses import loss_function
-from .prepare import PreparedRun, prepare_run
+from .prepare import PreparedRun, check_rounds_reach, prepare_run
 from .run import Interrupted, _start_folder
+from ..algorithms.base import ServerClientAlgorithm
 from ..clients import resolve_executor
+from ..deploy.flower_server import checkpoint_differences
+from ..deploy.nodes import ServerClients, check_no_node_state, server_state
+from ..deploy.persist import RoundFiles, load_server
+from ..deploy.wire import fingerprint
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, _remove_leftovers, _write_json, _write_jsonl
 from ..simulate import objective_metrics
@@ -115,10 +119,6 @@ def prepare_flower(cfg, out_dir: str, *, replace: bool = False, resume: bool = F
     if prep.device.type != "cpu":
         raise ConfigError("device", cfg.device, f"--flower runs the clients and the server on the CPU (this picks "
                                                 f"{prep.device}); give --device cpu")
-    from ..algorithms.base import ServerClientAlgorithm
-    from ..deploy.flower import fingerprint
-    from ..deploy.nodes import ServerClients, check_no_node_state, server_state
-
     alg = prep.algorithm
     if not isinstance(alg, ServerClientAlgorithm):
         why = "it is peer-to-peer, with no server" if alg.name == "DEPOSITUM" else "it has no server program"
@@ -139,17 +139,13 @@ def prepare_flower(cfg, out_dir: str, *, replace: bool = False, resume: bool = F
             run_key = json.load(f)["run_key"]
         path = os.path.join(out_dir, FLOWER_CHECKPOINT)
         if os.path.isfile(path):
-            from ..deploy.flower import load_server_checkpoint
-
-            snap = load_server_checkpoint(path)
+            snap = load_server(path)
             fp = fingerprint(alg, prep.reg, cfg.seed, cfg.batch_size, len(prep.fed.parts), x0)
-            diff = [k for k in fp if snap["fingerprint"].get(k) != fp[k]]
-            if diff or snap["run_key"] != run_key:
+            diff = checkpoint_differences(snap, fp) + (["the run key"] if snap["run_key"] != run_key else [])
+            if diff:
                 raise ConfigError("resume", out_dir, f"{path} does not belong to the settings in config.json (they "
-                                  f"differ in {', '.join(diff) or 'the run key'}); nothing was changed")
-            if cfg.rounds < int(snap["round"]):
-                raise ConfigError("rounds", cfg.rounds, f"the checkpoint in {out_dir} is at round {snap['round']} and "
-                                  f"a run cannot go back; give --rounds {snap['round']} or more (nothing was changed)")
+                                  f"differ in {'; '.join(diff)}); nothing was changed")
+            check_rounds_reach(cfg, int(snap["round"]), out_dir)
     return PreparedFlower(prep, snap, run_key)
 
 
@@ -200,10 +196,11 @@ run-key = ""
     return app
 
 
-def _metric_rows(prep: PreparedRun, records: list, points_dir: str, diverged: Optional[str]) -> tuple:
+def _metric_rows(prep: PreparedRun, records: list, points: RoundFiles, diverged: Optional[str],
+                 final: Optional[torch.Tensor]) -> tuple:
     """(initial row, per-round rows, divergence message or None): the server's per-round records, with
     the objective metrics of each metric round computed here on the full data (simulate's formula)
-    from the model the server recorded for it."""
+    from the model the server recorded for it. The model is left holding ``final`` (None: its start)."""
     cfg, fed, alg, reg, model = prep.cfg, prep.fed, prep.algorithm, prep.reg, prep.model
     flat = fk.FlatParams(model)
     x0 = flat.params.detach().clone()
@@ -223,18 +220,17 @@ def _metric_rows(prep: PreparedRun, records: list, points_dir: str, diverged: Op
         with torch.no_grad():
             state0 = alg.init(x0.clone(), cs)  # the server's start, as simulate's round 0
             initial.update(evaluate(alg.report(state0, reg).detach(), alg.normal_map_point(state0)))
-    rows = []
+    rows, recorded = [], set(points.rounds())
     for rec in records:
         row = {k: rec[k] for k in _ROW_KEYS if k in rec}
-        path = os.path.join(points_dir, f"round-{rec['round']}.pt")
-        if os.path.exists(path):
-            p = torch.load(path, weights_only=True)
+        if rec["round"] in recorded:
+            p = points.load(rec["round"])
             row.update(evaluate(p["x"].to(x0.dtype), p["normal_map"]))
         rows.append(row)
         if "f+h" in row and not torch.isfinite(torch.tensor(row["f+h"])):
             diverged = f"round {rec['round']}: f+h = {row['f+h']}"
             break
-    flat.bind_(x0.clone(), torch.zeros_like(x0))
+    flat.bind_((x0 if final is None else final.to(x0.dtype)).clone(), torch.zeros_like(x0))
     return initial, rows, diverged
 
 
@@ -243,17 +239,12 @@ def _start(fp: PreparedFlower, log) -> None:
     resume drops what the rounds after its checkpoint left (they are redone)."""
     prep, out_dir = fp.run, fp.run.out_dir
     if not prep.resume:
-        _start_folder(prep, log)  # config.json first, partition.json; a replaced run's files go
-        for d in FLOWER_DIRS:
-            shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
+        _start_folder(prep, log)  # config.json first, partition.json; a replaced run's files and folders go
         _write_json(os.path.join(out_dir, FLOWER_MARK), {"engine": "flower", "run_key": fp.run_key})
         return
     _remove_leftovers(out_dir)
     r = int(fp.snap["round"]) if fp.snap is not None else 0
-    points = os.path.join(out_dir, POINTS_DIR)
-    for name in os.listdir(points) if os.path.isdir(points) else ():
-        if name.startswith("round-") and int(name[6:].split(".")[0]) > r:
-            os.remove(os.path.join(points, name))
+    RoundFiles(os.path.join(out_dir, POINTS_DIR)).drop_after(r)
     if prep.rewrite_config:
         _write_json(os.path.join(out_dir, "config.json"), prep.cfg.to_dict())
     log(f"resuming {out_dir} from round {r} (the server's checkpoint), up to round {prep.cfg.rounds}"
@@ -276,7 +267,6 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
     node_cfg = cfg.replace(device="cpu", data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None)
     _start(fp, log)
     ckpt_path, points_dir = os.path.join(out_dir, FLOWER_CHECKPOINT), os.path.join(out_dir, POINTS_DIR)
-    os.makedirs(points_dir, exist_ok=True)
     result, failure, interrupted, status = None, None, False, {}
     t0 = time.perf_counter()
     try:
@@ -299,9 +289,10 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
         interrupted = True
     run_seconds = time.perf_counter() - t0
 
-    saved = _load_checkpoint(ckpt_path) if os.path.exists(ckpt_path) else None
+    saved = load_server(ckpt_path) if os.path.exists(ckpt_path) else None
     records = result["metrics"] if result is not None else (saved["metrics"] if saved is not None else [])
-    initial, rows, diverged = _metric_rows(prep, records, points_dir, status.get("diverged"))
+    initial, rows, diverged = _metric_rows(prep, records, RoundFiles(points_dir), status.get("diverged"),
+                                           result["params"] if result is not None else None)
     _write_jsonl(os.path.join(out_dir, "metrics.jsonl"), [initial, *rows])
     last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else initial)
     alg, model = prep.algorithm, prep.model
@@ -348,17 +339,9 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
     if diverged:
         summary["message"] = (f"{label} diverged at {diverged}; the run was stopped. Lower the step size "
                               f"(--lr, currently {cfg.lr:g}) or the local steps.")
-    else:  # model.pt records its round, as the one-process run's
-        flat = fk.FlatParams(model)
-        flat.bind_(result["params"].to(flat.params.dtype).clone(), torch.zeros_like(flat.params))
+    else:  # model.pt records its round, as the one-process run's (the model holds the final params)
         ckpt.atomic_save({"params": result["params"].cpu(), "round": rows[-1]["round"] if rows else 0,
                           "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}},
                          os.path.join(out_dir, "model.pt"))
     _write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary
-
-
-def _load_checkpoint(path: str) -> dict:
-    from ..deploy.flower import load_server_checkpoint
-
-    return load_server_checkpoint(path)

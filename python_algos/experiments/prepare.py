@@ -29,7 +29,7 @@ from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, RunExistsError, RunFolderError, _as_json, _holds_run
 from ..simulate import _clients_per_round
 
-__all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size"]
+__all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size", "check_rounds_reach"]
 
 
 @dataclasses.dataclass
@@ -63,6 +63,14 @@ def check_world_size(num_clients: int, processes: int) -> None:
                           f"{num_clients} client(s) cannot be split over {processes} processes: every process needs "
                           f"at least one client; use at most {num_clients} processes (--workers / --nproc-per-node) "
                           f"or more clients")
+
+
+def check_rounds_reach(cfg: Config, saved_round: int, out_dir: str) -> None:
+    """A resumed run's ``--rounds`` reaches its checkpoint's round (a run cannot go back)."""
+    if cfg.rounds < saved_round:
+        raise ConfigError("rounds", cfg.rounds,
+                          f"the checkpoint in {out_dir} is at round {saved_round} and a run cannot go back; "
+                          f"give --rounds {saved_round} or more (nothing was changed)")
 
 
 def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None, resume: bool = False,
@@ -130,10 +138,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
                     f"{ckpt_path} does not belong to the settings in config.json: they differ in {what}. Resuming "
                     f"would continue the checkpoint's run under other settings, so nothing was changed: undo the edit "
                     f"(or put the run's own checkpoint back), or start the new settings in a new folder")
-        if cfg.rounds < int(snap["round"]):
-            raise ConfigError("rounds", cfg.rounds,
-                              f"the checkpoint in {out_dir} is at round {snap['round']} and a run cannot go back; "
-                              f"give --rounds {snap['round']} or more (nothing was changed)")
+        check_rounds_reach(cfg, int(snap["round"]), out_dir)
     fed = fed if fed is not None else prepare_data(cfg)
     check_world_size(len(fed.parts), launch.world_size())
     model = build_model(cfg, fed.dataset)
