@@ -9,6 +9,7 @@ tests/test_flower_deploy.py.) Ground truth: ``simulate`` with the sequential exe
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import pytest
@@ -286,9 +287,47 @@ def test_the_handshake_goes_on_without_a_stale_node(problem):
     assert got.nodes[1] == 2000
     grid = LocalGrid(app, N, silent={1007: 0})
     with pytest.raises(pf.NodeFailure, match=r"the handshake: no node answered for client\(s\) \[1\] within "
-                                             r"round_timeout=0.5 s \(4 nodes listed, 3 answered\)"):
+                                             r"0.6 s \(the longer of round_timeout=0.5 s and connect_timeout=0.6 s; "
+                                             r"4 nodes listed, 3 answered\)"):
         pf.run_server(grid, alg, problem.model, regularizer=REG, rounds=2, num_clients=N, seed=SEED,
-                      batch_size=BATCH, round_timeout=0.5)
+                      batch_size=BATCH, round_timeout=0.5, connect_timeout=0.6)
+
+
+class SlowStartGrid(LocalGrid):
+    """A LocalGrid whose nodes' answers to the handshake become available only ``delay`` seconds after
+    it is sent, as when each SuperNode starts its first ClientApp process on a loaded machine."""
+
+    def __init__(self, *a, delay, **kw):
+        super().__init__(*a, **kw)
+        self.delay, self.ready = delay, {}
+
+    def push_messages(self, messages):
+        ids = super().push_messages(messages)
+        at = time.monotonic() + (self.delay if messages[0].metadata.message_type == pf.HELLO else 0.0)
+        self.ready.update(dict.fromkeys(ids, at))
+        return ids
+
+    def pull_messages(self, message_ids):
+        now = time.monotonic()
+        return super().pull_messages([i for i in message_ids if self.ready.get(i, 0.0) <= now])
+
+
+def test_the_handshake_waits_connect_timeout_for_the_nodes_first_start(problem):
+    """A round timeout shorter than the nodes' first start must not fail the run before its first round:
+    the handshake waits the longer of round_timeout and connect_timeout."""
+    alg = _alg("za1")
+    app = pf.client_app(alg, problem.model, problem.loss, lambda i, c: problem.data[i], regularizer=REG, seed=SEED,
+                        batch_size=BATCH)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = pf.run_server(SlowStartGrid(app, N, delay=1.0), alg, problem.model, regularizer=REG, rounds=ROUNDS,
+                            num_clients=N, seed=SEED, batch_size=BATCH, round_timeout=0.3, connect_timeout=10.0)
+    want = _simulate(problem, alg, None)
+    assert float((got.params - want.params).abs().max()) <= 1e-10 * (1.0 + float(want.params.abs().max()))
+    with pytest.raises(pf.NodeFailure, match=r"the handshake: no node answered for client\(s\) \[0, 1, 2, 3\] "
+                                             r"within 0.4 s"):
+        pf.run_server(SlowStartGrid(app, N, delay=1.0), alg, problem.model, regularizer=REG, rounds=2,
+                      num_clients=N, seed=SEED, batch_size=BATCH, round_timeout=0.3, connect_timeout=0.4)
 
 
 @pytest.mark.parametrize("name,ov,k", [("fedcanon", {}, None), ("scaffold", {}, 2)])

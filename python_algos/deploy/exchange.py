@@ -56,7 +56,11 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
     run starts (``restore``: run key, round, each client's last round, which a resumed node loads from
     its ``state-dir``); return client -> node id. Raises ValueError if two nodes claim one client or a
     node's settings differ from the server's, NodeFailure if a node fails (e.g. cannot restore its
-    state) or no node answers for some client within ``timeout``.
+    state) or no node answers for some client within ``max(timeout, connect_timeout)``.
+
+    The answers get the longer of the two waits: a node's first answer includes starting its first
+    ClientApp process (importing torch and building the model), which on a loaded machine can take
+    far longer than a round; a short round timeout must not fail a run before it starts.
 
     More than N nodes may be listed: a node that was killed stays "online" at the SuperLink until its
     heartbeats are missed (about a minute), while the restarted node has joined. The handshake asks
@@ -74,7 +78,8 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
     content = lambda: fapp.RecordDict({"config": fapp.ConfigRecord({"fingerprint": json.dumps(fp),
                                                                       "restore": json.dumps(restore)})})
     waiting = dict(zip(node_ids, grid.push_messages([_message(content(), nid, HELLO, 0) for nid in node_ids])))
-    nodes, errors, until = {}, [], time.monotonic() + timeout
+    wait = max(timeout, connect_timeout)
+    nodes, errors, until = {}, [], time.monotonic() + wait
     while waiting and len(nodes) + len(errors) < n:
         for r in grid.pull_messages(list(waiting.values())):
             nid = int(r.metadata.src_node_id)
@@ -103,6 +108,7 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
         raise NodeFailure("the handshake: " + "; ".join(errors))
     missing = [i for i in range(n) if i not in nodes]
     if missing:
-        raise NodeFailure(f"the handshake: no node answered for client(s) {missing} within round_timeout="
-                          f"{timeout:g} s ({len(node_ids)} nodes listed, {len(nodes)} answered)")
+        raise NodeFailure(f"the handshake: no node answered for client(s) {missing} within {wait:g} s (the longer "
+                          f"of round_timeout={timeout:g} s and connect_timeout={connect_timeout:g} s; "
+                          f"{len(node_ids)} nodes listed, {len(nodes)} answered)")
     return nodes

@@ -40,7 +40,8 @@ class ServerProgram:
     ``model_fn()`` builds the model with the run's initial parameters (every node calls it too: the
     handshake refuses a node whose initial parameters differ). ``callbacks``: ``cb(t, state, record)``
     after every round; one returning True stops the run. ``round_timeout``: seconds :func:`run_server`
-    waits for a round's replies. A client that failed, answered with an error or did not answer
+    waits for a round's replies; ``connect_timeout``: seconds it waits for the nodes to connect, and
+    at least that long for their answers to the handshake (each node's first ClientApp start). A client that failed, answered with an error or did not answer
     raises :class:`NodeFailure` naming it (and its Flower node).
 
     ``checkpoint``: a file the server's snapshot is written to (atomically) after every
