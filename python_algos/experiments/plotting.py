@@ -6,7 +6,9 @@
 Several runs are overlaid and stay distinguishable in print: each run has its own colour, line style
 and marker, markers sit at sparse, staggered intervals so they do not pile up where curves overlap,
 and one legend names the runs. Each figure carries a setup line (algorithm(s), dataset, partition,
-N, model, h, K, lr: what the runs share, and the values where they differ) under the optional title.
+N, model, h, K, lr and the hyper-parameters set explicitly (``--alg-opt``, a sweep's point, History's
+own): what the runs share, and the values where they differ) under the optional title; lr is shown
+only while it still sets one of a run's hyper-parameters.
 Axis labels say whether a quantity is measured on the training data (the objective f + h, the
 stationarity ‖G_s‖²) or the test data (test accuracy / loss). Objective and stationarity axes are
 logarithmic with labelled decades. When the optimal value F* is known (``--f-star``, or ``f_star``
@@ -213,6 +215,56 @@ def load_run(path: str) -> dict:
 # --------------------------------------------------------------------------- #
 
 
+def _registry_entry(name):
+    """The registry entry of an algorithm named by its key (``fedcanon``, a Config's) or its own
+    spelling (``FedCanon``, what History.save records); None for an unknown name."""
+    from ..algorithms.registry import ALGORITHMS
+
+    if not isinstance(name, str):
+        return None
+    return ALGORITHMS.get(name.lower()) or next((e for e in ALGORITHMS.values() if e.cls.name == name), None)
+
+
+def _set_by(entry, lr, k) -> tuple:
+    """The hyper-parameters that the common lr and K set through ``entry.from_lr``: those whose value
+    changes with lr (FedCanon: alpha = lr·K, beta = lr), resp. with K (alpha, local_steps). A constant
+    of the mapping (ZA1's eta_g = 1) is set by neither."""
+    lr = float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 else 0.5
+    k = k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 1
+    base = entry.from_lr(lr, k)
+    by_lr = {n for n, v in entry.from_lr(2 * lr, k).items() if v != base.get(n)}
+    by_k = {n for n, v in entry.from_lr(lr, k + 1).items() if v != base.get(n)}
+    return by_lr, by_k
+
+
+def _shown(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _hyper_parameters(c: dict, s: dict, alg) -> dict:
+    """``{"K", "lr", <hyper-parameter>: value}`` as the setup line shows them: what set the
+    algorithm's hyper-parameters. A `run` / `sweep` / `optuna` folder's config.json holds the common
+    ``lr`` and ``local_steps`` and the ``alg_opts`` that override what they map to (a sweep's or
+    search's hyper-parameter point is stored there too): lr (K) is shown only while some
+    hyper-parameter it sets is not overridden, and every override by its own name. A History.save
+    folder records the algorithm's own ``hparams``: K is its local_steps, and the hyper-parameters
+    the common parameterization would set are shown by name (there is no lr)."""
+    entry = _registry_entry(alg)
+    if "lr" not in c:  # History.save: the hyper-parameters themselves
+        hp = c.get("hparams") or s.get("hparams") or {}
+        out = {"K": hp.get("local_steps"), "lr": None}
+        if entry is not None:
+            mapped = entry.from_lr(0.5, 1)
+            out.update({n: _shown(hp[n]) for n in hp if n in mapped and n != "local_steps"})
+        return out
+    lr, k, opts = c.get("lr"), c.get("local_steps"), c.get("alg_opts") or {}
+    by_lr, by_k = _set_by(entry, lr, k) if entry is not None else ({"?"}, {"?"})
+    out = {"K": k if by_k - set(opts) else None,
+           "lr": _shown(lr) if isinstance(lr, (int, float)) and by_lr - set(opts) else None}
+    out.update({n: _shown(v) for n, v in opts.items()})  # SCAFFNEW's own lr replaces the common one it hides
+    return out
+
+
 def _setup_of(run: dict) -> dict:
     """What a reader needs to know about one run, from its config.json / summary.json (a `run`
     folder's Config, or the setup History.save recorded)."""
@@ -224,20 +276,19 @@ def _setup_of(run: dict) -> dict:
     reg = s.get("regularizer") or c.get("regularizer")
     if reg is None and c.get("reg") is not None:
         reg = c["reg"] if c["reg"] == "zero" else f"{c['reg']}({c.get('reg_strength', 0):g})"
-    k = c.get("local_steps", (s.get("hparams") or {}).get("local_steps") or (c.get("hparams") or {}).get("local_steps"))
-    lr = c.get("lr")
     return {"algorithm": alg, "dataset": c.get("dataset"), "partition": partition,
-            "N": c.get("num_clients", s.get("num_clients")), "model": c.get("model"), "h": _short_reg(reg), "K": k,
-            "lr": f"{lr:g}" if isinstance(lr, (int, float)) else lr}
+            "N": c.get("num_clients", s.get("num_clients")), "model": c.get("model"), "h": _short_reg(reg),
+            **_hyper_parameters(c, s, alg)}
 
 
 def setup_line(runs: list) -> str:
-    """One line: algorithm(s), dataset, partition, N, model, h, K, lr — each value the runs share,
-    or the distinct values joined by "/" where they differ; unknown items are left out."""
+    """One line: algorithm(s), dataset, partition, N, model, h, K, lr, then the hyper-parameters set
+    explicitly (``--alg-opt``, a sweep's point) — each value the runs share, or the distinct values
+    joined by "/" where they differ; unknown items are left out."""
     setups = [_setup_of(r) for run in runs for r in (run, *run.get("same_as", ()))]
     parts = []
-    for key in ("algorithm", "dataset", "partition", "N", "model", "h", "K", "lr"):
-        vals = list(dict.fromkeys(str(s[key]) for s in setups if s[key] is not None))
+    for key in dict.fromkeys(k for s in setups for k in s):  # the fixed items first, as _setup_of lists them
+        vals = list(dict.fromkeys(str(s[key]) for s in setups if s.get(key) is not None))
         if not vals:
             continue
         text = ", ".join(vals) if key == "algorithm" else "/".join(vals)
