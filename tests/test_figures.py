@@ -274,13 +274,13 @@ def test_a_per_parameter_regularizer_is_short_in_the_setup_line():
 
 def test_a_band_of_a_fraction_stays_within_zero_and_one():
     """mean − std of a sparsity that is 0 in most seeds is negative; a fraction's band is cut at 0 and 1."""
-    from python_algos.experiments import plotting
+    from python_algos.experiments.plotting.curves import band_series
 
     rows = [{"round": t, "sparsity": 0.001} for t in range(3)]
     run = {"rows": rows, "band_rows": ([{"round": t, "sparsity": -0.002} for t in range(3)],
                                        [{"round": t, "sparsity": 1.5} for t in range(3)],
                                        [{"round": t, "sparsity": 0.0} for t in range(3)])}
-    xs, lo, hi = plotting._band(run, "sparsity", "round")
+    xs, lo, hi = band_series(run, "sparsity", "round")
     assert xs == [0, 1, 2] and min(lo) == 0.0 and max(hi) == 1.0
 
 
