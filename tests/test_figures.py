@@ -341,3 +341,12 @@ def test_setup_line_joins_lr_and_overrides_of_different_runs(tmp_path):
     line = plotting.setup_line([plotting.load_run(a), plotting.load_run(b)])
     # FedAvg's one lr-set hyper-parameter is explicit: lr=0.1 is FedCanon's alone, lr_local FedAvg's
     assert line.endswith("K=2 · lr=0.1 · lr_local=0.3"), line
+
+
+def test_setup_line_leaves_out_k_when_no_hyper_parameter_comes_from_it(tmp_path):
+    """SCAFFNEW's K only sets p = 1/K: with p given, K=2 would state a setting that was never used."""
+    path = str(tmp_path / "scaffnew")
+    run_experiment(tiny(rounds=1, algorithm="scaffnew", alg_opts={"p": 0.25}), path, progress=False, log=quiet)
+    assert _alg_hparams(path) == {"lr": 0.1, "p": 0.25}
+    line = plotting.setup_line([plotting.load_run(path)])
+    assert "K=" not in line and line.endswith("h=L1(kappa=0.01) · lr=0.1 · p=0.25"), line

@@ -82,7 +82,7 @@ def _hyper_parameters(c: dict, s: dict, alg) -> dict:
     by_lr, by_k = _set_by(entry, lr, k) if entry is not None else ({"?"}, {"?"})
     out = {"K": k if by_k - set(opts) else None,
            "lr": _shown(lr) if isinstance(lr, (int, float)) and by_lr - set(opts) else None}
-    out.update({n: _shown(v) for n, v in opts.items()})  # SCAFFNEW's own lr replaces the common one it hides
+    out.update({n: _shown(v) for n, v in opts.items()})  # an override named lr (SCAFFNEW's) takes lr's place
     return out
 
 
