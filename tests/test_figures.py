@@ -274,11 +274,79 @@ def test_a_per_parameter_regularizer_is_short_in_the_setup_line():
 
 def test_a_band_of_a_fraction_stays_within_zero_and_one():
     """mean − std of a sparsity that is 0 in most seeds is negative; a fraction's band is cut at 0 and 1."""
-    from python_algos.experiments import plotting
+    from python_algos.experiments.plotting.curves import band_series
 
     rows = [{"round": t, "sparsity": 0.001} for t in range(3)]
     run = {"rows": rows, "band_rows": ([{"round": t, "sparsity": -0.002} for t in range(3)],
                                        [{"round": t, "sparsity": 1.5} for t in range(3)],
                                        [{"round": t, "sparsity": 0.0} for t in range(3)])}
-    xs, lo, hi = plotting._band(run, "sparsity", "round")
+    xs, lo, hi = band_series(run, "sparsity", "round")
     assert xs == [0, 1, 2] and min(lo) == 0.0 and max(hi) == 1.0
+
+
+def _alg_hparams(path):
+    """The hyper-parameters the run's algorithm was built with (its summary.json, written from the
+    algorithm object itself): the ground truth the setup line must agree with."""
+    with open(os.path.join(path, "summary.json")) as f:
+        return json.load(f)["hparams"]
+
+
+def test_setup_line_of_a_sweep_names_the_hyper_parameters_it_set_not_the_unused_lr(tmp_path):
+    """`sweep --grid alpha=... --grid beta=...` stores the point as alg_opts beside the default lr;
+    the line said lr=0.1 although no hyper-parameter came from it."""
+    from python_algos.experiments.sweep import run_sweep
+
+    out = str(tmp_path / "sweep")
+    result = run_sweep(tiny(rounds=1), ["fedcanon"], {"alpha": [0.01, 0.05], "beta": [0.02]}, [0], out_dir=out,
+                       log=quiet)
+    runs = plotting.group_seeds([plotting.load_run(p) for p in plotting.find_runs(
+        [os.path.join(out, "fedcanon", "alpha=0.01,beta=0.02"), os.path.join(out, "fedcanon", "alpha=0.05,beta=0.02")])])
+    used = [_alg_hparams(m["path"]) for r in runs for m in r["members"]]
+    assert [(h["alpha"], h["beta"], h["local_steps"]) for h in used] == [(0.01, 0.02, 2), (0.05, 0.02, 2)]
+    line = plotting.setup_line(runs)
+    assert "lr=" not in line, line
+    assert "K=2 · alpha=0.01/0.05 · beta=0.02" in line, line
+
+
+def test_setup_line_shows_lr_while_it_still_sets_a_hyper_parameter(tmp_path):
+    path = str(tmp_path / "alpha")
+    run_experiment(tiny(rounds=1, alg_opts={"alpha": 0.3}), path, progress=False, log=quiet)
+    used = _alg_hparams(path)
+    assert used["alpha"] == 0.3 and used["beta"] == 0.1  # beta = lr: lr set it
+    line = plotting.setup_line([plotting.load_run(path)])
+    assert line.endswith("K=2 · lr=0.1 · alpha=0.3"), line
+
+
+def test_setup_line_of_a_plain_lr_run_is_unchanged(tmp_path):
+    path = str(tmp_path / "plain")
+    run_experiment(tiny(rounds=1), path, progress=False, log=quiet)
+    assert _alg_hparams(path) == {"alpha": 0.2, "beta": 0.1, "local_steps": 2}  # FedCanon: alpha = lr·K, beta = lr
+    assert plotting.setup_line([plotting.load_run(path)]) == (
+        "FedCanon · sparse_logistic · iid · N=4 · linear · h=L1(kappa=0.01) · K=2 · lr=0.1")
+
+
+def test_setup_line_of_a_saved_history_names_its_hyper_parameters(tmp_path):
+    """History.save records the algorithm's own hyper-parameters (no lr): the line shows them."""
+    path = str(tmp_path / "api")
+    _api_run(path)  # FedCanon(alpha=0.3, beta=0.05, local_steps=2)
+    line = plotting.setup_line([plotting.load_run(path)])
+    assert "lr=" not in line and line.endswith("K=2 · alpha=0.3 · beta=0.05"), line
+
+
+def test_setup_line_joins_lr_and_overrides_of_different_runs(tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    run_experiment(tiny(rounds=1), a, progress=False, log=quiet)
+    run_experiment(tiny(rounds=1, algorithm="fedavg", alg_opts={"lr_local": 0.3}), b, progress=False, log=quiet)
+    assert _alg_hparams(b) == {"lr_local": 0.3, "local_steps": 2, "lr_global": 1.0}
+    line = plotting.setup_line([plotting.load_run(a), plotting.load_run(b)])
+    # FedAvg's one lr-set hyper-parameter is explicit: lr=0.1 is FedCanon's alone, lr_local FedAvg's
+    assert line.endswith("K=2 · lr=0.1 · lr_local=0.3"), line
+
+
+def test_setup_line_leaves_out_k_when_no_hyper_parameter_comes_from_it(tmp_path):
+    """SCAFFNEW's K only sets p = 1/K: with p given, K=2 would state a setting that was never used."""
+    path = str(tmp_path / "scaffnew")
+    run_experiment(tiny(rounds=1, algorithm="scaffnew", alg_opts={"p": 0.25}), path, progress=False, log=quiet)
+    assert _alg_hparams(path) == {"lr": 0.1, "p": 0.25}
+    line = plotting.setup_line([plotting.load_run(path)])
+    assert "K=" not in line and line.endswith("h=L1(kappa=0.01) · lr=0.1 · p=0.25"), line

@@ -1,0 +1,115 @@
+"""The runs a figure draws, read from their folders: run folders (``metrics.jsonl``) found among
+the paths given, a comparison folder's runs in its own order, a folder of seeds expanded; each run's
+rows, config.json and summary.json; and one experiment's seeds grouped into a mean with a band.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+from ..aggregate import aggregate_rows, group_key, seed_of
+
+__all__ = ["find_runs", "load_run", "group_seeds", "display_name"]
+
+
+def find_runs(paths: Sequence[str]) -> list:
+    """Run folders (holding metrics.jsonl) among ``paths``; a comparison folder expands to its runs."""
+    runs = []
+    for p in paths:
+        if os.path.isfile(os.path.join(p, "metrics.jsonl")):
+            runs.append(p)
+            continue
+        if not os.path.isdir(p):
+            raise FileNotFoundError(f"{p}: no such folder")
+        subs = sorted(d for d in os.listdir(p) if os.path.isfile(os.path.join(p, d, "metrics.jsonl")))
+        order = _comparison_order(p)
+        subs.sort(key=lambda d: order.get(d, len(order)))
+        seeds = sorted((d for d in os.listdir(p) if seed_of(d) is not None and os.path.isdir(os.path.join(p, d))),
+                       key=seed_of)
+        if not subs and seeds:  # a folder of seeds: each seed-<k> is a run or a comparison
+            for d in seeds:
+                try:
+                    runs += find_runs([os.path.join(p, d)])
+                except FileNotFoundError:  # a seed that has not started yet
+                    pass
+            if runs:
+                continue
+        if not subs:
+            raise FileNotFoundError(f"{p}: neither a run folder (metrics.jsonl) nor a folder of runs")
+        runs += [os.path.join(p, d) for d in subs]
+    return runs
+
+
+def group_seeds(runs: list, band: str = "std") -> list:
+    """Runs of one experiment's seeds (folders ``.../seed-<k>/...`` differing only in k) become one
+    entry: ``rows`` the per-round mean, ``band_rows`` the lower and upper edge of the band (mean ± std,
+    or min and max with ``band="minmax"``), ``seeds`` the seeds. Other runs are kept as they are."""
+    if band not in ("std", "minmax"):
+        raise ValueError(f"--band {band}: must be std or minmax")
+    groups: dict = {}
+    for r in runs:
+        key = group_key(r["path"]) if seed_of(r["path"]) is not None else ("run", r["path"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for members in groups.values():
+        if len(members) == 1 and seed_of(members[0]["path"]) is None:
+            out.append(members[0])
+            continue
+        agg = aggregate_rows([m["rows"] for m in members])
+        mean = [{"round": a["round"], **{k: v["mean"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
+        if band == "std":
+            lo = [{"round": a["round"], **{k: v["mean"] - v["std"] for k, v in a.items() if isinstance(v, dict)}}
+                  for a in agg]
+            hi = [{"round": a["round"], **{k: v["mean"] + v["std"] for k, v in a.items() if isinstance(v, dict)}}
+                  for a in agg]
+        else:
+            lo = [{"round": a["round"], **{k: v["min"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
+            hi = [{"round": a["round"], **{k: v["max"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
+        floor = [{"round": a["round"], **{k: v["min"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
+        first = members[0]
+        out.append({**first, "rows": mean, "band_rows": (lo, hi, floor), "band": band,
+                    "seeds": [seed_of(m["path"]) for m in members], "members": members})
+    return out
+
+
+def _comparison_order(folder: str) -> dict:
+    try:
+        with open(os.path.join(folder, "comparison.json")) as f:
+            runs = json.load(f)["runs"]
+        return {os.path.basename(os.path.normpath(r["out_dir"])): i for i, r in enumerate(runs)}
+    except (OSError, KeyError, ValueError, TypeError):
+        return {}
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def display_name(label: str) -> str:
+    """A registry name (``za1``, what `compare` labels its runs with) as the algorithm's own spelling
+    (``ZA1``), the one the setup line and the tables use; any other label is kept."""
+    from ...algorithms.registry import ALGORITHMS
+
+    entry = ALGORITHMS.get(str(label).lower())
+    return entry.cls.name if entry is not None else label
+
+
+def load_run(path: str) -> dict:
+    """``{"label", "rows", "path", "config", "summary", "f_star"}`` for one run folder (label: its
+    summary's label, else the folder name; f_star: the summary's, else None)."""
+    from ...runfolder.files import read_metrics
+
+    summary = _read_json(os.path.join(path, "summary.json"))
+    label = summary.get("label") or os.path.basename(os.path.normpath(path))
+    label = display_name(label)
+    f_star = summary.get("f_star")
+    return {"label": label, "rows": read_metrics(path), "path": path, "summary": summary,
+            "config": _read_json(os.path.join(path, "config.json")),
+            "f_star": float(f_star) if isinstance(f_star, (int, float)) and not isinstance(f_star, bool) else None}
