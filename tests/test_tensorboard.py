@@ -147,6 +147,8 @@ def test_interrupted_then_resumed_run_shows_each_round_once(tmp_path, monkeypatc
     assert [r["round"] for r in read_metrics(out)] == [0, 1, 2, 3]
     assert _events_of(out) == _expected(out)  # the interrupted run's events are its metrics
     stale = dict(_events_of(out)["time/elapsed"])[3]
+    open_reader = EventAccumulator(os.path.join(out, "tensorboard"))  # a TensorBoard left open across the resume
+    open_reader.Reload()
 
     seen = _watch(monkeypatch, out)
     assert main(["run", "--resume", out, "--no-progress", "--no-plot", "--tensorboard"]) == 0
@@ -159,6 +161,8 @@ def test_interrupted_then_resumed_run_shows_each_round_once(tmp_path, monkeypatc
     for tag, points in got.items():
         assert len({step for step, _ in points}) == len(points), tag  # every (tag, step) exactly once
     assert dict(got["time/elapsed"])[3] != stale  # the redone round's own values, not the dropped row's
+    open_reader.Reload()
+    assert {t: [(e.step, e.value) for e in open_reader.Scalars(t)] for t in open_reader.Tags()["scalars"]} == want
 
 
 @pytest.mark.parametrize("how", ["diverged", "failed"])
@@ -179,7 +183,7 @@ def test_diverged_and_failed_runs_leave_events_equal_to_metrics(tmp_path, monkey
 
 def test_write_events_after_a_live_run_keeps_the_file(tmp_path):
     """The sweep and seeds call write_events for every run at the end: a folder the run wrote live is
-    left alone (a TensorBoard reading it sees no file replaced), a stale one is rewritten."""
+    left alone, a stale one gets a file that supersedes (never deletes) the earlier one."""
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({**TINY, "rounds": 2}))
     out = str(tmp_path / "r")
@@ -193,6 +197,7 @@ def test_write_events_after_a_live_run_keeps_the_file(tmp_path):
         f.writelines(json.dumps(r) + "\n" for r in rows[:-1])
     tb.write_events(out)
     assert _events_of(out) == _expected(out) and max(s for s, _ in _events_of(out)["objective/f+h"]) == 1
+    assert set(before) < set(os.listdir(os.path.join(out, "tensorboard")))
 
 
 def test_missing_tensorboard_fails_before_the_run(tmp_path, monkeypatch, capsys):

@@ -13,19 +13,19 @@ one mapping from a metrics row to scalars, used for the live events and for :fun
 Live: inside :func:`live_events` every run that :func:`~.run.execute_run` starts writes its events
 while it runs: each row appended to ``metrics.jsonl`` is written and flushed at once, so a TensorBoard
 watching the folder shows the curves growing. The switch is the environment variable ``LIVE_ENV``,
-so that it reaches the worker processes a sweep spawns. A run starts its events afresh from
-``metrics.jsonl`` as the run leaves it (a resume: the rows up to its checkpoint; the rows past it
-are dropped there and here), in one file whose first record is TensorBoard's restart mark at step
-0 (``SessionLog.START``, what ``SummaryWriter(purge_step=0)`` writes), so a TensorBoard that showed
-the folder before drops those points instead of drawing each round twice. When the run ends
-(completed, diverged, interrupted or failed) :func:`write_events` makes the folder equal
-``metrics.jsonl`` (a Ctrl-C between the two files' writes cannot leave them apart). A SIGKILL
-leaves at most the row being written missing; the next resume or ``write_events`` redoes it.
-``run --flower`` computes its metrics after the deployment ends, so its events are written then.
+so that it reaches the worker processes a sweep spawns. A run starts a new events file with the rows
+``metrics.jsonl`` holds as the run leaves it (a resume: the rows up to its checkpoint; the rows past
+it are dropped there and here), whose first record is TensorBoard's restart mark at step 0
+(``SessionLog.START``, what ``SummaryWriter(purge_step=0)`` writes): TensorBoard drops every point
+of the folder's earlier files, so each round shows once, also in a TensorBoard already open. Earlier
+files are never deleted: TensorBoard's reader stops following a folder whose current file was
+deleted. When the run ends (completed, diverged, interrupted or failed), :func:`write_events` makes
+the events equal ``metrics.jsonl`` (a Ctrl-C between the two files' writes cannot leave them apart).
+A SIGKILL leaves at most the row being written missing; the next resume or ``write_events`` redoes
+it. ``run --flower`` computes its metrics after the deployment ends, so its events are written then.
 
-:func:`write_events` is idempotent: a folder that already holds exactly these scalars is left alone,
-so calling it again after a live run (the sweep and seeds do, for the runs they keep) costs a
-read and never replaces a file a TensorBoard is reading.
+:func:`write_events` is idempotent: a folder that already shows exactly these scalars is left alone,
+so calling it again after a live run (the sweep and seeds do, for the runs they keep) costs a read.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
+import socket
+import time
 from typing import Iterator, List, Tuple
 
 from ..runfolder.files import read_metrics
@@ -72,16 +73,48 @@ def _scalars(row: dict) -> List[Tuple[str, int, float]]:
             if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
 
 
-def _open_writer(folder: str):
-    """A SummaryWriter into ``folder`` whose file starts with the restart mark at step 0 (see the module
-    docstring): a TensorBoard that read earlier events of this run forgets them."""
-    from torch.utils.tensorboard import SummaryWriter
+class _EventsFile:
+    """A new events file in ``folder``, named to sort after every file already there (TensorBoard reads
+    a folder's files in name order), starting with TensorBoard's restart mark at step 0: it
+    supersedes the folder's earlier files, which stay (deleting a file a TensorBoard is reading
+    stops that TensorBoard from reading the folder's new files)."""
 
-    return SummaryWriter(log_dir=folder, purge_step=0)
+    def __init__(self, folder: str):
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        os.makedirs(folder, exist_ok=True)
+        stamp = int(time.time())
+        for name in os.listdir(folder):  # events.out.tfevents.<seconds>.<host>...: a later stamp sorts last
+            parts = name.split(".")
+            if "tfevents" in name and len(parts) > 3 and parts[3].isdigit() and int(parts[3]) >= stamp:
+                stamp = int(parts[3]) + 1
+        self.path = os.path.join(folder, f"events.out.tfevents.{stamp:010d}.{socket.gethostname()}.{os.getpid()}")
+        self._file = RecordWriter(open(self.path, "wb"))
+        now = time.time()
+        self._write(Event(wall_time=now, file_version="brain.Event:2"))
+        self._write(Event(wall_time=now, step=0, session_log=SessionLog(status=SessionLog.START)))
+
+    def _write(self, event) -> None:
+        self._file.write(event.SerializeToString())
+
+    def add(self, scalars) -> None:
+        """Write ``(tag, step, value)`` scalars (float32 summaries, as SummaryWriter.add_scalar) and flush."""
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        now = time.time()
+        for tag, t, v in scalars:
+            self._write(Event(wall_time=now, step=t, summary=Summary(value=[Summary.Value(tag=tag, simple_value=v)])))
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def _stored(folder: str) -> List[Tuple[str, int, float]]:
-    """The ``(tag, step, value)`` the events in ``folder`` hold, as TensorBoard reads them."""
+    """The ``(tag, step, value)`` the events in ``folder`` hold, as TensorBoard reads them (restart
+    marks applied)."""
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
     acc = EventAccumulator(folder, size_guidance={SCALARS: 0})  # 0: keep every point (no sampling)
@@ -99,24 +132,19 @@ def _as_stored(scalars) -> List[Tuple[str, int, float]]:
 
 
 def write_events(run_dir: str) -> str:
-    """Make ``run_dir/tensorboard/`` hold exactly the scalars of ``run_dir/metrics.jsonl``; returns
-    the events folder. Left alone when it already does; otherwise replaced at once (written aside,
-    then renamed)."""
+    """Make ``run_dir/tensorboard/`` show exactly the scalars of ``run_dir/metrics.jsonl``; returns the
+    events folder. Left alone when it already does; otherwise a new file with every row supersedes
+    the earlier ones (see :class:`_EventsFile`)."""
     check_available()
     want = [s for r in read_metrics(run_dir) for s in _scalars(r)]
     out = os.path.join(run_dir, EVENTS_DIR)
     if os.path.isdir(out) and _stored(out) == _as_stored(want):
         return out
-    tmp = f"{out}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    w = _open_writer(tmp)
+    f = _EventsFile(out)
     try:
-        for tag, t, v in want:
-            w.add_scalar(tag, v, global_step=t)
+        f.add(want)
     finally:
-        w.close()
-    shutil.rmtree(out, ignore_errors=True)  # replace the previous events with the complete new ones
-    os.replace(tmp, out)
+        f.close()
     return out
 
 
@@ -148,22 +176,15 @@ class LiveEvents:
     def __init__(self, run_dir: str):
         check_available()
         self.run_dir = run_dir
-        out = os.path.join(run_dir, EVENTS_DIR)
         rows = read_metrics(run_dir) if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) else []
-        shutil.rmtree(out, ignore_errors=True)  # one file per folder: TensorBoard reads files in name order
-        self._w = _open_writer(out)
-        for r in rows:
-            self.add(r, flush=False)
-        self._w.flush()
+        self._file = _EventsFile(os.path.join(run_dir, EVENTS_DIR))
+        self._file.add([s for r in rows for s in _scalars(r)])
 
-    def add(self, row: dict, flush: bool = True) -> None:
+    def add(self, row: dict) -> None:
         """Write one metrics row (flushed: a TensorBoard reading the folder sees it now)."""
-        for tag, t, v in _scalars(row):
-            self._w.add_scalar(tag, v, global_step=t)
-        if flush:
-            self._w.flush()
+        self._file.add(_scalars(row))
 
     def close(self) -> None:
         """Close the file, then make the folder equal ``metrics.jsonl`` (a no-op when it already is)."""
-        self._w.close()
+        self._file.close()
         write_events(self.run_dir)
