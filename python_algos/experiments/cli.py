@@ -5,6 +5,7 @@ status: :mod:`.cli_parser` (what ``--help`` prints)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -264,11 +265,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if launch.rank() != 0:  # rank 0 alone reports (every rank would print the same warnings)
             warnings.simplefilter("ignore")
         try:
-            if getattr(args, "tensorboard", False):  # before any run: a missing package is not found at the end
-                from .tensorboard import check_available
+            live = contextlib.nullcontext()
+            if getattr(args, "tensorboard", False):  # every run writes its events as it goes (experiments/tensorboard.py)
+                from .tensorboard import live_events
 
-                check_available()
-            code = handler(args)
+                live = live_events()
+            with live:  # entering checks the package: before any run, not found at the end
+                code = handler(args)
         except (DataNotFoundError, FileNotFoundError, ValueError, RuntimeError) as e:
             where = f" on rank {launch.rank()} of {launch.world_size()}" if launch.distributed() else ""
             print(f"error{where}: {e}", file=sys.stderr)

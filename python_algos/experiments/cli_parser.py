@@ -97,8 +97,10 @@ def _add_figure_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--band", choices=["std", "minmax"], default="std",
                    help="several seeds: the shaded band around the mean (mean ± std, or min to max; default std)")
     p.add_argument("--tensorboard", action="store_true", default=S,
-                   help="also write each run's per-round metrics as TensorBoard events into RUN/tensorboard/ "
-                        "(`tensorboard --logdir OUT`; needs `pip install tensorboard`)")
+                   help="also write each run's per-round metrics as TensorBoard events into RUN/tensorboard/, "
+                        "live: each round as soon as it is in metrics.jsonl, so `tensorboard --logdir OUT` "
+                        "shows the curves growing (a resume shows each round once); needs `pip install "
+                        "tensorboard`")
 
 
 def _seed(text: str):

@@ -11,7 +11,8 @@ from .cli_settings import _in_terms_of, _merge, _out_dir, _read_config_file, _re
 
 
 def _events(run_dirs, args) -> None:
-    """--tensorboard: the runs' TensorBoard events (see experiments/tensorboard.py)."""
+    """--tensorboard: the runs' TensorBoard events (see experiments/tensorboard.py). A run of this command
+    wrote them live, so write_events leaves them alone; a run a resume kept may have none yet."""
     if getattr(args, "tensorboard", False):
         from .tensorboard import write_events
 
@@ -38,6 +39,8 @@ def _wants_seeds(args) -> bool:
 
 
 def _tb_hook(args):
+    """--tensorboard with several seeds: after each seed, its events (already written live: a no-op;
+    see :func:`_events`)."""
     if not getattr(args, "tensorboard", False):
         return None
     from .tensorboard import check_available, write_events

@@ -53,6 +53,7 @@ from .folders import resume_command
 from .losses import loss_function
 from .prepare import PreparedRun, check_rounds_reach, prepare_run
 from .run import Interrupted, _start_folder
+from .tensorboard import live_requested, write_events
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients import resolve_executor
 from ..deploy.flower_server import checkpoint_differences
@@ -294,6 +295,8 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
     initial, rows, diverged = _metric_rows(prep, records, RoundFiles(points_dir), status.get("diverged"),
                                            result["params"] if result is not None else None)
     _write_jsonl(os.path.join(out_dir, "metrics.jsonl"), [initial, *rows])
+    if live_requested():  # --tensorboard: the rows exist only now (computed here), so do their events
+        write_events(out_dir)
     last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else initial)
     alg, model = prep.algorithm, prep.model
     last_ckpt = int(saved["round"]) if saved is not None else None

@@ -38,6 +38,7 @@ from .evaluation import make_eval
 from .folders import resume_command
 from .losses import loss_function
 from .prepare import PreparedRun, prepare_run
+from .tensorboard import LiveEvents, check_available, live_requested  # imports no tensorboard until used
 from .threads import apply_threads
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_DIRS, RUN_FILES, _append_row, _remove_leftovers, _write_json, _write_jsonl, read_metrics
@@ -74,7 +75,8 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     with status ``"diverged"``; the checkpoint of the last good round is kept. Ctrl-C writes the
     summary so far (status ``"interrupted"``) and raises :class:`Interrupted`. ``f_star``: the problem's
     optimal value F*, when the caller knows it; recorded in summary.json, where ``plot`` finds it
-    and draws the suboptimality f + h − F*.
+    and draws the suboptimality f + h − F*. Inside :func:`.tensorboard.live_events` (``--tensorboard``)
+    each metrics row is also written to ``out_dir/tensorboard/`` as it is appended.
     """
     _check_f_star(f_star)
     prep = prepare_run(cfg, out_dir, fed=fed, resume=resume, rounds=rounds, replace=replace)
@@ -133,13 +135,22 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     main = launch.is_main()  # under torchrun rank 0 alone writes the folder files and shows progress
     launch.barrier()  # every rank has checked its inputs (prepare_run) before rank 0 writes anything
-    err = None
+    err, events = None, None
     if main:
         try:
+            if live_requested():  # --tensorboard: a missing package is found before anything is written
+                check_available()
             _start_folder(prep, log)
+            if live_requested():  # from the rows _start_folder kept (a resume: up to the checkpoint)
+                events = LiveEvents(out_dir)
         except Exception as e:  # noqa: BLE001 - the other ranks stop too (launch.agree)
             err = e
-    launch.agree(err)  # ... and the folder is ready before any rank writes a checkpoint shard
+    try:
+        launch.agree(err)  # ... and the folder is ready before any rank writes a checkpoint shard
+    except BaseException:
+        if events is not None:
+            events.close()
+        raise
     eval_fn = make_eval(ds, model, extra_eval)
 
     status = {"diverged": None, "interrupted": False}
@@ -147,12 +158,17 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     bar = Progress(cfg.rounds, initial=snap["round"] if snap else 0, desc=label, enabled=progress and main)
     kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
 
+    def add_row(m):  # every row of metrics.jsonl goes through here
+        _append_row(metrics_file, m)
+        if events is not None:
+            events.add(m)
+
     def on_save(s):
         if s["round"] == 0:  # the starting point, before round 1
-            _append_row(metrics_file, s["initial"])
+            add_row(s["initial"])
 
     def per_round(t, state, m):
-        _append_row(metrics_file, m)
+        add_row(m)
         bar.update(t, m)
         x = algorithm.report(state, reg)
         what = None
@@ -189,6 +205,8 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     finally:
         bar.close()
         metrics_file.close()
+        if events is not None:  # however the run ended, its events now equal metrics.jsonl
+            events.close()
     if not status["interrupted"]:  # every rank reports the same status (an interrupted peer may be gone)
         status["diverged"] = launch.first_message(status["diverged"])
     run_seconds = time.perf_counter() - t0
