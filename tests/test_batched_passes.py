@@ -89,3 +89,21 @@ def test_a_gradient_call_allocates_no_gradient_sized_temporary():
         cs.gradients_(X, G)
     big = [(e.name, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage >= stack_bytes]
     assert big == []
+
+
+def test_metric_pass_computes_each_client_once():
+    """The metric pass's blocks of clients are cut like the gradient passes: 7 clients at most 3
+    per block are 3+2+2, not 3+3+1 with the lone client computed on a duplicated row."""
+    clients = _clients(7)
+    cs = BatchedClients(_net(), F.cross_entropy, clients, chunk_clients=3)
+    rows = _count_rows(cs)
+    x = cs.flat.params.detach().clone()
+    g = torch.empty_like(x)
+    f = cs.full_objective_(x, g)
+    assert rows == [3, 2, 2]
+    # ground truth: the mean of the clients' full-data losses, plain autograd
+    ref = _net()
+    want_f = sum(F.cross_entropy(ref(X), y) for X, y in clients) / len(clients)
+    want_g = torch.cat([q.reshape(-1) for q in torch.autograd.grad(want_f, list(ref.parameters()))])
+    assert f == pytest.approx(want_f.item(), rel=1e-12)
+    assert float((g - want_g).norm() / want_g.norm()) < 1e-12

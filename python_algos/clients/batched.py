@@ -90,7 +90,7 @@ def default_memory_budget(device: torch.device) -> int:
     return 64 << 20
 
 
-def _even_parts(members: list, most: int) -> list:
+def _even_parts(members: Sequence, most: int) -> list:
     """``members`` in consecutive passes of at most ``most`` rows, as few as that allows, their
     sizes differing by at most one: 100 clients at 33 per pass are 25+25+25+25, not 33+33+33+1,
     whose lone client would be computed twice (a pass never has one row, see ``_pass``). Any split
@@ -431,15 +431,16 @@ class BatchedClients(ClientSet):
         N = self.num_clients
         grad_out.zero_()
         f = 0.0
-        block = max(1, min(N, self._chunk_rows(max(self.sizes))))
+        blocks = _even_parts(range(N), max(1, min(N, self._chunk_rows(max(self.sizes)))))
+        block = len(blocks[0])
         G = torch.empty(block, self.dim, dtype=self.dtype, device=self.device)
         vals = torch.empty(block, dtype=self.dtype, device=self.device)
         rows = x.expand(block, -1).contiguous()  # real rows, as a stack's (a stride-0 batch may take other kernels)
         longest = max(self.sizes)  # of the whole pass, not of a block: padding must not depend on the blocks
         with side_effect_free(self.model, self.device):
-            for s in range(0, N, block):
-                c = min(block, N - s)
-                batches = [self._whole(i) for i in range(s, s + c)]
+            for ids in blocks:
+                c = len(ids)
+                batches = [self._whole(i) for i in ids]
                 self._gradients(rows[:c], G[:c], batches, vals[:c], longest)
                 for k in range(c):
                     grad_out.add_(G[k])
