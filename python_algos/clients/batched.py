@@ -242,7 +242,7 @@ class BatchedClients(ClientSet):
         return max(1, sum(acts) // max(1, min(2, self.sizes[0])))
 
     def _chunk_rows(self, batch: int) -> int:
-        """Clients per vectorized pass for batches of ``batch`` samples (at least 2, see
+        """Most clients per vectorized pass for batches of ``batch`` samples (at least 2, see
         :meth:`_gradients`; ``chunk_clients`` when given)."""
         if self.chunk_clients is not None:
             return self.chunk_clients
