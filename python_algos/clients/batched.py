@@ -36,7 +36,8 @@ single client's pass is computed on a duplicated row: a lone matrix product may 
 kernel than a batched one); the metric pass sums per-client gradients and losses in client order.
 So ``memory_budget`` / ``chunk_clients`` (and a GPU's free memory) change the speed, not the result.
 
-Memory. Clients are processed in chunks of ``chunk_clients`` rows, chosen so that a chunk's
+Memory. Clients are processed in chunks of at most ``chunk_clients`` rows (a group of clients is cut
+into as few chunks as that allows, of near-equal sizes), chosen so that a chunk's
 estimated peak (activations of ``c * b_max`` samples, measured once by a probe pass, plus ~4
 ``[c, d]`` gradient-sized buffers and the gathered batch) stays under ``memory_budget`` bytes
 (default 64 MiB on CPU, a cache-friendly working set; half the free memory on a GPU), but at
@@ -89,6 +90,23 @@ def default_memory_budget(device: torch.device) -> int:
     return 64 << 20
 
 
+def _even_parts(members: Sequence, most: int) -> list:
+    """``members`` in consecutive passes of at most ``most`` rows, as few as that allows, their
+    sizes differing by at most one: 100 clients at 33 per pass are 25+25+25+25, not 33+33+33+1,
+    whose lone client would be computed twice (a pass never has one row, see ``_pass``). Any split
+    gives the same bits (a client's gradient does not depend on its pass-mates), so this only
+    saves work."""
+    m = len(members)
+    n = -(-m // max(1, most))
+    q, r = divmod(m, n)
+    out, s = [], 0
+    for i in range(n):
+        e = s + q + (1 if i < r else 0)
+        out.append(members[s:e])
+        s = e
+    return out
+
+
 class BatchedClients(ClientSet):
     """All clients of this process, their gradients computed in vectorized passes (``torch.func``).
 
@@ -96,7 +114,8 @@ class BatchedClients(ClientSet):
         model, loss_fn, data, batch_size, seed, flat, first_client: as for
             :class:`~python_algos.clients.SequentialClients`.
         memory_budget: bytes one chunk of clients may use (default :func:`default_memory_budget`).
-        chunk_clients: clients per vectorized pass (default: as many as fit the budget, at least 2).
+        chunk_clients: most clients per vectorized pass (default: as many as fit the budget, at least
+            2); a group of clients is split in as few passes as that allows, of near-equal sizes.
         chunk: a batch longer than this many samples is split in weighted pieces (as the
             sequential executor's ``chunk``; never when samples are coupled).
 
@@ -223,7 +242,7 @@ class BatchedClients(ClientSet):
         return max(1, sum(acts) // max(1, min(2, self.sizes[0])))
 
     def _chunk_rows(self, batch: int) -> int:
-        """Clients per vectorized pass for batches of ``batch`` samples (at least 2, see
+        """Most clients per vectorized pass for batches of ``batch`` samples (at least 2, see
         :meth:`_gradients`; ``chunk_clients`` when given)."""
         if self.chunk_clients is not None:
             return self.chunk_clients
@@ -322,9 +341,8 @@ class BatchedClients(ClientSet):
                 for j in members:
                     fb += self._one_client_in_pieces(X, G, j, batches[j], values)
                 continue
-            c = self._chunk_rows(P)
-            for s in range(0, len(members), c):
-                fb += self._pass(X, G, members[s : s + c], [batches[j] for j in members[s : s + c]], P, values)
+            for part in _even_parts(members, self._chunk_rows(P)):
+                fb += self._pass(X, G, part, [batches[j] for j in part], P, values)
         return fb
 
     def _pass(self, X, G, rows_at: list, batches: list, P: int, values) -> float:
@@ -357,12 +375,13 @@ class BatchedClients(ClientSet):
             else:
                 grads, vals = self._vgrad_masked(self._params(rows), xb, yb, w)
         fb = time.perf_counter() - t1
-        flat = torch.cat([grads[n].reshape(k, -1) for n in self._names], dim=1)
-        if contiguous:
-            G[a : a + c].copy_(flat)
+        parts = [grads[n].reshape(k, -1) for n in self._names]
+        if contiguous:  # the usual case: straight into G's rows (a [c, d] temporary costs its page faults)
+            torch.cat(parts, dim=1, out=G[a : a + c])
             if values is not None:
                 values[a : a + c] = vals.detach()
         else:
+            flat = torch.cat(parts, dim=1)
             G[rows_at[0]].copy_(flat[0]) if c == 1 else G.index_copy_(0, pos, flat)
             if values is not None:
                 if c == 1:
@@ -412,15 +431,16 @@ class BatchedClients(ClientSet):
         N = self.num_clients
         grad_out.zero_()
         f = 0.0
-        block = max(1, min(N, self._chunk_rows(max(self.sizes))))
+        blocks = _even_parts(range(N), max(1, min(N, self._chunk_rows(max(self.sizes)))))
+        block = len(blocks[0])
         G = torch.empty(block, self.dim, dtype=self.dtype, device=self.device)
         vals = torch.empty(block, dtype=self.dtype, device=self.device)
         rows = x.expand(block, -1).contiguous()  # real rows, as a stack's (a stride-0 batch may take other kernels)
         longest = max(self.sizes)  # of the whole pass, not of a block: padding must not depend on the blocks
         with side_effect_free(self.model, self.device):
-            for s in range(0, N, block):
-                c = min(block, N - s)
-                batches = [self._whole(i) for i in range(s, s + c)]
+            for ids in blocks:
+                c = len(ids)
+                batches = [self._whole(i) for i in ids]
                 self._gradients(rows[:c], G[:c], batches, vals[:c], longest)
                 for k in range(c):
                     grad_out.add_(G[k])
