@@ -246,3 +246,15 @@ def test_compare_takes_the_algorithms_of_its_config_file(tmp_path, capsys):
     assert main(["compare", "--config", str(cfg), *TINY, "-T", "1", "--out", str(tmp_path / "d")]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("error: --algorithm fedcannon: unknown algorithm(s); valid names: fedcanon,")
+
+
+def test_an_alg_opt_named_lr_sets_the_algorithms_own_lr():
+    """SCAFFNEW's own step size is called ``lr``, like the common --lr: ``--alg-opt lr=0.3`` must set it
+    (it clashed with the mapping's keyword before), with the other hyper-parameters still mapped."""
+    from python_algos.algorithms.scaffnew import SCAFFNEW
+    from python_algos.experiments.build import build_algorithm
+    from python_algos.experiments.config import Config
+
+    alg = build_algorithm(Config.from_dict({"algorithm": "scaffnew", "lr": 0.05, "local_steps": 4,
+                                            "alg_opts": {"lr": 0.3}}))
+    assert alg == SCAFFNEW(lr=0.3, p=0.25)

@@ -33,7 +33,7 @@ from .scaffnew import SCAFFNEW
 from .scaffold import SCAFFOLD
 from .za1 import ZA1
 
-__all__ = ["Entry", "ALGORITHMS", "make", "markdown_table"]
+__all__ = ["Entry", "ALGORITHMS", "make", "build", "markdown_table"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,12 @@ ALGORITHMS: dict[str, Entry] = {
 
 def make(name: str, *, lr: float, local_steps: int, **overrides) -> Algorithm:
     """Build algorithm ``name`` from the common (lr, K) parameterization, then ``overrides``."""
+    return build(name, lr, local_steps, overrides)
+
+
+def build(name: str, lr: float, local_steps: int, overrides: dict) -> Algorithm:
+    """:func:`make` with the overrides as a dict: an algorithm's own hyper-parameter may be called
+    ``lr`` (SCAFFNEW's), which cannot also be passed to ``make`` as a keyword."""
     key = name.lower()
     if key not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; valid names: {', '.join(ALGORITHMS)}")

@@ -21,7 +21,7 @@ from .data import FederatedData, federate, load_dataset
 from .device import resolve_device
 from .models import build_model as _build_model
 from .regularizer_specs import _spec_text, build_param_regularizer, build_regularizer
-from ..algorithms.registry import ALGORITHMS, make
+from ..algorithms.registry import ALGORITHMS, build
 
 __all__ = ["prepare_data", "build_model", "build_algorithm", "build_per_parameter"]
 
@@ -86,7 +86,7 @@ def build_algorithm(cfg: Config):
         raise ValueError(f"--alg-opt {_opts_text({k: cfg.alg_opts[k] for k in unknown})}: {entry.cls.name} has no "
                          f"such hyper-parameter; its hyper-parameters: {', '.join(names)}")
     try:
-        return make(cfg.algorithm, lr=cfg.lr, local_steps=cfg.local_steps, **cfg.alg_opts)
+        return build(cfg.algorithm, cfg.lr, cfg.local_steps, cfg.alg_opts)
     except (ValueError, TypeError) as e:
         raise _hparam_error(cfg, entry.cls.name, e) from None
 
