@@ -42,6 +42,7 @@ from .tensorboard import LiveEvents, check_available, live_requested  # imports 
 from .threads import apply_threads
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_DIRS, RUN_FILES, _append_row, _remove_leftovers, _write_json, _write_jsonl, read_metrics
+from ..runfolder.history import check_f_star
 from ..runfolder.progress import Progress
 from ..simulate import simulate
 
@@ -78,15 +79,9 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     and draws the suboptimality f + h − F*. Inside :func:`.tensorboard.live_events` (``--tensorboard``)
     each metrics row is also written to ``out_dir/tensorboard/`` as it is appended.
     """
-    _check_f_star(f_star)
+    check_f_star(f_star)
     prep = prepare_run(cfg, out_dir, fed=fed, resume=resume, rounds=rounds, replace=replace)
     return execute_run(prep, progress=progress, extra_eval=extra_eval, label=label, log=log, f_star=f_star)
-
-
-def _check_f_star(f_star) -> None:
-    if f_star is not None and (isinstance(f_star, bool) or not isinstance(f_star, (int, float))
-                               or not math.isfinite(f_star)):
-        raise ValueError(f"f_star must be a finite number (the optimal value F*), got {f_star!r}")
 
 
 def _start_folder(prep: PreparedRun, log) -> None:
@@ -126,7 +121,7 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
                 label: Optional[str] = None, log: Callable[[str], None] = print,
                 f_star: Optional[float] = None) -> dict:
     """Run a :class:`PreparedRun` into its folder; returns the summary (see :func:`run_experiment`)."""
-    _check_f_star(f_star)
+    check_f_star(f_star)
     cfg, out_dir, fed, model, algorithm, reg, snap = (prep.cfg, prep.out_dir, prep.fed, prep.model, prep.algorithm,
                                                       prep.reg, prep.snap)
     ds = fed.dataset

@@ -111,15 +111,20 @@ def _publish(tmp: str, path: str, overwrite: bool) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def check_f_star(f_star) -> None:
+    """The optimal value F* a run folder records (``f_star``): None or a finite number."""
+    if f_star is not None and (isinstance(f_star, bool) or not isinstance(f_star, (int, float))
+                               or not math.isfinite(f_star)):
+        raise ValueError(f"f_star must be a finite number (the optimal value F*), got {f_star!r}")
+
+
 def save_history(hist, path: str, *, overwrite: bool = False, label: Optional[str] = None,
                  f_star: Optional[float] = None, model=None) -> str:
     """See :meth:`python_algos.simulate.History.save`."""
     path = os.fspath(path)
     if label is not None and not isinstance(label, str):
         raise TypeError(f"label must be a string, got {type(label).__name__}")
-    if f_star is not None and (isinstance(f_star, bool) or not isinstance(f_star, (int, float))
-                               or not math.isfinite(f_star)):
-        raise ValueError(f"f_star must be a finite number (the optimal value F*), got {f_star!r}")
+    check_f_star(f_star)
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_target(path, overwrite)
