@@ -14,6 +14,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: intra-op threads only add overhead (and stall on a loaded machine). Modules use
+    it with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def mem_available_gib() -> float:
     try:
         with open("/proc/meminfo") as f:

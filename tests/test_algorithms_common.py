@@ -21,13 +21,7 @@ REGULARIZERS = [fk.Zero(), fk.L1(1e-2), fk.MCP(1e-2, 3.0), fk.SCAD(1e-2)]
 PROX_OUTPUT = {"fedcanon", "fedcanon2", "za1", "fednmap", "prox_fedavg", "fedmid", "fedda"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models: intra-op threads only add overhead (and stall on a loaded machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_clients(seed=0, n=12):

@@ -18,12 +18,7 @@ from python_algos.clients import BatchedClients, client_generators
 FEATURES, CLASSES, BATCH = 16, 3, 4
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _net():

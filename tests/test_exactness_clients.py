@@ -23,12 +23,7 @@ from python_algos.clients import BatchedClients, SequentialClients, resolve_exec
 FEATURES, CLASSES = 4, 3
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def net(dtype=torch.float64, seed=1, extra=None):
