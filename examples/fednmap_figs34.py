@@ -85,9 +85,9 @@ def main(argv=None) -> int:
 
 
 def _plot(out, by_n, by_q, slope_n, slope_q):
-    from python_algos.experiments.plotting import _mpl
+    from python_algos.experiments.plotting import pyplot
 
-    plt = _mpl()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     for ax, data, slope, xl in ((axes[0], by_n, slope_n, "number of clients N"),
                                 (axes[1], by_q, slope_q, "local steps Q")):

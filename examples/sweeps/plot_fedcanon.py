@@ -46,7 +46,7 @@ def fig1(sweep: str, out: str, formats) -> list:
 
 
 def fig2(sweep: str, out: str, formats) -> list:
-    from python_algos.experiments.plotting import _mpl, plot_runs
+    from python_algos.experiments.plotting import plot_runs, pyplot
 
     pts = _points(sweep)
     etas = list(dict.fromkeys(p["point"]["eta"] for p in pts))
@@ -57,7 +57,7 @@ def fig2(sweep: str, out: str, formats) -> list:
         files += plot_runs([p["dir"] for p in ps], out_dir=out, metrics=["test_acc", "test_loss"], x_axes=["round"],
                            title=f"h = 0, Dir({eta:g})", name=f"fedcanon_fig2_dir{eta:g}", per_metric=False,
                            labels=[NAMES.get(p["algorithm"], p["algorithm"]) for p in ps], formats=formats)
-    plt = _mpl()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
     for i, a in enumerate(algs):
         ys = [next(p["final"]["test_acc"] for p in pts if p["algorithm"] == a and p["point"]["eta"] == e) for e in etas]

@@ -34,7 +34,7 @@ from .figures import merge_identical, plot_runs  # noqa: F401 - merge_identical:
 from .heading import setup_line
 from .heatmaps import heatmap_data, plot_sweep  # noqa: F401 - the sweep command's figures
 from .runs import find_runs, group_seeds, load_run  # noqa: F401 - group_seeds: kept importable from here
-from .style import DEFAULT_FORMATS, FORMATS, parse_formats
+from .style import DEFAULT_FORMATS, FORMATS, parse_formats, pyplot
 
 __all__ = ["plot_runs", "find_runs", "load_run", "available_metrics", "DEFAULT_METRICS", "line_plot", "setup_line",
-           "parse_formats", "FORMATS", "DEFAULT_FORMATS"]
+           "parse_formats", "FORMATS", "DEFAULT_FORMATS", "pyplot"]
