@@ -27,6 +27,12 @@ that never started starts. Ctrl-C stops every running run at once, each writing 
 (status interrupted), and the sweep's summary lists what is left; every file is replaced
 atomically, so nothing is left half-written.
 
+‖G_s‖² depends on s, so every point measures it at one s (:func:`sweep_metric_step`: ``--metric-step``,
+else the smallest lr·K of the grid), recorded in ``sweep.json`` and shown in the table's header. The
+parent prints one progress line per finished run and re-emits the runs' warnings, each once.
+``sweep.json`` also records ``select`` and the CLI's figure settings (``figures``), which a resume
+reuses unless given again.
+
 ``sweep --optuna N --space ...`` (optuna_search.py) is a random search over the same keys: its
 trials run through :func:`plan_point`, :class:`Workers` and :func:`run_point` into these folders,
 and end with the same :func:`summarize`.
