@@ -180,7 +180,7 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
                              f"value of its trials); resume it without --select, or start another")
         select = saved["select"]
         if cfg.metric_step is None:  # a search from before one s per sweep: its runs' s may differ
-            check_one_step(_recorded_steps(out_dir), select, out_dir)
+            check_one_step(_recorded_steps(out_dir), select, out_dir, search=True)
     else:
         from .prepare import check_algorithm_names, prepare_run
 

@@ -208,16 +208,18 @@ def point_step(cfg: Config) -> float:
     return float(build_algorithm(cfg).metric_step())
 
 
-def check_one_step(steps, select: str, out_dir: str) -> None:
+def check_one_step(steps, select: str, out_dir: str, search: bool = False) -> None:
     """``--select stationarity`` ranks ‖G_s‖² values: refuse when the points' ``steps`` (their s)
-    differ (a sweep.json written before sweeps measured every point at one s)."""
+    differ (a sweep.json written before sweeps measured every point at one s). ``search``: a random
+    search, whose --select cannot change."""
     steps = sorted(set(steps))
     if select == "stationarity" and len(steps) > 1 and steps[0] * (1 + 1e-12) < steps[-1]:
         raise ValueError(f"--select stationarity: the points of {out_dir} measure ‖G_s‖² at different steps s "
                          f"({steps[0]:g} to {steps[-1]:g}: each point its own, as sweeps did before they measured "
-                         f"every point at one s), and ‖G_s‖² depends on s, so the values do not compare; select with "
-                         f"--select f_plus_h or test_acc, or run the sweep again into a new --out (one s for every "
-                         f"point: --metric-step S, or by default the smallest lr·K of the grid)")
+                         f"every point at one s), and ‖G_s‖² depends on s, so the values do not compare; "
+                         + ("" if search else "select with --select f_plus_h or test_acc, or ")
+                         + f"run the {'search' if search else 'sweep'} again into a new --out (one s for every point: "
+                         f"--metric-step S, or by default the smallest lr·K of the {'space' if search else 'grid'})")
 
 
 def keys_of(algorithm: str, keys) -> list:
