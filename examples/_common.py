@@ -7,6 +7,7 @@ import json
 import math
 import os
 import time
+import warnings
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -16,10 +17,29 @@ from python_algos.experiments.build import prepare_data
 from python_algos.experiments.config import Config
 from python_algos.experiments.run import run_experiment
 
-__all__ = ["parser", "paper_data", "Runner", "loglog_slope", "write_report", "table"]
+__all__ = ["parser", "paper_data", "Runner", "loglog_slope", "write_report", "table", "show_warnings_as_the_cli"]
+
+
+def show_warnings_as_the_cli() -> None:
+    """Print warnings the way ``python -m python_algos run`` does (``warning: ...``, through the
+    CLI's own formatter), each distinct one once: a script makes many runs, and each would repeat
+    the same warning (Python's once-per-location memory is reset whenever a warnings filter
+    changes, which every run does)."""
+    from python_algos.experiments.cli import _showwarning
+
+    seen = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if (category, str(message)) not in seen:
+            seen.add((category, str(message)))
+            _showwarning(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """The scripts' common flags; every script starts here, so warnings are set up here too."""
+    show_warnings_as_the_cli()
     p = argparse.ArgumentParser(prog=f"python -m examples.{name}", description=doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a few rounds on a tiny problem (smoke test, seconds)")

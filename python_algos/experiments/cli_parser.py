@@ -291,9 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "with --optuna, a trial's seeds run in parallel and trials one after another")
     w.add_argument("--select", choices=["f_plus_h", "test_acc", "stationarity"], default=S,
                    help="the metric that picks the best point per algorithm: lowest final f+h (default), highest "
-                        "test accuracy, lowest ‖G_s‖²")
+                        "test accuracy, lowest ‖G_s‖² (every point measures it at one s: --metric-step, else the "
+                        "smallest lr·K of the grid)")
     w.add_argument("--resume", metavar="DIR", help="finish the sweep in DIR: finished points are kept, interrupted "
-                   "runs continue from their checkpoints, the others start (--jobs may differ)")
+                   "runs continue from their checkpoints, the others start (--jobs may differ). The table and "
+                   "figures use the sweep's own --select, --formats and --band (recorded in DIR/sweep.json); one "
+                   "given with --resume wins for this resume")
     _add_config_flags(w, single=False)
 
     d = sub.add_parser("demo", help="the built-in demo (same as no arguments)")

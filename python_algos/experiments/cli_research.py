@@ -103,6 +103,20 @@ def _cmd_compare_seeds(args) -> int:
     return _seeds_done(result, args, [s for per_seed in result["summaries"] for s in per_seed])
 
 
+def _given(args, *flags) -> dict:
+    """The figure flags among ``flags`` that the command line gave (argparse fills in their defaults,
+    so ``args`` alone cannot tell a given ``--formats png,pdf`` from none): their parsed values."""
+    import argparse
+
+    from .cli_parser import _formats
+
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--formats", type=_formats, default=None)
+    p.add_argument("--band", default=None)
+    known, _ = p.parse_known_args([a for a in (getattr(args, "argv", None) or []) if a != "--"])
+    return {k: v for k, v in vars(known).items() if v is not None and "--" + k in flags}
+
+
 _SWEEP_RESUME_OK = ("command", "resume", "jobs", "no_progress", "formats", "no_plot", "band", "tensorboard", "select",
                     "argv", "algorithms", "out", "name", "config")
 
@@ -114,12 +128,16 @@ def cmd_sweep(args) -> int:
     from .sweep import SELECT, SweepInterrupted, _read_sweep, parse_grid, run_sweep
 
     opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
+    # what the figures need: recorded in sweep.json, and on --resume taken from there unless given again
+    figures = {"formats": list(args.formats), "band": getattr(args, "band", "std")}
     try:
         if args.resume:
             _resume_flags_check(args, _SWEEP_RESUME_OK, "the sweep's", "--jobs, --select, --no-progress, --formats, "
                                 "--band, --tensorboard and --no-plot")
             out = args.resume
             kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
+            given = _given(args, "--formats", "--band")
+            figures = {**figures, **(_read_sweep(out).get("figures") or {}), **given}
             print(f"resuming the sweep in {out}")
         else:
             merged = _merge(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs", "optuna",
@@ -178,7 +196,7 @@ def cmd_sweep(args) -> int:
 
             result = run_study(kw.pop("cfg"), kw.pop("algorithms"), kw.pop("space"), kw.pop("trials"), kw.pop("seeds"),
                                out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
-                               tensorboard=bool(getattr(args, "tensorboard", False)),
+                               tensorboard=bool(getattr(args, "tensorboard", False)), figures=figures,
                                **{k: v for k, v in kw.items() if k != "grid"})
         elif kw.get("resume") and "optuna" in _read_sweep(out):  # a random search: its trials continue
             from .optuna_search import run_study
@@ -187,7 +205,8 @@ def cmd_sweep(args) -> int:
                                resume=True, tensorboard=bool(getattr(args, "tensorboard", False)))
         else:
             result = run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select,
-                               tensorboard=bool(getattr(args, "tensorboard", False)), **kw)
+                               tensorboard=bool(getattr(args, "tensorboard", False)),
+                               progress=not args.no_progress, figures=None if kw.get("resume") else figures, **kw)
     except SweepInterrupted as e:
         print(e.table)
         print(f"\ninterrupted: resume with: {e.resume_command}", file=sys.stderr)
@@ -204,8 +223,8 @@ def cmd_sweep(args) -> int:
 
         try:
             select = result["select"]
-            files = plot_sweep(out, result, _read_sweep(out)["grid"], SELECT[select][0], select, formats=args.formats,
-                               band=getattr(args, "band", "std"))
+            files = plot_sweep(out, result, _read_sweep(out)["grid"], SELECT[select][0], select,
+                               formats=tuple(figures["formats"]), band=figures["band"])
         except RuntimeError as e:  # no matplotlib
             print(f"no figure: {e}")
             files = []

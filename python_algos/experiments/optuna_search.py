@@ -36,7 +36,7 @@ from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
 from .sweep import (SELECT, SWEEP_FILE, SweepInterrupted, Workers, _finished, _point_name, _read_summary, check_keys,
-                    keys_of, parse_keyed, plan_point, summarize)
+                    check_one_step, keys_of, parse_keyed, plan_point, summarize, sweep_metric_step)
 from ..runfolder.files import RunFolderError, _write_json
 
 __all__ = ["parse_space", "parse_space_spec", "run_study", "STUDY_FILE", "INSTALL"]
@@ -157,11 +157,13 @@ def _deferred_interrupt():
 def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space: Optional[dict], trials: Optional[int],
               seeds=None, *, out_dir: str, alg_opts: Optional[dict] = None, reseed_data: bool = False, jobs: int = 1,
               select: Optional[str] = "f_plus_h", resume: bool = False, tensorboard: bool = False,
-              log: Callable[[str], None] = print) -> dict:
+              figures: Optional[dict] = None, log: Callable[[str], None] = print) -> dict:
     """Run (or with ``resume=True`` finish) the random search in ``out_dir``; returns what
     :func:`~.sweep.summarize` returns plus ``"trials"``. Raises :class:`~.sweep.SweepInterrupted`
     on Ctrl-C (after writing the summary). The study optimizes ``select``, so a resumed one keeps its
-    own (``select=None``); another raises ValueError."""
+    own (``select=None``); another raises ValueError. Every trial measures ‖G_s‖² at one s
+    (:func:`~.sweep.sweep_metric_step` with the space's low ends), recorded in ``sweep.json``;
+    ``figures`` (the CLI's ``{"formats", "band"}``) is recorded there for a resume."""
     optuna = _optuna()
     if select is not None and select not in SELECT:
         raise ValueError(f"--select {select}: must be one of {', '.join(SELECT)}")
@@ -177,6 +179,8 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
             raise ValueError(f"--select {select}: the random search in {out_dir} optimizes {saved['select']} (the "
                              f"value of its trials); resume it without --select, or start another")
         select = saved["select"]
+        if cfg.metric_step is None:  # a search from before one s per sweep: its runs' s may differ
+            check_one_step(_recorded_steps(out_dir), select, out_dir, search=True)
     else:
         from .prepare import check_algorithm_names, prepare_run
 
@@ -199,6 +203,8 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
         seeds = list(seeds or [cfg.seed])
         if cfg.threads is None:
             cfg = cfg.replace(threads=1)  # one thread per run: the parallelism is the --jobs processes
+        lows = {k: d["choices"] if d["kind"] == "choice" else [d["low"]] for k, d in space.items()}
+        cfg = cfg.replace(metric_step=sweep_metric_step(cfg, lows))
         for a in algorithms:  # data, model and folder checks before anything is written
             base = plan_point(cfg, a, {}, alg_opts)
             if base["config"] is not None:
@@ -207,13 +213,14 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
         os.makedirs(out_dir, exist_ok=True)
         _write_json(os.path.join(out_dir, SWEEP_FILE), {
             "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": {}, "space": space, "optuna": trials,
-            "select": select,
+            "select": select, "figures": figures or {},
             "seeds": seeds, "reseed_data": reseed_data, "alg_opts": alg_opts or {}})
     metric, better = SELECT[select]
     direction = "minimize" if better is min else "maximize"
     storage = optuna.storages.RDBStorage(f"sqlite:///{os.path.abspath(os.path.join(out_dir, STUDY_FILE))}")
     log(f"random search: {len(algorithms)} algorithm(s) x {trials} trial(s) x {len(seeds)} seed(s); trials one after "
-        f"another, each trial's seeds on {min(jobs, len(seeds))} process(es); TPE seeded from {seeds[0]}")
+        f"another, each trial's seeds on {min(jobs, len(seeds))} process(es); TPE seeded from {seeds[0]}"
+        + (f"; ‖G_s‖² at s={cfg.metric_step:g} for every trial" if cfg.metric_step is not None else ""))
     interrupted = False
     plans, records = [], []
     with Workers(min(jobs, len(seeds)), log) as workers:
@@ -251,6 +258,19 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
     if interrupted:
         raise SweepInterrupted(out_dir, result["table"])
     return result
+
+
+def _recorded_steps(out_dir: str) -> list:
+    """The s (``grad_map_step``) of every run folder under ``out_dir`` whose summary records one."""
+    from ..runfolder.files import read_summary
+
+    steps = []
+    for folder, dirs, files in os.walk(out_dir):
+        if "summary.json" in files and folder != out_dir:
+            step = ((read_summary(folder) or {}).get("final") or {}).get("grad_map_step")
+            if isinstance(step, (int, float)):
+                steps.append(float(step))
+    return steps
 
 
 def _n_finished(optuna, study) -> int:

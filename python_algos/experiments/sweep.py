@@ -27,6 +27,12 @@ that never started starts. Ctrl-C stops every running run at once, each writing 
 (status interrupted), and the sweep's summary lists what is left; every file is replaced
 atomically, so nothing is left half-written.
 
+‖G_s‖² depends on s, so every point measures it at one s (:func:`sweep_metric_step`: ``--metric-step``,
+else the smallest lr·K of the grid), recorded in ``sweep.json`` and shown in the table's header. The
+parent prints one progress line per finished run and re-emits the runs' warnings, each once.
+``sweep.json`` also records ``select`` and the CLI's figure settings (``figures``), which a resume
+reuses unless given again.
+
 ``sweep --optuna N --space ...`` (optuna_search.py) is a random search over the same keys: its
 trials run through :func:`plan_point`, :class:`Workers` and :func:`run_point` into these folders,
 and end with the same :func:`summarize`.
@@ -42,7 +48,10 @@ import multiprocessing
 import os
 import shlex
 import signal
+import sys
 import threading
+import time
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .aggregate import SEED_DIR, final_stats, stats_cell
@@ -50,9 +59,10 @@ from .config import Config
 from .values import parse_value
 from .seeds import seed_configs
 from ..runfolder.files import RunFolderError, _atomic_text, _write_json, read_summary
+from ..runfolder.progress import human_time
 
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
-           "STOP_AFTER_ENV", "SWEEP_FILE"]
+           "STOP_AFTER_ENV", "SWEEP_FILE", "sweep_metric_step"]
 
 SWEEP_FILE = "sweep.json"
 STOP_AFTER_ENV = "_FEDKERNELS_TEST_SWEEP_STOP_AFTER"  # test hook: act as on Ctrl-C after this many runs ended
@@ -165,6 +175,51 @@ def check_keys(keys, algorithms: Sequence[str], flag: str = "--grid") -> None:
         if k in ("algorithm", "seed", "alg_opts", "rounds"):
             raise ValueError(f"{flag} {k}: not a {flag[2:]} key (give the algorithms with -a, seeds with --seeds, "
                              f"rounds with --rounds)")
+        if k == "metric_step":  # one s for every point, or ‖G_s‖² would not compare across points
+            raise ValueError(f"{flag} metric_step: not a {flag[2:]} key: a sweep measures ‖G_s‖² at one step s for "
+                             f"every point, so that the values compare; give it with --metric-step S")
+
+
+def sweep_metric_step(cfg: Config, values: Dict[str, list]) -> float:
+    """The one step s of ‖G_s‖² for every point of a sweep. ‖G_s‖² depends on s, so the points must
+    share it for the ‖G_s‖² column and ``--select stationarity`` to compare them (as ``compare`` does
+    with lr·K). The rule, the same for every point: ``cfg.metric_step`` (``--metric-step``) when
+    given, else the smallest lr·K the sweep holds: the smallest ``lr`` of ``values`` times its
+    smallest ``local_steps`` (``values``: each swept key's values, a grid's lists or a search
+    space's low ends; a key not swept is the base setting's). That s is no larger than the lr·K
+    step of any point."""
+    if cfg.metric_step is not None:
+        return float(cfg.metric_step)
+
+    def smallest(key, base):
+        vals = [v for v in values.get(key, ()) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
+        return min(vals) if vals else base
+
+    return float(smallest("lr", cfg.lr)) * int(smallest("local_steps", cfg.local_steps))
+
+
+def point_step(cfg: Config) -> float:
+    """The s a run of ``cfg`` measures ‖G_s‖² at: ``cfg.metric_step``, else its algorithm's own
+    step (what a sweep written before sweeps had one s left to each point)."""
+    if cfg.metric_step is not None:
+        return float(cfg.metric_step)
+    from .build import build_algorithm
+
+    return float(build_algorithm(cfg).metric_step())
+
+
+def check_one_step(steps, select: str, out_dir: str, search: bool = False) -> None:
+    """``--select stationarity`` ranks ‖G_s‖² values: refuse when the points' ``steps`` (their s)
+    differ (a sweep.json written before sweeps measured every point at one s). ``search``: a random
+    search, whose --select cannot change."""
+    steps = sorted(set(steps))
+    if select == "stationarity" and len(steps) > 1 and steps[0] * (1 + 1e-12) < steps[-1]:
+        raise ValueError(f"--select stationarity: the points of {out_dir} measure ‖G_s‖² at different steps s "
+                         f"({steps[0]:g} to {steps[-1]:g}: each point its own, as sweeps did before they measured "
+                         f"every point at one s), and ‖G_s‖² depends on s, so the values do not compare; "
+                         + ("" if search else "select with --select f_plus_h or test_acc, or ")
+                         + f"run the {'search' if search else 'sweep'} again into a new --out (one s for every point: "
+                         f"--metric-step S, or by default the smallest lr·K of the {'space' if search else 'grid'})")
 
 
 def keys_of(algorithm: str, keys) -> list:
@@ -180,7 +235,6 @@ def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict
     """One point: ``{"algorithm", "point", "name", "config": Config | None, "skip": reason | None}``;
     a point whose settings or algorithm break a rule has ``config = None`` and the rule in ``skip``."""
     import dataclasses
-    import warnings
 
     from .build import _build_regularizer, _hparam_error, build_algorithm
 
@@ -239,7 +293,24 @@ def _finished(run_dir: str, rounds: int) -> Optional[dict]:
 
 def run_point(task: dict) -> dict:
     """One run of the sweep (in a worker, or in the parent with --jobs 1): starts it, continues it
-    from its checkpoint, or (finished) leaves it alone. Returns ``{"dir", "status", "message"}``."""
+    from its checkpoint, or (finished) leaves it alone. Returns ``{"dir", "status", "message",
+    "final", "warnings"}``: ``final`` the run's final metrics (for the progress line), ``warnings``
+    the distinct ``(category, text)`` of the warnings the run raised. They are caught here, not
+    printed: a worker process would print them raw, once per process; the parent re-emits each
+    distinct one once (:class:`Workers`), through its own filters and formatter (the CLI's
+    ``warning: ...``)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every one reaches the parent, whose filters decide
+        r = _run_point(task)
+    seen = {}
+    for w in caught:
+        seen.setdefault((w.category, str(w.message)), None)
+    s = read_summary(r["dir"]) or {}
+    r.update(final=s.get("final") or {}, warnings=list(seen))
+    return r
+
+
+def _run_point(task: dict) -> dict:
     from .prepare import prepare_run
     from .run import Interrupted, execute_run
 
@@ -300,27 +371,31 @@ def _read_sweep(out_dir: str) -> dict:
 def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: Optional[dict], seeds=None, *,
               out_dir: str, alg_opts: Optional[dict] = None, reseed_data: bool = False, jobs: int = 1,
               select: Optional[str] = "f_plus_h", resume: bool = False, tensorboard: bool = False,
-              log: Callable[[str], None] = print) -> dict:
+              progress: bool = True, figures: Optional[dict] = None, log: Callable[[str], None] = print) -> dict:
     """Run (or with ``resume=True`` finish) the sweep in ``out_dir``; returns ``{"table", "points",
-    "best", "skipped", "select"}``. Raises :class:`SweepInterrupted` on Ctrl-C (after writing the
-    summary). ``select=None``: f_plus_h (a random search resumed: the metric it was run with)."""
+    "best", "skipped", "select", "metric_step"}``. Raises :class:`SweepInterrupted` on Ctrl-C (after
+    writing the summary). ``select=None``: the sweep's own (a resumed sweep: what it was started
+    with; f_plus_h for a new one). Every point measures ‖G_s‖² at one s (:func:`sweep_metric_step`),
+    recorded in ``sweep.json`` (its config's ``metric_step``) and kept on resume. ``progress``: one
+    line per finished run on stderr (status, the ``select`` metric, k/total, elapsed, ETA).
+    ``figures`` (the CLI's ``{"formats", "band"}``) is recorded in ``sweep.json`` for a resume."""
     if select is not None and select not in SELECT:
         raise ValueError(f"--select {select}: must be one of {', '.join(SELECT)}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
-    if not resume:
-        select = select or "f_plus_h"
     if resume:
         saved = _read_sweep(out_dir)
         if "optuna" in saved:  # a random search resumes through its own module (the CLI dispatches)
             raise RunFolderError(f"{out_dir} holds a random search: resume it with optuna_search.run_study(..., "
                                  f"resume=True) or `sweep --resume {out_dir}`")
-        select = select or "f_plus_h"
+        select = select or saved.get("select") or "f_plus_h"
         cfg, algorithms, grid = saved["config"], saved["algorithms"], saved["grid"]
         seeds, reseed_data, alg_opts = saved["seeds"], saved["reseed_data"], saved.get("alg_opts") or {}
+        figures = saved.get("figures")
     else:
         from .prepare import check_algorithm_names
 
+        select = select or "f_plus_h"
         check_algorithm_names(algorithms)
         if os.path.isdir(out_dir) and os.listdir(out_dir):
             raise RunFolderError(f"{out_dir} already holds files: continue a sweep there with "
@@ -329,6 +404,7 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
         seeds = list(seeds or [cfg.seed])
         if cfg.threads is None:
             cfg = cfg.replace(threads=1)  # one thread per run: the parallelism is the --jobs processes
+        cfg = cfg.replace(metric_step=sweep_metric_step(cfg, grid))
     plans = plan_sweep(cfg, algorithms, grid, alg_opts)
     tasks = []
     for p in plans:
@@ -336,10 +412,13 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
             continue
         for s, c in seed_configs(p["config"], seeds, reseed_data):
             tasks.append({"dir": os.path.join(out_dir, p["algorithm"], p["name"], SEED_DIR.format(s)),
-                          "config": c.to_dict(), "label": p["algorithm"], "tensorboard": tensorboard})
+                          "config": c.to_dict(), "label": p["algorithm"], "tensorboard": tensorboard,
+                          "name": f"{p['algorithm']} {p['name']} seed {s}"})
     if not tasks:
         raise ValueError("every point of the grid breaks a rule, nothing to run: "
                          + "; ".join(f"{p['algorithm']} {p['name']}: {p['skip']}" for p in plans))
+    steps = {point_step(p["config"]) for p in plans if p["config"] is not None}
+    check_one_step(steps, select, out_dir)  # a sweep.json from before one s per sweep: before anything is run
     if not resume:  # data, model and folder checks of one run before anything is written
         from .prepare import prepare_run
 
@@ -347,20 +426,29 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
         os.makedirs(out_dir, exist_ok=True)
         _write_json(os.path.join(out_dir, SWEEP_FILE), {
             "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": grid, "seeds": seeds,
-            "reseed_data": reseed_data, "alg_opts": alg_opts or {}})
+            "reseed_data": reseed_data, "alg_opts": alg_opts or {}, "select": select, "figures": figures or {}})
     todo = [t for t in tasks if _finished(t["dir"], t["config"]["rounds"]) is None]
+    step = steps.pop() if len(steps) == 1 else None
     log(f"sweep: {len(plans)} points ({sum(p['config'] is None for p in plans)} skipped) x {len(seeds)} seed(s) = "
-        f"{len(tasks)} runs, {len(tasks) - len(todo)} already finished; {len(todo)} to run on {jobs} process(es)")
-    interrupted = _execute(todo, jobs, log)
+        f"{len(tasks)} runs, {len(tasks) - len(todo)} already finished; {len(todo)} to run on {jobs} process(es)"
+        + (f"; ‖G_s‖² at s={step:g} for every point" if step is not None else ""))
+    interrupted = _execute(todo, jobs, log, _progress_printer(progress), SELECT[select][0])
     result = summarize(out_dir, plans, seeds, select, interrupted)
     if interrupted:
         raise SweepInterrupted(out_dir, result["table"])
     return result
 
 
-def _execute(tasks: list, jobs: int, log) -> bool:
+def _progress_printer(progress: bool) -> Optional[Callable[[str], None]]:
+    """Progress lines go to stderr, as a run's progress does: stdout keeps the results."""
+    if not progress:
+        return None
+    return lambda line: print(line, file=sys.stderr, flush=True)
+
+
+def _execute(tasks: list, jobs: int, log, progress=None, metric: str = "f+h") -> bool:
     """Run ``tasks``; True when Ctrl-C (or the test hook) stopped them."""
-    with Workers(min(jobs, max(1, len(tasks))), log) as w:
+    with Workers(min(jobs, max(1, len(tasks))), log, progress, metric) as w:
         return w.run(tasks)
 
 
@@ -368,13 +456,22 @@ class Workers:
     """``--jobs`` worker processes kept for several batches of runs (a random search runs one
     trial's seeds at a time; one pool spares a process start per trial). ``run(tasks)`` returns
     True when Ctrl-C (or the test hook, which counts the runs ended over every batch) stopped them;
-    the pool is then shut down, every running run having written its summary (status interrupted)."""
+    the pool is then shut down, every running run having written its summary (status interrupted).
 
-    def __init__(self, jobs: int, log):
-        self.jobs, self.log = jobs, log
+    The parent collects every run's end (in completion order, whichever process ran it): with
+    ``progress`` (a line printer) one line per run, ``[k/total] <algorithm> <point> seed <s>:
+    <status>  <metric>=<value>  elapsed <t>  ETA <t>`` (ETA: the mean time per finished run so far
+    times the runs left, over every process); without it only runs that did not complete are
+    logged. The runs' warnings are re-emitted here, each distinct ``(category, text)`` once per
+    Workers (every run of a sweep would otherwise repeat them)."""
+
+    def __init__(self, jobs: int, log, progress: Optional[Callable[[str], None]] = None, metric: str = "f+h"):
+        self.jobs, self.log, self.progress, self.metric = jobs, log, progress, metric
         self.stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
         self.ended = 0
         self.pool = self.stop = None
+        self.warned = set()
+        self._batch = (0, 0, 0.0)  # runs of this batch ended, its total, its start time
 
     def __enter__(self):
         return self
@@ -387,22 +484,41 @@ class Workers:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
 
+    def _warn(self, r) -> None:
+        for category, text in r.get("warnings") or ():
+            if (category, text) not in self.warned:
+                self.warned.add((category, text))
+                warnings.warn(text, category, stacklevel=2)
+
     def _report(self, r, results) -> None:
         self.ended += 1
+        done, total, t0 = self._batch
+        done += 1
+        self._batch = (done, total, t0)
         if results is not None:
             results[r["dir"]] = r
-        if r["status"] not in ("completed", "not started"):
-            self.log(f"{os.path.relpath(r['dir'])}: {r['status']}" + (f" ({r['message']})" if r["message"] else ""))
+        why = f" ({r['message']})" if r["message"] and r["status"] != "completed" else ""
+        if self.progress is not None and r["status"] != "not started":
+            spent = time.perf_counter() - t0
+            value = (r.get("final") or {}).get(self.metric)
+            shown = f"  {self.metric}={value:.4g}" if isinstance(value, (int, float)) else ""
+            self.progress(f"[{done}/{total}] {r.get('name') or os.path.relpath(r['dir'])}: {r['status']}{why}{shown}  "
+                          f"elapsed {human_time(spent)}  ETA {human_time(spent / done * (total - done))}")
+        elif r["status"] not in ("completed", "not started"):
+            self.log(f"{os.path.relpath(r['dir'])}: {r['status']}{why}")
         if self.stop_after and self.ended >= self.stop_after:
             raise KeyboardInterrupt  # the test hook: as if Ctrl-C came now
 
     def run(self, tasks: list, results: Optional[dict] = None) -> bool:
         """Run ``tasks``; True when they were stopped. ``results`` (if given) gets each run's
-        ``{"dir", "status", "message"}`` by folder."""
+        ``{"dir", "status", "message", ...}`` by folder."""
+        self._batch = (0, len(tasks), time.perf_counter())
         if self.jobs == 1 or (len(tasks) <= 1 and self.pool is None):
             try:
                 for t in tasks:
                     r = run_point(t)
+                    r["name"] = t.get("name")
+                    self._warn(r)
                     if r["status"] == "interrupted":
                         return True
                     self._report(r, results)
@@ -414,10 +530,12 @@ class Workers:
             self.stop = ctx.Event()
             self.pool = cf.ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=_worker_init,
                                                initargs=(self.stop, 1))
-        futures = [self.pool.submit(run_point, t) for t in tasks]
+        futures = {self.pool.submit(run_point, t): t for t in tasks}
         try:
             for f in cf.as_completed(futures):
                 r = f.result()
+                r["name"] = futures[f].get("name")
+                self._warn(r)
                 if r["status"] == "interrupted":  # a worker saw Ctrl-C from the terminal
                     raise KeyboardInterrupt
                 self._report(r, results)
@@ -466,7 +584,10 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
             b = better(ok, key=lambda p: p["final"][metric]["mean"])
             best[a] = {"point": b["point"], "name": b["name"], "dir": b["dir"], metric: b["final"][metric]}
     keys = [k for k in ("f+h", "grad_map_sq", "sparsity", "test_acc") if any(k in p["final"] for p in points)]
-    names = {"grad_map_sq": "‖G_s‖²", "test_acc": "test acc"}
+    step = _one_step(points)
+    names = {"grad_map_sq": "‖G_s‖²" + (f" (s={step:g})" if step is not None else " (s: each point its own)"
+                                        if any("grad_map_step" in p["final"] for p in points) else ""),
+             "test_acc": "test acc"}
     rows = []
     for p in points:
         st = p["statuses"]
@@ -486,6 +607,18 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
     table_text = "\n".join(text)
     _write_json(os.path.join(out_dir, "summary.json"), {
         "status": "interrupted" if interrupted else "completed", "select": select, "seeds": list(seeds),
+        "metric_step": step,
         "points": points, "skipped": skipped, "best": best, **(extra or {})})
     _atomic_text(os.path.join(out_dir, "summary.md"), table_text + "\n")
-    return {"table": table_text, "points": points, "best": best, "skipped": skipped, "select": select}
+    return {"table": table_text, "points": points, "best": best, "skipped": skipped, "select": select,
+            "metric_step": step}
+
+
+def _one_step(points: list) -> Optional[float]:
+    """The s every finished run of ``points`` measured ‖G_s‖² at (their summaries' ``grad_map_step``),
+    or None when none did or they differ (a sweep from before one s per sweep)."""
+    lo = [p["final"]["grad_map_step"]["min"] for p in points if "grad_map_step" in p["final"]]
+    hi = [p["final"]["grad_map_step"]["max"] for p in points if "grad_map_step" in p["final"]]
+    if not lo or min(lo) * (1 + 1e-12) < max(hi):
+        return None
+    return max(hi)
