@@ -258,3 +258,21 @@ def test_an_alg_opt_named_lr_sets_the_algorithms_own_lr():
     alg = build_algorithm(Config.from_dict({"algorithm": "scaffnew", "lr": 0.05, "local_steps": 4,
                                             "alg_opts": {"lr": 0.3}}))
     assert alg == SCAFFNEW(lr=0.3, p=0.25)
+
+
+@pytest.mark.parametrize("argv, flag, counted", [
+    (["run", "--seeds", "0"], "--seeds", "independent runs, one per seed"),
+    (["run", "--workers", "0"], "--workers", "processes"),
+    (["compare", "--workers", "x"], "--workers", "processes"),
+    (["sweep", "--jobs", "0"], "--jobs", "worker processes"),
+    (["sweep", "--optuna", "-2"], "--optuna", "trials per algorithm"),
+])
+def test_each_count_flag_says_what_it_counts(tmp_path, capsys, argv, flag, counted):
+    """--seeds, --workers, --jobs and --optuna each word their own rule (--seeds 0 is not about
+    processes), and nothing is written."""
+    with pytest.raises(SystemExit):
+        main([*argv, "--out", str(tmp_path / "never")])
+    err = capsys.readouterr().err
+    bad = argv[-1]
+    assert f"argument {flag}: must be an integer >= 1 ({counted}), got {bad!r}" in err
+    assert not (tmp_path / "never").exists()
