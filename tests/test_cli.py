@@ -276,3 +276,31 @@ def test_each_count_flag_says_what_it_counts(tmp_path, capsys, argv, flag, count
     bad = argv[-1]
     assert f"argument {flag}: must be an integer >= 1 ({counted}), got {bad!r}" in err
     assert not (tmp_path / "never").exists()
+
+
+def _table_rows(text: str, first: str) -> list:
+    """The cells of each row of the markdown table whose header starts with ``first``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first} |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_algorithms_command_prints_the_rows_of_the_readme_table(capsys):
+    """python_algos/README.md says `algorithms` prints a shorter form of its table: the same
+    algorithms in the same order, with the same section and status (the README's status may add a
+    note in parentheses)."""
+    assert main(["algorithms"]) == 0
+    printed = _table_rows(capsys.readouterr().out, "name")
+    with open(os.path.join(ROOT, "python_algos", "README.md")) as f:
+        readme_text = f.read()
+    assert "prints a shorter form of the table below" in readme_text
+    readme = _table_rows(readme_text, "registry name")
+    assert [r[0] for r in printed] == [r[0] for r in readme]
+    for p, r in zip(printed, readme):
+        assert p[2] == r[2], (p[0], p[2], r[2])  # section
+        assert r[3] == p[3] or r[3].startswith(p[3] + " ("), (p[0], p[3], r[3])  # status
