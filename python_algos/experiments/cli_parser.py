@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "folder with config.json, metrics.jsonl (per round), summary.json, checkpoint.pt, model.pt.")
     r.add_argument("--demo", action="store_true", help="the built-in demo comparison (as with no arguments)")
     r.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
-                   "(--rounds may extend it; other flags are taken from DIR/config.json)")
+                   "(--rounds may extend it, --checkpoint-every change when it saves; the other settings are "
+                   "taken from DIR/config.json)")
     r.add_argument("--workers", type=_workers, default=S, metavar="P",
                    help="run on P local processes (torchrun ranks, clients split between them; see README "
                         "'Scaling out'); under torchrun, the ranks are torchrun's")
