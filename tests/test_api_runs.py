@@ -155,3 +155,26 @@ def test_progress_counts_from_the_resumed_round(capsys):
              resume=snaps[-1], progress=True)
     err = capsys.readouterr().err
     assert "round 4/4" in err and "round 1/4" not in err and "round 2/4" not in err
+
+
+def test_load_of_a_comparison_or_seeds_folder_names_the_runs_inside(tmp_path):
+    """A `compare` folder (and a `--seeds` folder) is not one run: History.load says what it is and
+    which run folders inside it load, in the comparison's -a order; loading one of them works."""
+    from python_algos.experiments.compare import compare_experiments
+
+    cmp = str(tmp_path / "cmp")
+    compare_experiments(tiny(rounds=1), ["fedmid", "fedcanon"], cmp, progress=False, log=quiet)
+    with pytest.raises(FileNotFoundError) as e:
+        History.load(cmp)
+    assert str(e.value) == (f"History.load: {cmp} is a comparison of runs (`compare`), not one run: load one of "
+                            f"{os.path.join(cmp, '<name>')} (fedmid, fedcanon)")
+    assert History.load(os.path.join(cmp, "fedmid")).algorithm == "FedMiD"
+    seeds = tmp_path / "seeds"  # what `run --seeds 2` leaves (seeds.json and seed-<k>/), built by hand
+    for k in (0, 1):
+        (seeds / f"seed-{k}").mkdir(parents=True)
+    (seeds / "seeds.json").write_text(json.dumps({"kind": "run", "seeds": [0, 1]}))
+    with pytest.raises(FileNotFoundError, match=r"several seeds \(`--seeds`\), not one run: load one of .*"
+                                                r"<name> \(seed-0, seed-1\)"):
+        History.load(str(seeds))
+    with pytest.raises(FileNotFoundError, match=r"is not a run folder \(no config.json, metrics.jsonl\)"):
+        History.load(str(seeds / "seed-0"))  # an empty run of the seeds: as before

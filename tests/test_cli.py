@@ -102,8 +102,9 @@ def test_json_config_resume_extension_and_bad_input(tmp_path, capsys):
                                "data_opts": {"n": 90, "dim": 6, "nnz": 2}}))
     assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["algorithm"] == "FedMiD"
-    with pytest.raises(SystemExit, match="only --rounds"):
-        main(["run", "--resume", str(tmp_path / "r"), "--lr", "0.5"])
+    capsys.readouterr()
+    assert main(["run", "--resume", str(tmp_path / "r"), "--lr", "0.5"]) == 1
+    assert "error: --resume takes its settings from" in capsys.readouterr().err
     assert main(["run", "--resume", str(tmp_path / "r"), "-T", "4", "--no-progress"]) == 0  # extend the run
     assert [r["round"] for r in read_metrics(tmp_path / "r")] == [0, 1, 2, 3, 4]
     capsys.readouterr()
@@ -258,3 +259,134 @@ def test_an_alg_opt_named_lr_sets_the_algorithms_own_lr():
     alg = build_algorithm(Config.from_dict({"algorithm": "scaffnew", "lr": 0.05, "local_steps": 4,
                                             "alg_opts": {"lr": 0.3}}))
     assert alg == SCAFFNEW(lr=0.3, p=0.25)
+
+
+@pytest.mark.parametrize("argv, flag, counted", [
+    (["run", "--seeds", "0"], "--seeds", "independent runs, one per seed"),
+    (["run", "--workers", "0"], "--workers", "processes"),
+    (["compare", "--workers", "x"], "--workers", "processes"),
+    (["sweep", "--jobs", "0"], "--jobs", "worker processes"),
+    (["sweep", "--optuna", "-2"], "--optuna", "trials per algorithm"),
+])
+def test_each_count_flag_says_what_it_counts(tmp_path, capsys, argv, flag, counted):
+    """--seeds, --workers, --jobs and --optuna each word their own rule (--seeds 0 is not about
+    processes), and nothing is written."""
+    with pytest.raises(SystemExit):
+        main([*argv, "--out", str(tmp_path / "never")])
+    err = capsys.readouterr().err
+    bad = argv[-1]
+    assert f"argument {flag}: must be an integer >= 1 ({counted}), got {bad!r}" in err
+    assert not (tmp_path / "never").exists()
+
+
+def _table_rows(text: str, first: str) -> list:
+    """The cells of each row of the markdown table whose header starts with ``first``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first} |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_algorithms_command_prints_the_rows_of_the_readme_table(capsys):
+    """python_algos/README.md says `algorithms` prints a shorter form of its table: the same
+    algorithms in the same order, with the same section and status (the README's status may add a
+    note in parentheses)."""
+    assert main(["algorithms"]) == 0
+    printed = _table_rows(capsys.readouterr().out, "name")
+    with open(os.path.join(ROOT, "python_algos", "README.md")) as f:
+        readme_text = f.read()
+    assert "prints a shorter form of the table below" in readme_text
+    readme = _table_rows(readme_text, "registry name")
+    assert [r[0] for r in printed] == [r[0] for r in readme]
+    for p, r in zip(printed, readme):
+        assert p[2] == r[2], (p[0], p[2], r[2])  # section
+        assert r[3] == p[3] or r[3].startswith(p[3] + " ("), (p[0], p[3], r[3])  # status
+
+
+# --------------------------------------------------------------------------- #
+# --resume: which flags may differ (a resumed run ends with the uninterrupted run's bits)
+# --------------------------------------------------------------------------- #
+
+RESUMABLE = [*TINY, "-a", "fedcanon", "--dtype", "float64", "-B", "8", "--no-progress"]
+TIMES = ("wall_time", "elapsed", "prox_time", "grad_time", "fwd_bwd_time")
+
+
+def _results(out):
+    """model.pt's parameters and every metrics row without its timings."""
+    import torch
+
+    rows = [{k: v for k, v in r.items() if k not in TIMES} for r in read_metrics(out)]
+    return torch.load(os.path.join(out, "model.pt"), weights_only=True)["params"], rows
+
+
+def test_resume_with_another_checkpoint_interval_ends_with_the_uninterrupted_bits(tmp_path, monkeypatch):
+    """--checkpoint-every may differ on run --resume: the resumed run writes its checkpoints at the new
+    interval (and config.json records it), and ends with the model and metrics, bit for bit, of the
+    run that was never interrupted (float64, minibatches: a checkpoint must not disturb any generator)."""
+    from python_algos.experiments import launch
+
+    ref, part = str(tmp_path / "ref"), str(tmp_path / "part")
+    assert main(["run", *RESUMABLE, "-T", "4", "--checkpoint-every", "4", "--out", ref]) == 0
+    assert main(["run", *RESUMABLE, "-T", "2", "--checkpoint-every", "4", "--out", part]) == 0
+    saved = []
+    write = launch.SingleFileCheckpointer.__call__
+    monkeypatch.setattr(launch.SingleFileCheckpointer, "__call__", lambda self, snap: (saved.append(snap["round"]),
+                                                                                     write(self, snap))[1])
+    assert main(["run", "--resume", part, "-T", "4", "--checkpoint-every", "1", "--no-progress", "--no-plot"]) == 0
+    assert saved == [3, 4]  # the old interval (4) would have saved round 4 alone
+    with open(os.path.join(part, "config.json")) as f:
+        assert json.load(f)["checkpoint_every"] == 1
+    (x_ref, rows_ref), (x, rows) = _results(ref), _results(part)
+    assert x.dtype == x_ref.dtype and x.dtype.is_floating_point and x.tolist() == x_ref.tolist()
+    assert rows == rows_ref and [r["round"] for r in rows] == list(range(5))
+
+
+ACCEPTED_ON_RUN_RESUME = ["--rounds", "--workers", "--no-progress", "--formats", "--no-plot", "--band",
+                          "--tensorboard", "--checkpoint-every"]
+
+
+@pytest.mark.parametrize("flag, why", [
+    (["--executor", "sequential"], "--executor: another executor"),
+    (["--threads", "1"], "--threads: another number of threads"),
+    (["--lr", "0.5"], None),
+    (["--out", "OTHER"], None),
+])
+def test_resume_refuses_what_changes_results_listing_every_accepted_flag(tmp_path, capsys, flag, why):
+    """--executor and --threads change the floating-point summation order (not bit-identical), so a
+    resume refuses them like any setting: an `error:` line listing every flag it accepts, nothing
+    changed and no other folder created."""
+    import re
+
+    run = str(tmp_path / "r")
+    assert main(["run", *RESUMABLE, "-T", "2", "--out", run]) == 0
+    before = {n: open(os.path.join(run, n), "rb").read() for n in sorted(os.listdir(run))}
+    capsys.readouterr()
+    flag = [str(tmp_path / "other") if a == "OTHER" else a for a in flag]
+    assert main(["run", "--resume", run, "-T", "3", *flag]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --resume takes its settings from {run}, so only ") and err.count("\n") == 1, err
+    listed = re.search(r"so only (.*) may be given \(got (.*?)\)", err)
+    assert re.split(r", | and ", listed[1]) == ACCEPTED_ON_RUN_RESUME
+    assert listed[2] == flag[0]
+    if why:  # the reason, after the list
+        assert why in err and "bits of an uninterrupted one" in err
+    else:
+        assert "bits of an uninterrupted one" not in err
+    assert {n: open(os.path.join(run, n), "rb").read() for n in sorted(os.listdir(run))} == before
+    assert not (tmp_path / "other").exists()
+
+
+def test_compare_resume_keeps_the_checkpoint_interval_and_says_what_it_accepts(tmp_path, capsys):
+    """compare --resume does not pass --checkpoint-every on: it refuses it (not silently ignored), and
+    its list of accepted flags leaves it out."""
+    out = str(tmp_path / "c")
+    assert main(["compare", *TINY, "-a", "fedcanon", "-T", "1", "--no-progress", "--out", out]) == 0
+    capsys.readouterr()
+    assert main(["compare", "--resume", out, "--checkpoint-every", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --resume takes its settings from") and "(got --checkpoint-every)" in err
+    assert "only --rounds, --workers, --no-progress, --formats, --no-plot, --band and --tensorboard may" in err

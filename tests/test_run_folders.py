@@ -457,8 +457,8 @@ def test_compare_resume_finishes_an_interrupted_comparison(tmp_path, capsys):
         assert torch.equal(params_of(os.path.join(out, name)), params_of(os.path.join(ref, name)))
     assert os.path.exists(os.path.join(out, "comparison.md"))
     capsys.readouterr()
-    with pytest.raises(SystemExit):  # settings come from the folder
-        main(["compare", "--resume", out, "--lr", "0.3"])
+    assert main(["compare", "--resume", out, "--lr", "0.3"]) == 1  # settings come from the folder
+    assert "error: --resume takes its settings from" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- #

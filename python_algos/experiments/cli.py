@@ -15,8 +15,8 @@ import warnings
 from typing import Optional, Sequence
 
 from .cli_parser import DEMO_ALGORITHMS, _demo_config, build_parser
-from .cli_settings import (_RESUME_OK, _in_terms_of, _merge, _out_dir, _print_summary, _quiet, _restarted_run,
-                           _resume_flags_check)
+from .cli_settings import (_RESUME_OK, _RUN_RESUME_OK, _in_terms_of, _merge, _out_dir, _print_summary, _quiet,
+                           _restarted_run, _resume_flags_check, _resume_run)
 from .cli_settings import _compare_settings, _figure
 from .cli_research import _cmd_compare_seeds, _cmd_run_seeds, _events, _wants_seeds, cmd_sweep
 
@@ -24,7 +24,6 @@ __all__ = ["main", "build_parser", "DEMO_ALGORITHMS"]
 
 def cmd_run(args) -> int:
     from .config import Config
-    from .run import run_experiment
 
     if args.demo:
         return cmd_demo(argparse.Namespace(rounds=getattr(args, "rounds", None), out=args.out,
@@ -41,8 +40,8 @@ def cmd_run(args) -> int:
                          "(leave out --workers), or give one seed")
     if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
         out = None
-        if args.resume:
-            _resume_flags_check(args)
+        if args.resume:  # the ranks resume it (_resume_run), --checkpoint-every included
+            _resume_flags_check(args, _RUN_RESUME_OK)
         else:  # check the settings here, and pick the folder once for every rank
             from .prepare import check_world_size, prepare_run
 
@@ -61,13 +60,12 @@ def cmd_run(args) -> int:
         return _cmd_run_seeds(args)
     main = launch.is_main()
     say = print if main else _quiet  # under torchrun rank 0 alone prints
+    from .run import execute_run
+
     if args.resume:
-        _resume_flags_check(args)
-        summary = run_experiment(None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
-                                 progress=not args.no_progress, log=say)
+        summary = execute_run(_resume_run(args), progress=not args.no_progress, log=say)
     else:
         from .prepare import prepare_run
-        from .run import execute_run
 
         try:
             cfg = Config.from_dict(_merge(args))
@@ -95,8 +93,8 @@ def _cmd_run_flower(args) -> int:
     from .flower_run import check_flower_flags, execute_flower, prepare_flower
 
     if args.resume:
-        _resume_flags_check(args, allowed=_RESUME_OK + ("flower", "round_timeout"),
-                            may="--rounds, --round-timeout, --no-progress, --formats and --no-plot")
+        # --workers is Flower's refusal to make (check_flower_flags), with its own reason
+        _resume_flags_check(args, allowed=tuple(k for k in _RESUME_OK if k != "workers") + ("flower", "round_timeout"))
     check_flower_flags(workers=getattr(args, "workers", None), seeds=not args.resume and _wants_seeds(args),
                        demo=args.demo, distributed=launch.distributed())
     try:

@@ -61,14 +61,26 @@ def _kv(text: str):
     return k.strip(), _value(v)
 
 
-def _workers(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (processes), got {text!r}")
-    return v
+def _count(what: str):
+    """The argparse type of a count >= 1; ``what`` says what is counted in its error (each flag its
+    own: ``--seeds 0`` is not about processes)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = 0
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"must be an integer >= 1 ({what}), got {text!r}")
+        return v
+
+    return parse
+
+
+_workers = _count("processes")  # --workers
+_jobs = _count("worker processes")  # sweep --jobs
+_seeds = _count("independent runs, one per seed")  # --seeds
+_trials = _count("trials per algorithm")  # sweep --optuna
 
 
 def _seconds(text: str) -> float:
@@ -210,7 +222,7 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
                    "a comma-separated list (--seed 1,2,3) runs one independent run per seed")
     g.add_argument("--data-seed", type=int, default=S, dest="data_seed",
                    help="the seed of the data alone (samples, train/test split, partition); default: --seed")
-    g.add_argument("--seeds", type=_workers, default=S, metavar="K",
+    g.add_argument("--seeds", type=_seeds, default=S, metavar="K",
                    help="K independent runs with seeds --seed, ..., --seed + K - 1, each in OUT/seed-<k>/, with "
                         "mean / std / min / max per round in OUT/aggregate.jsonl, tables as mean ± std and figures "
                         "with a band (see docs/sweeps.md)")
@@ -246,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "folder with config.json, metrics.jsonl (per round), summary.json, checkpoint.pt, model.pt.")
     r.add_argument("--demo", action="store_true", help="the built-in demo comparison (as with no arguments)")
     r.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
-                   "(--rounds may extend it; other flags are taken from DIR/config.json)")
+                   "(--rounds may extend it, --checkpoint-every change when it saves; the other settings are "
+                   "taken from DIR/config.json)")
     r.add_argument("--workers", type=_workers, default=S, metavar="P",
                    help="run on P local processes (torchrun ranks, clients split between them; see README "
                         "'Scaling out'); under torchrun, the ranks are torchrun's")
@@ -280,13 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run setting (lr, local_steps, reg_strength, ...) or a hyper-parameter (alpha, beta, ...) "
                         "and its values: 0.01,0.05,0.1 or log:1e-3:1e-1:5 (5 values evenly spaced in log); a config "
                         "file's [grid] table holds the same")
-    w.add_argument("--optuna", type=_workers, default=S, metavar="N",
+    w.add_argument("--optuna", type=_trials, default=S, metavar="N",
                    help="instead of a grid: N trials per algorithm of a random search with Optuna's TPE sampler "
                         "(seeded from --seed) over --space; needs pip install optuna (see docs/sweeps.md)")
     w.add_argument("--space", type=_kv_text, action="append", default=S, dest="space_items", metavar="KEY=SPEC",
                    help="with --optuna: a key and its range: log:1e-3:1 (log-uniform), float:0:1, int:1:20, "
                         "intlog:1:64, or a list a,b,c (a choice); a config file's [space] table holds the same")
-    w.add_argument("--jobs", type=_workers, default=S, metavar="P",
+    w.add_argument("--jobs", type=_jobs, default=S, metavar="P",
                    help="worker processes running points in parallel (default 1: one after another in this process); "
                         "with --optuna, a trial's seeds run in parallel and trials one after another")
     w.add_argument("--select", choices=["f_plus_h", "test_acc", "stationarity"], default=S,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 from .cli_parser import DEMO_ALGORITHMS
 
@@ -158,9 +158,27 @@ def _print_summary(summary: dict) -> None:
     print(format_table(["round", *keys, "time (s)"], [[summary["rounds_done"], *[f[k] for k in keys], summary["elapsed"]]]))
 
 
-_RESUME_OK = ("command", "demo", "resume", "rounds", "no_progress", "out", "name", "config", "algorithms",
-              "workers", "argv",
-              "formats", "no_plot", "band", "tensorboard")
+# The flags a --resume accepts (argparse destinations). A resumed run must end with the bits of the
+# uninterrupted run, so these change only what is shown or written around the rounds, or how many
+# there are: --rounds (extend), the output flags, and --workers (the clients re-cut over P processes:
+# README "Checkpoints, resume, re-sharding"). Refused: every setting of the problem and algorithm,
+# and also --executor and --threads (_RESUME_REFUSED_WHY). The refusal lists exactly this tuple.
+_RESUME_OK = ("rounds", "workers", "no_progress", "formats", "no_plot", "band", "tensorboard")
+# `run --resume` (one run, in this process or its torchrun ranks) may also write its checkpoints at
+# another interval: a checkpoint only reads the state (tests/test_resume_checks.py proves the bits
+# equal). A comparison, seeds or Flower resume keeps the folder's interval (they do not pass it on).
+_RUN_RESUME_OK = _RESUME_OK + ("checkpoint_every",)
+# argparse destinations that are not settings: present in every namespace (or refused on their own
+# when given, like --out), never listed as accepted.
+_NOT_SETTINGS = ("command", "demo", "resume", "argv", "out", "name", "config", "algorithms")
+# Why a flag some users expect to be free is refused on resume (said after the refusal).
+_RESUME_REFUSED_WHY = {
+    "executor": "another executor runs the same algorithm with another floating-point summation order, so the "
+                "resumed run would not end with the bits of an uninterrupted one (a resume keeps the folder's "
+                "executor; an `auto` run keeps the executor it started on)",
+    "threads": "another number of threads changes how torch splits its sums and matrix products, so the resumed "
+               "run would not end with the bits of an uninterrupted one",
+}
 
 
 def _quiet(_text: str) -> None:
@@ -187,14 +205,45 @@ def _restarted_run(cfg, out: str) -> bool:
 
 
 def _resume_flags_check(args, allowed: Sequence[str] = _RESUME_OK, whose: str = "its",
-                        may: str = "--rounds, --no-progress, --formats and --no-plot") -> None:
-    """With --resume, the settings come from the folder: refuse every other flag given (``allowed``
-    are the argparse destinations that may be; ``may`` lists them for the message)."""
-    given = [k for k in vars(args) if k not in allowed]
+                        may: Optional[str] = None) -> None:
+    """With --resume, the settings come from the folder: refuse every other flag given, with a
+    ``ValueError`` (printed as ``error: ...``) that lists the accepted flags, derived from ``allowed``
+    (argparse destinations; :data:`_NOT_SETTINGS` among them are ignored). ``may`` is ignored: the
+    list is always ``allowed``'s, so it cannot drift from the check (kept for callers that pass one)."""
+    del may
+    given = [k for k in vars(args) if k not in allowed and k not in _NOT_SETTINGS]
     given += [k for k in ("out", "name", "config", "algorithms") if getattr(args, k, None)]
     if given:
-        raise SystemExit(f"--resume takes {whose} settings from {args.resume}; only {may} may be "
-                         f"given (got {', '.join('--' + g.replace('_', '-') for g in given)})")
+        flags = [_flag(k) for k in allowed if k not in _NOT_SETTINGS]
+        accepted = " and ".join([", ".join(flags[:-1]), flags[-1]] if len(flags) > 1 else flags)
+        why = "".join(f"; {_flag(k)}: {_RESUME_REFUSED_WHY[k]}" for k in given if k in _RESUME_REFUSED_WHY)
+        raise ValueError(f"--resume takes {whose} settings from {args.resume}, so only {accepted} may be given "
+                         f"(got {', '.join(_flag(g) for g in given)}){why}; nothing was changed")
+
+
+def _flag(dest: str) -> str:
+    """The command-line flag of an argparse destination (every flag here is --DEST with '-' for '_')."""
+    return "--" + dest.replace("_", "-")
+
+
+def _resume_run(args):
+    """``run --resume DIR`` checked and prepared (writes nothing): the folder's run, with
+    ``--checkpoint-every`` when given (the only setting a resume may change: it decides when the
+    state is saved, never what a round computes). config.json then records the new interval, so a
+    later resume keeps it."""
+    from .prepare import prepare_run
+
+    _resume_flags_check(args, _RUN_RESUME_OK)
+    every = getattr(args, "checkpoint_every", None)
+    try:
+        prep = prepare_run(None, args.resume, resume=True, rounds=getattr(args, "rounds", None))
+        if every is not None and every != prep.cfg.checkpoint_every:
+            cfg = prep.cfg.replace(checkpoint_every=every)
+            cfg.check()  # a bad value is named by its flag, before anything is written
+            prep.cfg, prep.rewrite_config = cfg, True
+    except ValueError as e:
+        raise _in_terms_of(args, e) from None
+    return prep
 
 
 def _compare_settings(args, seeds: bool = False):

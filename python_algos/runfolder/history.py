@@ -232,13 +232,39 @@ def _rows_of_model(path: str, rows: list, model_round, summary: dict, api_run: b
     return kept
 
 
+# Folders that hold runs rather than being one: the file that marks them, what they are, and the
+# names of their run subfolders in order as that file lists them (a comparison's -a order, the seeds).
+_GROUPS = (("comparison.json", "a comparison of runs (`compare`)", lambda d: d.get("algorithms")),
+           ("seeds.json", "a folder of runs of several seeds (`--seeds`)",
+            lambda d: [f"seed-{k}" for k in d.get("seeds") or ()]))
+
+
+def _not_a_run_folder(path: str, missing: list) -> str:
+    """Why ``path`` cannot be loaded; a comparison or a folder of seeds names the run folders inside
+    it that can (loading one of them is what the user meant)."""
+    for mark, what, listed in _GROUPS:
+        if not os.path.isfile(os.path.join(path, mark)):
+            continue
+        subs = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+        try:
+            order = listed(_read_json(os.path.join(path, mark)))
+        except (ValueError, TypeError, AttributeError):  # a damaged file: the folder listing alone
+            order = None
+        if isinstance(order, list):
+            subs = [d for d in order if d in subs] + [d for d in subs if d not in order]
+        names = ", ".join(subs) if subs else "none yet"
+        return (f"History.load: {path} is {what}, not one run: load one of {os.path.join(path, '<name>')} "
+                f"({names})")
+    return f"History.load: {path} is not a run folder (no {', '.join(missing)})"
+
+
 def load_history(path: str) -> dict:
     """See :meth:`python_algos.simulate.History.load`: the History's fields (all but ``state``) as a
     dict, which ``History.load`` builds the History from (this layer sits below ``simulate``)."""
     path = os.fspath(path)
     missing = [f for f in ("config.json", "metrics.jsonl") if not os.path.isfile(os.path.join(path, f))]
     if missing:
-        raise FileNotFoundError(f"History.load: {path} is not a run folder (no {', '.join(missing)})")
+        raise FileNotFoundError(_not_a_run_folder(path, missing))
     config = _read_json(os.path.join(path, "config.json"))
     summary = _read_json(os.path.join(path, "summary.json")) if os.path.isfile(os.path.join(path, "summary.json")) \
         else {}
