@@ -132,8 +132,7 @@ def cmd_sweep(args) -> int:
     figures = {"formats": list(args.formats), "band": getattr(args, "band", "std")}
     try:
         if args.resume:
-            _resume_flags_check(args, _SWEEP_RESUME_OK, "the sweep's", "--jobs, --select, --no-progress, --formats, "
-                                "--band, --tensorboard and --no-plot")
+            _resume_flags_check(args, _SWEEP_RESUME_OK, "the sweep's")
             out = args.resume
             kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
             given = _given(args, "--formats", "--band")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Optional, Sequence
+from typing import Sequence
 
 from .cli_parser import DEMO_ALGORITHMS
 
@@ -204,13 +204,11 @@ def _restarted_run(cfg, out: str) -> bool:
     return all(saved.get(k) == now.get(k) for k in RESULT_KEYS if k != "rounds")
 
 
-def _resume_flags_check(args, allowed: Sequence[str] = _RESUME_OK, whose: str = "its",
-                        may: Optional[str] = None) -> None:
+def _resume_flags_check(args, allowed: Sequence[str] = _RESUME_OK, whose: str = "its") -> None:
     """With --resume, the settings come from the folder: refuse every other flag given, with a
     ``ValueError`` (printed as ``error: ...``) that lists the accepted flags, derived from ``allowed``
-    (argparse destinations; :data:`_NOT_SETTINGS` among them are ignored). ``may`` is ignored: the
-    list is always ``allowed``'s, so it cannot drift from the check (kept for callers that pass one)."""
-    del may
+    (argparse destinations; :data:`_NOT_SETTINGS` among them are ignored), so the list cannot drift
+    from the check."""
     given = [k for k in vars(args) if k not in allowed and k not in _NOT_SETTINGS]
     given += [k for k in ("out", "name", "config", "algorithms") if getattr(args, k, None)]
     if given:
