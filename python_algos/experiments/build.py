@@ -20,7 +20,7 @@ from .config import Config, ConfigError
 from .data import FederatedData, federate, load_dataset
 from .device import resolve_device
 from .models import build_model as _build_model
-from .regularizer_specs import _spec_text, build_param_regularizer, build_regularizer
+from .regularizer_specs import _spec_text, build_flag_regularizer, build_param_regularizer
 from ..algorithms.registry import ALGORITHMS, build
 
 __all__ = ["prepare_data", "build_model", "build_algorithm", "build_per_parameter"]
@@ -109,8 +109,4 @@ def build_per_parameter(table: dict, model: nn.Module, default_strength: float =
 def _build_regularizer(cfg: Config, model: nn.Module) -> fk.Regularizer:
     if cfg.regularizers:
         return build_per_parameter(cfg.regularizers, model, cfg.reg_strength)
-    try:
-        return build_regularizer(cfg.reg, cfg.reg_strength, **cfg.reg_opts)
-    except (ValueError, TypeError) as e:
-        opts = f" --reg-opt {_opts_text(cfg.reg_opts)}" if cfg.reg_opts else ""
-        raise ValueError(f"--reg {cfg.reg} --reg-strength {cfg.reg_strength:g}{opts}: {e}") from None
+    return build_flag_regularizer(cfg.reg, cfg.reg_strength, cfg.reg_opts)  # its errors name the flags given

@@ -1,57 +1,153 @@
 """Regularizers h by name, as the command line and config files spell them.
 
     build_regularizer("scad", 1e-3)                       # --reg scad --reg-strength 1e-3
+    build_regularizer("l2ball", radius=5.0)               # --reg l2ball --reg-opt radius=5
     build_param_regularizer({"reg": "group_lasso", "lam": 1e-2, "groups": "cols"}, 0.0)   # --reg-param entry
 
 :data:`REGULARIZERS` are the names of ``--reg`` (one h for the whole model); :data:`PARAM_REGULARIZERS`
 those of a ``--reg-param`` / ``[regularizers]`` entry (one h per parameter; ``group_lasso`` needs a
 parameter's shape, so it is only there). The per-parameter table of a Config is built in
 :mod:`.build` (its errors name the config key).
+
+Two kinds of h, one rule each, the same through ``--reg`` and ``--reg-param``:
+
+* a penalty (l1, elastic_net, mcp, scad, group_lasso) has a strength, its weight: ``--reg-strength``
+  (a ``--reg-param`` entry: ``strength=`` or the penalty's own name for it, ``kappa`` / ``l1`` / ``lam``,
+  default the run's ``--reg-strength``), plus its shape options (``gamma``, ``a``, ``l2``, ``groups``).
+  In ``--reg-opt`` the strength's name is refused, naming ``--reg-strength``: the strength has one place,
+  so a run folder's config.json records it once.
+* a constraint (box, nonneg, l2ball; and zero) is an indicator function, which no weight scales: it has
+  no strength, only its options (``lo`` / ``hi`` default -1 / 1, ``radius`` default 1). A
+  ``--reg-strength`` set with one is refused rather than ignored (an earlier version took it as the
+  l2ball radius, and ``--reg-strength``'s default 1e-3 then pinned the model to a ball of radius 0.001).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
 from typing import Optional
 
 import fedkernels as fk
 
-__all__ = ["REGULARIZERS", "PARAM_REGULARIZERS", "build_regularizer", "build_param_regularizer"]
+__all__ = ["REGULARIZERS", "PARAM_REGULARIZERS", "STRENGTH_NAMES", "OPTIONS", "build_regularizer",
+           "build_param_regularizer", "build_flag_regularizer"]
 
 
 REGULARIZERS = ("zero", "l1", "elastic_net", "mcp", "scad", "box", "nonneg", "l2ball")
+# Per-parameter entries (--reg-param / [regularizers]): every --reg name, group_lasso (needs a
+# parameter's shape, so never the whole model's h) and none.
+PARAM_REGULARIZERS = ("none",) + REGULARIZERS + ("group_lasso",)
+
+# A penalty's name for its strength (the constraints, absent here, have none) ...
+STRENGTH_NAMES = {"l1": "kappa", "elastic_net": "l1", "mcp": "lam", "scad": "lam", "group_lasso": "lam"}
+# ... and every h's options with their defaults (elastic_net's l2 defaults to its l1 strength).
+OPTIONS = {"zero": {}, "l1": {}, "elastic_net": {"l2": None}, "mcp": {"gamma": 3.0}, "scad": {"a": 3.7},
+           "box": {"lo": -1.0, "hi": 1.0}, "nonneg": {}, "l2ball": {"radius": 1.0}, "group_lasso": {"groups": "rows"}}
+
+
+def _check_options(name: str, given, valid) -> None:
+    """The one wording of an unknown option, for --reg-opt and --reg-param alike."""
+    unknown = [k for k in given if k not in valid]
+    if unknown:
+        raise ValueError(f"{name} has no option {', '.join(unknown)}; "
+                         + (f"its options: {', '.join(valid)}" if valid else "it takes no options"))
 
 
 def build_regularizer(name: str, strength: float = 0.0, **opts) -> fk.Regularizer:
-    """h by name. ``strength`` is kappa (L1), l1 (elastic net: ``l2=`` in opts, default = strength),
-    lam (MCP: ``gamma=`` default 3; SCAD: ``a=`` default 3.7), the radius (l2ball); box takes ``lo=``/``hi=``."""
+    """h by name. ``strength`` is a penalty's weight: kappa (l1), l1 (elastic net; ``l2=`` default
+    = strength), lam (MCP: ``gamma=`` default 3; SCAD: ``a=`` default 3.7; group lasso: ``groups=``
+    default rows). The constraints take no strength (0 only): box ``lo=`` / ``hi=`` (default -1 / 1),
+    l2ball ``radius=`` (default 1), nonneg and zero nothing. An unknown option is an error."""
+    name = name.lower() if isinstance(name, str) else name
+    if name not in OPTIONS:
+        raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(REGULARIZERS)}")
+    _check_options(name, opts, tuple(OPTIONS[name]))
+    if name not in STRENGTH_NAMES and strength != 0:
+        raise ValueError(f"{name} is a constraint and has no strength, got {strength!r}"
+                         + (f"; its options: {', '.join(OPTIONS[name])}" if OPTIONS[name] else ""))
+    o = {**OPTIONS[name], **opts}
     if name == "zero":
         return fk.Zero()
     if name == "l1":
         return fk.L1(strength)
     if name == "elastic_net":
-        return fk.ElasticNet(strength, opts.get("l2", strength))
+        return fk.ElasticNet(strength, strength if o["l2"] is None else o["l2"])
     if name == "mcp":
-        return fk.MCP(strength, opts.get("gamma", 3.0))
+        return fk.MCP(strength, o["gamma"])
     if name == "scad":
-        return fk.SCAD(strength, opts.get("a", 3.7))
+        return fk.SCAD(strength, o["a"])
     if name == "box":
-        return fk.Box(opts.get("lo", -1.0), opts.get("hi", 1.0))
+        return fk.Box(o["lo"], o["hi"])
     if name == "nonneg":
         return fk.NonNeg()
     if name == "l2ball":
-        return fk.L2Ball(strength if strength > 0 else opts.get("radius", 1.0))
-    if name == "group_lasso":
-        return fk.GroupLasso(strength, opts.get("groups", "rows"))
-    raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(REGULARIZERS)}")
+        return fk.L2Ball(o["radius"])
+    return fk.GroupLasso(strength, o["groups"])
 
 
-# Per-parameter entries (--reg-param / [regularizers]): every --reg name, group_lasso (needs a
-# parameter's shape, so never the whole model's h) and none; the strength under its own name.
-PARAM_REGULARIZERS = ("none",) + REGULARIZERS + ("group_lasso",)
-_STRENGTH_NAMES = {"l1": "kappa", "elastic_net": "l1", "mcp": "lam", "scad": "lam", "group_lasso": "lam",
-                   "l2ball": "radius"}
-_PARAM_OPTIONS = {"elastic_net": ("l2",), "mcp": ("gamma",), "scad": ("a",), "box": ("lo", "hi"),
-                  "group_lasso": ("groups",)}
+def _opt_text(opts: dict) -> str:
+    """Options as --reg-opt spells them: KEY=VALUE, several joined by ' --reg-opt '."""
+    return " --reg-opt ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in opts.items())
+
+
+def _flag_error(key: str, value, rule: str, shown: Optional[str] = None):
+    """A ConfigError of ``key`` (so a config file's value is worded with the file); ``shown`` replaces the
+    command-line text of a value that spans several flags."""
+    from .config import ConfigError
+
+    e = ConfigError(key, value, rule)
+    if shown is not None:
+        e.args = (f"{shown}: {rule}",)
+    return e
+
+
+def _default_strength() -> float:
+    from .config import Config
+
+    return next(f.default for f in dataclasses.fields(Config) if f.name == "reg_strength")
+
+
+_CONSTRAINT_HINTS = {"box": " and set its bounds with --reg-opt lo=LO --reg-opt hi=HI",
+                     "l2ball": " and set its radius with --reg-opt radius=R"}
+
+
+def build_flag_regularizer(reg: str, strength: float, opts: dict) -> fk.Regularizer:
+    """The h of ``--reg`` / ``--reg-strength`` / ``--reg-opt`` (a Config's reg, reg_strength, reg_opts).
+    Every error names only the flags that set what is wrong (a ConfigError, so a config file's value is
+    worded with the file and key): an unknown option, a penalty's strength given as an option, a
+    strength given to a constraint, a value the regularizer refuses."""
+    name = str(reg).lower()
+    own = STRENGTH_NAMES.get(name)
+    for key in ("strength", own) if own is not None else ():
+        if key in opts:
+            raise _flag_error("reg_opts", _opt_text({key: opts[key]}),
+                              f"{key} is {name}'s strength, which --reg-strength sets: give "
+                              f"--reg-strength {opts[key]} instead")
+    try:
+        _check_options(name, opts, tuple(OPTIONS.get(name, ())))
+    except ValueError as e:
+        bad = {k: v for k, v in opts.items() if k not in OPTIONS.get(name, ())}
+        raise _flag_error("reg_opts", _opt_text(bad) if len(bad) == 1 else bad, str(e),
+                          f"--reg-opt {_opt_text(bad)}") from None
+    if own is None:
+        if strength not in (0, _default_strength()):
+            raise _flag_error("reg_strength", strength, f"{name} is a constraint and has no strength: leave "
+                              f"--reg-strength out{_CONSTRAINT_HINTS.get(name, '')}")
+        strength = 0.0
+    try:
+        return build_regularizer(name, float(strength), **opts)
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        named = {k: v for k, v in opts.items() if re.search(rf"\b{re.escape(k)}\b", msg)}
+        if named:
+            raise _flag_error("reg_opts", _opt_text(named) if len(named) == 1 else named, msg,
+                              f"--reg-opt {_opt_text(named)}") from None
+        if own is not None and re.search(rf"\b{re.escape(own)}\b", msg):
+            raise _flag_error("reg_strength", strength, msg) from None
+        shown = f"--reg {name}" + (f" --reg-opt {_opt_text(opts)}" if opts else "")
+        raise ValueError(f"{shown}: {msg}") from None
 
 
 def _spec_text(pattern: str, spec) -> str:
@@ -64,9 +160,9 @@ def _spec_text(pattern: str, spec) -> str:
 
 def build_param_regularizer(spec, default_strength: float) -> Optional[fk.Regularizer]:
     """One --reg-param entry ("name" or {"reg": name, options}) -> Regularizer, or None for none /
-    zero. The strength is ``strength=`` or the penalty's own name for it (``kappa`` for l1, ``lam``
-    for mcp / scad / group_lasso, ``l1`` for elastic_net, ``radius`` for l2ball), default
-    ``default_strength`` (the run's --reg-strength)."""
+    zero. A penalty's strength is ``strength=`` or its own name for it (``kappa`` for l1, ``lam``
+    for mcp / scad / group_lasso, ``l1`` for elastic_net), default ``default_strength`` (the run's
+    --reg-strength); a constraint has none (l2ball's ``radius=`` is an option, default 1)."""
     opts = dict(spec) if isinstance(spec, dict) else {"reg": spec if spec is not None else "none"}
     name = str(opts.pop("reg")).lower()
     if name not in PARAM_REGULARIZERS:
@@ -75,15 +171,13 @@ def build_param_regularizer(spec, default_strength: float) -> Optional[fk.Regula
         if opts:
             raise ValueError(f"{name} takes no options, got {', '.join(opts)}")
         return None
-    own = _STRENGTH_NAMES.get(name)
-    strength = default_strength
-    for key in ("strength", own):
-        if key is not None and key in opts:
-            strength = opts.pop(key)
-    unknown = [k for k in opts if k not in _PARAM_OPTIONS.get(name, ())]
-    if unknown:
-        valid = ["strength"] + ([own] if own else []) + list(_PARAM_OPTIONS.get(name, ()))
-        raise ValueError(f"{name} has no option {', '.join(unknown)}; its options: {', '.join(valid)}")
+    own = STRENGTH_NAMES.get(name)
+    strength = default_strength if own is not None else 0.0
+    if own is not None:
+        for key in ("strength", own):
+            if key in opts:
+                strength = opts.pop(key)
+    _check_options(name, opts, (("strength", own) if own else ()) + tuple(OPTIONS[name]))
     if isinstance(strength, bool) or not isinstance(strength, (int, float)):
         raise ValueError(f"the strength must be a number, got {strength!r}")
     return build_regularizer(name, float(strength), **opts)
