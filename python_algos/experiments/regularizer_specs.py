@@ -7,7 +7,8 @@
 :data:`REGULARIZERS` are the names of ``--reg`` (one h for the whole model); :data:`PARAM_REGULARIZERS`
 those of a ``--reg-param`` / ``[regularizers]`` entry (one h per parameter; ``group_lasso`` needs a
 parameter's shape, so it is only there). The per-parameter table of a Config is built in
-:mod:`.build` (its errors name the config key).
+:mod:`.build`, and so is the h of ``--reg`` / ``--reg-strength`` / ``--reg-opt``: there its errors name
+the flags (or the config key) that set the value.
 
 Two kinds of h, one rule each, the same through ``--reg`` and ``--reg-param``:
 
@@ -18,21 +19,19 @@ Two kinds of h, one rule each, the same through ``--reg`` and ``--reg-param``:
   so a run folder's config.json records it once.
 * a constraint (box, nonneg, l2ball; and zero) is an indicator function, which no weight scales: it has
   no strength, only its options (``lo`` / ``hi`` default -1 / 1, ``radius`` default 1). A
-  ``--reg-strength`` set with one is refused rather than ignored (an earlier version took it as the
-  l2ball radius, and ``--reg-strength``'s default 1e-3 then pinned the model to a ball of radius 0.001).
+  ``--reg-strength`` set with one (other than 0 or its default) is refused rather than ignored (an
+  earlier version took it as the l2ball radius, so ``--reg-strength``'s default 1e-3 pinned the model to
+  a ball of radius 0.001).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import re
 from typing import Optional
 
 import fedkernels as fk
 
 __all__ = ["REGULARIZERS", "PARAM_REGULARIZERS", "STRENGTH_NAMES", "OPTIONS", "build_regularizer",
-           "build_param_regularizer", "build_flag_regularizer"]
+           "build_param_regularizer", "unknown_options"]
 
 
 REGULARIZERS = ("zero", "l1", "elastic_net", "mcp", "scad", "box", "nonneg", "l2ball")
@@ -47,12 +46,19 @@ OPTIONS = {"zero": {}, "l1": {}, "elastic_net": {"l2": None}, "mcp": {"gamma": 3
            "box": {"lo": -1.0, "hi": 1.0}, "nonneg": {}, "l2ball": {"radius": 1.0}, "group_lasso": {"groups": "rows"}}
 
 
-def _check_options(name: str, given, valid) -> None:
-    """The one wording of an unknown option, for --reg-opt and --reg-param alike."""
+def unknown_options(name: str, given, valid) -> Optional[str]:
+    """The one wording of unknown options, for --reg-opt and --reg-param alike (None: all known)."""
     unknown = [k for k in given if k not in valid]
-    if unknown:
-        raise ValueError(f"{name} has no option {', '.join(unknown)}; "
-                         + (f"its options: {', '.join(valid)}" if valid else "it takes no options"))
+    if not unknown:
+        return None
+    return (f"{name} has no option {', '.join(unknown)}; "
+            + (f"its options: {', '.join(valid)}" if valid else "it takes no options"))
+
+
+def _check_options(name: str, given, valid) -> None:
+    text = unknown_options(name, given, valid)
+    if text:
+        raise ValueError(text)
 
 
 def build_regularizer(name: str, strength: float = 0.0, **opts) -> fk.Regularizer:
@@ -85,69 +91,6 @@ def build_regularizer(name: str, strength: float = 0.0, **opts) -> fk.Regularize
     if name == "l2ball":
         return fk.L2Ball(o["radius"])
     return fk.GroupLasso(strength, o["groups"])
-
-
-def _opt_text(opts: dict) -> str:
-    """Options as --reg-opt spells them: KEY=VALUE, several joined by ' --reg-opt '."""
-    return " --reg-opt ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in opts.items())
-
-
-def _flag_error(key: str, value, rule: str, shown: Optional[str] = None):
-    """A ConfigError of ``key`` (so a config file's value is worded with the file); ``shown`` replaces the
-    command-line text of a value that spans several flags."""
-    from .config import ConfigError
-
-    e = ConfigError(key, value, rule)
-    if shown is not None:
-        e.args = (f"{shown}: {rule}",)
-    return e
-
-
-def _default_strength() -> float:
-    from .config import Config
-
-    return next(f.default for f in dataclasses.fields(Config) if f.name == "reg_strength")
-
-
-_CONSTRAINT_HINTS = {"box": " and set its bounds with --reg-opt lo=LO --reg-opt hi=HI",
-                     "l2ball": " and set its radius with --reg-opt radius=R"}
-
-
-def build_flag_regularizer(reg: str, strength: float, opts: dict) -> fk.Regularizer:
-    """The h of ``--reg`` / ``--reg-strength`` / ``--reg-opt`` (a Config's reg, reg_strength, reg_opts).
-    Every error names only the flags that set what is wrong (a ConfigError, so a config file's value is
-    worded with the file and key): an unknown option, a penalty's strength given as an option, a
-    strength given to a constraint, a value the regularizer refuses."""
-    name = str(reg).lower()
-    own = STRENGTH_NAMES.get(name)
-    for key in ("strength", own) if own is not None else ():
-        if key in opts:
-            raise _flag_error("reg_opts", _opt_text({key: opts[key]}),
-                              f"{key} is {name}'s strength, which --reg-strength sets: give "
-                              f"--reg-strength {opts[key]} instead")
-    try:
-        _check_options(name, opts, tuple(OPTIONS.get(name, ())))
-    except ValueError as e:
-        bad = {k: v for k, v in opts.items() if k not in OPTIONS.get(name, ())}
-        raise _flag_error("reg_opts", _opt_text(bad) if len(bad) == 1 else bad, str(e),
-                          f"--reg-opt {_opt_text(bad)}") from None
-    if own is None:
-        if strength not in (0, _default_strength()):
-            raise _flag_error("reg_strength", strength, f"{name} is a constraint and has no strength: leave "
-                              f"--reg-strength out{_CONSTRAINT_HINTS.get(name, '')}")
-        strength = 0.0
-    try:
-        return build_regularizer(name, float(strength), **opts)
-    except (ValueError, TypeError) as e:
-        msg = str(e)
-        named = {k: v for k, v in opts.items() if re.search(rf"\b{re.escape(k)}\b", msg)}
-        if named:
-            raise _flag_error("reg_opts", _opt_text(named) if len(named) == 1 else named, msg,
-                              f"--reg-opt {_opt_text(named)}") from None
-        if own is not None and re.search(rf"\b{re.escape(own)}\b", msg):
-            raise _flag_error("reg_strength", strength, msg) from None
-        shown = f"--reg {name}" + (f" --reg-opt {_opt_text(opts)}" if opts else "")
-        raise ValueError(f"{shown}: {msg}") from None
 
 
 def _spec_text(pattern: str, spec) -> str:
