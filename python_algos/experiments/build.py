@@ -20,7 +20,8 @@ from .config import Config, ConfigError
 from .data import FederatedData, federate, load_dataset
 from .device import resolve_device
 from .models import build_model as _build_model
-from .regularizer_specs import _spec_text, build_param_regularizer, build_regularizer
+from .regularizer_specs import (OPTIONS, STRENGTH_NAMES, _spec_text, build_param_regularizer, build_regularizer,
+                                unknown_options)
 from ..algorithms.registry import ALGORITHMS, build
 
 __all__ = ["prepare_data", "build_model", "build_algorithm", "build_per_parameter"]
@@ -109,8 +110,48 @@ def build_per_parameter(table: dict, model: nn.Module, default_strength: float =
 def _build_regularizer(cfg: Config, model: nn.Module) -> fk.Regularizer:
     if cfg.regularizers:
         return build_per_parameter(cfg.regularizers, model, cfg.reg_strength)
+    return _flag_regularizer(cfg.reg, cfg.reg_strength, cfg.reg_opts)
+
+
+def _reg_opts_error(opts: dict, rule: str) -> ConfigError:
+    """A ConfigError of the --reg-opt entries ``opts`` (one flag per entry on the command line; a config
+    file's [reg_opts] value is worded with the file by the command line)."""
+    e = ConfigError("reg_opts", _opts_text(opts) if len(opts) == 1 else opts, rule)
+    e.args = (f"--reg-opt {' --reg-opt '.join(_opts_text({k: v}) for k, v in opts.items())}: {rule}",)
+    return e
+
+
+_CONSTRAINT_HINTS = {"box": " and set its bounds with --reg-opt lo=LO --reg-opt hi=HI",
+                     "l2ball": " and set its radius with --reg-opt radius=R"}
+
+
+def _flag_regularizer(reg: str, strength: float, opts: dict) -> fk.Regularizer:
+    """The h of --reg / --reg-strength / --reg-opt, by the rules of :mod:`.regularizer_specs`. Each error
+    names only the flags that set what is wrong: an unknown option, a penalty's strength given as an
+    option (the strength has one place, --reg-strength, so config.json records it once), a strength
+    given to a constraint (--reg-strength's default, which the user did not type, is let through), or a
+    value the regularizer refuses."""
+    name = reg.lower()
+    own = STRENGTH_NAMES.get(name)
+    for key in ("strength", own) if own is not None else ():
+        if key in opts:
+            raise _reg_opts_error({key: opts[key]}, f"{key} is {name}'s strength, which --reg-strength sets: "
+                                  f"give --reg-strength {_opts_text({key: opts[key]}).split('=', 1)[1]} instead")
+    text = unknown_options(name, opts, tuple(OPTIONS[name]))
+    if text:
+        raise _reg_opts_error({k: v for k, v in opts.items() if k not in OPTIONS[name]}, text)
+    if own is None:
+        if strength not in (0, Config.reg_strength):
+            raise ConfigError("reg_strength", strength, f"{name} is a constraint and has no strength: leave "
+                              f"--reg-strength out{_CONSTRAINT_HINTS.get(name, '')}")
+        strength = 0.0
     try:
-        return build_regularizer(cfg.reg, cfg.reg_strength, **cfg.reg_opts)
+        return build_regularizer(name, float(strength), **opts)
     except (ValueError, TypeError) as e:
-        opts = f" --reg-opt {_opts_text(cfg.reg_opts)}" if cfg.reg_opts else ""
-        raise ValueError(f"--reg {cfg.reg} --reg-strength {cfg.reg_strength:g}{opts}: {e}") from None
+        msg = str(e)
+        named = {k: v for k, v in opts.items() if re.search(rf"\b{re.escape(k)}\b", msg)}
+        if named:
+            raise _reg_opts_error(named, msg) from None
+        if own is not None and re.search(rf"\b{re.escape(own)}\b", msg):
+            raise ConfigError("reg_strength", strength, msg) from None
+        raise ValueError(f"--reg {name}{' --reg-opt ' + _opts_text(opts) if opts else ''}: {msg}") from None

@@ -204,9 +204,13 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
                    help="e.g. hidden=64 (sigmoid_net) or hidden=[128,64] (mlp)")
     g.add_argument("--reg", default=S, help="zero | l1 | elastic_net | mcp | scad | box | nonneg | l2ball")
     g.add_argument("--reg-strength", "--kappa", type=float, default=S, dest="reg_strength",
-                   help="kappa (l1), l1 weight (elastic_net), lambda (mcp, scad), radius (l2ball)")
+                   help="a penalty's weight: kappa (l1), l1 weight (elastic_net), lambda (mcp, scad); default "
+                   "1e-3. The constraints (box, nonneg, l2ball) and zero have none: giving one is an error")
     g.add_argument("--reg-opt", type=_kv, action="append", default=S, dest="reg_opts", metavar="KEY=VALUE",
-                   help="gamma=3 (mcp), a=3.7 (scad), l2=... (elastic_net), lo= hi= (box)")
+                   help="the regularizer's options (repeatable): gamma=3 (mcp), a=3.7 (scad), l2=... (elastic_net; "
+                   "default: the l1 weight), lo=-1 hi=1 (box), radius=1 (l2ball); the values shown are the "
+                   "defaults. An unknown key is an error, and so is the strength's own name (kappa=, lam=, "
+                   "l1=): the strength is --reg-strength")
     g.add_argument("--reg-param", type=_reg_param, action="append", default=S, dest="regularizers",
                    metavar="PATTERN=SPEC",
                    help="one penalty per parameter, instead of --reg (repeatable; config file: a [regularizers] "

@@ -1,12 +1,27 @@
 """Regularizers h by name, as the command line and config files spell them.
 
     build_regularizer("scad", 1e-3)                       # --reg scad --reg-strength 1e-3
+    build_regularizer("l2ball", radius=5.0)               # --reg l2ball --reg-opt radius=5
     build_param_regularizer({"reg": "group_lasso", "lam": 1e-2, "groups": "cols"}, 0.0)   # --reg-param entry
 
 :data:`REGULARIZERS` are the names of ``--reg`` (one h for the whole model); :data:`PARAM_REGULARIZERS`
 those of a ``--reg-param`` / ``[regularizers]`` entry (one h per parameter; ``group_lasso`` needs a
 parameter's shape, so it is only there). The per-parameter table of a Config is built in
-:mod:`.build` (its errors name the config key).
+:mod:`.build`, and so is the h of ``--reg`` / ``--reg-strength`` / ``--reg-opt``: there its errors name
+the flags (or the config key) that set the value.
+
+Two kinds of h, one rule each, the same through ``--reg`` and ``--reg-param``:
+
+* a penalty (l1, elastic_net, mcp, scad, group_lasso) has a strength, its weight: ``--reg-strength``
+  (a ``--reg-param`` entry: ``strength=`` or the penalty's own name for it, ``kappa`` / ``l1`` / ``lam``,
+  default the run's ``--reg-strength``), plus its shape options (``gamma``, ``a``, ``l2``, ``groups``).
+  In ``--reg-opt`` the strength's name is refused, naming ``--reg-strength``: the strength has one place,
+  so a run folder's config.json records it once.
+* a constraint (box, nonneg, l2ball; and zero) is an indicator function, which no weight scales: it has
+  no strength, only its options (``lo`` / ``hi`` default -1 / 1, ``radius`` default 1). A
+  ``--reg-strength`` set with one (other than 0 or its default) is refused rather than ignored (an
+  earlier version took it as the l2ball radius, so ``--reg-strength``'s default 1e-3 pinned the model to
+  a ball of radius 0.001).
 """
 
 from __future__ import annotations
@@ -15,43 +30,67 @@ from typing import Optional
 
 import fedkernels as fk
 
-__all__ = ["REGULARIZERS", "PARAM_REGULARIZERS", "build_regularizer", "build_param_regularizer"]
+__all__ = ["REGULARIZERS", "PARAM_REGULARIZERS", "STRENGTH_NAMES", "OPTIONS", "build_regularizer",
+           "build_param_regularizer", "unknown_options"]
 
 
 REGULARIZERS = ("zero", "l1", "elastic_net", "mcp", "scad", "box", "nonneg", "l2ball")
+# Per-parameter entries (--reg-param / [regularizers]): every --reg name, group_lasso (needs a
+# parameter's shape, so never the whole model's h) and none.
+PARAM_REGULARIZERS = ("none",) + REGULARIZERS + ("group_lasso",)
+
+# A penalty's name for its strength (the constraints, absent here, have none) ...
+STRENGTH_NAMES = {"l1": "kappa", "elastic_net": "l1", "mcp": "lam", "scad": "lam", "group_lasso": "lam"}
+# ... and every h's options with their defaults (elastic_net's l2 defaults to its l1 strength).
+OPTIONS = {"zero": {}, "l1": {}, "elastic_net": {"l2": None}, "mcp": {"gamma": 3.0}, "scad": {"a": 3.7},
+           "box": {"lo": -1.0, "hi": 1.0}, "nonneg": {}, "l2ball": {"radius": 1.0}, "group_lasso": {"groups": "rows"}}
+
+
+def unknown_options(name: str, given, valid) -> Optional[str]:
+    """The one wording of unknown options, for --reg-opt and --reg-param alike (None: all known)."""
+    unknown = [k for k in given if k not in valid]
+    if not unknown:
+        return None
+    return (f"{name} has no option {', '.join(unknown)}; "
+            + (f"its options: {', '.join(valid)}" if valid else "it takes no options"))
+
+
+def _check_options(name: str, given, valid) -> None:
+    text = unknown_options(name, given, valid)
+    if text:
+        raise ValueError(text)
 
 
 def build_regularizer(name: str, strength: float = 0.0, **opts) -> fk.Regularizer:
-    """h by name. ``strength`` is kappa (L1), l1 (elastic net: ``l2=`` in opts, default = strength),
-    lam (MCP: ``gamma=`` default 3; SCAD: ``a=`` default 3.7), the radius (l2ball); box takes ``lo=``/``hi=``."""
+    """h by name. ``strength`` is a penalty's weight: kappa (l1), l1 (elastic net; ``l2=`` default
+    = strength), lam (MCP: ``gamma=`` default 3; SCAD: ``a=`` default 3.7; group lasso: ``groups=``
+    default rows). The constraints take no strength (0 only): box ``lo=`` / ``hi=`` (default -1 / 1),
+    l2ball ``radius=`` (default 1), nonneg and zero nothing. An unknown option is an error."""
+    name = name.lower() if isinstance(name, str) else name
+    if name not in OPTIONS:
+        raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(REGULARIZERS)}")
+    _check_options(name, opts, tuple(OPTIONS[name]))
+    if name not in STRENGTH_NAMES and strength != 0:
+        raise ValueError(f"{name} is a constraint and has no strength, got {strength!r}"
+                         + (f"; its options: {', '.join(OPTIONS[name])}" if OPTIONS[name] else ""))
+    o = {**OPTIONS[name], **opts}
     if name == "zero":
         return fk.Zero()
     if name == "l1":
         return fk.L1(strength)
     if name == "elastic_net":
-        return fk.ElasticNet(strength, opts.get("l2", strength))
+        return fk.ElasticNet(strength, strength if o["l2"] is None else o["l2"])
     if name == "mcp":
-        return fk.MCP(strength, opts.get("gamma", 3.0))
+        return fk.MCP(strength, o["gamma"])
     if name == "scad":
-        return fk.SCAD(strength, opts.get("a", 3.7))
+        return fk.SCAD(strength, o["a"])
     if name == "box":
-        return fk.Box(opts.get("lo", -1.0), opts.get("hi", 1.0))
+        return fk.Box(o["lo"], o["hi"])
     if name == "nonneg":
         return fk.NonNeg()
     if name == "l2ball":
-        return fk.L2Ball(strength if strength > 0 else opts.get("radius", 1.0))
-    if name == "group_lasso":
-        return fk.GroupLasso(strength, opts.get("groups", "rows"))
-    raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(REGULARIZERS)}")
-
-
-# Per-parameter entries (--reg-param / [regularizers]): every --reg name, group_lasso (needs a
-# parameter's shape, so never the whole model's h) and none; the strength under its own name.
-PARAM_REGULARIZERS = ("none",) + REGULARIZERS + ("group_lasso",)
-_STRENGTH_NAMES = {"l1": "kappa", "elastic_net": "l1", "mcp": "lam", "scad": "lam", "group_lasso": "lam",
-                   "l2ball": "radius"}
-_PARAM_OPTIONS = {"elastic_net": ("l2",), "mcp": ("gamma",), "scad": ("a",), "box": ("lo", "hi"),
-                  "group_lasso": ("groups",)}
+        return fk.L2Ball(o["radius"])
+    return fk.GroupLasso(strength, o["groups"])
 
 
 def _spec_text(pattern: str, spec) -> str:
@@ -64,9 +103,9 @@ def _spec_text(pattern: str, spec) -> str:
 
 def build_param_regularizer(spec, default_strength: float) -> Optional[fk.Regularizer]:
     """One --reg-param entry ("name" or {"reg": name, options}) -> Regularizer, or None for none /
-    zero. The strength is ``strength=`` or the penalty's own name for it (``kappa`` for l1, ``lam``
-    for mcp / scad / group_lasso, ``l1`` for elastic_net, ``radius`` for l2ball), default
-    ``default_strength`` (the run's --reg-strength)."""
+    zero. A penalty's strength is ``strength=`` or its own name for it (``kappa`` for l1, ``lam``
+    for mcp / scad / group_lasso, ``l1`` for elastic_net), default ``default_strength`` (the run's
+    --reg-strength); a constraint has none (l2ball's ``radius=`` is an option, default 1)."""
     opts = dict(spec) if isinstance(spec, dict) else {"reg": spec if spec is not None else "none"}
     name = str(opts.pop("reg")).lower()
     if name not in PARAM_REGULARIZERS:
@@ -75,15 +114,13 @@ def build_param_regularizer(spec, default_strength: float) -> Optional[fk.Regula
         if opts:
             raise ValueError(f"{name} takes no options, got {', '.join(opts)}")
         return None
-    own = _STRENGTH_NAMES.get(name)
-    strength = default_strength
-    for key in ("strength", own):
-        if key is not None and key in opts:
-            strength = opts.pop(key)
-    unknown = [k for k in opts if k not in _PARAM_OPTIONS.get(name, ())]
-    if unknown:
-        valid = ["strength"] + ([own] if own else []) + list(_PARAM_OPTIONS.get(name, ()))
-        raise ValueError(f"{name} has no option {', '.join(unknown)}; its options: {', '.join(valid)}")
+    own = STRENGTH_NAMES.get(name)
+    strength = default_strength if own is not None else 0.0
+    if own is not None:
+        for key in ("strength", own):
+            if key in opts:
+                strength = opts.pop(key)
+    _check_options(name, opts, (("strength", own) if own else ()) + tuple(OPTIONS[name]))
     if isinstance(strength, bool) or not isinstance(strength, (int, float)):
         raise ValueError(f"the strength must be a number, got {strength!r}")
     return build_regularizer(name, float(strength), **opts)
