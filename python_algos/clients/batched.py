@@ -69,6 +69,7 @@ import fedkernels as fk
 
 from .base import ClientSet, client_generators
 from .data import TensorData, client_data
+from .probe import check_clients
 from .separable import coupling, side_effect_free
 
 __all__ = ["BatchedClients", "default_memory_budget"]
@@ -155,6 +156,10 @@ class BatchedClients(ClientSet):
         self.num_clients = self.rows = len(clients)
         self.batch_size = None if batch_size is None else int(batch_size)
         self.generators = client_generators(seed, self.num_clients, first_client)
+
+        # data the model or the loss cannot take, a non-scalar loss, a sum loss on minibatches:
+        # refused naming the client, before the checks and the vectorized probe below fail unnamed
+        check_clients(model, loss_fn, wrapped, self.batch_size, first_client)
 
         # All clients' samples concatenated; client i owns rows offsets[i] : offsets[i] + sizes[i].
         self.sizes = [int(X.shape[0]) for X, _ in clients]
