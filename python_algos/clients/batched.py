@@ -185,7 +185,10 @@ class BatchedClients(ClientSet):
         self._vgrad_same = vmap(grad_and_value(self._client_loss), in_dims=(0, 0, 0, 0), randomness="different")
         self._vgrad_masked = vmap(grad_and_value(self._client_loss_masked), in_dims=(0, 0, 0, 0),
                                   randomness="different")
-        self._sample_bytes = self._probe()
+        # without side effects: building an executor must not shift the random numbers of the run
+        # (dropout), or "auto" falling back to the sequential executor would not be the sequential run
+        with side_effect_free(model, self.device):
+            self._sample_bytes = self._probe()
         self.memory_budget = int(memory_budget) if memory_budget is not None else default_memory_budget(self.device)
         self.chunk_clients = chunk_clients
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
