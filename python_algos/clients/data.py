@@ -28,6 +28,11 @@ saved in checkpoints, so a run is repeatable and resumes bit-identically. A Data
 comes from the loader (seed its ``generator=`` for repeatable runs); its position is not saved in a
 checkpoint, so a resumed run starts each client's loader afresh and does not repeat the
 uninterrupted run's batches.
+
+Before a run, the executor reads each client's first few samples once (:meth:`ClientData.first`;
+a DataLoader's: the first items of ``loader.dataset``, never a batch of the loader, whose sampler
+would advance) to check that the model and the loss take them (:mod:`.probe`); that is the only
+read outside the batches.
 """
 
 from __future__ import annotations
