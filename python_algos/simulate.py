@@ -229,6 +229,23 @@ def _check_group_lasso(regularizer, model: nn.Module) -> None:
                      f"the model's parameters with 2 or more dimensions: {shown})")
 
 
+def _check_one_dtype(model: nn.Module) -> None:
+    """One flat buffer of one dtype holds every trainable parameter (``fk.FlatParams``, whose default
+    dtype is the first parameter's): a model mixing dtypes would have some parameters silently cast,
+    and leave the run with another model than the user built."""
+    by_dtype: dict = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            by_dtype.setdefault(p.dtype, []).append(name)
+    if len(by_dtype) > 1:
+        parts = [f"{str(dt).replace('torch.', '')} ({', '.join(repr(n) for n in names[:3])}"
+                 f"{', ...' if len(names) > 3 else ''})" for dt, names in by_dtype.items()]
+        widest = max(by_dtype, key=lambda dt: torch.finfo(dt).bits if dt.is_floating_point else 0)
+        raise ValueError(f"model: its trainable parameters have several dtypes: {'; '.join(parts)}; simulate keeps "
+                         f"them in one flat buffer of one dtype, so some would be silently cast: call "
+                         f"model.to({widest}) (or another one dtype) first")
+
+
 def _clients_per_round(algorithm: Algorithm, n: int, participation, clients_per_round) -> Optional[int]:
     """k clients per round (None: all), checked against what the algorithm supports."""
     if participation is not None and clients_per_round is not None:
@@ -280,8 +297,18 @@ def simulate(
     Args:
         algorithm: an :class:`~python_algos.algorithms.Algorithm` (e.g. ``FedCanon(alpha=.., beta=.., local_steps=..)``).
         model: the ``nn.Module``. Its trainable parameters become views of flat buffers
-            (``fk.FlatParams``); on return the model holds ``History.params``.
-        loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss.
+            (``fk.FlatParams``); on return the model holds ``History.params``. They must share one
+            dtype (one flat buffer holds them): a model mixing float32 and float64 parameters raises
+            ``ValueError`` (call ``model.to(torch.float64)`` first) instead of being cast.
+        loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss. Checked before the run
+            starts (:mod:`python_algos.clients.probe`), on each client's first samples: data the
+            model or the loss cannot take, and a loss that does not return a scalar, raise
+            ``ValueError`` naming the client; a loss that is not a mean of per-sample losses
+            (``reduction="sum"``, a class-weighted mean) is refused when clients train on
+            minibatches (``batch_size`` below a client's sample count, or DataLoader clients),
+            whose gradients would then follow another objective than the reported ``f``; with full
+            batches it is accepted, and ``f`` is then the mean over clients of ``loss_fn`` on each
+            client's whole data (here: per-client sums), the objective the gradients follow.
         clients: one client each: an ``(X, y)`` pair of tensors, a ``Dataset`` (read lazily) or a
             ``DataLoader`` (its own batches; :mod:`python_algos.clients.data`). Floating-point data
             are cast to the model's dtype.
@@ -307,7 +334,12 @@ def simulate(
         executor: how the clients' local work runs (the algorithm's result does not depend on it,
             up to floating-point summation order): ``"sequential"`` (one client after another),
             ``"batched"`` (all clients' forward/backward passes vectorized with ``torch.func``),
-            or ``"auto"`` (the fastest one that supports the model). See
+            ``"distributed"`` (the clients sharded over ``torchrun`` processes), or ``"auto"``: a
+            fixed rule, not a timing (so the same call always runs the same executor and gives the
+            same bits): ``"batched"`` when it can run the model and the model is on a GPU, or has
+            no convolution and there are at least 64 clients, unless a vectorized pass would hold
+            fewer than 4 clients; otherwise ``"sequential"``
+            (:func:`python_algos.clients.registry.resolve_local`). See
             :data:`python_algos.clients.EXECUTORS`.
         executor_options: extra keyword arguments for the executor (e.g. ``{"memory_budget": 2**30}``
             for ``"batched"``).
@@ -354,6 +386,9 @@ def simulate(
         raise ValueError(f"metrics_every must be an int >= 0, got {metrics_every!r}")
     if not isinstance(progress, bool):
         raise TypeError(f"progress must be True or False, got {progress!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    _check_one_dtype(model)
     if isinstance(regularizer, Mapping):
         regularizer = fk.PerParameter(model, regularizer)
     _check_group_lasso(regularizer, model)
@@ -371,7 +406,8 @@ def simulate(
         _check_resume(resume, algorithm, model, settings, int(rounds))  # before anything is built or changed
 
     if backend is None and executor == "auto" and resume is not None and resume.get("executor") in EXECUTORS:
-        # auto decides by timing, which varies; the executor the run started with keeps resume bit-identical
+        # auto's rule reads the memory budget (a GPU's free memory), which may differ at resume; the
+        # executor the run started with keeps resume bit-identical
         executor = resume["executor"]
     if backend is None and executor == "distributed" and resume is not None and \
             resume.get("executor") in ("sequential", "batched") and \

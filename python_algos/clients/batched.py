@@ -69,6 +69,7 @@ import fedkernels as fk
 
 from .base import ClientSet, client_generators
 from .data import TensorData, client_data
+from .probe import check_clients
 from .separable import coupling, side_effect_free
 
 __all__ = ["BatchedClients", "default_memory_budget"]
@@ -156,6 +157,10 @@ class BatchedClients(ClientSet):
         self.batch_size = None if batch_size is None else int(batch_size)
         self.generators = client_generators(seed, self.num_clients, first_client)
 
+        # data the model or the loss cannot take, a non-scalar loss, a sum loss on minibatches:
+        # refused naming the client, before the checks and the vectorized probe below fail unnamed
+        check_clients(model, loss_fn, wrapped, self.batch_size, first_client)
+
         # All clients' samples concatenated; client i owns rows offsets[i] : offsets[i] + sizes[i].
         self.sizes = [int(X.shape[0]) for X, _ in clients]
         self.offsets = torch.tensor([0, *self.sizes[:-1]]).cumsum(0).tolist()
@@ -180,7 +185,10 @@ class BatchedClients(ClientSet):
         self._vgrad_same = vmap(grad_and_value(self._client_loss), in_dims=(0, 0, 0, 0), randomness="different")
         self._vgrad_masked = vmap(grad_and_value(self._client_loss_masked), in_dims=(0, 0, 0, 0),
                                   randomness="different")
-        self._sample_bytes = self._probe()
+        # without side effects: building an executor must not shift the random numbers of the run
+        # (dropout), or "auto" falling back to the sequential executor would not be the sequential run
+        with side_effect_free(model, self.device):
+            self._sample_bytes = self._probe()
         self.memory_budget = int(memory_budget) if memory_budget is not None else default_memory_budget(self.device)
         self.chunk_clients = chunk_clients
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:

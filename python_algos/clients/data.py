@@ -28,6 +28,11 @@ saved in checkpoints, so a run is repeatable and resumes bit-identically. A Data
 comes from the loader (seed its ``generator=`` for repeatable runs); its position is not saved in a
 checkpoint, so a resumed run starts each client's loader afresh and does not repeat the
 uninterrupted run's batches.
+
+Before a run, the executor reads each client's first few samples once (:meth:`ClientData.first`;
+a DataLoader's: the first items of ``loader.dataset``, never a batch of the loader, whose sampler
+would advance) to check that the model and the loss take them (:mod:`.probe`); that is the only
+read outside the batches.
 """
 
 from __future__ import annotations
@@ -75,6 +80,15 @@ class ClientData(abc.ABC):
         """``(X, y)`` of the samples ``idx`` (all when None)."""
         raise NotImplementedError
 
+    def first(self, k: int) -> Optional[tuple]:
+        """``(X, y)`` of the client's first ``k`` samples (all if it has fewer), for the checks
+        before round 1 (:mod:`.probe`); None when they cannot be read without consuming anything."""
+        return self.take(torch.arange(min(int(k), self.n)))
+
+    def describe(self, X: torch.Tensor) -> str:
+        """What ``X`` (returned by :meth:`first`) is, for error messages."""
+        return f"its first {X.shape[0]} samples: X of shape {tuple(X.shape)}"
+
 
 class TensorData(ClientData):
     """``(X, y)`` tensors already in memory (the fast path of every executor)."""
@@ -90,6 +104,14 @@ class TensorData(ClientData):
 
     def batches(self, batch_size, generator, chunk):
         return self._pieces(self.draw(batch_size, generator), chunk)
+
+    def first(self, k):
+        return self.X[: int(k)], self.y[: int(k)]
+
+    def describe(self, X):
+        if X.shape[0] == self.n:
+            return f"X of shape {tuple(X.shape)}"
+        return f"X of shape {tuple(self.X.shape)}, probed on its first {X.shape[0]} samples"
 
 
 class DatasetData(ClientData):
@@ -156,6 +178,25 @@ class LoaderData(ClientData):
 
     def draw(self, batch_size, generator):
         raise TypeError("DataLoader clients choose their own batches")
+
+    def first(self, k):
+        """The first ``k`` items of ``loader.dataset``, collated by the loader's ``collate_fn``
+        (not necessarily samples this client's sampler yields, but the same kind of batch):
+        drawing a batch from the loader itself would consume its sampler's random numbers and
+        shift the run's batches. None for an ``IterableDataset`` (reading it consumes it)."""
+        ds = self.loader.dataset
+        if isinstance(ds, torch.utils.data.IterableDataset):
+            return None
+        try:
+            m = min(int(k), len(ds))
+        except TypeError:  # no __len__
+            return None
+        if m == 0:
+            return None
+        return self._cast(self.loader.collate_fn([ds[j] for j in range(m)]))
+
+    def describe(self, X):
+        return f"the first {X.shape[0]} samples of its DataLoader's dataset: X of shape {tuple(X.shape)}"
 
 
 def client_data(client, dtype: torch.dtype, device) -> ClientData:

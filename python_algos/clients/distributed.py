@@ -79,8 +79,8 @@ class DistributedClients(ClientSet):
         data: all N clients' data (every rank gets the full list; a rank converts and keeps only
             its shard, so a lazy sequence loads only the shard).
         inner: the executor that runs this rank's clients: ``"sequential"``, ``"batched"`` or
-            ``"auto"`` (default: the fastest that supports the model; see
-            :func:`python_algos.clients.registry.resolve_local`).
+            ``"auto"`` (default: a fixed rule, not a timing, chosen as one process with all N
+            clients would; see :func:`python_algos.clients.registry.resolve_local`).
         inner_options: keyword arguments for the inner executor.
         timeout: seconds a collective waits for a silent peer (default: ``PYTHON_ALGOS_DIST_TIMEOUT``
             or 300); used when this call creates the process group.

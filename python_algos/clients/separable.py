@@ -18,12 +18,12 @@ of the objective).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-__all__ = ["coupling", "side_effect_free", "training_side_effects"]
+__all__ = ["coupling", "loss_is_mean", "side_effect_free", "training_side_effects"]
 
 _BATCH_STAT_NORMS = (nn.modules.batchnorm._BatchNorm,)  # BatchNorm1d/2d/3d, SyncBatchNorm, Lazy*
 _PROBE_RTOL = 1e-4  # coupling effects are O(1); float32 rounding of a same-shape pass is ~1e-7
@@ -86,18 +86,37 @@ def coupling(model: nn.Module, loss_fn: Callable, X: torch.Tensor, y: torch.Tens
         if not alone:
             return ("the model's output for one sample changes with the other samples of its batch "
                     "(a layer mixes samples, e.g. a batch statistic)")
-        g = torch.Generator(device="cpu").manual_seed(0)
-        noise = torch.randn(out.shape, generator=g, dtype=out.dtype).to(out.device) if out.is_floating_point() else 0
-        for o in (out, out + noise):
-            try:
-                whole = loss_fn(o, y)
-                each = torch.stack([loss_fn(o[i : i + 1], y[i : i + 1]).reshape(()) for i in range(k)])
-            except Exception as e:  # noqa: BLE001 -- the loss cannot be taken per sample: treat as coupled
-                return f"loss_fn cannot be evaluated on one sample ({type(e).__name__}: {e})"
-            if whole.numel() != 1 or not _close(whole.reshape(()), each.mean()):
-                return ("loss_fn is not the mean of per-sample losses (e.g. reduction='sum', or a weighted "
-                        "mean): its value on a batch is not the average of its values on the batch's samples")
+        is_mean, why = loss_is_mean(loss_fn, out, y)
+        if not is_mean:
+            return why
     return ""
+
+
+def loss_is_mean(loss_fn: Callable, out: torch.Tensor, y: torch.Tensor) -> tuple[Optional[bool], str]:
+    """Whether ``loss_fn(out, y)`` is the mean of its per-sample values ``loss_fn(out[i:i+1], y[i:i+1])``,
+    on the outputs ``out`` of a few real samples and on perturbed ones (a loss that is zero on the
+    probe would prove nothing): ``(True, "")``; ``(False, why)`` when it is shown not to be (a sum,
+    a class-weighted mean); ``(None, why)`` when it cannot be evaluated on one sample. The one
+    source of truth for both uses: padding and splitting batches (:func:`coupling`) and refusing
+    minibatches of a loss that is not a mean (:func:`python_algos.clients.probe.check_clients`).
+    Call it without grad, inside :func:`side_effect_free`."""
+    k = int(out.shape[0])
+    g = torch.Generator(device="cpu").manual_seed(0)
+    noise = torch.randn(out.shape, generator=g, dtype=out.dtype).to(out.device) if out.is_floating_point() else 0
+    for o in (out, out + noise):
+        try:
+            whole = loss_fn(o, y)
+            each = torch.stack([loss_fn(o[i : i + 1], y[i : i + 1]).reshape(()) for i in range(k)])
+        except Exception as e:  # noqa: BLE001 -- the loss cannot be taken per sample: cannot tell
+            return None, f"loss_fn cannot be evaluated on one sample ({type(e).__name__}: {e})"
+        if not isinstance(whole, torch.Tensor) or whole.numel() != 1:
+            return False, "loss_fn does not return one value per batch"
+        if not _close(whole.reshape(()), each.mean()):
+            return False, (f"loss_fn is not the mean of per-sample losses (e.g. reduction='sum', or a weighted "
+                           f"mean): its value on a batch is not the average of its values on the batch's samples "
+                           f"(on {k} samples: {float(whole):.6g}, the average of its per-sample values "
+                           f"{float(each.mean()):.6g})")
+    return True, ""
 
 
 def training_side_effects(model: nn.Module, X: torch.Tensor) -> str:

@@ -14,6 +14,7 @@ import fedkernels as fk
 
 from .base import ClientSet, client_generators
 from .data import LoaderData, TensorData, client_data
+from .probe import check_clients
 from .separable import coupling, side_effect_free
 
 __all__ = ["SequentialClients"]
@@ -75,6 +76,7 @@ class SequentialClients(ClientSet):
         self._binders: dict[tuple, Callable[[int], None]] = {}
         self.coupled: Optional[str] = None  # why samples are coupled ("": they are not); probed when first needed
         self._scratch: Optional[torch.Tensor] = None
+        check_clients(model, loss_fn, self.clients, self.batch_size, first_client)  # before the run starts
 
     # -- client-local work ------------------------------------------------------------
     def gradients_(self, X, G, ids=None):

@@ -1,0 +1,132 @@
+"""Checks of the clients' data against the model and the loss, made once when an executor is built.
+
+Without them, a client whose data the model cannot take (inputs of the wrong width, float labels
+for a cross-entropy) fails with torch's bare message in the middle of the first metric pass or
+round, naming no client; and a loss that is not a mean of per-sample losses (``reduction="sum"``)
+trained on minibatches silently optimises another objective than the one reported: a minibatch
+of B of a client's m samples has the gradient of a sum of B losses, (B/m)·∇f_i in expectation
+with f_i the client's loss over its m samples, so the step sizes scale with B and the clients are
+weighted by B/m_i, while ``f`` reports the per-client sums. With full batches the same loss is
+consistent: every gradient is the gradient of the reported f (each client's whole data in one
+pass, never padded or split, :mod:`.separable`).
+
+:func:`check_clients` runs each client's first few samples (``min(4, n)``; once per distinct
+sample shape and dtype, so N clients of one kind cost one forward pass) through ``model`` and
+``loss_fn``, without grad and without side effects: module buffers, torch's (and Python's and
+NumPy's) global random state are restored, and the clients' minibatch generators are not touched
+(their first samples are sliced, not drawn), so the run's bits do not change. Every executor that
+runs clients in a process (sequential, batched, and each rank's inner one of the distributed
+executor) calls it from its constructor, before the run starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .data import ClientData, LoaderData
+from .separable import loss_is_mean, side_effect_free
+
+__all__ = ["check_clients"]
+
+PROBE_SAMPLES = 4  # samples of each client run through model and loss (as separable.coupling's probe)
+
+
+@contextlib.contextmanager
+def _host_random_state_kept():
+    """A Dataset's ``__getitem__`` may draw from Python's or NumPy's global generator (random
+    augmentations): the probe's reads must not shift the numbers the run draws later."""
+    py, npy = random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+
+
+def _minibatched(c: ClientData, batch_size: Optional[int]) -> str:
+    """Why client ``c`` is trained on minibatches ("" when on all of its samples)."""
+    if isinstance(c, LoaderData):
+        return "is a DataLoader, whose batches are weighted as means of their samples"
+    if batch_size is not None and batch_size < c.n:
+        return f"is trained on minibatches (batch_size={batch_size} < its {c.n} samples)"
+    return ""
+
+
+def _run(model: nn.Module, loss_fn: Callable, X: torch.Tensor, y: torch.Tensor):
+    """(output, loss, None) or (output or None, None, (what failed, exception))."""
+    try:
+        out = model(X)
+    except Exception as e:  # noqa: BLE001 -- reported with the client it failed on
+        return None, None, ("model", e)
+    try:
+        loss = loss_fn(out, y)
+    except Exception as e:  # noqa: BLE001
+        return out, None, ("loss", e)
+    return out, loss, None
+
+
+def _probe_client(model, loss_fn, c: ClientData, i: int, X, y, batch_size):
+    """Run client ``i``'s probe batch; raise ``ValueError`` naming the client when it fails."""
+    out, loss, err = _run(model, loss_fn, X, y)
+    if err is not None and not isinstance(c, LoaderData):
+        # the few samples may not be representative (a model that needs a whole batch): retry on
+        # the first batch the client really trains on before refusing
+        b = c.n if batch_size is None else min(int(batch_size), c.n)
+        if b > X.shape[0]:
+            X, y = c.first(b)
+            out, loss, err = _run(model, loss_fn, X, y)
+    if err is not None:
+        what, e = err
+        if what == "model":
+            raise ValueError(f"client {i}: model(X) failed on its data ({c.describe(X)}): {e}") from e
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"client {i}: loss_fn(model(X), y) failed on its data ({c.describe(X)}; y of shape "
+                         f"{tuple(y.shape)} and dtype {y.dtype}; model(X) of shape {shape}): {e}") from e
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        got = f"shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"
+        raise ValueError(f"loss_fn must return a scalar mean loss (one value for the batch: a tensor with "
+                         f"reduction='mean'), got {got} on client {i}'s data ({c.describe(X)})")
+    return out, y
+
+
+def check_clients(model: nn.Module, loss_fn: Callable, clients: Sequence[ClientData], batch_size: Optional[int],
+                  first_client: int = 0) -> None:
+    """Refuse, with ``ValueError`` naming the client (its global index ``first_client + j``), data
+    that ``model`` or ``loss_fn`` cannot take or a loss that does not return a scalar; and refuse
+    a loss that is not a mean of per-sample losses when a client is trained on minibatches
+    (``batch_size`` below its sample count, or a DataLoader client). See the module docstring."""
+    p = next(model.parameters(), None)
+    device = p.device if p is not None else torch.device("cpu")
+    seen, mean_probe = set(), None
+    with side_effect_free(model, device), _host_random_state_kept(), torch.no_grad():
+        for j, c in enumerate(clients):
+            batch = c.first(PROBE_SAMPLES)
+            if batch is None:
+                continue
+            X, y = batch
+            kind = (tuple(X.shape[1:]), X.dtype, tuple(y.shape[1:]), y.dtype)
+            if kind in seen:  # shape and dtype errors are the same for every client of a kind
+                continue
+            seen.add(kind)
+            out, y = _probe_client(model, loss_fn, c, first_client + j, X, y, batch_size)
+            if mean_probe is None and isinstance(out, torch.Tensor) and out.dim() >= 1 \
+                    and out.shape[0] == y.shape[0] >= 2:
+                mean_probe = (out[:PROBE_SAMPLES], y[:PROBE_SAMPLES])
+        mini = next(((first_client + j, why) for j, c in enumerate(clients) if (why := _minibatched(c, batch_size))),
+                    None)
+        if mini is None or mean_probe is None:
+            return
+        is_mean, why = loss_is_mean(loss_fn, *mean_probe)
+    if is_mean is False:  # shown not to be a mean (a loss that cannot be taken per sample is not refused)
+        i, how = mini
+        raise ValueError(f"{why}; client {i} {how}, and a minibatch's gradient then follows another objective than "
+                         f"the reported f (a sum of B losses scales every step by the batch size B, and weights "
+                         f"client i by B/m_i): make loss_fn a per-sample mean (reduction='mean'; for class weights "
+                         f"w: (w[y] * F.cross_entropy(out, y, reduction='none')).mean()), or train on full batches "
+                         f"(batch_size=None, with tensor or Dataset clients)")
