@@ -27,6 +27,7 @@ from .folders import _read_config_json, resume_command
 from ..algorithms.registry import ALGORITHMS
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, RunExistsError, RunFolderError, _as_json, _holds_run
+from ..runfolder.setup_record import describe_regularizer
 from ..simulate import _clients_per_round
 
 __all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size", "check_rounds_reach"]
@@ -158,6 +159,11 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
         raise ConfigError(key, getattr(cfg, key), str(e)) from None
     if cfg.metric_step is None and not algorithm.metric_step() > 0:
         raise ConfigError("metric_step", cfg.metric_step, f"{algorithm.name}'s default step is not > 0; give one")
+    recorded = ((snap or {}).get("setup") or {}).get("regularizer")
+    if isinstance(recorded, str) and recorded != describe_regularizer(reg):  # e.g. a version that read options otherwise
+        raise RunFolderError(f"{ckpt_path} was written with the regularizer {recorded}, but config.json's settings "
+                             f"now give {describe_regularizer(reg)}; resuming would change h mid-run, so nothing was "
+                             f"changed: start these settings in a new folder")
     if snap is not None and (snap.get("algorithm") != algorithm.name or snap.get("hparams") != algorithm.hparams()):
         raise RunFolderError(f"{ckpt_path} is a checkpoint of {snap.get('algorithm')} {snap.get('hparams')}, not of "
                              f"{algorithm.name} {algorithm.hparams()} as config.json says; nothing was changed")
