@@ -67,10 +67,17 @@ def test_a_penalty_strength_as_reg_opt_is_refused_naming_reg_strength(tmp_path, 
 
 
 @pytest.mark.parametrize("reg,hint", [("l2ball", "--reg-opt radius=R"), ("box", "--reg-opt lo=LO --reg-opt hi=HI"),
-                                      ("nonneg", "leave --reg-strength out"), ("zero", "leave --reg-strength out")])
+                                      ("nonneg", "leave --reg-strength out")])
 def test_a_strength_given_to_a_constraint_is_refused(tmp_path, capsys, reg, hint):
     err = refused(tmp_path, capsys, "--reg", reg, "--reg-strength", "5")
     assert err.startswith(f"error: --reg-strength 5: {reg} is a constraint and has no strength") and hint in err
+
+
+def test_zero_takes_any_strength_and_is_no_regularizer():
+    """--reg zero is no h: a strength (e.g. shared by an ablation grid over reg=zero,l1) weighs nothing."""
+    from python_algos.experiments.build import _flag_regularizer
+
+    assert isinstance(_flag_regularizer("zero", 5.0, {}), fk.Zero)
 
 
 @pytest.mark.parametrize("cfg,want", [

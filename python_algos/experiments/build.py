@@ -141,7 +141,9 @@ def _flag_regularizer(reg: str, strength: float, opts: dict) -> fk.Regularizer:
     if text:
         raise _reg_opts_error({k: v for k, v in opts.items() if k not in OPTIONS[name]}, text)
     if own is None:
-        if strength not in (0, Config.reg_strength):
+        # zero is no h at all: a strength has nothing to weigh, and an ablation (--grid reg=zero,l1
+        # --reg-strength 0.01) must not be refused for it
+        if name != "zero" and strength not in (0, Config.reg_strength):
             raise ConfigError("reg_strength", strength, f"{name} is a constraint and has no strength: leave "
                               f"--reg-strength out{_CONSTRAINT_HINTS.get(name, '')}")
         strength = 0.0

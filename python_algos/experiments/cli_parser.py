@@ -205,7 +205,7 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
     g.add_argument("--reg", default=S, help="zero | l1 | elastic_net | mcp | scad | box | nonneg | l2ball")
     g.add_argument("--reg-strength", "--kappa", type=float, default=S, dest="reg_strength",
                    help="a penalty's weight: kappa (l1), l1 weight (elastic_net), lambda (mcp, scad); default "
-                   "1e-3. The constraints (box, nonneg, l2ball) and zero have none: giving one is an error")
+                   "1e-3. The constraints (box, nonneg, l2ball) have none: giving one is an error (zero ignores it)")
     g.add_argument("--reg-opt", type=_kv, action="append", default=S, dest="reg_opts", metavar="KEY=VALUE",
                    help="the regularizer's options (repeatable): gamma=3 (mcp), a=3.7 (scad), l2=... (elastic_net; "
                    "default: the l1 weight), lo=-1 hi=1 (box), radius=1 (l2ball); the values shown are the "

@@ -21,7 +21,8 @@ Two kinds of h, one rule each, the same through ``--reg`` and ``--reg-param``:
   no strength, only its options (``lo`` / ``hi`` default -1 / 1, ``radius`` default 1). A
   ``--reg-strength`` set with one (other than 0 or its default) is refused rather than ignored (an
   earlier version took it as the l2ball radius, so ``--reg-strength``'s default 1e-3 pinned the model to
-  a ball of radius 0.001).
+  a ball of radius 0.001). zero alone lets a strength through: it is no h, so nothing changes, and an
+  ablation grid over ``reg=zero,l1`` shares one ``--reg-strength``.
 """
 
 from __future__ import annotations
