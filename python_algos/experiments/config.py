@@ -31,15 +31,22 @@ class ConfigError(ValueError):
         super().__init__(f"{flag(key)} {_show(value)}: {rule}")
 
     def in_file(self, path: str) -> "ConfigError":
-        """The same error, worded for a value that came from config file ``path``. A string keeps its
-        quotes there (``rounds = '2'``): in a file, unlike on the command line, the quotes are what
-        made it a string, and without them ``rounds = 2: must be an integer`` reads as a contradiction."""
+        """The same error, worded for a value that came from config file ``path``. A string given for
+        a key that takes no string keeps its quotes there (``rounds = '2'``): in a file, unlike on the
+        command line, the quotes are what made it a string, and without them
+        ``rounds = 2: must be an integer`` reads as a contradiction."""
         e = ConfigError(self.key, self.value, self.rule)
-        shown = repr(self.value) if isinstance(self.value, str) else _show(self.value)
+        text_key = self.key == "regularizers" or "str" in str(_field_types().get(self.key, ""))
+        shown = repr(self.value) if isinstance(self.value, str) and not text_key else _show(self.value)
         e.args = (f"{path}: {self.key} = {shown}: {self.rule}",)
         return e
 
 
+
+
+def _field_types() -> dict:
+    """Config field -> its annotation (text: this module has ``from __future__ import annotations``)."""
+    return {f.name: f.type for f in dataclasses.fields(Config)}
 
 
 def flag(key: str) -> str:
