@@ -490,7 +490,7 @@ class ModelOptionError(ValueError):
     """A model option that the model does not take, or a value that breaks its rule; ``options``
     are the names at fault (the command line shows them as ``--model-opt NAME=VALUE``)."""
 
-    def __init__(self, message: str, options: Sequence[str]):
+    def __init__(self, message: str, options: Sequence[str] = ()):  # default: unpickling passes the message alone
         super().__init__(message)
         self.options = tuple(options)
 
