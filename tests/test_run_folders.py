@@ -364,7 +364,7 @@ def test_config_file_values_are_type_checked(tmp_path, capsys):
     cfg.write_text('lr = "fast"\nrounds = 2\n')
     assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "r")]) == 1
     err = capsys.readouterr().err
-    assert "exp.toml" in err and "lr = fast" in err and "number" in err and "fastfast" not in err
+    assert "exp.toml" in err and "lr = 'fast'" in err and "number" in err and "fastfast" not in err
     assert not (tmp_path / "r").exists()
     cfg.write_text('rounds = 2.5\n')
     assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "r")]) == 1

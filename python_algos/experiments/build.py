@@ -16,7 +16,7 @@ from torch import nn
 
 import fedkernels as fk
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, _show
 from .data import FederatedData, federate, load_dataset
 from .device import resolve_device
 from .models import build_model as _build_model
@@ -60,8 +60,9 @@ def build_model(cfg: Config, ds) -> nn.Module:
     try:
         model = _build_model(cfg.model, ds.in_shape, ds.outputs, **cfg.model_opts)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"--model {cfg.model}{' --model-opt ' + _opts_text(cfg.model_opts) if cfg.model_opts else ''}"
-                         f": {e}") from None
+        at_fault = getattr(e, "options", ())  # a models.ModelOptionError names them
+        named = {k: v for k, v in cfg.model_opts.items() if k in at_fault}
+        raise ValueError(f"--model {cfg.model}{' --model-opt ' + _opts_text(named) if named else ''}: {e}") from None
     return model.to(device=resolve_device(cfg.device), dtype=getattr(torch, cfg.dtype))
 
 
@@ -82,10 +83,18 @@ def _hparam_error(cfg: Config, alg_name: str, e: Exception) -> ValueError:
 def build_algorithm(cfg: Config):
     entry = ALGORITHMS[cfg.algorithm.lower()]
     names = [f.name for f in dataclasses.fields(entry.cls)]
+    if "local_steps" in cfg.alg_opts:
+        # K is a run setting, not only the algorithm's: config.json, the setup line and the metrics' step
+        # read cfg.local_steps, so a second value here would record one K while the algorithm ran another
+        raise ValueError(f"--alg-opt {_opts_text({'local_steps': cfg.alg_opts['local_steps']})}: the number of "
+                         f"local steps is a run setting; give it with -K/--local-steps "
+                         f"(-K {_show(cfg.alg_opts['local_steps'])})")
     unknown = [k for k in cfg.alg_opts if k not in names]
     if unknown:
+        own = [n for n in names if n != "local_steps"]
+        k_note = "; the local steps: -K/--local-steps" if "local_steps" in names else ""
         raise ValueError(f"--alg-opt {_opts_text({k: cfg.alg_opts[k] for k in unknown})}: {entry.cls.name} has no "
-                         f"such hyper-parameter; its hyper-parameters: {', '.join(names)}")
+                         f"such hyper-parameter; its hyper-parameters: {', '.join(own)}{k_note}")
     try:
         return build(cfg.algorithm, cfg.lr, cfg.local_steps, cfg.alg_opts)
     except (ValueError, TypeError) as e:

@@ -15,8 +15,15 @@ def _read_config_file(path: str) -> dict:
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".toml", ".yaml", ".yml", ".json"):
         raise ValueError(f"config file {path}: use .toml, .yaml/.yml or .json")
-    with open(path, "rb") as f:
-        raw = f.read()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise ValueError(f"--config {path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"--config {path}: is a folder, not a config file") from None
+    except PermissionError:
+        raise ValueError(f"--config {path}: not allowed to read it (permission denied)") from None
     try:
         text = raw.decode()
     except UnicodeDecodeError as e:
@@ -81,9 +88,12 @@ def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
     ``args.file_keys``: the keys whose values came from the file (for error messages)."""
     base = _read_config_file(args.config) if getattr(args, "config", None) else {}
     base = {k.replace("-", "_"): v for k, v in base.items()}
-    from .config import Config
+    from .config import Config, check_given, unknown_keys_text
 
     names = {f.name for f in __import__("dataclasses").fields(Config)} | set(extra_keys)
+    unknown = [k for k in base if k not in names]
+    if unknown:  # only the file can hold one: argparse takes no unknown flag
+        raise ValueError(f"{args.config}: {unknown_keys_text(unknown, names)}")
     flags = set()
     for k, v in vars(args).items():
         if k not in names or (v is None and k in extra_keys):  # compare's -a not given: the file's list stands
@@ -96,6 +106,8 @@ def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
         else:
             base[k] = v
     args.file_keys = {k for k in base if k not in flags or k in _DICT_KEYS}
+    if "partition" not in _swept(args, base):  # a sweep over partitions uses eta in some points
+        check_given(base)
     if base.get("regularizers") and any(k in base for k in ("reg", "reg_opts")):
         from .config import ConfigError
 
@@ -106,6 +118,15 @@ def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
                           "give --reg (one penalty for the whole model) or --reg-param / a [regularizers] table (one "
                           "per parameter), not both; a '*' pattern gives the remaining parameters a default")
     return base
+
+
+def _swept(args, base: dict) -> set:
+    """The keys a sweep varies (--grid / --space, the file's grid / space tables)."""
+    keys = {k for k, _ in getattr(args, "grid_items", ())} | {k for k, _ in getattr(args, "space_items", ())}
+    for table in ("grid", "space"):
+        if isinstance(base.get(table), dict):
+            keys |= set(base[table])
+    return keys
 
 
 def _in_terms_of(args, e: Exception) -> Exception:

@@ -20,7 +20,7 @@ from typing import Optional
 
 from ..clients import EXECUTORS
 
-__all__ = ["Config", "ConfigError", "flag", "RESULT_KEYS", "EXECUTION_KEYS"]
+__all__ = ["Config", "ConfigError", "flag", "check_given", "RESULT_KEYS", "EXECUTION_KEYS"]
 
 
 class ConfigError(ValueError):
@@ -31,12 +31,22 @@ class ConfigError(ValueError):
         super().__init__(f"{flag(key)} {_show(value)}: {rule}")
 
     def in_file(self, path: str) -> "ConfigError":
-        """The same error, worded for a value that came from config file ``path``."""
+        """The same error, worded for a value that came from config file ``path``. A string given for
+        a key that takes no string keeps its quotes there (``rounds = '2'``): in a file, unlike on the
+        command line, the quotes are what made it a string, and without them
+        ``rounds = 2: must be an integer`` reads as a contradiction."""
         e = ConfigError(self.key, self.value, self.rule)
-        e.args = (f"{path}: {self.key} = {_show(self.value)}: {self.rule}",)
+        text_key = self.key == "regularizers" or "str" in str(_field_types().get(self.key, ""))
+        shown = repr(self.value) if isinstance(self.value, str) and not text_key else _show(self.value)
+        e.args = (f"{path}: {self.key} = {shown}: {self.rule}",)
         return e
 
 
+
+
+def _field_types() -> dict:
+    """Config field -> its annotation (text: this module has ``from __future__ import annotations``)."""
+    return {f.name: f.type for f in dataclasses.fields(Config)}
 
 
 def flag(key: str) -> str:
@@ -70,12 +80,17 @@ def _is_num(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
+def _got(v) -> str:
+    """', got a string' for a string where a number belongs ('2' in a config file, or from Python)."""
+    return ", got a string" if isinstance(v, str) else ""
+
+
 def _int(lo: int, none_ok: bool = False, what: str = ""):
     def check(v):
         if v is None and none_ok:
             return None
         if not _is_int(v) or v < lo:
-            return f"must be an integer >= {lo}{' or null' if none_ok else ''}{what}"
+            return f"must be an integer >= {lo}{' or null' if none_ok else ''}{what}{_got(v)}"
         return None
     return check
 
@@ -91,7 +106,7 @@ def _num(lo: float, open_lo: bool = True, hi: Optional[float] = None, open_hi: b
         if not ok:
             rng = f"{'>' if open_lo else '>='} {lo:g}" if hi is None else \
                 f"in {'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}"
-            return f"must be a finite number {rng}{' or null' if none_ok else ''}{what}"
+            return f"must be a finite number {rng}{' or null' if none_ok else ''}{what}{_got(v)}"
         return None
     return check
 
@@ -239,7 +254,7 @@ class Config:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
-            raise ValueError(f"unknown config key(s) {sorted(unknown)}; valid keys: {', '.join(sorted(names))}")
+            raise ValueError(unknown_keys_text(unknown, names))
         cfg = cls(**d)
         cfg.check()
         return cfg
@@ -274,6 +289,34 @@ class Config:
             raise ConfigError("clients_per_round", self.clients_per_round,
                               f"give {flag('participation')} (a fraction) or {flag('clients_per_round')} "
                               f"(a count), not both")
+
+
+def unknown_keys_text(unknown, valid) -> str:
+    """'unknown key(s) lrr; valid keys: ...' (the caller puts the file's name in front)."""
+    return f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; valid keys: {', '.join(sorted(valid))}"
+
+
+# The partition settings and the partitions that read them (data.federate). The others ignore them,
+# so a value given with another partition (--eta 0.1 without --partition dirichlet) would change
+# nothing, silently: check_given refuses it.
+PARTITION_KEYS = {"eta": ("dirichlet", "writers"), "min_size": ("dirichlet", "writers"),
+                  "shards_per_client": ("shards",)}
+
+
+def check_given(given: dict) -> None:
+    """Refuse settings the user gave (``given``: the command line's flags and the config file's keys,
+    not the defaults) that the run would ignore: a partition setting that ``--partition`` does not use.
+
+    Not part of :meth:`Config.check`: a Config holds every field, given or default, and the
+    config.json of a run made before this check may record such a value; it must still load and
+    resume (the value changed nothing then either)."""
+    partition = given.get("partition", Config.partition)
+    if not isinstance(partition, str) or partition.lower() not in _choices()["partition"]:
+        return  # Config.check names the bad partition
+    for key, users in PARTITION_KEYS.items():
+        if key in given and partition.lower() not in users:
+            raise ConfigError(key, given[key], f"applies only to --partition {' or '.join(users)} "
+                                               f"(got {partition})")
 
 
 # Settings that change how fast a run goes, not what it computes: they may differ when a run is

@@ -29,6 +29,7 @@ for a given input shape; ``MODELS`` lists the names.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Callable, Dict, Sequence, Tuple, Type, Union
 
@@ -48,7 +49,10 @@ __all__ = [
     "resnet50",
     "resnet101",
     "MODELS",
+    "MODEL_OPTIONS",
     "build_model",
+    "check_model_options",
+    "ModelOptionError",
     "count_parameters",
 ]
 
@@ -372,6 +376,8 @@ def _build_linear(in_shape: Shape, num_classes: int, **kw) -> nn.Module:
 
 
 def _build_mlp(in_shape: Shape, num_classes: int, **kw) -> nn.Module:
+    if isinstance(kw.get("hidden"), int):  # hidden=64: one hidden layer (the option's check allows it)
+        kw["hidden"] = (kw["hidden"],)
     return MLP(_features(in_shape), num_classes=num_classes, **kw)
 
 
@@ -417,13 +423,99 @@ def build_model(
 
     ``in_shape`` is ``(C, H, W)`` for images or ``(features,)`` (or an int)
     for flat data; the fully connected models accept either and use the
-    product of the dimensions.  Extra keyword arguments go to the model's
-    constructor (e.g. ``hidden=`` for ``mlp``/``sigmoid_net``/``cnn``).
+    product of the dimensions.  Extra keyword arguments are the model's
+    options, listed in ``MODEL_OPTIONS`` (e.g. ``hidden=`` for
+    ``mlp``/``sigmoid_net``/``cnn``); a name the model does not take or a
+    value of the wrong type raises ValueError naming the option.
     """
     key = name.lower()
     if key not in MODELS:
         raise ValueError(f"unknown model {name!r}; valid names: {', '.join(sorted(MODELS))}")
+    check_model_options(key, kw)
     shape = (int(in_shape),) if isinstance(in_shape, int) else tuple(int(v) for v in in_shape)
     if not shape or any(v < 1 for v in shape):
         raise ValueError(f"invalid in_shape {in_shape!r}")
     return MODELS[key](shape, num_classes, **kw)
+
+
+# --------------------------------------------------------------------------- #
+# Model options (``--model-opt`` / ``model_opts`` / build_model's keywords)
+# --------------------------------------------------------------------------- #
+# Each model's options and the rule of each value, checked before a constructor sees them: a wrong
+# name or type would otherwise surface as torch's own error ("empty(): argument 'size' must be
+# tuple of ints") or a constructor's TypeError, neither of which names the option.
+# The shape options (in_features, in_channels, input_size, num_classes) are not options: they
+# come from the data (build_model's ``in_shape`` and ``num_classes``).
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _positive_int(v) -> bool:
+    return _is_int(v) and v >= 1
+
+
+def _int_list(v) -> bool:
+    return isinstance(v, (list, tuple)) and all(_positive_int(h) for h in v)
+
+
+_RULES = {
+    "int>=1": (_positive_int, "must be an int >= 1"),
+    "int>=0": (lambda v: _is_int(v) and v >= 0, "must be an int >= 0"),
+    "layers": (lambda v: _positive_int(v) or _int_list(v),
+               "must be an int or a list of ints, each >= 1 (the hidden layers' widths)"),
+    "pair": (lambda v: _int_list(v) and len(v) == 2, "must be a list of two ints >= 1"),
+    "pool_padding": (lambda v: _is_int(v) and v in (0, 1), "must be 0 or 1 (the 2x2 max-pool's padding)"),
+    "bool": (lambda v: isinstance(v, bool), "must be true or false"),
+}
+
+_RESNET_OPTIONS = {"zero_init_residual": "bool"}
+
+#: model name -> {option: rule}; the options each model takes.
+MODEL_OPTIONS: Dict[str, Dict[str, str]] = {
+    "linear": {},
+    "mlp": {"hidden": "layers"},
+    "cnn": {"channels": "pair", "kernel_size": "int>=1", "padding": "int>=0", "pool_padding": "pool_padding",
+            "hidden": "int>=1"},
+    "sigmoid_net": {"hidden": "int>=1"},
+    "resnet18": _RESNET_OPTIONS,
+    "resnet34": _RESNET_OPTIONS,
+    "resnet50": _RESNET_OPTIONS,
+    "resnet101": _RESNET_OPTIONS,
+}
+
+
+class ModelOptionError(ValueError):
+    """A model option that the model does not take, or a value that breaks its rule; ``options``
+    are the names at fault (the command line shows them as ``--model-opt NAME=VALUE``)."""
+
+    def __init__(self, message: str, options: Sequence[str] = ()):  # default: unpickling passes the message alone
+        super().__init__(message)
+        self.options = tuple(options)
+
+
+def check_model_options(name: str, opts: dict) -> None:
+    """Raise :class:`ModelOptionError` (a ValueError) naming the option if ``opts`` has one that model
+    ``name`` does not take, or a value of the wrong type or range."""
+    key = name.lower()
+    options = MODEL_OPTIONS[key]
+    unknown = [k for k in opts if k not in options]
+    if unknown:
+        if not options:
+            raise ModelOptionError(f"model {key!r} takes no options (got {', '.join(map(str, unknown))})", unknown)
+        raise ModelOptionError(f"model {key!r} has no option(s) {', '.join(map(str, unknown))}; its options: "
+                               f"{', '.join(options)}", unknown)
+    for k, v in opts.items():
+        ok, rule = _RULES[options[k]]
+        if not ok(v):
+            shown = repr(v) if isinstance(v, str) else json.dumps(v) if _jsonable(v) else repr(v)
+            raise ModelOptionError(f"model {key!r}: {k} {rule}, got {shown}", [k])
+
+
+def _jsonable(v) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
