@@ -49,11 +49,23 @@ def _procs_with(marker: str) -> list:
 
 
 def _cli(args, tmp_path, **kw):
-    env = {**os.environ, "TMPDIR": str(tmp_path),
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONFAULTHANDLER": "1",  # see _output
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     return subprocess.Popen([sys.executable, "-m", "python_algos", "run", *args], env=env, cwd=str(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _output(p, timeout: float) -> str:
+    """What the command printed once it has exited; if it has not within ``timeout`` seconds, fail with
+    where it is stuck: SIGABRT makes Python's faulthandler (PYTHONFAULTHANDLER, set by _cli) print
+    every thread's stack."""
+    try:
+        return p.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)
+        out = p.communicate(timeout=60)[0]
+        pytest.fail(f"the command did not exit within {timeout:g} s; its output and stacks:\n{out[-6000:]}")
 
 
 def _rows(folder):
@@ -140,7 +152,7 @@ def test_a_killed_node_stops_the_run_and_the_resume_is_exact(tmp_path):
     while time.monotonic() < deadline and not (fl / "flower-checkpoint.pt").exists() and p.poll() is None:
         time.sleep(0.2)
     _kill_supernode(str(tmp_path), 1)
-    log, _ = p.communicate(timeout=400)
+    log = _output(p, 400)
     assert p.returncode == 1, log
     assert "client 1's SuperNode stopped during the run (killed by signal 9)" in log, log
     assert f"python -m python_algos run --resume {fl} --flower" in log, log
@@ -152,7 +164,7 @@ def test_a_killed_node_stops_the_run_and_the_resume_is_exact(tmp_path):
     assert _procs_with(str(tmp_path)) == []
 
     p = _cli(["--resume", str(fl), "--flower"], tmp_path)
-    log, _ = p.communicate(timeout=500)
+    log = _output(p, 500)
     assert p.returncode == 0, log
     assert f"resuming {fl} from round {done} (the server's checkpoint), up to round 3" in log
     want, got = torch.load(one / "model.pt"), torch.load(fl / "model.pt")
@@ -183,7 +195,7 @@ def test_ctrl_c_ends_every_process_and_leaves_a_resumable_folder(tmp_path):
     assert _procs_with(str(tmp_path)), "the deployment did not start"
     time.sleep(3)
     p.send_signal(signal.SIGINT)
-    log, _ = p.communicate(timeout=120)
+    log = _output(p, 120)
     assert p.returncode == 130, log
     assert f"resume with: python -m python_algos run --resume {out} --flower" in log, log
     with open(out / "summary.json") as f:

@@ -86,7 +86,9 @@ def test_a_killed_supernode_stops_the_run_naming_the_client_and_the_run_resumes_
     import time
 
     server = tmp_path / "server.pt"
-    cfg = _config(rounds=3, **{"num-clients": 3, "round-timeout": 20.0, "algorithm": "scaffold",
+    # round-timeout: long enough for a round on a slow or loaded 2-core machine (each message starts a
+    # ClientApp process: ~5 s of imports there), since the dead node is found only when it runs out
+    cfg = _config(rounds=3, **{"num-clients": 3, "round-timeout": 45.0, "algorithm": "scaffold",
                                "clients-per-round": 2, "checkpoint": str(server)})
     # watch_nodes=False: the server must find the dead node itself (its round timeout)
     with LocalDeployment(3, env=_env(), node_config={"state-dir": str(tmp_path / "nodes")},

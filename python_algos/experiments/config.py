@@ -36,7 +36,9 @@ class ConfigError(ValueError):
         command line, the quotes are what made it a string, and without them
         ``rounds = 2: must be an integer`` reads as a contradiction."""
         e = ConfigError(self.key, self.value, self.rule)
-        text_key = self.key == "regularizers" or "str" in str(_field_types().get(self.key, ""))
+        # option tables (reg_opts = {...}) are shown as the KEY=VALUE text the error rendered: no quotes
+        text_key = (self.key == "regularizers" or self.key.endswith("_opts")
+                    or "str" in str(_field_types().get(self.key, "")))
         shown = repr(self.value) if isinstance(self.value, str) and not text_key else _show(self.value)
         e.args = (f"{path}: {self.key} = {shown}: {self.rule}",)
         return e
