@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import _dist_cases as C
+from _signals import sigint_as_in_a_terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = {"wall_time", "elapsed", "prox_time", "grad_time", "fwd_bwd_time", "sent_bytes", "recv_bytes"}
@@ -169,12 +170,6 @@ def test_unsupported_inner_executor_is_rejected():
 CLI = ["run", "--dataset", "synthetic", "-N", "7", "--model", "mlp", "--model-opt", "hidden=[8]", "--dtype",
        "float64", "-B", "8", "--lr", "0.05", "-K", "3", "--checkpoint-every", "2", "--executor", "sequential",
        "--no-progress", "--no-plot"]  # a pinned executor: "auto" may pick another one per process, which changes the last bits
-
-
-def _sigint_as_in_a_terminal():
-    """Give the child the SIGINT a terminal gives it. A job started with `&` from a script (as CI may
-    start the tests) inherits SIGINT *ignored*, and Python keeps it ignored, so Ctrl-C would do nothing."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _env(**extra):
@@ -395,7 +390,7 @@ def test_ctrl_c_under_workers_writes_the_summary_once_and_resumes_in_one_process
     out = tmp_path / "cc"
     p = subprocess.Popen([sys.executable, "-m", "python_algos", *CLI, "-a", "fedavg", "-T", "100000", "--workers", "2",
                           "--out", str(out)], env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True, preexec_fn=_sigint_as_in_a_terminal)
+                         text=True, start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
     try:
         deadline = time.monotonic() + 120
         metrics = out / "metrics.jsonl"

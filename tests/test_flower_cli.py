@@ -26,6 +26,8 @@ from python_algos.experiments import flower_run  # noqa: E402
 from python_algos.experiments.cli import main  # noqa: E402
 from python_algos.simulate import History  # noqa: E402
 
+from _signals import sigint_as_in_a_terminal  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ["--dataset", "sparse_logistic", "--data-opt", "n=240", "--data-opt", "dim=12", "-N", "3", "-T", "2", "-B", "8",
         "--dtype", "float64", "--executor", "sequential", "--seed", "3", "--no-progress", "--no-plot"]
@@ -53,7 +55,8 @@ def _cli(args, tmp_path, **kw):
            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     return subprocess.Popen([sys.executable, "-m", "python_algos", "run", *args], env=env, cwd=str(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=sigint_as_in_a_terminal, **kw)
 
 
 def _output(p, timeout: float) -> str:

@@ -22,6 +22,8 @@ from python_algos.experiments.config import Config
 from python_algos.experiments.run import run_experiment
 from python_algos.runfolder.files import read_metrics
 
+from _signals import sigint_as_in_a_terminal
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(algorithm="fedcanon", dataset="sparse_logistic", data_opts={"n": 160, "dim": 8, "nnz": 3},
             num_clients=4, lr=0.1, local_steps=2, rounds=6, batch_size=10, reg="l1", reg_strength=0.01,
@@ -51,12 +53,6 @@ def folder_state(path, mtime: bool = False) -> dict:
 
 def params_of(run_dir) -> torch.Tensor:
     return torch.load(os.path.join(run_dir, "model.pt"), weights_only=True)["params"]
-
-
-def sigint_as_in_a_terminal():
-    """Give the child the SIGINT a terminal gives it. A job started with `&` from a script (as CI may
-    start the tests) inherits SIGINT *ignored*, and Python keeps it ignored, so Ctrl-C would do nothing."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def env_for_subprocess(**extra):
