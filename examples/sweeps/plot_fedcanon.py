@@ -47,6 +47,7 @@ def fig1(sweep: str, out: str, formats) -> list:
 
 def fig2(sweep: str, out: str, formats) -> list:
     from python_algos.experiments.plotting import plot_runs, pyplot
+    from python_algos.experiments.plotting.style import save_figure
 
     pts = _points(sweep)
     etas = list(dict.fromkeys(p["point"]["eta"] for p in pts))
@@ -72,10 +73,7 @@ def fig2(sweep: str, out: str, formats) -> list:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    for ext in formats:
-        f = os.path.join(out, f"fedcanon_fig2_acc_vs_skew.{ext}")
-        fig.savefig(f, dpi=110)
-        files.append(f)
+    files += save_figure(fig, out, "fedcanon_fig2_acc_vs_skew", formats, 110)
     plt.close(fig)
     return files
 

@@ -13,7 +13,7 @@ from .axes import line_plot
 from .curves import DEFAULT_METRICS, available_metrics, check_metrics, series
 from .heading import setup_line
 from .runs import find_runs, group_seeds, load_run
-from .style import DEFAULT_FORMATS, FORMATS, RC, parse_formats, pyplot
+from .style import DEFAULT_FORMATS, FORMATS, RC, parse_formats, pyplot, save_figure
 
 __all__ = ["plot_runs", "merge_identical"]
 
@@ -105,10 +105,7 @@ def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Opti
     files = []
 
     def save(fig, base: str, dpi: int) -> None:
-        for ext in formats:
-            f = os.path.join(out_dir, f"{base}.{ext}")
-            fig.savefig(f, dpi=dpi)
-            files.append(f)
+        files.extend(save_figure(fig, out_dir, base, formats, dpi))
 
     with plt.rc_context(RC):
         for m in metrics if per_metric else ():

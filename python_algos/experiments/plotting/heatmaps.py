@@ -5,11 +5,10 @@
 from __future__ import annotations
 
 import math
-import os
 
 from .figures import plot_runs
 from .runs import display_name
-from .style import DEFAULT_FORMATS, RC, TITLES, parse_formats, pyplot
+from .style import DEFAULT_FORMATS, RC, TITLES, parse_formats, pyplot, save_figure
 
 __all__ = ["plot_sweep", "heatmap_data"]
 
@@ -76,10 +75,7 @@ def plot_sweep(out_dir: str, result: dict, grid: dict, select_metric: str, selec
             ax.set_title(f"{display_name(a)}: {select_name} over {rk} × {ck}"
                          + ("" if finite else " (no completed point)"), fontsize=10)
             fig.tight_layout()
-            for ext in formats:
-                f = os.path.join(out_dir, f"heatmap-{a}.{ext}")
-                fig.savefig(f, dpi=130)
-                files.append(f)
+            files += save_figure(fig, out_dir, f"heatmap-{a}", formats, 130)
             plt.close(fig)
     best = result["best"]
     if best:

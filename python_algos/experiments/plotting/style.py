@@ -6,6 +6,8 @@ log axis or are fractions in [0, 1], and the markers and line styles that tell r
 
 from __future__ import annotations
 
+import os
+
 __all__ = ["FORMATS", "DEFAULT_FORMATS", "parse_formats", "pyplot", "RC", "TITLES", "LOG_METRICS", "UNIT_METRICS",
            "MARKERS", "LINE_STYLES"]
 
@@ -50,6 +52,16 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, out_dir: str, base: str, formats, dpi: int) -> list:
+    """``fig`` written as ``out_dir/base.<ext>`` in each of ``formats``; the paths written."""
+    files = []
+    for ext in formats:
+        f = os.path.join(out_dir, f"{base}.{ext}")
+        fig.savefig(f, dpi=dpi)
+        files.append(f)
+    return files
 
 
 def parse_formats(formats) -> tuple:
