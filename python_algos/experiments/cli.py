@@ -257,6 +257,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     handler = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "demo": cmd_demo, "plot": cmd_plot,
                "algorithms": cmd_algorithms}[args.command]
     from .run import Interrupted
+    from ..runfolder.signals import exit_code, terminate_as_interrupt
 
     with warnings.catch_warnings():
         warnings.showwarning = _showwarning
@@ -268,7 +269,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 from .tensorboard import live_events
 
                 live = live_events()
-            with live:  # entering checks the package: before any run, not found at the end
+            # SIGTERM / SIGHUP take Ctrl-C's path: the folder is closed as interrupted, children end
+            with terminate_as_interrupt(), live:  # entering `live` checks the package before any run
                 code = handler(args)
         except (DataNotFoundError, FileNotFoundError, ValueError, RuntimeError) as e:
             where = f" on rank {launch.rank()} of {launch.world_size()}" if launch.distributed() else ""
@@ -281,12 +283,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       f"{os.path.join(e.summary['out_dir'], 'summary.json')}\nresume with: "
                       f"{e.summary['resume_command']}", file=sys.stderr)
             launch.leave_interrupted()
-            return 130
-        except KeyboardInterrupt:  # before a run folder existed, or while it was being finished
+            return exit_code(e)
+        except KeyboardInterrupt as e:  # before a run folder existed, or while it was being finished
             if launch.is_main():
                 print("\ninterrupted", file=sys.stderr)
             launch.leave_interrupted()
-            return 130
+            return exit_code(e)
         launch.finish()
         return code
 
