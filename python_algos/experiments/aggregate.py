@@ -5,9 +5,15 @@
     stats_cell(final_stats(summaries)["f+h"])                     # "0.3312 ± 0.0021"
 
 Every numeric metric of the rows is aggregated round by round over the seeds that logged it at
-that round (``n`` counts them; a seed that stopped early, or logged the metric at other rounds,
-does not enter the rounds it lacks). ``std`` is the sample standard deviation (n − 1 in the
-denominator; 0 for one seed), the usual error bar of a mean over independent seeds.
+that round (``n`` counts them; a seed that logged the metric at other rounds does not enter the
+rounds it lacks). ``std`` is the sample standard deviation (n − 1 in the denominator; 0 for one
+seed), the usual error bar of a mean over independent seeds.
+
+The files and the table cover the seeds that **completed** (:func:`counted`), in every round and
+every column alike. A seed that diverged is left out whole: its last row holds metrics of a NaN/Inf
+model (accuracy and sparsity still finite, f+h not), and taking only the finite ones would average
+each column over other seeds. The table says how many seeds each number covers ("2 of 3") and
+names the seeds left out and why.
 
 Files (written next to the seed folders by :func:`write_aggregate`):
 
@@ -25,10 +31,11 @@ import os
 import re
 from typing import Dict, List, Optional, Sequence
 
+from .tables import column_name, format_number, format_table
 from ..runfolder.files import _atomic_text, _write_json, _write_jsonl
 
 __all__ = ["stats", "aggregate_rows", "final_stats", "stats_cell", "seed_table", "write_aggregate", "seed_of",
-           "group_key", "TABLE_METRICS", "SEED_DIR"]
+           "group_key", "counted", "left_out", "TABLE_METRICS", "SEED_DIR"]
 
 SEED_DIR = "seed-{}"  # the folder of one seed inside an experiment's folder
 _SEED_RE = re.compile(r"^seed-(\d+)$")
@@ -44,9 +51,38 @@ def stats(values: Sequence[float]) -> dict:
     """``{"mean", "std", "min", "max", "n"}`` of finite numbers (std: sample std, 0 for one value)."""
     vals = [float(v) for v in values]
     n = len(vals)
-    mean = math.fsum(vals) / n
-    std = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+    try:
+        mean = math.fsum(vals) / n
+    except OverflowError:  # values near the largest float: their sum overflows, their mean does not
+        mean = math.fsum(v / n for v in vals)
+    dev = [v - mean for v in vals]
+    # the squares scaled by the largest deviation: a finite 1e200 must not overflow the sum of squares
+    scale = max(abs(d) for d in dev) or 1.0
+    std = scale * math.sqrt(math.fsum((d / scale) ** 2 for d in dev) / (n - 1)) if n > 1 else 0.0
     return {"mean": mean, "std": std, "min": min(vals), "max": max(vals), "n": n}
+
+
+COUNTED = "completed"  # the status of a seed whose numbers enter the statistics
+
+
+def counted(summaries: Sequence[dict]) -> List[int]:
+    """The positions of the seeds whose metrics enter the statistics: those that completed."""
+    return [i for i, s in enumerate(summaries) if (s or {}).get("status") == COUNTED]
+
+
+def left_out(group: dict) -> List[str]:
+    """``"seed 3 diverged at round 12: f+h = nan"``: each seed of ``group`` left out, and why."""
+    seeds = group.get("seeds") or list(range(len(group["summaries"])))
+    keep = set(counted(group["summaries"]))
+    out = []
+    for i, (seed, s) in enumerate(zip(seeds, group["summaries"])):
+        if i not in keep:
+            s = s or {}
+            why = s.get("status", "missing")
+            if why == "diverged" and s.get("rounds_done") is not None:
+                why += f" at round {s['rounds_done']}"
+            out.append(f"seed {seed} {why}")
+    return out
 
 
 def aggregate_rows(runs_rows: Sequence[Sequence[dict]]) -> List[dict]:
@@ -84,55 +120,55 @@ def final_stats(summaries: Sequence[dict]) -> dict:
     return {k: stats(v) for k, v in vals.items()}
 
 
-def _fmt(v: float) -> str:
-    if not math.isfinite(v):
-        return str(v)
-    if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
-        return f"{v:.3e}"
-    return f"{v:.4g}"
-
-
 def stats_cell(s: Optional[dict]) -> Optional[str]:
     """``"mean ± std"`` (just the mean for one seed); None for a missing metric."""
     if not s:
         return None
-    return _fmt(s["mean"]) if s.get("n", 2) == 1 else f"{_fmt(s['mean'])} ± {_fmt(s['std'])}"
+    return format_number(s["mean"]) if s.get("n", 2) == 1 else f"{format_number(s['mean'])} ± {format_number(s['std'])}"
+
+
+def _status(summaries: Sequence[dict]) -> str:
+    statuses = [(x or {}).get("status", "missing") for x in summaries]
+    if all(st == "completed" for st in statuses):
+        return "completed"
+    return ", ".join(f"{statuses.count(st)} {st}" for st in dict.fromkeys(statuses))
 
 
 def seed_table(groups: Sequence[dict], metric_step: Optional[float] = None, first: str = "algorithm") -> str:
-    """Markdown table of final metrics as mean ± std, one row per group ``{"label", "summaries"}``."""
-    from .compare import format_table
-
-    finals = [final_stats(g["summaries"]) for g in groups]
+    """Markdown table of final metrics as mean ± std over the completed seeds, one row per group
+    ``{"label", "summaries", "seeds"}``; the column "seeds" says how many seeds each number covers,
+    and a note below the table names the seeds left out (:func:`left_out`)."""
+    finals = [final_stats([g["summaries"][i] for i in counted(g["summaries"])]) for g in groups]
     keys = [k for k in TABLE_METRICS if any(k in f for f in finals)]
     if "test_acc" in keys and "train_acc" in keys:
         keys.remove("train_acc")
-    s = f" (s={metric_step:g})" if metric_step else ""
-    names = {"grad_map_sq": f"‖G_s‖²{s}", "test_acc": "test acc", "train_acc": "train acc",
-             "support_f1": "support F1"}
-    header = [first, "seeds", *(names.get(k, k) for k in keys), "status"]
-    rows = []
+    header = [first, "seeds", *(column_name(k, metric_step) for k in keys), "status"]
+    rows, notes = [], []
     for g, f in zip(groups, finals):
-        statuses = [x.get("status", "missing") for x in g["summaries"]]
-        done = sum(st == "completed" for st in statuses)
-        status = "completed" if done == len(statuses) else ", ".join(
-            f"{statuses.count(st)} {st}" for st in dict.fromkeys(statuses))
-        rows.append([g["label"], len(g["summaries"]), *(stats_cell(f.get(k)) for k in keys), status])
-    return format_table(header, rows)
+        n, total = len(counted(g["summaries"])), len(g["summaries"])
+        rows.append([g["label"], f"{n} of {total}", *(stats_cell(f.get(k)) for k in keys), _status(g["summaries"])])
+        out = left_out(g)
+        if out:
+            notes.append(f"{g['label']}: {'; '.join(out)}: left out of every column")
+    return "\n".join([format_table(header, rows), *notes])
 
 
 def write_aggregate(out_dir: str, groups: Sequence[dict], metric_step: Optional[float] = None) -> str:
-    """Write aggregate.jsonl / .json / .md for ``groups`` (``{"label", "summaries", "rows"}``, ``rows``
-    being each seed's metrics rows); returns the table. Every file is replaced atomically."""
+    """Write aggregate.jsonl / .json / .md for ``groups`` (``{"label", "seeds", "summaries", "rows"}``,
+    ``rows`` being each seed's metrics rows); returns the table. The statistics cover the completed
+    seeds (module docstring); every file is replaced atomically."""
     lines, record = [], {}
     for g in groups:
-        lines += [{"label": g["label"], **r} for r in aggregate_rows(g["rows"])]
+        keep = counted(g["summaries"])
+        lines += [{"label": g["label"], **r} for r in aggregate_rows([g["rows"][i] for i in keep])]
         record[g["label"]] = {"seeds": g.get("seeds"), "statuses": [s.get("status") for s in g["summaries"]],
                               "folders": [s.get("out_dir") for s in g["summaries"]],
-                              "final": final_stats(g["summaries"])}
+                              "counted": len(keep), "left_out": left_out(g),
+                              "final": final_stats([g["summaries"][i] for i in keep])}
     table = seed_table(groups, metric_step)
     _write_jsonl(os.path.join(out_dir, "aggregate.jsonl"), lines)
-    _write_json(os.path.join(out_dir, "aggregate.json"), {"std": "sample (n - 1)", "groups": record})
+    _write_json(os.path.join(out_dir, "aggregate.json"), {"std": "sample (n - 1)", "counted": COUNTED,
+                                                          "groups": record})
     _atomic_text(os.path.join(out_dir, "aggregate.md"), table + "\n")
     return table
 

@@ -52,7 +52,8 @@ def _tb_hook(args):
 def _seeds_done(result: dict, args, flat) -> int:
     print(result["table"])
     out = result["out_dir"]
-    print(f"mean ± std over {len(result['seeds'])} seeds (seeds {', '.join(map(str, result['seeds']))}); results "
+    print(f"mean ± std over the seeds that completed, of {len(result['seeds'])} (seeds "
+          f"{', '.join(map(str, result['seeds']))}); results "
           f"written to {out}  (per-round statistics: {os.path.join(out, 'aggregate.jsonl')})")
     _figure(out, args)
     return 3 if any(s.get("status") == "diverged" for s in flat) else 0

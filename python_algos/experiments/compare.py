@@ -8,7 +8,6 @@ A comparison (:func:`compare_experiments`) is a folder of run folders, one per a
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Callable, Optional, Sequence
 
@@ -18,9 +17,10 @@ from .folders import compare_resume_command, resume_command
 from .build import prepare_data
 from .prepare import check_algorithm_names, prepare_run
 from .run import Interrupted, execute_run
-from ..runfolder.files import RunExistsError, RunFolderError, _atomic_text, _write_json
+from .tables import column_name, format_table
+from ..runfolder.files import RunExistsError, RunFolderError, _atomic_text, _write_json, read_summary
 
-__all__ = ["compare_experiments", "comparison_table", "format_table"]
+__all__ = ["compare_experiments", "comparison_table", "format_table", "finished_run", "kept_message"]
 
 
 def _read_comparison(out_dir: str) -> dict:
@@ -81,12 +81,7 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
         c = cfg.replace(algorithm=name, alg_opts=dict(alg_opts.get(name, {})))
         run_dir = os.path.join(out_dir, name)
         try:
-            done = None
-            if resume and os.path.isfile(os.path.join(run_dir, "summary.json")):
-                with open(os.path.join(run_dir, "summary.json")) as f:
-                    done = json.load(f)
-                if done.get("status") != "completed" or done.get("rounds") != c.rounds:
-                    done = None
+            done = finished_run(run_dir, c.rounds) if resume else None
             if done is not None:
                 plans[name] = done
             elif resume and os.path.isfile(os.path.join(run_dir, "config.json")):
@@ -112,7 +107,7 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
     for name in algorithms:
         plan = plans[name]
         if isinstance(plan, dict):
-            log(f"{name}: already completed in {plan.get('out_dir')}, kept")
+            log(f"{name}: {kept_message(plan)}")
             summaries.append(plan)
             continue
         try:
@@ -129,37 +124,35 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
     return summaries
 
 
+def finished_run(run_dir: str, rounds: int) -> Optional[dict]:
+    """The summary of the run in ``run_dir`` if it is finished, else None. A resume continues only
+    the others (interrupted, or never summarized). Finished: completed to ``rounds`` (a resume
+    asking for more rounds extends it), or diverged (resumed from its last good checkpoint, it
+    would diverge again, rewriting its files on every resume)."""
+    s = read_summary(run_dir)  # None: missing or unreadable (a kill while writing it)
+    if s is None:
+        return None
+    if s.get("status") == "diverged" or (s.get("status") == "completed" and s.get("rounds") == rounds):
+        return s
+    return None
+
+
+def kept_message(summary: dict) -> str:
+    """What a resume says of a finished run it keeps (:func:`finished_run`)."""
+    if summary.get("status") == "diverged":
+        return (f"diverged at round {summary.get('rounds_done')}, kept as it is in {summary.get('out_dir')} (a "
+                f"resume continues interrupted runs only; this one would diverge again)")
+    return f"already completed in {summary.get('out_dir')}, kept"
+
+
 def comparison_table(summaries: Sequence[dict], metric_step: Optional[float] = None) -> str:
-    """Markdown table of final metrics, one row per run summary."""
-    s = f" (s={metric_step:g})" if metric_step else ""
+    """Markdown table of final metrics, one row per run summary (headings: :func:`.tables.column_name`)."""
     finals = [r.get("final") or {} for r in summaries]
-    cols = [("algorithm", "label"), ("f+h", "f+h"), (f"‖G_s‖²{s}", "grad_map_sq"), ("sparsity", "sparsity")]
+    keys = ["f+h", "grad_map_sq", "sparsity"]
     acc = next((k for k in ("test_acc", "train_acc") if any(k in f for f in finals)), None)
-    if acc:
-        cols.append((acc.replace("_", " "), acc))
-    if any("support_f1" in f for f in finals):
-        cols.append(("support F1", "support_f1"))
-    cols += [("time (s)", "elapsed"), ("status", "status")]
-    rows = [[r.get(k) if k in ("label", "elapsed", "status") else f.get(k) for _, k in cols]
+    keys += [acc] if acc else []
+    keys += ["support_f1"] if any("support_f1" in f for f in finals) else []
+    header = ["algorithm", *(column_name(k, metric_step) for k in keys), column_name("elapsed"), "status"]
+    rows = [[r.get("label"), *(f.get(k) for k in keys), r.get("elapsed"), r.get("status")]
             for r, f in zip(summaries, finals)]
-    return format_table([c[0] for c in cols], rows)
-
-
-def format_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
-    """A markdown table; floats with 4 significant digits."""
-
-    def cell(v):
-        if v is None:
-            return "–"
-        if isinstance(v, float):
-            if not math.isfinite(v):
-                return str(v)
-            if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
-                return f"{v:.3e}"
-            return f"{v:.4g}"
-        return str(v)
-
-    cells = [[cell(v) for v in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
-    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
-    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells)])
+    return format_table(header, rows)

@@ -23,7 +23,7 @@ from typing import Callable, List, Optional, Sequence
 
 from .aggregate import SEED_DIR, write_aggregate
 from .config import Config, ConfigError
-from ..runfolder.files import RunFolderError, _write_json, read_metrics, read_summary
+from ..runfolder.files import RunFolderError, _write_json, read_metrics
 
 __all__ = ["parse_seed_list", "seed_list", "seed_configs", "run_seeds", "compare_seeds", "is_seeds_folder",
            "read_seeds", "SEEDS_FILE"]
@@ -108,11 +108,6 @@ def _fresh_folder_check(out_dir: str, kind: str) -> None:
                              f"--resume {shlex.quote(out_dir)}`, or choose another --out (nothing was changed)")
 
 
-def _completed(run_dir: str, rounds: int) -> Optional[dict]:
-    s = read_summary(run_dir)
-    return s if s is not None and s.get("status") == "completed" and s.get("rounds") == rounds else None
-
-
 def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: str, *, reseed_data: bool = False,
               resume: bool = False, rounds: Optional[int] = None, progress: bool = True,
               log: Callable[[str], None] = print, after_run: Optional[Callable[[str], None]] = None) -> dict:
@@ -123,6 +118,7 @@ def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: st
     called after each seed's run (e.g. to write TensorBoard events). Ctrl-C raises
     :class:`~.run.Interrupted` whose ``resume_command`` resumes the whole experiment.
     """
+    from .compare import finished_run, kept_message
     from .prepare import prepare_run
     from .run import Interrupted, execute_run
 
@@ -136,7 +132,7 @@ def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: st
     plans = []
     for s, c in seed_configs(cfg, seeds, reseed_data):  # every check first: nothing is written on an error
         d = os.path.join(out_dir, SEED_DIR.format(s))
-        done = _completed(d, c.rounds) if resume else None
+        done = finished_run(d, c.rounds) if resume else None
         if done is not None:
             plans.append((d, done))
         elif resume and os.path.isfile(os.path.join(d, "config.json")):
@@ -149,7 +145,7 @@ def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: st
     summaries = []
     for d, plan in plans:
         if isinstance(plan, dict):
-            log(f"{os.path.basename(d)}: already completed, kept")
+            log(f"{os.path.basename(d)}: {kept_message(plan)}")
             summaries.append(plan)
             continue
         try:
