@@ -282,12 +282,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"\ninterrupted: {e.summary['message']}; the summary so far is in "
                       f"{os.path.join(e.summary['out_dir'], 'summary.json')}\nresume with: "
                       f"{e.summary['resume_command']}", file=sys.stderr)
-            launch.leave_interrupted()
+            launch.leave_interrupted(exit_code(e))
             return exit_code(e)
         except KeyboardInterrupt as e:  # before a run folder existed, or while it was being finished
             if launch.is_main():
                 print("\ninterrupted", file=sys.stderr)
-            launch.leave_interrupted()
+            launch.leave_interrupted(exit_code(e))
             return exit_code(e)
         launch.finish()
         return code

@@ -52,12 +52,14 @@ KILL_ENV = "_FEDKERNELS_TEST_KILL_AT_ROUND"  # test hook: SIGKILL the process af
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a run, after its summary (status ``"interrupted"``) was written; ``summary``
-    holds it, including ``resume_command``."""
+    """Ctrl-C (or SIGTERM / SIGHUP: :mod:`python_algos.runfolder.signals`) during a run, after its
+    summary (status ``"interrupted"``) was written; ``summary`` holds it, including
+    ``resume_command``; ``signum`` the signal that stopped it (the exit status is 128 + it)."""
 
-    def __init__(self, summary: dict):
+    def __init__(self, summary: dict, signum: int = int(signal.SIGINT)):
         super().__init__(summary.get("message"))
         self.summary = summary
+        self.signum = int(signum)
 
 
 def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None,
@@ -195,8 +197,9 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
                         executor=executor, executor_options=executor_options)
     except ckpt.Diverged as e:
         status["diverged"] = str(e)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         status["interrupted"] = True
+        status["signum"] = getattr(e, "signum", int(signal.SIGINT))  # a Terminated names SIGTERM / SIGHUP
     finally:
         bar.close()
         metrics_file.close()
@@ -246,7 +249,7 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
                                  if last_ckpt is not None else "no checkpoint was written, so it restarts at round 0"))
         if main:
             _write_json(os.path.join(out_dir, "summary.json"), summary)
-        raise Interrupted(summary)
+        raise Interrupted(summary, status["signum"])
     if status["diverged"]:
         keep = (f"the last good checkpoint (round {saver.last_round}) is kept in {ckpt_path}"
                 if saver.last_round is not None else

@@ -31,7 +31,8 @@ class Terminated(KeyboardInterrupt):
 
 def exit_code(exc: BaseException) -> int:
     """The shell's exit status for a command stopped by ``exc``: 128 + the signal's number."""
-    return 128 + (exc.signum if isinstance(exc, Terminated) else int(signal.SIGINT))
+    signum = getattr(exc, "signum", None)  # a Terminated, or an exception that kept its signal (run.Interrupted)
+    return 128 + (int(signum) if signum is not None else int(signal.SIGINT))
 
 
 def _raise(signum, _frame):
