@@ -72,7 +72,8 @@ SLOW = pytest.mark.slow  # the same paths as the fast cases, with another signal
     ("run", signal.SIGTERM), ("run", signal.SIGHUP),
     ("compare", signal.SIGTERM), pytest.param("compare", signal.SIGHUP, marks=SLOW),
     pytest.param("compare", signal.SIGINT, marks=SLOW),
-    pytest.param("seeds", signal.SIGTERM, marks=SLOW), ("seeds", signal.SIGHUP), pytest.param("seeds", signal.SIGINT, marks=SLOW),
+    pytest.param("seeds", signal.SIGTERM, marks=SLOW), ("seeds", signal.SIGHUP),
+    pytest.param("seeds", signal.SIGINT, marks=SLOW),
 ], ids=_name)
 def test_a_stop_signal_leaves_a_resumable_folder(tmp_path, command, sig):
     argv, runs = COMMANDS[command]
