@@ -37,6 +37,50 @@ def test_demo_entry_point(tmp_path):
         assert f"figure: {fig}" in p.stdout and fig.stat().st_size > 1000
     assert "round 3/3" in p.stderr  # progress lines when stderr is not a terminal
     assert "FedAvg is a smooth method" in p.stderr
+    _check_verdict(p.stdout.strip().splitlines()[-1], tmp_path / "demo")
+
+
+_DISPLAY = {"fedcanon": "FedCanon", "fedavg": "FedAvg", "za1": "ZA1", "fednmap": "FedNMap", "fedmid": "FedMiD"}
+
+
+def _check_verdict(line, out):
+    """The demo's last line against its metrics files (numpy): the lowest final f+h, the highest final
+    support F1, and a "coincide" note exactly for the pairs whose f+h curves agree to 1e-4 (relative)
+    over the second half of the rounds."""
+    import numpy as np
+
+    rows = {n: read_metrics(out / n) for n in _DISPLAY}
+    fh = {n: np.array([r["f+h"] for r in rows[n]]) for n in rows}
+    best = min(fh, key=lambda n: fh[n][-1])
+    assert line.startswith(f"lowest f+h: {_DISPLAY[best]} ("), line
+    f1 = {n: rows[n][-1]["support_f1"] for n in rows}
+    top = [_DISPLAY[n] for n in rows if f1[n] == max(f1.values())]
+    assert f"best support recovery: {(', '.join(top[:-1]) + ' and ' + top[-1]) if len(top) > 1 else top[0]}" in line
+    names = list(rows)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            t = np.arange(len(fh[a]))
+            rel = np.abs(fh[a] - fh[b]) / np.maximum(np.abs(fh[a]), np.abs(fh[b]))
+            together = bool((rel[t >= t[-1] / 2] < 1e-4).all())
+            assert (f"{_DISPLAY[a]} and {_DISPLAY[b]} coincide" in line) == together, (a, b, line)
+
+
+def test_verdict_names_a_pair_of_identical_curves(tmp_path):
+    """Two runs of one config are the same trajectory: the verdict line says they coincide, and
+    names them both where they tie for the lowest f+h."""
+    from python_algos.experiments.compare import verdict_line
+    from python_algos.experiments.run import run_experiment
+    from test_run_folders import quiet, tiny
+
+    sums = [run_experiment(tiny(**kw), str(tmp_path / label), label=label, progress=False, log=quiet)
+            for label, kw in (("a", {}), ("b", {}), ("c", {"algorithm": "fedmid"}))]
+    for s, name in zip(sums, ("A", "B", "C")):
+        s["algorithm"] = name  # display names that tell the two identical runs apart
+    line = verdict_line(sums)
+    assert "A and B coincide (the same trajectory" in line, line
+    assert "A and C coincide" not in line and "B and C coincide" not in line
+    fa, fc = read_metrics(tmp_path / "a")[-1]["f+h"], read_metrics(tmp_path / "c")[-1]["f+h"]
+    assert line.startswith("lowest f+h: A and B (" if fa < fc else "lowest f+h: C ("), line
 
 
 def test_run_with_config_file_and_flag_override(tmp_path):
@@ -390,3 +434,27 @@ def test_compare_resume_keeps_the_checkpoint_interval_and_says_what_it_accepts(t
     err = capsys.readouterr().err
     assert err.startswith("error: --resume takes its settings from") and "(got --checkpoint-every)" in err
     assert "only --rounds, --workers, --no-progress, --formats, --no-plot, --band and --tensorboard may" in err
+
+
+def test_metric_names_are_the_same_words_in_every_table(tmp_path, capsys):
+    """One run's table, a comparison's and a seeds table head each metric with the same words
+    (issue 26: `grad_map_sq` in one, `‖G_s‖²` in another)."""
+    from python_algos.experiments.tables import column_name
+
+    def header(text):
+        line = next(ln for ln in text.splitlines() if ln.startswith("| ") and ("round" in ln or "algorithm" in ln))
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    step = 0.1 * 2  # lr·K: the s of ‖G_s‖² in every table below
+    common = [*TINY, "-T", "2", "--no-progress", "--metric-step", str(step)]
+    assert main(["run", "-a", "fedcanon", *common, "--out", str(tmp_path / "r")]) == 0
+    run = header(capsys.readouterr().out)
+    assert main(["compare", "-a", "fedcanon", "fedavg", *common, "--out", str(tmp_path / "c")]) == 0
+    cmp_ = header(capsys.readouterr().out)
+    assert main(["compare", "-a", "fedcanon", "fedavg", *common, "--seeds", "2", "--out", str(tmp_path / "s")]) == 0
+    seeds = header(capsys.readouterr().out)
+    for k in ("f+h", "grad_map_sq", "sparsity", "test_acc", "support_f1"):
+        name = column_name(k, step)
+        assert name in run and name in cmp_ and name in seeds, (k, run, cmp_, seeds)
+    raw = {"grad_map_sq", "normal_map_sq", "test_acc", "train_acc", "support_f1", "elapsed"}
+    assert not raw & {c.split(" (")[0] for c in run + cmp_ + seeds}, (run, cmp_, seeds)  # no raw metric key

@@ -193,7 +193,7 @@ def cmd_compare(args) -> int:
 
 def cmd_demo(args) -> int:
     from . import launch
-    from .compare import compare_experiments, comparison_table
+    from .compare import compare_experiments, comparison_table, verdict_line
     from .folders import default_out_dir
 
     t0 = time.perf_counter()
@@ -217,6 +217,7 @@ def cmd_demo(args) -> int:
     print(f"results written to {out}  (more figures: python -m python_algos plot {shlex.quote(out)})")
     _figure(out, args)
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
+    print(verdict_line(summaries))  # the last line: what the table and the figure show, in words
     return 0
 
 

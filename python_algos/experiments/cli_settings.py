@@ -171,12 +171,13 @@ def _split_alg_opts(opts: dict, algorithms: Sequence[str]):
 
 
 def _print_summary(summary: dict) -> None:
-    from .compare import format_table
+    from .tables import column_name, format_table
 
     f = summary["final"]
     keys = [k for k in ("f", "h", "f+h", "grad_map_sq", "normal_map_sq", "sparsity", "test_acc", "train_acc",
                         "support_f1") if k in f]
-    print(format_table(["round", *keys, "time (s)"], [[summary["rounds_done"], *[f[k] for k in keys], summary["elapsed"]]]))
+    print(format_table(["round", *(column_name(k, f.get("grad_map_step")) for k in keys), column_name("elapsed")],
+                       [[summary["rounds_done"], *[f[k] for k in keys], summary["elapsed"]]]))
 
 
 # The flags a --resume accepts (argparse destinations). A resumed run must end with the bits of the

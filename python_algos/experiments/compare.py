@@ -8,6 +8,7 @@ A comparison (:func:`compare_experiments`) is a folder of run folders, one per a
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Callable, Optional, Sequence
 
@@ -20,7 +21,8 @@ from .run import Interrupted, execute_run
 from .tables import column_name, format_table
 from ..runfolder.files import RunExistsError, RunFolderError, _atomic_text, _write_json, read_summary
 
-__all__ = ["compare_experiments", "comparison_table", "format_table", "finished_run", "kept_message"]
+__all__ = ["compare_experiments", "comparison_table", "format_table", "finished_run", "kept_message", "verdict_line",
+           "coinciding"]
 
 
 def _read_comparison(out_dir: str) -> dict:
@@ -156,3 +158,76 @@ def comparison_table(summaries: Sequence[dict], metric_step: Optional[float] = N
     rows = [[r.get("label"), *(f.get(k) for k in keys), r.get("elapsed"), r.get("status")]
             for r, f in zip(summaries, finals)]
     return format_table(header, rows)
+
+
+# Two curves closer than this (relative difference of f+h) are one line in a figure: one hides the other
+COINCIDE_RTOL = 1e-4
+SAME_RTOL = 1e-9  # closer than this at every round: the same trajectory, up to rounding
+
+
+def _rel_diffs(a: Sequence[dict], b: Sequence[dict], key: str) -> dict:
+    """round -> |a − b| / max(|a|, |b|) of ``key`` at the rounds both runs logged it (finite)."""
+    bv = {r["round"]: r.get(key) for r in b}
+    out = {}
+    for r in a:
+        x, y = r.get(key), bv.get(r["round"])
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and math.isfinite(x) and math.isfinite(y):
+            scale = max(abs(x), abs(y))
+            out[r["round"]] = abs(x - y) / scale if scale > 0 else 0.0
+    return out
+
+
+def coinciding(runs: Sequence[tuple], key: str = "f+h") -> list:
+    """Pairs of runs ``(name, metrics rows)`` whose ``key`` curves coincide: relative difference below
+    :data:`COINCIDE_RTOL` at every round of the second half of the run (where a figure shows them
+    as one line; the first rounds may differ). Returns ``[(name_a, name_b, worst, same)]``: ``worst``
+    the largest relative difference over that half, ``same`` whether it stays below
+    :data:`SAME_RTOL` at every round (the same trajectory)."""
+    found = []
+    for i, (na, ra) in enumerate(runs):
+        for nb, rb in runs[i + 1:]:
+            diffs = _rel_diffs(ra, rb, key)
+            if len(diffs) < 2:
+                continue
+            half = max(diffs) / 2
+            late = [d for t, d in diffs.items() if t >= half]
+            if max(late) < COINCIDE_RTOL:
+                found.append((na, nb, max(late), max(diffs.values()) < SAME_RTOL))
+    return found
+
+
+def _names(summaries: Sequence[dict]) -> str:
+    names = [s.get("algorithm") or s.get("label") for s in summaries]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _best(summaries: Sequence[dict], key: str, better) -> Optional[tuple]:
+    """(the runs that reach the best final ``key``, that value); ties (equal values) all named."""
+    vals = [(s, s["final"][key]) for s in summaries if isinstance((s.get("final") or {}).get(key), (int, float))
+            and math.isfinite(s["final"][key])]
+    if not vals:
+        return None
+    top = better(v for _, v in vals)
+    return [s for s, v in vals if v == top], top
+
+
+def verdict_line(summaries: Sequence[dict]) -> str:
+    """One line on a comparison's completed runs: which reached the lowest f+h, which the best support
+    recovery (support F1 against a known ground truth, when the problem has one), and which f+h
+    curves coincide (:func:`coinciding`). Reads each run's metrics.jsonl."""
+    from ..runfolder.files import read_metrics
+
+    done = [s for s in summaries if s.get("status") == "completed"]
+    parts = []
+    best = _best(done, "f+h", min)
+    if best:
+        parts.append(f"lowest f+h: {_names(best[0])} ({best[1]:.6g})")
+    best = _best(done, "support_f1", max)
+    if best:
+        parts.append(f"best support recovery: {_names(best[0])} (support F1 = {best[1]:.4g})")
+    name = {s["out_dir"]: s.get("algorithm") or s.get("label") for s in done}
+    for a, b, worst, same in coinciding([(name[s["out_dir"]], read_metrics(s["out_dir"])) for s in done]):
+        how = ("the same trajectory: f+h within a relative 1e-9 at every round" if same else
+               f"f+h within a relative {worst:.1e} over the second half of the rounds")
+        parts.append(f"{a} and {b} coincide ({how}; one curve hides the other in the figures)")
+    return "; ".join(parts) if parts else "no run completed"
