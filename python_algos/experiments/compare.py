@@ -52,8 +52,9 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
     The metric step s of ||G_s||² defaults to lr·K for every algorithm, so the stationarity
     column is comparable. Every algorithm is checked before anything is written (an invalid one
     raises ``ValueError`` naming it). ``resume=True`` continues the comparison in ``out_dir``
-    (``cfg``, ``algorithms``, ``alg_opts`` come from its ``comparison.json``; finished runs are
-    kept, the others resume from their checkpoints). A fresh comparison into a folder that already
+    (``cfg``, ``algorithms``, ``alg_opts`` come from its ``comparison.json``; finished runs,
+    completed or diverged (:func:`finished_run`), are kept untouched, the others resume from their
+    checkpoints). A fresh comparison into a folder that already
     holds files raises :class:`~python_algos.runfolder.files.RunExistsError` (nothing is touched)
     unless ``replace=True``, which replaces the runs of the same names. Writes ``comparison.json`` and
     ``comparison.md``; returns the summaries.

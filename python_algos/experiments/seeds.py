@@ -10,8 +10,12 @@ The data (generated samples, train/test split, client partition) stay those of t
 ``reseed_data=True`` redraws the data with each seed as well.
 
 Every seed is checked (:func:`~.prepare.prepare_run`) before anything is written. A seed that
-completed is never run again; resuming (``run --resume OUT``) continues the others from their
-checkpoints, like ``run --resume`` on one run.
+finished (completed, or diverged: it would diverge again) is never run again; resuming
+(``run --resume OUT``) continues the others (interrupted, or never started) from their
+checkpoints, like ``run --resume`` on one run, and says which it keeps and why.
+
+The tables and ``aggregate.*`` cover the seeds that completed, in every column and round alike; a
+diverged seed is left out whole and named below the table (:mod:`.aggregate`).
 """
 
 from __future__ import annotations
@@ -113,8 +117,9 @@ def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: st
               log: Callable[[str], None] = print, after_run: Optional[Callable[[str], None]] = None) -> dict:
     """Run ``cfg`` once per seed into ``out_dir/seed-<k>/``; returns ``{"summaries", "table", "out_dir"}``.
 
-    ``resume=True`` reads the settings from ``out_dir/seeds.json``: completed seeds are kept, the
-    others continue from their checkpoints (or start, if they never did). ``after_run(run_dir)`` is
+    ``resume=True`` reads the settings from ``out_dir/seeds.json``: finished seeds (completed or
+    diverged: :func:`~.compare.finished_run`) are kept untouched, the others continue from their
+    checkpoints (or start, if they never did). ``after_run(run_dir)`` is
     called after each seed's run (e.g. to write TensorBoard events). Ctrl-C raises
     :class:`~.run.Interrupted` whose ``resume_command`` resumes the whole experiment.
     """
