@@ -14,7 +14,8 @@
     python -m python_algos algorithms                              # the algorithm table
 
 Exit status: 0 done, 1 error (message on stderr), 2 bad command line, 3 the run diverged,
-130 interrupted (Ctrl-C; the summary so far is written and the resume command printed).
+128 + the signal when stopped by one: 130 Ctrl-C (SIGINT), 143 SIGTERM, 129 SIGHUP (every process
+the command started ends, the summary so far is written and the resume command printed).
 """
 
 from __future__ import annotations
@@ -279,8 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run several algorithms on the same data split and initial model; one folder "
                        "per algorithm plus comparison.md.")
     c.add_argument("-a", "--algorithms", nargs="+", default=None, help=f"default: {' '.join(DEMO_ALGORITHMS)}")
-    c.add_argument("--resume", metavar="DIR", help="finish the comparison in DIR: completed runs are kept, the "
-                   "others continue from their checkpoints (--rounds may extend it; other flags come from DIR)")
+    c.add_argument("--resume", metavar="DIR", help="finish the comparison in DIR: finished runs (completed or diverged) "
+                   "are kept, the others continue from their checkpoints (--rounds may extend it; other flags come from DIR)")
     c.add_argument("--workers", type=_workers, default=S, metavar="P",
                    help="run every algorithm on P local processes (torchrun ranks, clients split between them; "
                         "see README 'Scaling out'); under torchrun, the ranks are torchrun's")
