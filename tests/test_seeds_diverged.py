@@ -97,3 +97,14 @@ def test_compare_resume_keeps_a_diverged_run_untouched(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert folder_state(bad, mtime=True) == before
     assert "fedavg: diverged" in printed and "kept" in printed, printed
+
+
+def test_the_figures_mean_and_band_cover_the_seeds_the_table_counts(tmp_path):
+    from python_algos.experiments import plotting
+
+    out = _seeds_folder(tmp_path)
+    (run,) = plotting.group_seeds([plotting.load_run(p) for p in plotting.find_runs([out])], "minmax")
+    assert run["seeds"] == [0, 2]
+    rows = [read_metrics(os.path.join(out, f"seed-{k}")) for k in (0, 2)]
+    want = [np.mean([r[t]["f+h"] for r in rows]) for t in range(len(rows[0]))]
+    np.testing.assert_allclose([r["f+h"] for r in run["rows"]], want, rtol=1e-12)

@@ -9,7 +9,7 @@ import json
 import os
 from typing import Sequence
 
-from ..aggregate import aggregate_rows, group_key, seed_of
+from ..aggregate import aggregate_rows, counted, group_key, seed_of
 
 __all__ = ["find_runs", "load_run", "group_seeds", "display_name"]
 
@@ -57,6 +57,8 @@ def group_seeds(runs: list, band: str = "std") -> list:
         if len(members) == 1 and seed_of(members[0]["path"]) is None:
             out.append(members[0])
             continue
+        # the seeds the tables count (aggregate.counted: the completed ones), unless none has completed yet
+        members = [members[i] for i in counted([m["summary"] for m in members])] or members
         agg = aggregate_rows([m["rows"] for m in members])
         mean = [{"round": a["round"], **{k: v["mean"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
         if band == "std":
