@@ -42,6 +42,31 @@ def _read_comparison(out_dir: str) -> dict:
         raise RunFolderError(f"{path}: not a comparison written by `compare` ({e})") from None
 
 
+def _plan_runs(cfg: Config, algorithms: Sequence[str], alg_opts: dict, out_dir: str, resume: bool) -> dict:
+    """name -> the run's :class:`~.prepare.PreparedRun`, or the summary of a finished run a resume
+    keeps (:func:`finished_run`). Every algorithm is checked, writing nothing; the errors of all
+    of them are raised together."""
+    cfg.check()
+    fed = prepare_data(cfg.replace(algorithm=algorithms[0]))
+    plans, errors = {}, []
+    for name in algorithms:
+        c = cfg.replace(algorithm=name, alg_opts=dict(alg_opts.get(name, {})))
+        run_dir = os.path.join(out_dir, name)
+        try:
+            done = finished_run(run_dir, c.rounds) if resume else None
+            if done is not None:
+                plans[name] = done
+            elif resume and os.path.isfile(os.path.join(run_dir, "config.json")):
+                plans[name] = prepare_run(None, run_dir, fed=fed, resume=True, rounds=c.rounds)
+            else:
+                plans[name] = prepare_run(c, run_dir, fed=fed, replace=True)
+        except (ValueError, json.JSONDecodeError) as e:
+            errors.append(f"{name}: {e}")
+    if errors:
+        raise ValueError(("; ".join(errors)) + " (nothing was written)")
+    return plans
+
+
 def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str]], out_dir: str, *,
                         alg_opts: Optional[dict] = None, progress: bool = True,
                         extra_eval: Optional[Callable] = None, log: Callable[[str], None] = print,
@@ -77,24 +102,7 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
             raise RunExistsError(f"{out_dir} already holds files: continue a comparison there with "
                                  f"`{compare_resume_command(out_dir)}`, or choose another --out; from Python, "
                                  f"replace=True replaces its runs (nothing was changed)")
-    cfg.check()
-    fed = prepare_data(cfg.replace(algorithm=algorithms[0]))
-    plans, errors = {}, []
-    for name in algorithms:  # every check first, so an invalid algorithm leaves nothing behind
-        c = cfg.replace(algorithm=name, alg_opts=dict(alg_opts.get(name, {})))
-        run_dir = os.path.join(out_dir, name)
-        try:
-            done = finished_run(run_dir, c.rounds) if resume else None
-            if done is not None:
-                plans[name] = done
-            elif resume and os.path.isfile(os.path.join(run_dir, "config.json")):
-                plans[name] = prepare_run(None, run_dir, fed=fed, resume=True, rounds=c.rounds)
-            else:
-                plans[name] = prepare_run(c, run_dir, fed=fed, replace=True)
-        except (ValueError, json.JSONDecodeError) as e:
-            errors.append(f"{name}: {e}")
-    if errors:
-        raise ValueError(("; ".join(errors)) + " (nothing was written)")
+    plans = _plan_runs(cfg, algorithms, alg_opts, out_dir, resume)
     launch.barrier()  # under torchrun: every rank has checked everything before rank 0 writes
     main = launch.is_main()
     if main:
