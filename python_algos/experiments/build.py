@@ -125,9 +125,8 @@ def _build_regularizer(cfg: Config, model: nn.Module) -> fk.Regularizer:
 def _reg_opts_error(opts: dict, rule: str) -> ConfigError:
     """A ConfigError of the --reg-opt entries ``opts`` (one flag per entry on the command line; a config
     file's [reg_opts] value is worded with the file by the command line)."""
-    e = ConfigError("reg_opts", _opts_text(opts) if len(opts) == 1 else opts, rule)
-    e.args = (f"--reg-opt {' --reg-opt '.join(_opts_text({k: v}) for k, v in opts.items())}: {rule}",)
-    return e
+    flags = f"--reg-opt {' --reg-opt '.join(_opts_text({k: v}) for k, v in opts.items())}"
+    return ConfigError("reg_opts", _opts_text(opts) if len(opts) == 1 else opts, rule, flag_text=flags)
 
 
 _CONSTRAINT_HINTS = {"box": " and set its bounds with --reg-opt lo=LO --reg-opt hi=HI",
