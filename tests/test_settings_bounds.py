@@ -146,3 +146,11 @@ def test_unparsable_values_name_the_flag_as_typed(capsys, argv, expected):
         build_parser().parse_args(["run", *argv])
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(expected[len("error: "):])
+
+
+def test_an_unknown_config_key_suggests_the_nearest(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("lrr = 3\n")
+    assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {cfg}: unknown key(s) lrr; valid keys: ") and err.endswith("; did you mean lr?\n")

@@ -36,9 +36,12 @@ def prepare_data(cfg: Config) -> FederatedData:
     seed = cfg.seed if cfg.data_seed is None else cfg.data_seed  # see Config.data_seed
     try:
         ds = load_dataset(cfg.dataset, cfg.data_dir, seed=seed, test_fraction=cfg.test_fraction, **cfg.data_opts)
-    except (ValueError, TypeError) as e:
-        named = {k: v for k, v in cfg.data_opts.items() if re.search(rf"\b{re.escape(k)}\b", str(e))}
-        raise ValueError(f"--dataset {cfg.dataset}{' --data-opt ' + _opts_text(named) if named else ''}: {e}") from None
+    except (ValueError, TypeError, MemoryError) as e:
+        # each option's type and bounds were checked (data.check_data_options, in Config.check): what is
+        # left is a rule between options (nnz <= dim) or a file, so every option given is named
+        given = f" --data-opt {_opts_text(cfg.data_opts)}" if cfg.data_opts else ""
+        why = "the data do not fit in memory" if isinstance(e, MemoryError) else str(e)
+        raise ValueError(f"--dataset {cfg.dataset}{given}: {why}") from None
     if cfg.partition == "natural" and ds.groups is not None:
         groups = int(torch.unique(torch.as_tensor(ds.groups)).numel())
         if groups != cfg.num_clients:

@@ -1,4 +1,5 @@
-"""Command line (its parser: subcommands, flags, argument types): ``python -m python_algos`` (or the installed ``fedkernels`` command).
+"""Command line (its parser: subcommands, flags, argument types): ``python -m python_algos`` (or the
+installed ``fedkernels`` command).
 
     python -m python_algos                        # built-in demo: 5 algorithms, < 1 min on 2 cores
     python -m python_algos run -a fedcanon --dataset synthetic --partition natural -N 30 --reg l1 \\
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 
 import difflib
-import sys
 
 from .config import MAX_COUNT, MAX_THREADS, SETTINGS, Config, Setting
 

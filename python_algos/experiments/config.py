@@ -413,7 +413,8 @@ class Config:
                           help="cpu | cuda | cuda:K | auto")
     dtype: str = setting("float32", group="run", choices=("float32", "float64"), check=_str(("float32", "float64")))
     checkpoint_every: int = setting(10, group="run", parse=parse_int,
-                                    check=_int(0, what=" (0: only at the start and the end)"), on_resume="run_may_change",
+                                    check=_int(0, what=" (0: only at the start and the end)"),
+                                    on_resume="run_may_change",
                                     help="checkpoint every N rounds (default 10; 0: only at the start and the end)")
     # execution (changes speed, not the result beyond floating-point summation order)
     executor: str = setting("auto", group="run", choices=_RUN_EXECUTORS, check=_executor, on_resume="kept",

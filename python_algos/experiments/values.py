@@ -68,7 +68,8 @@ def parse_option(text: str):
 def parse_reg_param(text: str):
     """--reg-param PATTERN=NAME[,KEY=VALUE...] -> (PATTERN, "NAME" or {"reg": NAME, KEY: VALUE})."""
     if "=" not in text:
-        raise ValueError("expected PATTERN=SPEC (e.g. '*.bias=none' or 'net.0.weight=group_lasso,lam=0.01,groups=cols')")
+        raise ValueError("expected PATTERN=SPEC (e.g. '*.bias=none' or "
+                         "'net.0.weight=group_lasso,lam=0.01,groups=cols')")
     pattern, spec = (s.strip() for s in text.split("=", 1))
     name, *options = (s.strip() for s in spec.split(","))
     if not pattern or not name:

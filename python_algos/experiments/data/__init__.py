@@ -17,7 +17,9 @@ from .synthetic import fedprox_synthetic, image_like, sparse_regression
 
 __all__ = [
     "Dataset", "FederatedData", "DATASETS", "BUILTIN", "PARTITIONS", "load_dataset", "federate",
-    "DataNotFoundError", "DATA_OPTIONS", "data_options", "check_data_options", "read_idx", "load_mnist", "load_cifar10", "load_libsvm", "load_a9a", "load_femnist",
+    "DataNotFoundError",
+    "DATA_OPTIONS", "data_options", "check_data_options",
+    "read_idx", "load_mnist", "load_cifar10", "load_libsvm", "load_a9a", "load_femnist",
     "iid", "dirichlet", "label_shards", "by_group", "label_histograms",
     "fedprox_synthetic", "sparse_regression", "image_like",
 ]
