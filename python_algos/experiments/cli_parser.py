@@ -153,18 +153,6 @@ def _seconds(text: str) -> float:
     return v
 
 
-def _rounds(text: str) -> int:
-    """demo -T: the rounds setting's parser and check (the demo builds its Config with replace)."""
-    try:
-        v = SETTINGS["rounds"].parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{e}, got {text!r}") from None
-    rule = SETTINGS["rounds"].rule_broken(v)
-    if rule:
-        raise argparse.ArgumentTypeError(f"{rule}, got {text!r}")
-    return v
-
-
 def _formats(text: str):
     from .plotting import parse_formats
 
@@ -299,7 +287,7 @@ def build_parser() -> Parser:
     _add_config_flags(w, single=False)
 
     d = p.add_command(sub, "demo", help="the built-in demo (same as no arguments)")
-    d.add_argument("-T", "--rounds", type=_rounds, default=None)
+    d.add_argument("-T", "--rounds", action=SettingAction, setting=SETTINGS["rounds"], default=None)
     d.add_argument("--out")
     d.add_argument("--no-progress", action="store_true")
     _add_figure_flags(d)
