@@ -32,7 +32,7 @@ from ..clients import EXECUTORS
 from .data import DATASETS, PARTITIONS, check_data_options
 from .models import MODELS
 from .regularizer_specs import REGULARIZERS
-from .values import parse_batch, parse_float, parse_int, parse_option, parse_reg_param
+from .values import parse_batch, parse_float, parse_int, parse_option, parse_reg_param, parse_seed
 
 __all__ = ["Config", "ConfigError", "Setting", "SETTINGS", "setting", "flag", "named_as", "FromFile",
            "check_given", "resume_rule", "sweepable_settings", "RESULT_KEYS", "EXECUTION_KEYS", "MAX_THREADS",
@@ -288,21 +288,6 @@ def _reg_table(v):
     return None
 
 
-def _parse_seed(text: str):
-    """--seed: an integer, or a comma-separated list of them (one run per seed, :mod:`.seeds`)."""
-    if "," not in text:
-        try:
-            return parse_int(text)
-        except ValueError:
-            raise ValueError("expected an integer or a comma-separated list such as 1,2,3") from None
-    from .seeds import parse_seed_list  # imported here: .seeds imports this module
-
-    try:
-        return parse_seed_list(text)
-    except ValueError as e:  # its message starts with "--seed TEXT: ", which the flag's error puts back
-        raise ValueError(str(e).split(": ", 1)[1]) from None
-
-
 _REGISTRIES = {"algorithm": tuple(ALGORITHMS), "dataset": tuple(DATASETS), "partition": tuple(PARTITIONS),
                "model": tuple(MODELS), "reg": tuple(REGULARIZERS)}
 
@@ -396,7 +381,7 @@ class Config:
     batch_size: Optional[int] = setting(None, short="-B", group="run", parse=parse_batch,
                                         check=_int(1, none_ok=True, what=" (null: full gradients)"),
                                         help="minibatch size (>= 1), or 'full': full local gradients (the default)")
-    seed: int = setting(0, group="run", parse=_parse_seed, check=_int(0, hi=MAX_SEED),
+    seed: int = setting(0, group="run", parse=parse_seed, check=_int(0, hi=MAX_SEED),
                         help="the random seed (model initialization, sampling, data); a comma-separated list "
                              "(--seed 1,2,3) runs one independent run per seed")
     # the seed of the data alone (generated samples, train/test split, client partition); None: ``seed``.

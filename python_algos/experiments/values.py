@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["parse_value", "parse_int", "parse_float", "parse_batch", "parse_option", "parse_reg_param"]
+__all__ = ["parse_value", "parse_int", "parse_float", "parse_batch", "parse_option", "parse_reg_param",
+           "parse_seed"]
 
 
 def parse_value(text: str):
@@ -83,3 +84,18 @@ def parse_reg_param(text: str):
         k, v = o.split("=", 1)
         entry[k.strip()] = parse_value(v)
     return pattern, entry
+
+
+def parse_seed(text: str):
+    """--seed: an integer, or a comma-separated list of them (one run per seed: integers >= 0, none
+    repeated, the rule of :func:`~.seeds.seed_list` for a config file's list)."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()] if "," in text else int(text)
+    except ValueError:
+        raise ValueError("expected an integer or a comma-separated list such as 1,2,3") from None
+    if isinstance(seeds, list):
+        if not seeds or any(s < 0 for s in seeds):
+            raise ValueError("seeds must be integers >= 0")
+        if len(set(seeds)) != len(seeds):
+            raise ValueError("a seed is repeated (each seed is one independent run)")
+    return seeds
