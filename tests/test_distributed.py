@@ -262,7 +262,7 @@ def test_a_missing_shard_is_named_and_nothing_changes(depositum_runs, tmp_path, 
 @pytest.mark.slow
 @pytest.mark.parametrize("world, bad, expect", [
     (2, ["--clients-per-round", "50"], "--clients-per-round 50"),
-    (3, ["-N", "2"], "--num-clients 2: 2 client(s) cannot be split over 3 processes"),
+    (3, ["-N", "2"], "-N 2: 2 client(s) cannot be split over 3 processes"),  # the flag as typed
 ], ids=["participation", "fewer-clients-than-ranks"])
 def test_an_invalid_setting_under_torchrun_stops_every_rank_before_any_write(tmp_path, world, bad, expect):
     """Found by every rank's checks (after joining the group): each rank exits with its numbered
@@ -280,7 +280,7 @@ def test_an_invalid_setting_under_torchrun_stops_every_rank_before_any_write(tmp
 
 @pytest.mark.parametrize("bad, expect", [
     (["--lr", "-1"], "--lr -1"),
-    (["-N", "2", "--workers", "3"], "--num-clients 2: 2 client(s) cannot be split over 3 processes"),
+    (["-N", "2", "--workers", "3"], "-N 2: 2 client(s) cannot be split over 3 processes"),  # as typed
     (["--device", "cuda"], "--device cuda: CUDA is not available here"),
     (["--reg-param", "net.0.weight=bogus"], "--reg-param net.0.weight=bogus: unknown regularizer"),
     (["-a", "fedavg", "bogus"], "--algorithm bogus: unknown algorithm(s)"),

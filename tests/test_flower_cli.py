@@ -80,7 +80,7 @@ def _rows(folder):
 @pytest.mark.parametrize("extra, words", [
     (["--workers", "2"], "--flower with --workers"),
     (["--seeds", "2"], "--flower with several seeds"),
-    (["-a", "depositum"], "--algorithm depositum: --flower deploys server–client algorithms"),
+    (["-a", "depositum"], "-a depositum: --flower deploys server–client algorithms"),  # the flag as typed
     (["-a", "feddr", "--alg-opt", "init_from=paper"], "--flower -a feddr: FedDR"),
 ])
 def test_a_combination_flower_cannot_run_is_refused_before_anything(tmp_path, capsys, extra, words):

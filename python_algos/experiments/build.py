@@ -36,9 +36,12 @@ def prepare_data(cfg: Config) -> FederatedData:
     seed = cfg.seed if cfg.data_seed is None else cfg.data_seed  # see Config.data_seed
     try:
         ds = load_dataset(cfg.dataset, cfg.data_dir, seed=seed, test_fraction=cfg.test_fraction, **cfg.data_opts)
-    except (ValueError, TypeError) as e:
-        named = {k: v for k, v in cfg.data_opts.items() if re.search(rf"\b{re.escape(k)}\b", str(e))}
-        raise ValueError(f"--dataset {cfg.dataset}{' --data-opt ' + _opts_text(named) if named else ''}: {e}") from None
+    except (ValueError, TypeError, MemoryError) as e:
+        # each option's type and bounds were checked (data.check_data_options, in Config.check): what is
+        # left is a rule between options (nnz <= dim) or a file, so every option given is named
+        given = f" --data-opt {_opts_text(cfg.data_opts)}" if cfg.data_opts else ""
+        why = "the data do not fit in memory" if isinstance(e, MemoryError) else str(e)
+        raise ValueError(f"--dataset {cfg.dataset}{given}: {why}") from None
     if cfg.partition == "natural" and ds.groups is not None:
         groups = int(torch.unique(torch.as_tensor(ds.groups)).numel())
         if groups != cfg.num_clients:
@@ -125,9 +128,8 @@ def _build_regularizer(cfg: Config, model: nn.Module) -> fk.Regularizer:
 def _reg_opts_error(opts: dict, rule: str) -> ConfigError:
     """A ConfigError of the --reg-opt entries ``opts`` (one flag per entry on the command line; a config
     file's [reg_opts] value is worded with the file by the command line)."""
-    e = ConfigError("reg_opts", _opts_text(opts) if len(opts) == 1 else opts, rule)
-    e.args = (f"--reg-opt {' --reg-opt '.join(_opts_text({k: v}) for k, v in opts.items())}: {rule}",)
-    return e
+    flags = f"--reg-opt {' --reg-opt '.join(_opts_text({k: v}) for k, v in opts.items())}"
+    return ConfigError("reg_opts", _opts_text(opts) if len(opts) == 1 else opts, rule, flag_text=flags)
 
 
 _CONSTRAINT_HINTS = {"box": " and set its bounds with --reg-opt lo=LO --reg-opt hi=HI",

@@ -15,8 +15,9 @@ import warnings
 from typing import Optional, Sequence
 
 from .cli_parser import DEMO_ALGORITHMS, _demo_config, build_parser
-from .cli_settings import (_RESUME_OK, _RUN_RESUME_OK, _in_terms_of, _merge, _out_dir, _print_summary, _quiet,
-                           _restarted_run, _resume_flags_check, _resume_run)
+from .cli_settings import (_RESUME_OK, _RUN_RESUME_OK, _merge, _out_dir, _print_summary, _quiet,
+                           _restarted_run, _resume_flags_check, _resume_run, user_names)
+from .config import named_as
 from .cli_settings import _compare_settings, _figure
 from .cli_research import _cmd_compare_seeds, _cmd_run_seeds, _events, _wants_seeds, cmd_sweep
 
@@ -53,8 +54,8 @@ def cmd_run(args) -> int:
                 # followed by torchrun's failure report. It loads the data once more; ranks load theirs.
                 prep = prepare_run(cfg, out, replace=not (args.out or getattr(args, "name", None)))
                 check_world_size(len(prep.fed.parts), args.workers)
-            except ValueError as e:
-                raise _in_terms_of(args, e) from None
+            except ValueError:  # named where raised (config.named_as): this try can go
+                raise
         return launch.run_workers(args.argv, args.workers, out)
     if _wants_seeds(args):
         return _cmd_run_seeds(args)
@@ -75,8 +76,8 @@ def cmd_run(args) -> int:
                 prep = prepare_run(None, out, resume=True, rounds=cfg.rounds)
             else:
                 prep = prepare_run(cfg, out, replace=not (args.out or getattr(args, "name", None)))
-        except ValueError as e:
-            raise _in_terms_of(args, e) from None
+        except ValueError:  # named where raised (config.named_as): this try can go
+            raise
         h = "per parameter" if cfg.regularizers else cfg.reg
         say(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
             f"results -> {out}" + (f" ({launch.world_size()} processes)" if launch.distributed() else ""))
@@ -104,8 +105,8 @@ def _cmd_run_flower(args) -> int:
             cfg = Config.from_dict(_merge(args))
             out = _out_dir(args, cfg.algorithm)
             prep = prepare_flower(cfg, out, replace=not (args.out or getattr(args, "name", None)))
-    except ValueError as e:
-        raise _in_terms_of(args, e) from None
+    except ValueError:  # named where raised (config.named_as): this try can go
+        raise
     cfg, out = prep.run.cfg, prep.run.out_dir
     h = "per parameter" if cfg.regularizers else cfg.reg
     print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
@@ -149,8 +150,8 @@ def cmd_compare(args) -> int:
                 check_algorithm_names(algorithms)
                 resolve_device(cfg.device)
                 check_world_size(cfg.num_clients, args.workers)
-            except ValueError as e:
-                raise _in_terms_of(args, e) from None
+            except ValueError:  # named where raised (config.named_as): this try can go
+                raise
             out = _out_dir(args, "compare")
         return launch.run_workers(args.argv, args.workers, out)
     main = launch.is_main()
@@ -166,16 +167,16 @@ def cmd_compare(args) -> int:
     else:
         try:
             cfg, algorithms, per = _compare_settings(args)
-        except ValueError as e:
-            raise _in_terms_of(args, e) from None
+        except ValueError:  # named where raised (config.named_as): this try can go
+            raise
         out = launch.agree_on(_out_dir(args, "compare") if main else None, cfg.device)  # rank 0's folder
         say(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
               f"{cfg.model}, h={cfg.reg}; results -> {out}")
         try:
             summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not args.no_progress and main,
                                             replace=not (args.out or getattr(args, "name", None)), log=say)
-        except ValueError as e:
-            raise _in_terms_of(args, e) from None
+        except ValueError:  # named where raised (config.named_as): this try can go
+            raise
         step = cfg.metric_step if cfg.metric_step is not None else cfg.lr * cfg.local_steps
     if not main:
         return 3 if any(s["status"] == "diverged" for s in summaries) else 0
@@ -271,7 +272,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
                 live = live_events()
             # SIGTERM / SIGHUP take Ctrl-C's path: the folder is closed as interrupted, children end
-            with terminate_as_interrupt(), live:  # entering `live` checks the package before any run
+            # an error about a setting names it as the user gave it (the flag as typed, or the config file's key)
+            with terminate_as_interrupt(), live, named_as(user_names(args)):  # entering `live` checks the package
                 code = handler(args)
         except (DataNotFoundError, FileNotFoundError, ValueError, RuntimeError) as e:
             where = f" on rank {launch.rank()} of {launch.world_size()}" if launch.distributed() else ""

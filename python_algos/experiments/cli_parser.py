@@ -1,4 +1,5 @@
-"""Command line (its parser: subcommands, flags, argument types): ``python -m python_algos`` (or the installed ``fedkernels`` command).
+"""Command line (its parser: subcommands, flags, argument types): ``python -m python_algos`` (or the
+installed ``fedkernels`` command).
 
     python -m python_algos                        # built-in demo: 5 algorithms, < 1 min on 2 cores
     python -m python_algos run -a fedcanon --dataset synthetic --partition natural -N 30 --reg l1 \\
@@ -22,14 +23,14 @@ from __future__ import annotations
 
 import argparse
 
-from .values import parse_value
+import difflib
+
+from .config import MAX_COUNT, MAX_THREADS, SETTINGS, Config, Setting
 
 DEMO_ALGORITHMS = ("fedcanon", "fedavg", "za1", "fednmap", "fedmid")
 
 
 def _demo_config():
-    from .config import Config
-
     # Sparse logistic regression with a known 10-sparse ground truth in R^100; 10 clients whose
     # features are shifted differently (heterogeneous f_i, one common x_true); L1; full gradients.
     return Config(algorithm="fedcanon", lr=0.1, local_steps=10, dataset="sparse_logistic",
@@ -42,8 +43,67 @@ def _demo_config():
 # Parsing
 # --------------------------------------------------------------------------- #
 
+# The namespace attribute holding each given setting's flag as the user typed it ({"local_steps": "-K"}):
+# errors about a setting name it so (config.named_as).
+TYPED = "typed_flags"
 
-_value = parse_value  # a KEY=VALUE value (config.parse_value, shared with sweep's --grid)
+
+class SettingAction(argparse.Action):
+    """Reads one flag of a :class:`~.config.Setting` with the setting's own parser, records the flag
+    as typed (:data:`TYPED`), and appends to a table for a repeatable ``KEY=VALUE`` flag. A value that
+    does not parse is a usage error naming the flag as typed: ``-K abc: must be an integer``."""
+
+    def __init__(self, option_strings, dest, setting: Setting, **kw):
+        super().__init__(option_strings, dest, **kw)
+        self.setting = setting
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            value = self.setting.parse(values)
+        except ValueError as e:
+            raise argparse.ArgumentError(None, f"{option_string} {values}: {e}") from None
+        if self.setting.options:
+            value = [*(getattr(namespace, self.dest, None) or []), value]
+        setattr(namespace, self.dest, value)
+        typed = getattr(namespace, TYPED, None)
+        if typed is None:
+            typed = {}
+            setattr(namespace, TYPED, typed)
+        typed[self.dest] = option_string
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with an unknown flag answered by the nearest known one of its command:
+    ``unrecognized argument --roudns; did you mean --rounds?``."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.commands = {}  # name -> its sub-parser (add_command)
+
+    def add_command(self, sub, name: str, **kw) -> "Parser":
+        p = sub.add_parser(name, **kw)
+        self.commands[name] = p
+        return p
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self.commands.get(getattr(ns, "command", None), self)
+            parser.error("; ".join(_unrecognized(a, parser) for a in _stray(extras)))
+        return ns
+
+
+def _stray(extras: list) -> list:
+    """The unrecognized arguments worth naming: an unknown flag, not the value that follows it."""
+    return [a for i, a in enumerate(extras) if a.startswith("-") or i == 0 or not extras[i - 1].startswith("-")]
+
+
+def _unrecognized(arg: str, parser: argparse.ArgumentParser) -> str:
+    flag = arg.split("=", 1)[0]
+    known = [o for a in parser._actions for o in a.option_strings]
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag.startswith("-") else []
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unrecognized argument {arg}{hint}"
 
 
 def _kv_text(text: str):
@@ -55,16 +115,9 @@ def _kv_text(text: str):
     return k.strip(), v.strip()
 
 
-def _kv(text: str):
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    k, v = text.split("=", 1)
-    return k.strip(), _value(v)
-
-
-def _count(what: str):
-    """The argparse type of a count >= 1; ``what`` says what is counted in its error (each flag its
-    own: ``--seeds 0`` is not about processes)."""
+def _count(what: str, hi: int = MAX_COUNT):
+    """The argparse type of a count in [1, hi]; ``what`` says what is counted in its error (each flag
+    its own: ``--seeds 0`` is not about processes)."""
 
     def parse(text: str) -> int:
         try:
@@ -73,15 +126,21 @@ def _count(what: str):
             v = 0
         if v < 1:
             raise argparse.ArgumentTypeError(f"must be an integer >= 1 ({what}), got {text!r}")
+        if v > hi:
+            raise argparse.ArgumentTypeError(f"must be an integer in [1, {hi}] ({what}), got {text!r}")
         return v
 
     return parse
 
 
-_workers = _count("processes")  # --workers
-_jobs = _count("worker processes")  # sweep --jobs
+# processes: at most MAX_THREADS, more than the hardware threads of any current machine
+_workers = _count("processes", MAX_THREADS)  # --workers
+_jobs = _count("worker processes", MAX_THREADS)  # sweep --jobs
 _seeds = _count("independent runs, one per seed")  # --seeds
 _trials = _count("trials per algorithm")  # sweep --optuna
+
+# --round-timeout: at most a week; a longer wait is no timeout (and overflows the wait's clock)
+MAX_WAIT = 7 * 24 * 3600
 
 
 def _seconds(text: str) -> float:
@@ -89,8 +148,9 @@ def _seconds(text: str) -> float:
         v = float(text)
     except ValueError:
         v = float("nan")
-    if not (v > 0 and v < float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    if not (0 < v <= MAX_WAIT):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0 and <= {MAX_WAIT} (a week), "
+                                         f"got {text!r}")
     return v
 
 
@@ -116,117 +176,34 @@ def _add_figure_flags(p: argparse.ArgumentParser) -> None:
                         "tensorboard`")
 
 
-def _seed(text: str):
-    """--seed: an integer, or a comma-separated list of them (one run per seed)."""
-    if "," in text:
-        from .seeds import parse_seed_list
-
-        try:
-            return parse_seed_list(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or a comma-separated list such as 1,2,3, got {text!r}") \
-            from None
-
-
-def _reg_param(text: str):
-    """--reg-param PATTERN=NAME[,KEY=VALUE...] -> (PATTERN, "NAME" or {"reg": NAME, KEY: VALUE})."""
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected PATTERN=SPEC (e.g. '*.bias=none' or "
-                                          f"'net.0.weight=group_lasso,lam=0.01,groups=cols'), got {text!r}")
-    pattern, spec = (s.strip() for s in text.split("=", 1))
-    name, *options = (s.strip() for s in spec.split(","))
-    if not pattern or not name:
-        raise argparse.ArgumentTypeError(f"expected PATTERN=SPEC with both parts non-empty, got {text!r}")
-    if not options:
-        return pattern, name
-    entry = {"reg": name}
-    for o in options:
-        if "=" not in o:
-            raise argparse.ArgumentTypeError(f"{text!r}: options after the name are KEY=VALUE, got {o!r}")
-        k, v = o.split("=", 1)
-        entry[k.strip()] = _value(v)
-    return pattern, entry
-
-
-def _batch(text: str):
-    """-B: a minibatch size >= 1, or 'full' (full local gradients). One rule everywhere: simulate's
-    batch_size and a config file's batch_size are an int >= 1 or None / null for full gradients,
-    so 0 is refused here too instead of meaning 'full' on the command line alone."""
-    if text.strip().lower() in ("full", "none"):
-        return None
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (samples per minibatch), or 'full' for full "
-                                         f"local gradients; got {text!r}")
-    return v
-
-
 S = argparse.SUPPRESS
 
 
+def _add_setting(g, s: Setting, single: bool) -> None:
+    """The flag of setting ``s`` (config.Config's declaration): only given flags override (SUPPRESS)."""
+    help = s.help
+    if s.name == "alg_opts" and not single:
+        help += "; ALG.KEY=VALUE for one algorithm"
+    g.add_argument(*s.flags, action=SettingAction, setting=s, dest=s.name, default=S, help=help,
+                   metavar=s.metavar, choices=s.choices)
+
+
 def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
-    """Flags mapping onto experiment.Config; default SUPPRESS so only given flags override."""
-    g = p.add_argument_group("algorithm")
-    if single:
-        g.add_argument("-a", "--algorithm", default=S, help="registry name (see `algorithms`)")
-    g.add_argument("--lr", type=float, default=S, help="local step size (mapped per algorithm, see registry)")
-    g.add_argument("-K", "--local-steps", type=int, default=S, dest="local_steps", help="local steps per round")
-    g.add_argument("--alg-opt", type=_kv, action="append", default=S, dest="alg_opts", metavar="KEY=VALUE",
-                   help="override a hyper-parameter, e.g. alpha=0.1"
-                   + ("" if single else "; ALG.KEY=VALUE for one algorithm"))
-    g = p.add_argument_group("data")
-    g.add_argument("--dataset", default=S, help="sparse_logistic | sparse_linear | synthetic | image_like | mnist | "
-                   "fashion_mnist | cifar10 | a9a | libsvm | femnist | sklearn:NAME (scikit-learn's bundled digits, "
-                   "breast_cancer, wine, iris, diabetes; needs scikit-learn)")
-    g.add_argument("--data-dir", default=S, dest="data_dir", help="folder holding the dataset files (never downloaded)")
-    g.add_argument("--data-opt", type=_kv, action="append", default=S, dest="data_opts", metavar="KEY=VALUE",
-                   help="generator / loader option, e.g. alpha=1 beta=1 (synthetic), file=a.txt (libsvm)")
-    g.add_argument("--test-fraction", type=float, default=S, dest="test_fraction")
-    g.add_argument("--partition", default=S, choices=["iid", "dirichlet", "shards", "writers", "natural"])
-    g.add_argument("-N", "--num-clients", type=int, default=S, dest="num_clients")
-    g.add_argument("--eta", type=float, default=S, help="Dirichlet concentration Dir(eta)")
-    g.add_argument("--min-size", type=int, default=S, dest="min_size", help="Dirichlet: minimum samples per client")
-    g.add_argument("--shards-per-client", type=int, default=S, dest="shards_per_client")
-    g.add_argument("--participation", type=float, default=S, help="fraction of clients sampled per round "
-                   "(partial participation; algorithms that support it)")
-    g.add_argument("--clients-per-round", type=int, default=S, dest="clients_per_round",
-                   help="number of clients sampled per round (instead of --participation)")
-    g = p.add_argument_group("model and regularizer")
-    g.add_argument("--model", default=S,
-                   help="linear | mlp | cnn | sigmoid_net | resnet18 | resnet34 | resnet50 | resnet101")
-    g.add_argument("--model-opt", type=_kv, action="append", default=S, dest="model_opts", metavar="KEY=VALUE",
-                   help="e.g. hidden=64 (sigmoid_net) or hidden=[128,64] (mlp)")
-    g.add_argument("--reg", default=S, help="zero | l1 | elastic_net | mcp | scad | box | nonneg | l2ball")
-    g.add_argument("--reg-strength", "--kappa", type=float, default=S, dest="reg_strength",
-                   help="a penalty's weight: kappa (l1), l1 weight (elastic_net), lambda (mcp, scad); default "
-                   "1e-3. The constraints (box, nonneg, l2ball) have none: giving one is an error (zero ignores it)")
-    g.add_argument("--reg-opt", type=_kv, action="append", default=S, dest="reg_opts", metavar="KEY=VALUE",
-                   help="the regularizer's options (repeatable): gamma=3 (mcp), a=3.7 (scad), l2=... (elastic_net; "
-                   "default: the l1 weight), lo=-1 hi=1 (box), radius=1 (l2ball); the values shown are the "
-                   "defaults. An unknown key is an error, and so is the strength's own name (kappa=, lam=, "
-                   "l1=): the strength is --reg-strength")
-    g.add_argument("--reg-param", type=_reg_param, action="append", default=S, dest="regularizers",
-                   metavar="PATTERN=SPEC",
-                   help="one penalty per parameter, instead of --reg (repeatable; config file: a [regularizers] "
-                   "table): PATTERN is a parameter name or fnmatch pattern, SPEC a name (none, l1, ..., "
-                   "group_lasso) with KEY=VALUE options, e.g. 'net.0.weight=group_lasso,lam=0.01,groups=cols' "
-                   "'*.bias=none' '*=l1,kappa=1e-4'. An exact name wins, then the first matching pattern in "
-                   "order; unmatched parameters get no penalty")
-    g = p.add_argument_group("run")
-    g.add_argument("-T", "--rounds", type=int, default=S)
-    g.add_argument("-B", "--batch-size", type=_batch, default=S, dest="batch_size",
-                   help="minibatch size (>= 1), or 'full': full local gradients (the default)")
-    g.add_argument("--seed", type=_seed, default=S, help="the random seed (model initialization, sampling, data); "
-                   "a comma-separated list (--seed 1,2,3) runs one independent run per seed")
-    g.add_argument("--data-seed", type=int, default=S, dest="data_seed",
-                   help="the seed of the data alone (samples, train/test split, partition); default: --seed")
+    """The flags of every Config setting (declared in config.py), in its --help section, and the
+    flags of a command's seeds (not settings of one run)."""
+    groups = {}
+    for s in SETTINGS.values():
+        if s.single_run and not single:
+            continue  # compare / sweep: -a/--algorithms
+        if s.group not in groups:
+            groups[s.group] = p.add_argument_group(s.group)
+        _add_setting(groups[s.group], s, single)
+        if s.name == "data_seed":
+            _add_seed_flags(groups[s.group])
+    _add_output_flags(p)
+
+
+def _add_seed_flags(g) -> None:
     g.add_argument("--seeds", type=_seeds, default=S, metavar="K",
                    help="K independent runs with seeds --seed, ..., --seed + K - 1, each in OUT/seed-<k>/, with "
                         "mean / std / min / max per round in OUT/aggregate.jsonl, tables as mean ± std and figures "
@@ -234,16 +211,9 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
     g.add_argument("--reseed-data", action="store_true", default=S, dest="reseed_data",
                    help="with several seeds: redraw the data (samples, split, partition) with each seed; by default "
                         "every seed runs on the data of the first")
-    g.add_argument("--metrics-every", type=int, default=S, dest="metrics_every")
-    g.add_argument("--metric-step", type=float, default=S, dest="metric_step", help="step s of ||G_s||²")
-    g.add_argument("--device", default=S, help="cpu | cuda | cuda:K | auto")
-    g.add_argument("--dtype", default=S, choices=["float32", "float64"])
-    g.add_argument("--executor", default=S, choices=["auto", "sequential", "batched"],
-                   help="how client work runs: one client after another, or all clients vectorized (default: auto)")
-    g.add_argument("--threads", type=int, default=S,
-                   help="torch / fedkernels threads (default: 1 for small models, see README 'Threads')")
-    g.add_argument("--checkpoint-every", type=int, default=S, dest="checkpoint_every",
-                   help="checkpoint every N rounds (default 10; 0: only at the start and the end)")
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--config", help="TOML / YAML / JSON file with the same keys (flags override it)")
     g.add_argument("--out", help="results folder (default: ./results/<timestamp>-<name>)")
@@ -252,14 +222,14 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
     _add_figure_flags(g)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedkernels", description="Composite federated learning experiments "
+def build_parser() -> Parser:
+    p = Parser(prog="fedkernels", description="Composite federated learning experiments "
                                 "(python_algos on fedkernels). No arguments: run the built-in demo.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Examples:\n" + __doc__.split("\n\n")[1])
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    r = sub.add_parser("run", help="one algorithm on one problem", description="Run one algorithm; results go to a "
+    r = p.add_command(sub, "run", help="one algorithm on one problem", description="Run one algorithm; results go to a "
                        "folder with config.json, metrics.jsonl (per round), summary.json, checkpoint.pt, model.pt.")
     r.add_argument("--demo", action="store_true", help="the built-in demo comparison (as with no arguments)")
     r.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
@@ -276,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "naming the client that did not answer (default 300; the run can then be resumed)")
     _add_config_flags(r, single=True)
 
-    c = sub.add_parser("compare", help="several algorithms, same split and initialization",
+    c = p.add_command(sub, "compare", help="several algorithms, same split and initialization",
                        description="Run several algorithms on the same data split and initial model; one folder "
                        "per algorithm plus comparison.md.")
     c.add_argument("-a", "--algorithms", nargs="+", default=None, help=f"default: {' '.join(DEMO_ALGORITHMS)}")
@@ -287,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "see README 'Scaling out'); under torchrun, the ranks are torchrun's")
     _add_config_flags(c, single=False)
 
-    w = sub.add_parser("sweep", help="a grid of hyper-parameters x algorithms x seeds, in parallel, resumable",
+    w = p.add_command(sub, "sweep", help="a grid of hyper-parameters x algorithms x seeds, in parallel, resumable",
                        description="Run every point of a grid (--grid KEY=VALUES, repeatable) for each algorithm and "
                        "seed, on --jobs worker processes; points that break an algorithm's rule are skipped and "
                        "listed. Ends with a table of every point (mean ± std over the seeds), the best point per "
@@ -317,13 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "given with --resume wins for this resume")
     _add_config_flags(w, single=False)
 
-    d = sub.add_parser("demo", help="the built-in demo (same as no arguments)")
-    d.add_argument("-T", "--rounds", type=int, default=None)
+    d = p.add_command(sub, "demo", help="the built-in demo (same as no arguments)")
+    d.add_argument("-T", "--rounds", action=SettingAction, setting=SETTINGS["rounds"], default=None)
     d.add_argument("--out")
     d.add_argument("--no-progress", action="store_true")
     _add_figure_flags(d)
 
-    pl = sub.add_parser("plot", help="figures of runs / comparisons (PNG, PDF, SVG)",
+    pl = p.add_command(sub, "plot", help="figures of runs / comparisons (PNG, PDF, SVG)",
                         description="Loss (or suboptimality), accuracy, stationarity and sparsity vs rounds and vs "
                         "wall time; several runs overlaid, with a setup line (algorithms, data, partition, N, model, "
                         "h, K, lr).")
@@ -343,5 +313,5 @@ def build_parser() -> argparse.ArgumentParser:
                     help="runs of several seeds (seed-<k> folders) are drawn as their mean with a shaded band: "
                          "mean ± std (default) or min to max")
 
-    sub.add_parser("algorithms", help="print the algorithm table (declared per-round costs)")
+    p.add_command(sub, "algorithms", help="print the algorithm table (declared per-round costs)")
     return p

@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from .cli_settings import _compare_settings, _figure, _seed_settings
-from .cli_settings import _in_terms_of, _merge, _out_dir, _read_config_file, _resume_flags_check, _split_alg_opts
+from .cli_settings import _merge, _out_dir, _read_config_file, _resume_flags_check, _split_alg_opts
 
 
 def _events(run_dirs, args) -> None:
@@ -77,8 +77,8 @@ def _cmd_run_seeds(args) -> int:
             print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
                   f"seeds {', '.join(map(str, seeds))}{' (data redrawn per seed)' if reseed else ''}; results -> {out}")
             result = run_seeds(cfg, seeds, out, reseed_data=reseed, progress=not args.no_progress, after_run=hook)
-        except ValueError as e:
-            raise _in_terms_of(args, e) from None
+        except ValueError:  # named where raised (config.named_as): this try can go
+            raise
     return _seeds_done(result, args, result["summaries"])
 
 
@@ -99,8 +99,8 @@ def _cmd_compare_seeds(args) -> int:
                   f"{cfg.model}, seeds {', '.join(map(str, args.seed_list))}; results -> {out}")
             result = compare_seeds(cfg, algorithms, args.seed_list, out, alg_opts=per, reseed_data=args.reseed,
                                    progress=not args.no_progress, after_run=hook)
-        except ValueError as e:
-            raise _in_terms_of(args, e) from None
+        except ValueError:  # named where raised (config.named_as): this try can go
+            raise
     return _seeds_done(result, args, [s for per_seed in result["summaries"] for s in per_seed])
 
 
@@ -211,8 +211,8 @@ def cmd_sweep(args) -> int:
         print(e.table)
         print(f"\ninterrupted: resume with: {e.resume_command}", file=sys.stderr)
         return 130
-    except ValueError as e:
-        raise _in_terms_of(args, e) from None
+    except ValueError:  # named where raised (config.named_as): this try can go
+        raise
     print(result["table"])
     print(f"results written to {out}")
     if getattr(args, "tensorboard", False):

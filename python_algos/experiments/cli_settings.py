@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from typing import Sequence
 
-from .cli_parser import DEMO_ALGORITHMS
+from .cli_parser import DEMO_ALGORITHMS, TYPED
+from .config import RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile, check_given, flag, unknown_keys_text
+from .regularizer_specs import _spec_text
 
 
 def _read_config_file(path: str) -> dict:
@@ -67,8 +70,6 @@ def _toml_error_text(e) -> str:
     """tomllib's message with its position first: 'line 3, column 7: Invalid value', or 'at the
     end of the file: Unclosed array'. Python >= 3.14 gives msg / lineno / colno; older versions
     only a message ending in '(at line L, column C)' or '(at end of document)'."""
-    import re
-
     msg = str(e)
     m = re.search(r" \(at line (\d+), column (\d+)\)$", msg)
     if msg.endswith(" (at end of document)"):
@@ -80,17 +81,28 @@ def _toml_error_text(e) -> str:
     return msg  # a message of another shape: kept whole
 
 
-_DICT_KEYS = ("alg_opts", "data_opts", "model_opts", "reg_opts", "regularizers")
+_DICT_KEYS = tuple(k for k, s in SETTINGS.items() if s.options)  # tables: a flag adds to the file's
+
+
+def user_names(args) -> dict:
+    """How the user named each setting: the flag as typed (``{"local_steps": "-K"}``, filled while
+    the flags were parsed), and :class:`~.config.FromFile` for the config file's keys (added by
+    :func:`_merge` once it has read the file). The command line runs inside
+    ``config.named_as(user_names(args))``, so an error about a setting names it so."""
+    names = getattr(args, TYPED, None)
+    if names is None:
+        names = {}
+        setattr(args, TYPED, names)
+    return names
 
 
 def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
-    """Config file values, overridden by the flags given on the command line. Sets
-    ``args.file_keys``: the keys whose values came from the file (for error messages)."""
+    """Config file values, overridden by the flags given on the command line. The file's keys are
+    added to :func:`user_names` (an error about one of them names the file and key)."""
     base = _read_config_file(args.config) if getattr(args, "config", None) else {}
     base = {k.replace("-", "_"): v for k, v in base.items()}
-    from .config import Config, check_given, unknown_keys_text
-
-    names = {f.name for f in __import__("dataclasses").fields(Config)} | set(extra_keys)
+    in_file = set(base)
+    names = set(SETTINGS) | set(extra_keys)
     unknown = [k for k in base if k not in names]
     if unknown:  # only the file can hold one: argparse takes no unknown flag
         raise ValueError(f"{args.config}: {unknown_keys_text(unknown, names)}")
@@ -105,14 +117,11 @@ def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
             base[k] = {**(base.get(k) or {}), **dict(v)}
         else:
             base[k] = v
-    args.file_keys = {k for k in base if k not in flags or k in _DICT_KEYS}
+    # a table the file and flags both add to is named by the file (its entries are merged)
+    user_names(args).update({k: FromFile(args.config) for k in in_file if k not in flags or k in _DICT_KEYS})
     if "partition" not in _swept(args, base):  # a sweep over partitions uses eta in some points
         check_given(base)
     if base.get("regularizers") and any(k in base for k in ("reg", "reg_opts")):
-        from .config import ConfigError
-
-        from .regularizer_specs import _spec_text
-
         given = " ".join(_spec_text(k, v) for k, v in base["regularizers"].items())
         raise ConfigError("regularizers", given,
                           "give --reg (one penalty for the whole model) or --reg-param / a [regularizers] table (one "
@@ -127,15 +136,6 @@ def _swept(args, base: dict) -> set:
         if isinstance(base.get(table), dict):
             keys |= set(base[table])
     return keys
-
-
-def _in_terms_of(args, e: Exception) -> Exception:
-    """A ConfigError about a value that came from the config file, worded with the file and key."""
-    from .config import ConfigError
-
-    if isinstance(e, ConfigError) and e.key in getattr(args, "file_keys", ()) and getattr(args, "config", None):
-        return e.in_file(args.config)
-    return e
 
 
 def _out_dir(args, name: str) -> str:
@@ -180,27 +180,22 @@ def _print_summary(summary: dict) -> None:
                        [[summary["rounds_done"], *[f[k] for k in keys], summary["elapsed"]]]))
 
 
-# The flags a --resume accepts (argparse destinations). A resumed run must end with the bits of the
-# uninterrupted run, so these change only what is shown or written around the rounds, or how many
-# there are: --rounds (extend), the output flags, and --workers (the clients re-cut over P processes:
-# README "Checkpoints, resume, re-sharding"). Refused: every setting of the problem and algorithm,
-# and also --executor and --threads (_RESUME_REFUSED_WHY). The refusal lists exactly this tuple.
-_RESUME_OK = ("rounds", "workers", "no_progress", "formats", "no_plot", "band", "tensorboard")
-# `run --resume` (one run, in this process or its torchrun ranks) may also write its checkpoints at
-# another interval: a checkpoint only reads the state (tests/test_resume_checks.py proves the bits
-# equal). A comparison, seeds or Flower resume keeps the folder's interval (they do not pass it on).
-_RUN_RESUME_OK = _RESUME_OK + ("checkpoint_every",)
+# The flags a --resume accepts (argparse destinations), derived from each setting's resume rule
+# (config.setting's on_resume). A resumed run must end with the bits of the uninterrupted run, so these
+# change only what is shown or written around the rounds, or how many there are: the settings that may
+# change on resume (--rounds: extend), and the command's flags that are not settings: the output flags
+# and --workers (the clients re-cut over P processes: README "Checkpoints, resume, re-sharding").
+# Refused: every other setting; those kept for another reason than the result (--executor, --threads)
+# say why (their why_kept). The refusal lists exactly this tuple.
+_FREE_ON_RESUME = ("workers", "no_progress", "formats", "no_plot", "band", "tensorboard")
+_RESUME_OK = tuple(k for k, s in SETTINGS.items() if s.on_resume == "may_change") + _FREE_ON_RESUME
+# `run --resume` (one run, in this process or its torchrun ranks) may also change the settings whose rule is
+# run_may_change (--checkpoint-every: a checkpoint only reads the state; tests/test_resume_checks.py proves
+# the bits equal). A comparison, seeds or Flower resume keeps the folder's (they do not pass it on).
+_RUN_RESUME_OK = _RESUME_OK + tuple(k for k, s in SETTINGS.items() if s.on_resume == "run_may_change")
 # argparse destinations that are not settings: present in every namespace (or refused on their own
 # when given, like --out), never listed as accepted.
-_NOT_SETTINGS = ("command", "demo", "resume", "argv", "out", "name", "config", "algorithms")
-# Why a flag some users expect to be free is refused on resume (said after the refusal).
-_RESUME_REFUSED_WHY = {
-    "executor": "another executor runs the same algorithm with another floating-point summation order, so the "
-                "resumed run would not end with the bits of an uninterrupted one (a resume keeps the folder's "
-                "executor; an `auto` run keeps the executor it started on)",
-    "threads": "another number of threads changes how torch splits its sums and matrix products, so the resumed "
-               "run would not end with the bits of an uninterrupted one",
-}
+_NOT_SETTINGS = ("command", "demo", "resume", "argv", "out", "name", "config", "algorithms", TYPED)
 
 
 def _quiet(_text: str) -> None:
@@ -212,7 +207,6 @@ def _restarted_run(cfg, out: str) -> bool:
     the restarted ranks resume it instead of starting over. A folder holding a run of other
     settings (the first attempt refused it) is left alone: the fresh-run checks then refuse it again."""
     from . import launch
-    from .config import RESULT_KEYS
     from .folders import _read_config_json
     from ..runfolder.files import _as_json
 
@@ -236,14 +230,17 @@ def _resume_flags_check(args, allowed: Sequence[str] = _RESUME_OK, whose: str = 
     if given:
         flags = [_flag(k) for k in allowed if k not in _NOT_SETTINGS]
         accepted = " and ".join([", ".join(flags[:-1]), flags[-1]] if len(flags) > 1 else flags)
-        why = "".join(f"; {_flag(k)}: {_RESUME_REFUSED_WHY[k]}" for k in given if k in _RESUME_REFUSED_WHY)
+        typed = user_names(args)
+        why = "".join(f"; {typed.get(k, _flag(k))}: {SETTINGS[k].why_kept}" for k in given
+                      if k in SETTINGS and SETTINGS[k].why_kept)
         raise ValueError(f"--resume takes {whose} settings from {args.resume}, so only {accepted} may be given "
-                         f"(got {', '.join(_flag(g) for g in given)}){why}; nothing was changed")
+                         f"(got {', '.join(typed.get(g, _flag(g)) for g in given)}){why}; nothing was changed")
 
 
 def _flag(dest: str) -> str:
-    """The command-line flag of an argparse destination (every flag here is --DEST with '-' for '_')."""
-    return "--" + dest.replace("_", "-")
+    """The long flag of an argparse destination: a setting's declared flag (--alg-opt for alg_opts),
+    else --DEST with '-' for '_'."""
+    return flag(dest) if dest in SETTINGS else "--" + dest.replace("_", "-")
 
 
 def _resume_run(args):
@@ -255,14 +252,11 @@ def _resume_run(args):
 
     _resume_flags_check(args, _RUN_RESUME_OK)
     every = getattr(args, "checkpoint_every", None)
-    try:
-        prep = prepare_run(None, args.resume, resume=True, rounds=getattr(args, "rounds", None))
-        if every is not None and every != prep.cfg.checkpoint_every:
-            cfg = prep.cfg.replace(checkpoint_every=every)
-            cfg.check()  # a bad value is named by its flag, before anything is written
-            prep.cfg, prep.rewrite_config = cfg, True
-    except ValueError as e:
-        raise _in_terms_of(args, e) from None
+    prep = prepare_run(None, args.resume, resume=True, rounds=getattr(args, "rounds", None))
+    if every is not None and every != prep.cfg.checkpoint_every:
+        cfg = prep.cfg.replace(checkpoint_every=every)
+        cfg.check()  # a bad value is named by its flag, before anything is written
+        prep.cfg, prep.rewrite_config = cfg, True
     return prep
 
 
@@ -270,8 +264,6 @@ def _compare_settings(args, seeds: bool = False):
     """(the shared Config, the algorithm names, each algorithm's own options) of a ``compare``,
     checked (values, algorithm names). ``seeds=True``: also read the seeds (into ``args.seed_list``
     and ``args.reseed``)."""
-    from .config import Config
-
     if seeds:
         merged, args.seed_list, args.reseed = _seed_settings(args, extra=("algorithms",))
     else:

@@ -1,49 +1,176 @@
-"""The experiment configuration (:class:`Config`) and the checks of its values.
+"""The experiment configuration (:class:`Config`): every setting declared once, and its checks.
 
     cfg = Config.from_dict({"algorithm": "fedcanon", "lr": 0.05, "rounds": 100})   # checks every value
     cfg.check()                                                                  # raises ConfigError
 
-Field names are the command line's flags (``local_steps`` is ``--local-steps``) and the keys of a
-TOML / YAML / JSON config file. A bad value raises :class:`ConfigError` naming the flag and the
-value the user wrote (``--lr -0.1: ...``), never an internal name or a mapped value, so the
-command line can say it in the user's terms (it rewrites the prefix for values that came from a
-config file). The checks here are the ones that need nothing but the values;
-:func:`~.prepare.prepare_run` adds those that need the data, the algorithm or the machine.
+Each field of :class:`Config` is declared with :func:`setting`: its command-line flag (and short
+alias, ``-K``), how the flag's text is read, its check (type and bounds), its help text and its
+resume rule. Everything else is derived from that declaration (:data:`SETTINGS`): the command
+line's flags (:mod:`.cli_parser`), the config-file keys (the field names), the flags a ``--resume``
+accepts and the settings a checkpoint must match (:func:`resume_rule`), and the settings a sweep may
+vary with the checks of their flags (:func:`sweepable_settings`).
+
+A bad value raises :class:`ConfigError` naming the setting the way the user gave it: the flag as
+typed (``-K 0: ...``), or the config file and key (``c.toml: rounds = '2': ...``) inside
+:func:`named_as` (the command line enters it with what it parsed), else the setting's long flag. The
+checks here are the ones that need nothing but the values; :func:`~.prepare.prepare_run` adds those
+that need the data, the algorithm or the machine.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import difflib
 import math
 import numbers
-from typing import Optional
+from typing import Callable, Dict, Iterator, Mapping, Optional
 
+from ..algorithms.registry import ALGORITHMS
 from ..clients import EXECUTORS
+from .data import DATASETS, PARTITIONS, check_data_options
+from .models import MODELS
+from .regularizer_specs import REGULARIZERS
+from .values import parse_batch, parse_float, parse_int, parse_option, parse_reg_param, parse_seed
 
-__all__ = ["Config", "ConfigError", "flag", "check_given", "RESULT_KEYS", "EXECUTION_KEYS"]
+__all__ = ["Config", "ConfigError", "Setting", "SETTINGS", "setting", "flag", "named_as", "FromFile",
+           "check_given", "resume_rule", "sweepable_settings", "RESULT_KEYS", "EXECUTION_KEYS", "MAX_THREADS",
+           "MAX_SEED", "MAX_COUNT"]
+
+# Bounds of the integer settings. A count (rounds, local steps, clients, samples per batch, ...) above
+# 2**31 - 1 would overflow the 32-bit sizes of torch's and OpenMP's loops and would not finish anyway;
+# seeds go to torch.manual_seed, which takes at most a signed 64-bit integer. Threads: every current
+# machine has fewer than 1024 hardware threads, and OpenMP fails (20,000) or segfaults (100,000)
+# creating thousands of them, so a larger --threads is a typo, refused before any thread starts.
+MAX_COUNT = 2**31 - 1
+MAX_SEED = 2**63 - 1
+MAX_THREADS = 1024
+
+# How a --resume treats a setting (the `on_resume` of :func:`setting`):
+#   fixed           part of the result: taken from the folder, a checkpoint must match it, its flag is refused
+#   kept            changes how fast, not what (executor, threads): taken from the folder, its flag refused
+#                   with the reason the field declares (``why_kept``: the bits of the resumed run would differ)
+#   may_change      its flag is accepted by every --resume (rounds: extend the run)
+#   run_may_change  accepted by `run --resume` alone (checkpoint_every: when a checkpoint is written never
+#                   changes what a round computes; a comparison, seeds or Flower resume keeps the folder's)
+RESUME_RULES = ("fixed", "kept", "may_change", "run_may_change")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting of a run, as a :class:`Config` field declares it (see :func:`setting`)."""
+
+    name: str  # the Config field and the config-file key
+    flag: str  # the long flag, --local-steps
+    short: Optional[str]  # -K
+    aliases: tuple  # other long spellings (--kappa)
+    help: Optional[str]
+    check: Callable  # value -> None, or the rule the value breaks
+    parse: Callable  # the flag's text -> value; raises ValueError(rule)
+    on_resume: str
+    why_kept: Optional[str]
+    group: str  # the --help section
+    options: bool  # a table of KEY=VALUE entries, one per repeated flag
+    choices: Optional[tuple]
+    metavar: Optional[str]
+    single_run: bool  # a flag of `run` only (compare and sweep take several: -a/--algorithms)
+
+    @property
+    def flags(self) -> tuple:
+        """Every spelling of the flag, short first (argparse's order)."""
+        return tuple(f for f in (self.short, self.flag, *self.aliases) if f)
+
+    def rule_broken(self, value) -> Optional[str]:
+        """The rule ``value`` breaks, or None."""
+        return self.check(value)
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def setting(default, *, flag: Optional[str] = None, short: Optional[str] = None, aliases: tuple = (),
+            help: Optional[str] = None, check: Callable, parse: Callable = _text, on_resume: str = "fixed",
+            why_kept: Optional[str] = None, group: str = "run", options: bool = False,
+            choices: Optional[tuple] = None, metavar: Optional[str] = None, single_run: bool = False):
+    """A :class:`Config` field with its declaration as metadata: ``flag`` (default ``--NAME`` with
+    ``-`` for ``_``), ``short`` alias, ``parse`` (the flag's text to a value), ``check`` (a value to
+    None or the rule it breaks), ``help``, ``on_resume`` (one of :data:`RESUME_RULES`), and for a
+    table of options (``options=True``) one ``KEY=VALUE`` per repeated flag."""
+    if on_resume not in RESUME_RULES:
+        raise ValueError(f"on_resume must be one of {', '.join(RESUME_RULES)}, got {on_resume!r}")
+    if options and parse is _text:
+        parse = parse_option
+    meta = dict(flag=flag, short=short, aliases=tuple(aliases), help=help, check=check, parse=parse,
+                on_resume=on_resume, why_kept=why_kept, group=group, options=options, choices=choices,
+                metavar=metavar or ("KEY=VALUE" if options else None), single_run=single_run)
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=lambda: dict(default), metadata={"setting": meta})
+    return dataclasses.field(default=default, metadata={"setting": meta})
+
+
+def _declared(field: dataclasses.Field) -> Setting:
+    meta = dict(field.metadata["setting"])
+    meta["flag"] = meta["flag"] or "--" + field.name.replace("_", "-")
+    return Setting(name=field.name, **meta)
+
+
+# --- how the user named each setting ---------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class FromFile:
+    """A setting whose value came from config file ``path`` (errors say ``path: key = value: rule``)."""
+
+    path: str
+
+
+_NAMES: contextvars.ContextVar[Mapping] = contextvars.ContextVar("setting_names", default={})
+
+
+@contextlib.contextmanager
+def named_as(names: Mapping) -> Iterator[None]:
+    """Within it, a :class:`ConfigError` about setting ``key`` names it as ``names[key]``: the flag
+    as the user typed it (``"-K"``) or :class:`FromFile`. ``names`` is read when an error is raised,
+    so the command line may add the config file's keys once it has read the file."""
+    token = _NAMES.set(names)
+    try:
+        yield
+    finally:
+        _NAMES.reset(token)
 
 
 class ConfigError(ValueError):
-    """A configuration value breaks a rule. ``key`` is the Config field, ``value`` what was given."""
+    """A configuration value breaks a rule. ``key`` is the Config field, ``value`` what was given.
 
-    def __init__(self, key: str, value, rule: str):
+    The message names the setting as the user gave it (:func:`named_as`); ``flag_text`` replaces
+    ``FLAG VALUE`` when the value came from several flags (``--reg-opt a=1 --reg-opt b=2``)."""
+
+    def __init__(self, key: str, value, rule: str, flag_text: Optional[str] = None):
         self.key, self.value, self.rule = key, value, rule
-        super().__init__(f"{flag(key)} {_show(value)}: {rule}")
+        name = _NAMES.get().get(key)
+        if isinstance(name, FromFile):
+            super().__init__(self._file_text(name.path))
+        else:
+            super().__init__(f"{flag_text or f'{name or flag(key)} {_show(value)}'}: {rule}")
 
-    def in_file(self, path: str) -> "ConfigError":
-        """The same error, worded for a value that came from config file ``path``. A string given for
-        a key that takes no string keeps its quotes there (``rounds = '2'``): in a file, unlike on the
-        command line, the quotes are what made it a string, and without them
-        ``rounds = 2: must be an integer`` reads as a contradiction."""
-        e = ConfigError(self.key, self.value, self.rule)
+    def _file_text(self, path: str) -> str:
+        """Worded for a value from config file ``path``. A string given for a key that takes no string
+        keeps its quotes there (``rounds = '2'``): in a file, unlike on the command line, the quotes
+        are what made it a string, and without them ``rounds = 2: must be an integer`` reads as a
+        contradiction."""
         # option tables (reg_opts = {...}) are shown as the KEY=VALUE text the error rendered: no quotes
         text_key = (self.key == "regularizers" or self.key.endswith("_opts")
                     or "str" in str(_field_types().get(self.key, "")))
         shown = repr(self.value) if isinstance(self.value, str) and not text_key else _show(self.value)
-        e.args = (f"{path}: {self.key} = {shown}: {self.rule}",)
+        return f"{path}: {self.key} = {shown}: {self.rule}"
+
+    def in_file(self, path: str) -> "ConfigError":
+        """The same error, worded for a value that came from config file ``path``."""
+        e = ConfigError(self.key, self.value, self.rule)
+        e.args = (e._file_text(path),)
         return e
-
-
 
 
 def _field_types() -> dict:
@@ -52,12 +179,9 @@ def _field_types() -> dict:
 
 
 def flag(key: str) -> str:
-    """The command-line flag of Config field ``key`` (``local_steps`` -> ``--local-steps``)."""
-    if key == "regularizers":
-        return "--reg-param"
-    if key.endswith("_opts"):
-        return "--" + key[: -len("_opts")].replace("_", "-") + "-opt"
-    return "--" + key.replace("_", "-")
+    """The long command-line flag of Config field ``key`` (``local_steps`` -> ``--local-steps``)."""
+    s = SETTINGS.get(key)
+    return s.flag if s is not None else "--" + key.replace("_", "-")
 
 
 def _show(value) -> str:
@@ -87,12 +211,14 @@ def _got(v) -> str:
     return ", got a string" if isinstance(v, str) else ""
 
 
-def _int(lo: int, none_ok: bool = False, what: str = ""):
+def _int(lo: int, none_ok: bool = False, what: str = "", hi: int = MAX_COUNT):
     def check(v):
         if v is None and none_ok:
             return None
         if not _is_int(v) or v < lo:
             return f"must be an integer >= {lo}{' or null' if none_ok else ''}{what}{_got(v)}"
+        if v > hi:
+            return f"must be an integer in [{lo}, {hi}]{what}"
         return None
     return check
 
@@ -162,94 +288,135 @@ def _reg_table(v):
     return None
 
 
-def _choices():  # imported late: the registries pull in torch and the algorithm modules
-    from ..algorithms.registry import ALGORITHMS
-    from .data import DATASETS, PARTITIONS
-    from .models import MODELS
-    from .regularizer_specs import REGULARIZERS
-
-    return {"algorithm": tuple(ALGORITHMS), "dataset": tuple(DATASETS), "partition": tuple(PARTITIONS),
-            "model": tuple(MODELS), "reg": tuple(REGULARIZERS)}
+_REGISTRIES = {"algorithm": tuple(ALGORITHMS), "dataset": tuple(DATASETS), "partition": tuple(PARTITIONS),
+               "model": tuple(MODELS), "reg": tuple(REGULARIZERS)}
 
 
-_RULES = {
-    "lr": _num(0, what=" (the local step size)"),
-    "local_steps": _int(1),
-    "alg_opts": _mapping,
-    "data_dir": _str(none_ok=True),
-    "data_opts": _mapping,
-    "test_fraction": _num(0, open_lo=False, hi=1, open_hi=True),
-    "num_clients": _int(1),
-    "eta": _num(0, what=" (the Dirichlet concentration)"),
-    "min_size": _int(0, none_ok=True),
-    "shards_per_client": _int(1),
-    "participation": _num(0, hi=1, none_ok=True, what=" (a fraction of the clients)"),
-    "clients_per_round": _int(1, none_ok=True),
-    "model_opts": _mapping,
-    "reg_strength": _num(0, open_lo=False),
-    "reg_opts": _mapping,
-    "regularizers": _reg_table,
-    "rounds": _int(0),
-    "batch_size": _int(1, none_ok=True, what=" (null: full gradients)"),
-    "seed": _int(0),
-    "data_seed": _int(0, none_ok=True, what=" (null: the data follow --seed)"),
-    "metrics_every": _int(0, what=" (0: timings only)"),
-    "metric_step": _num(0, none_ok=True),
-    "device": _str(("cpu", "cuda", "cuda:K", "auto"), prefix_ok=("cuda:",)),
-    "dtype": _str(("float32", "float64")),
-    "checkpoint_every": _int(0, what=" (0: only at the start and the end)"),
-    "executor": _executor,
-    "threads": _int(1, none_ok=True),
-}
+def _registry(key: str):
+    """The check of a name from a registry (``--algorithm``, ``--dataset``, ...), case-insensitive."""
+    names = _REGISTRIES[key]
+
+    def check(v):
+        if key == "dataset" and isinstance(v, str) and v.lower().startswith("sklearn:") and v.lower() not in names:
+            return f"unknown scikit-learn data set; valid: {', '.join(c for c in names if c.startswith('sklearn:'))}"
+        if key == "reg" and isinstance(v, str) and v.lower() == "group_lasso":
+            return ("group_lasso needs a parameter's shape (its rows or columns are the groups): give it per "
+                    "parameter, e.g. --reg-param 'net.0.weight=group_lasso,lam=0.01,groups=cols'")
+        if not isinstance(v, str) or v.lower() not in names:
+            return f"unknown {key}; valid: {', '.join(names)}"
+        return None
+    return check
 
 
 @dataclasses.dataclass
 class Config:
-    """Everything that defines a run. Field names are the command line's flags (``--local-steps``)
-    and the keys of a TOML / YAML config file."""
+    """Everything that defines a run. Each field declares its command-line flag, its check, its help
+    text and its resume rule (:func:`setting`); the flags, the config-file keys and the resume rules
+    are derived from these declarations (:data:`SETTINGS`)."""
 
     # algorithm (python_algos.algorithms.registry): built from (lr, local_steps), then alg_opts overrides
-    algorithm: str = "fedcanon"
-    lr: float = 0.05
-    local_steps: int = 10
-    alg_opts: dict = dataclasses.field(default_factory=dict)
+    algorithm: str = setting("fedcanon", short="-a", group="algorithm", single_run=True, check=_registry("algorithm"),
+                             help="registry name (see `algorithms`)")
+    lr: float = setting(0.05, group="algorithm", parse=parse_float, check=_num(0, what=" (the local step size)"),
+                        help="local step size (mapped per algorithm, see registry)")
+    local_steps: int = setting(10, short="-K", group="algorithm", parse=parse_int, check=_int(1),
+                               help="local steps per round")
+    alg_opts: dict = setting({}, flag="--alg-opt", group="algorithm", options=True, check=_mapping,
+                             help="override a hyper-parameter, e.g. alpha=0.1")
     # data (python_algos.experiments.data)
-    dataset: str = "sparse_logistic"
-    data_dir: Optional[str] = None
-    data_opts: dict = dataclasses.field(default_factory=dict)
-    test_fraction: float = 0.2
-    partition: str = "iid"
-    num_clients: int = 10
-    eta: float = 0.5  # Dirichlet concentration Dir(eta)
-    min_size: Optional[int] = None
-    shards_per_client: int = 1
-    participation: Optional[float] = None  # fraction of clients sampled per round (None: all)
-    clients_per_round: Optional[int] = None  # or their number
+    dataset: str = setting("sparse_logistic", group="data", check=_registry("dataset"),
+                           help="sparse_logistic | sparse_linear | synthetic | image_like | mnist | fashion_mnist | "
+                                "cifar10 | a9a | libsvm | femnist | sklearn:NAME (scikit-learn's bundled digits, "
+                                "breast_cancer, wine, iris, diabetes; needs scikit-learn)")
+    data_dir: Optional[str] = setting(None, group="data", check=_str(none_ok=True),
+                                      help="folder holding the dataset files (never downloaded)")
+    data_opts: dict = setting({}, flag="--data-opt", group="data", options=True, check=_mapping,
+                              help="generator / loader option, e.g. alpha=1 beta=1 (synthetic), file=a.txt (libsvm); "
+                                   "each typed and bounded by the data set's declared options")
+    test_fraction: float = setting(0.2, group="data", parse=parse_float,
+                                   check=_num(0, open_lo=False, hi=1, open_hi=True))
+    partition: str = setting("iid", group="data", choices=("iid", "dirichlet", "shards", "writers", "natural"),
+                             check=_registry("partition"))
+    num_clients: int = setting(10, short="-N", group="data", parse=parse_int, check=_int(1))
+    eta: float = setting(0.5, group="data", parse=parse_float, check=_num(0, what=" (the Dirichlet concentration)"),
+                         help="Dirichlet concentration Dir(eta)")
+    min_size: Optional[int] = setting(None, group="data", parse=parse_int, check=_int(0, none_ok=True),
+                                      help="Dirichlet: minimum samples per client")
+    shards_per_client: int = setting(1, group="data", parse=parse_int, check=_int(1))
+    participation: Optional[float] = setting(None, group="data", parse=parse_float,
+                                             check=_num(0, hi=1, none_ok=True, what=" (a fraction of the clients)"),
+                                             help="fraction of clients sampled per round (partial participation; "
+                                                  "algorithms that support it)")
+    clients_per_round: Optional[int] = setting(None, group="data", parse=parse_int, check=_int(1, none_ok=True),
+                                               help="number of clients sampled per round (instead of --participation)")
     # model (python_algos.experiments.models)
-    model: str = "linear"
-    model_opts: dict = dataclasses.field(default_factory=dict)
+    model: str = setting("linear", group="model and regularizer", check=_registry("model"),
+                         help="linear | mlp | cnn | sigmoid_net | resnet18 | resnet34 | resnet50 | resnet101")
+    model_opts: dict = setting({}, flag="--model-opt", group="model and regularizer", options=True, check=_mapping,
+                               help="e.g. hidden=64 (sigmoid_net) or hidden=[128,64] (mlp)")
     # regularizer h
-    reg: str = "l1"
-    reg_strength: float = 1e-3
-    reg_opts: dict = dataclasses.field(default_factory=dict)
+    reg: str = setting("l1", group="model and regularizer", check=_registry("reg"),
+                       help="zero | l1 | elastic_net | mcp | scad | box | nonneg | l2ball")
+    reg_strength: float = setting(1e-3, aliases=("--kappa",), group="model and regularizer", parse=parse_float,
+                                  check=_num(0, open_lo=False),
+                                  help="a penalty's weight: kappa (l1), l1 weight (elastic_net), lambda (mcp, scad); "
+                                       "default 1e-3. The constraints (box, nonneg, l2ball) have none: giving one is "
+                                       "an error (zero ignores it)")
+    reg_opts: dict = setting({}, flag="--reg-opt", group="model and regularizer", options=True, check=_mapping,
+                             help="the regularizer's options (repeatable): gamma=3 (mcp), a=3.7 (scad), l2=... "
+                                  "(elastic_net; default: the l1 weight), lo=-1 hi=1 (box), radius=1 (l2ball); the "
+                                  "values shown are the defaults. An unknown key is an error, and so is the "
+                                  "strength's own name (kappa=, lam=, l1=): the strength is --reg-strength")
     # per-parameter h (PATTERN -> name or {reg = name, options}; non-empty: replaces reg / reg_opts)
-    regularizers: dict = dataclasses.field(default_factory=dict)
+    regularizers: dict = setting({}, flag="--reg-param", group="model and regularizer", parse=parse_reg_param,
+                                 options=True, check=_reg_table, metavar="PATTERN=SPEC",
+                                 help="one penalty per parameter, instead of --reg (repeatable; config file: a "
+                                      "[regularizers] table): PATTERN is a parameter name or fnmatch pattern, SPEC a "
+                                      "name (none, l1, ..., group_lasso) with KEY=VALUE options, e.g. "
+                                      "'net.0.weight=group_lasso,lam=0.01,groups=cols' '*.bias=none' "
+                                      "'*=l1,kappa=1e-4'. An exact name wins, then the first matching pattern in "
+                                      "order; unmatched parameters get no penalty")
     # run
-    rounds: int = 100
-    batch_size: Optional[int] = None  # None: full local gradients
-    seed: int = 0
+    rounds: int = setting(100, short="-T", group="run", parse=parse_int, check=_int(0), on_resume="may_change")
+    batch_size: Optional[int] = setting(None, short="-B", group="run", parse=parse_batch,
+                                        check=_int(1, none_ok=True, what=" (null: full gradients)"),
+                                        help="minibatch size (>= 1), or 'full': full local gradients (the default)")
+    seed: int = setting(0, group="run", parse=parse_seed, check=_int(0, hi=MAX_SEED),
+                        help="the random seed (model initialization, sampling, data); a comma-separated list "
+                             "(--seed 1,2,3) runs one independent run per seed")
     # the seed of the data alone (generated samples, train/test split, client partition); None: ``seed``.
     # Independent seeds of one experiment (``--seeds``) keep it fixed, so they differ in the model's
     # initialization and the sampling, not in the problem, unless ``--reseed-data`` is given.
-    data_seed: Optional[int] = None
-    metrics_every: int = 1
-    metric_step: Optional[float] = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    checkpoint_every: int = 10
+    data_seed: Optional[int] = setting(None, group="run", parse=parse_int,
+                                       check=_int(0, none_ok=True, hi=MAX_SEED, what=" (null: the data follow --seed)"),
+                                       help="the seed of the data alone (samples, train/test split, partition); "
+                                            "default: --seed")
+    metrics_every: int = setting(1, group="run", parse=parse_int, check=_int(0, what=" (0: timings only)"))
+    metric_step: Optional[float] = setting(None, group="run", parse=parse_float, check=_num(0, none_ok=True),
+                                           help="step s of ||G_s||²")
+    device: str = setting("cpu", group="run", check=_str(("cpu", "cuda", "cuda:K", "auto"), prefix_ok=("cuda:",)),
+                          help="cpu | cuda | cuda:K | auto")
+    dtype: str = setting("float32", group="run", choices=("float32", "float64"), check=_str(("float32", "float64")))
+    checkpoint_every: int = setting(10, group="run", parse=parse_int,
+                                    check=_int(0, what=" (0: only at the start and the end)"),
+                                    on_resume="run_may_change",
+                                    help="checkpoint every N rounds (default 10; 0: only at the start and the end)")
     # execution (changes speed, not the result beyond floating-point summation order)
-    executor: str = "auto"  # sequential | batched | auto (python_algos.clients.EXECUTORS)
-    threads: Optional[int] = None  # torch / fedkernels threads; None: the policy of python_algos.experiments.threads
+    executor: str = setting("auto", group="run", choices=_RUN_EXECUTORS, check=_executor, on_resume="kept",
+                            why_kept="another executor runs the same algorithm with another floating-point summation "
+                                     "order, so the resumed run would not end with the bits of an uninterrupted one (a "
+                                     "resume keeps the folder's executor; an `auto` run keeps the executor it started "
+                                     "on)",
+                            help="how client work runs: one client after another, or all clients vectorized "
+                                 "(default: auto)")
+    threads: Optional[int] = setting(None, group="run", parse=parse_int, check=_int(1, none_ok=True, hi=MAX_THREADS),
+                                     on_resume="kept",
+                                     why_kept="another number of threads changes how torch splits its sums and matrix "
+                                              "products, so the resumed run would not end with the bits of an "
+                                              "uninterrupted one",
+                                     help=f"torch / fedkernels threads (default: 1 for small models, see README "
+                                          f"'Threads'); at most {MAX_THREADS}, more than the hardware threads of any "
+                                          f"current machine (thousands of threads make OpenMP fail or crash)")
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
@@ -268,34 +435,52 @@ class Config:
         return dataclasses.replace(self, **kw)
 
     def check(self) -> None:
-        """Raise :class:`ConfigError` for the first value of a wrong type or out of range."""
-        choices = _choices()
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name in choices:
-                if f.name == "dataset" and isinstance(v, str) and v.lower().startswith("sklearn:") \
-                        and v.lower() not in choices[f.name]:
-                    names = ", ".join(c for c in choices[f.name] if c.startswith("sklearn:"))
-                    raise ConfigError(f.name, v, f"unknown scikit-learn data set; valid: {names}")
-                if f.name == "reg" and isinstance(v, str) and v.lower() == "group_lasso":
-                    raise ConfigError(f.name, v, "group_lasso needs a parameter's shape (its rows or columns are "
-                                      "the groups): give it per parameter, e.g. --reg-param "
-                                      "'net.0.weight=group_lasso,lam=0.01,groups=cols'")
-                if not isinstance(v, str) or v.lower() not in choices[f.name]:
-                    raise ConfigError(f.name, v, f"unknown {f.name}; valid: {', '.join(choices[f.name])}")
-                continue
-            rule = _RULES[f.name](v)
+        """Raise :class:`ConfigError` for the first value of a wrong type or out of range, then for the
+        values that break a rule together."""
+        for s in SETTINGS.values():
+            v = getattr(self, s.name)
+            rule = s.rule_broken(v)
             if rule:
-                raise ConfigError(f.name, v, rule)
+                raise ConfigError(s.name, v, rule)
+        bad = check_data_options(self.dataset, self.data_opts)
+        if bad is not None:
+            key, rule = bad
+            raise ConfigError("data_opts", f"{key}={_show(self.data_opts[key])}", rule)
+        if not math.isfinite(self.lr * self.local_steps):
+            # lr·K is the default step s of the stationarity metric and the step of several algorithms
+            # (FedCanon's alpha, FedNMap's lam, ...): an infinite one fails inside a kernel, naming no flag
+            raise ConfigError("lr", self.lr, f"lr × local steps = {self.lr:g} × {self.local_steps} is not a finite "
+                              f"number (it is the step of the stationarity metric and of several algorithms)")
         if self.participation is not None and self.clients_per_round is not None:
             raise ConfigError("clients_per_round", self.clients_per_round,
                               f"give {flag('participation')} (a fraction) or {flag('clients_per_round')} "
                               f"(a count), not both")
 
 
+def resume_rule(key: str) -> str:
+    """How a ``--resume`` treats setting ``key``: one of :data:`RESUME_RULES`."""
+    return SETTINGS[key].on_resume
+
+
+def sweepable_settings() -> Dict[str, Setting]:
+    """The settings a sweep (``--grid KEY=...``, ``--space KEY=...``) may vary, by key: every setting
+    of one value (not the tables of options), each with its check (:meth:`Setting.rule_broken`), so
+    a swept value gets the rule its flag gets."""
+    return {k: s for k, s in SETTINGS.items() if not s.options}
+
+
+def nearest(word: str, candidates) -> Optional[str]:
+    """The candidate closest to a misspelt ``word`` (difflib), or None when none is close."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def unknown_keys_text(unknown, valid) -> str:
-    """'unknown key(s) lrr; valid keys: ...' (the caller puts the file's name in front)."""
-    return f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; valid keys: {', '.join(sorted(valid))}"
+    """'unknown key(s) lrr; valid keys: ...; did you mean lr?' (the caller puts the file's name in front)."""
+    unknown = sorted(map(str, unknown))
+    guesses = [f"{u} -> {g}" if len(unknown) > 1 else g for u in unknown for g in [nearest(u, valid)] if g]
+    guess = f"; did you mean {', '.join(guesses)}?" if guesses else ""
+    return f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}{guess}"
 
 
 # The partition settings and the partitions that read them (data.federate). The others ignore them,
@@ -313,7 +498,7 @@ def check_given(given: dict) -> None:
     config.json of a run made before this check may record such a value; it must still load and
     resume (the value changed nothing then either)."""
     partition = given.get("partition", Config.partition)
-    if not isinstance(partition, str) or partition.lower() not in _choices()["partition"]:
+    if not isinstance(partition, str) or partition.lower() not in _REGISTRIES["partition"]:
         return  # Config.check names the bad partition
     for key, users in PARTITION_KEYS.items():
         if key in given and partition.lower() not in users:
@@ -321,7 +506,10 @@ def check_given(given: dict) -> None:
                                                f"(got {partition})")
 
 
-# Settings that change how fast a run goes, not what it computes: they may differ when a run is
-# resumed. Every other key must match the checkpoint (``rounds`` may grow, see :mod:`.prepare`).
-EXECUTION_KEYS = ("executor", "threads", "checkpoint_every", "rounds")
-RESULT_KEYS = tuple(f.name for f in dataclasses.fields(Config) if f.name not in EXECUTION_KEYS)
+SETTINGS: Dict[str, Setting] = {f.name: _declared(f) for f in dataclasses.fields(Config)}
+
+# The settings a checkpoint must match (the result of a round depends on them), and the others: they
+# change how fast a run goes or for how long, and may differ from the checkpoint's (``rounds`` may
+# grow, see :mod:`.prepare`; executor and threads are kept from config.json by a resume).
+RESULT_KEYS = tuple(k for k, s in SETTINGS.items() if s.on_resume == "fixed")
+EXECUTION_KEYS = tuple(k for k, s in SETTINGS.items() if s.on_resume != "fixed")

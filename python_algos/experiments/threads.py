@@ -24,6 +24,8 @@ import torch
 
 import fedkernels as fk
 
+from .config import MAX_THREADS
+
 __all__ = ["SMALL_MODEL", "choose_threads", "apply_threads"]
 
 SMALL_MODEL = 1_000_000
@@ -40,8 +42,9 @@ def choose_threads(requested: Optional[int], dim: int, device: torch.device) -> 
     """The number of threads for a run of a ``dim``-parameter model on ``device`` (see the module
     docstring); ``requested`` wins when given."""
     if requested is not None:
-        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
-            raise ValueError(f"--threads must be an int >= 1, got {requested!r}")
+        if isinstance(requested, bool) or not isinstance(requested, int) or not 1 <= requested <= MAX_THREADS:
+            # the bound of Config.threads (its reason: config.MAX_THREADS), for a caller from Python
+            raise ValueError(f"--threads must be an int >= 1 and <= {MAX_THREADS}, got {requested!r}")
         return requested
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if env.isdigit() and int(env) >= 1:

@@ -41,6 +41,7 @@ import torch
 from . import loaders, partitions, synthetic
 from .sklearn_data import PREFIX as SKLEARN_PREFIX
 from .sklearn_data import SKLEARN, load_sklearn
+from .options import data_options
 from .split import _split
 
 __all__ = ["Dataset", "FederatedData", "DATASETS", "BUILTIN", "load_dataset", "federate"]
@@ -103,7 +104,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
     if key == "fmnist":
         key = "fashion_mnist"
     if key.startswith(SKLEARN_PREFIX):
-        unknown = set(opts) - {"standardize"}
+        unknown = set(opts) - set(data_options(key))
         if unknown:
             raise ValueError(f"dataset {key!r} does not take option(s) {sorted(unknown)}; it takes: standardize")
         sub = key[len(SKLEARN_PREFIX):]
@@ -111,14 +112,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
         return Dataset(key, X, y, Xt, yt, task, classes, source=source)
     if key not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
-    if key in FILES:
-        unknown = set(opts) - ({"file", "test_file", "n_features"} if key == "libsvm" else set())
-    elif key in ("sparse_logistic", "sparse_linear"):
-        unknown = set(opts) - {"n", "dim", "nnz", "noise", "num_groups", "shift"}
-    elif key == "synthetic":
-        unknown = set(opts) - {"alpha", "beta", "num_clients", "dim", "num_classes", "samples", "iid", "max_samples"}
-    else:
-        unknown = set(opts) - {"n", "num_classes", "shape", "modes", "noise"}
+    unknown = set(opts) - set(data_options(key))
     if unknown:
         raise ValueError(f"dataset {key!r} does not take option(s) {sorted(unknown)}")
 
