@@ -36,7 +36,7 @@ from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
 from .sweep import (SELECT, SWEEP_FILE, SweepInterrupted, Workers, _finished, _point_name, _read_summary, check_keys,
-                    check_one_step, keys_of, parse_keyed, plan_point, summarize, sweep_metric_step)
+                    check_one_step, check_swept_settings, keys_of, parse_keyed, plan_point, summarize, sweep_metric_step)
 from ..runfolder.files import RunFolderError, _write_json
 
 __all__ = ["parse_space", "parse_space_spec", "run_study", "STUDY_FILE", "INSTALL"]
@@ -192,6 +192,8 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
         if not space:
             raise ValueError("--space: give at least one KEY=SPEC to search (e.g. --space alpha=log:1e-3:1)")
         check_keys(space, algorithms, "--space")
+        check_swept_settings(cfg, {k: d["choices"] if d["kind"] == "choice" else [d["low"], d["high"]]
+                                   for k, d in space.items()}, algorithms, "--space")
         for a in algorithms:
             if not keys_of(a, space):
                 raise ValueError(f"--space: {a} has none of {', '.join(space)} (give a run setting such as lr, or one "

@@ -109,9 +109,25 @@ def parse_grid_values(key: str, spec) -> list:
         vals = [spec]
     if not vals:
         raise ValueError(f"{what}: no values")
-    if len(set(map(json.dumps, vals))) != len(vals):
-        raise ValueError(f"{what}: a value is repeated")
+    repeated = _repeated(vals)
+    if repeated is not None:  # the same run twice (1 and 1.0 are one number: one K, one lr)
+        raise ValueError(f"{what}: a value is repeated ({' and '.join(map(str, repeated))} are the same "
+                         f"value); give each value once")
     return vals
+
+
+def _same_value(a, b) -> bool:
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+    return a == b if numbers else json.dumps(a) == json.dumps(b)
+
+
+def _repeated(vals: list):
+    """The first two values of ``vals`` that are the same value, or None."""
+    for i, v in enumerate(vals):
+        for w in vals[:i]:
+            if _same_value(v, w):
+                return w, v
+    return None
 
 
 def parse_keyed(items, flag: str, parse: Callable) -> dict:
@@ -139,45 +155,166 @@ def _hparams(algorithm: str) -> List[str]:
     return [f.name for f in dataclasses.fields(ALGORITHMS[algorithm.lower()].cls)]
 
 
-def _point_name(point: dict) -> str:
-    def show(v):
-        return f"{v:g}" if isinstance(v, float) else str(v)
+def _settings() -> set:
+    import dataclasses
 
-    return ",".join(f"{k}={show(v)}" for k, v in point.items()) or "default"
+    return {f.name for f in dataclasses.fields(Config)}
+
+
+RUN_QUALIFIER = "run"  # --grid run.eta=...: the run setting eta, whatever the algorithms' hyper-parameters
+
+
+def _fed_by_setting(algorithm: str, name: str) -> bool:
+    """Whether hyper-parameter ``name`` of ``algorithm`` is set by the run setting of the same name
+    (``lr`` and ``local_steps`` feed the algorithm through its ``from_lr`` map): then the two are
+    one thing and a bare key is unambiguous. Detected by mapping distinctive probe values."""
+    from ..algorithms.registry import ALGORITHMS
+
+    probe = {"lr": 0.123456789, "local_steps": 7}
+    if name not in probe:
+        return False
+    return ALGORITHMS[algorithm.lower()].from_lr(probe["lr"], probe["local_steps"]).get(name) == probe[name]
+
+
+def key_meaning(key: str, algorithm: str):
+    """What sweep key ``key`` sets for ``algorithm``: ``("setting", field)`` (a run setting),
+    ``("hparam", name)`` (one of its hyper-parameters) or None (the key does not apply to it).
+    ``run.X`` is always the run setting X, ``<algorithm>.X`` that algorithm's hyper-parameter X; a
+    bare key is a run setting when it is one (:func:`check_keys` refuses the ambiguous ones)."""
+    head, dot, name = key.partition(".")
+    if dot:
+        if head == RUN_QUALIFIER:
+            return ("setting", name)
+        return ("hparam", name) if head.lower() == algorithm.lower() else None
+    if key in _settings():
+        return ("setting", key)
+    return ("hparam", key) if key in _hparams(algorithm) else None
+
+
+def _value_text(v) -> str:
+    """A grid value in a folder name and a table: ``%g`` when that reads back as the same number
+    (the names sweeps always had), else the shortest text that does (``0.5000001``), so that two
+    values never share a folder."""
+    if isinstance(v, float) and float(f"{v:g}") == v:
+        return f"{v:g}"
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def _point_name(point: dict) -> str:
+    return ",".join(f"{k}={_value_text(v)}" for k, v in point.items()) or "default"
 
 
 def plan_sweep(cfg: Config, algorithms: Sequence[str], grid: Dict[str, list], alg_opts: Optional[dict] = None) -> list:
     """Every point: ``[{"algorithm", "point": {key: value}, "name", "config": Config | None, "skip": reason | None}]``.
 
-    Keys that are Config fields apply to every algorithm, hyper-parameters to the algorithms that
-    have them; a key that is neither raises ValueError naming ``--grid``. A point whose settings or
-    algorithm break a rule has ``config = None`` and the rule in ``skip``."""
+    Keys that are run settings apply to every algorithm, hyper-parameters to the algorithms that
+    have them (:func:`key_meaning`); a key that is neither, or both (unqualified), raises ValueError
+    naming ``--grid``, as does a swept setting's value that its flag refuses. A point whose
+    algorithm breaks a rule has ``config = None`` and the rule in ``skip``."""
     check_keys(grid, algorithms)
+    check_swept_settings(cfg, grid, algorithms)
     plans = []
     for a in algorithms:
         keys = keys_of(a, grid)
         for values in itertools.product(*(grid[k] for k in keys)):
             plans.append(plan_point(cfg, a, dict(zip(keys, values)), alg_opts))
+    names = [(p["algorithm"], p["name"]) for p in plans]
+    same = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if same is not None:  # one folder per point: two points must never print alike
+        raise ValueError(f"--grid: two points of {same[0]} are both named {same[1]} (one folder each is needed); "
+                         f"give values that differ as written")
     return plans
 
 
 def check_keys(keys, algorithms: Sequence[str], flag: str = "--grid") -> None:
-    """Every key is a run setting or a hyper-parameter of one of ``algorithms``, and may vary;
-    else ValueError naming ``flag``."""
-    import dataclasses
-
-    fields = {f.name for f in dataclasses.fields(Config)}
-    hp = {a: _hparams(a) for a in algorithms}
+    """Every key is a run setting or a hyper-parameter of one of ``algorithms``, may vary, and means
+    one thing; else ValueError naming ``flag``. A bare key that is both a run setting and a
+    hyper-parameter of a chosen algorithm that the setting does not feed (``eta``: the Dirichlet
+    concentration, and the step of FedNMap, ZA1, FedDR, FedADMM) must be qualified:
+    ``fednmap.eta`` (the hyper-parameter) or ``run.eta`` (the run setting)."""
     for k in keys:
-        if k not in fields and not any(k in hp[a] for a in algorithms):
-            raise ValueError(f"{flag} {k}: neither a run setting nor a hyper-parameter of {', '.join(algorithms)} "
-                             f"(hyper-parameters: {'; '.join(f'{a}: ' + ', '.join(hp[a]) for a in algorithms)})")
-        if k in ("algorithm", "seed", "alg_opts", "rounds"):
+        head, dot, name = k.partition(".")
+        if dot:
+            _check_qualified(k, head, name, algorithms, flag)
+        else:
+            _check_bare(k, algorithms, flag)
+        name = name if dot else k
+        if name in ("algorithm", "seed", "alg_opts", "rounds") and (not dot or head == RUN_QUALIFIER):
             raise ValueError(f"{flag} {k}: not a {flag[2:]} key (give the algorithms with -a, seeds with --seeds, "
                              f"rounds with --rounds)")
-        if k == "metric_step":  # one s for every point, or ‖G_s‖² would not compare across points
-            raise ValueError(f"{flag} metric_step: not a {flag[2:]} key: a sweep measures ‖G_s‖² at one step s for "
+        if name == "metric_step":  # one s for every point, or ‖G_s‖² would not compare across points
+            raise ValueError(f"{flag} {k}: not a {flag[2:]} key: a sweep measures ‖G_s‖² at one step s for "
                              f"every point, so that the values compare; give it with --metric-step S")
+
+
+def _hparams_text(algorithms) -> str:
+    return "; ".join(f"{a}: " + ", ".join(_hparams(a)) for a in algorithms)
+
+
+def _check_bare(k: str, algorithms: Sequence[str], flag: str) -> None:
+    from .config import flag as setting_flag
+
+    owners = [a for a in algorithms if k in _hparams(a)]
+    if k not in _settings() and not owners:
+        raise ValueError(f"{flag} {k}: neither a run setting nor a hyper-parameter of {', '.join(algorithms)} "
+                         f"(hyper-parameters: {_hparams_text(algorithms)})")
+    both = [a for a in owners if k in _settings() and not _fed_by_setting(a, k)]
+    if both:
+        from .config import PARTITION_KEYS
+
+        read_by = (f", read by --partition {' or '.join(PARTITION_KEYS[k])}" if k in PARTITION_KEYS else "")
+        raise ValueError(
+            f"{flag} {k}: ambiguous: {k} is both a run setting ({setting_flag(k)}{read_by}) and a hyper-parameter "
+            f"of {', '.join(both)}, two different things; write {' or '.join(f'{flag} {a.lower()}.{k}=...' for a in both)} "
+            f"to vary the algorithm's {k}, or {flag} {RUN_QUALIFIER}.{k}=... to vary the run setting {setting_flag(k)}")
+
+
+def _check_qualified(k: str, head: str, name: str, algorithms: Sequence[str], flag: str) -> None:
+    if head == RUN_QUALIFIER:
+        if name not in _settings():
+            raise ValueError(f"{flag} {k}: {name} is not a run setting (the flags of `run`, with _ for -)")
+        return
+    chosen = {a.lower(): a for a in algorithms}
+    if head.lower() not in chosen:
+        raise ValueError(f"{flag} {k}: {head} is not one of the swept algorithms ({', '.join(algorithms)}); "
+                         f"write ALGORITHM.KEY for a hyper-parameter, {RUN_QUALIFIER}.KEY for a run setting")
+    if name not in _hparams(head):
+        raise ValueError(f"{flag} {k}: {head} has no hyper-parameter {name} (its hyper-parameters: "
+                         f"{', '.join(_hparams(head))})")
+    if name == "local_steps":  # K is a run setting (config.json and the metrics read it): build_algorithm's rule
+        raise ValueError(f"{flag} {k}: the number of local steps is a run setting: {flag} local_steps=...")
+
+
+def check_swept_settings(cfg: Config, values: Dict[str, list], algorithms: Sequence[str], flag: str = "--grid") -> None:
+    """The checks of a run setting's flag, for each value a sweep gives it (``values``: key -> the
+    values, or a range's ends): a swept ``lr=-1`` is refused as ``--lr -1`` is, naming
+    ``FLAG KEY=VALUE``, before anything is written; and a partition setting that no swept partition
+    reads (``eta`` under ``--partition iid``) is refused, as its flag is: every point would be the same run."""
+    from .config import ConfigError, check_given
+
+    swept = {}
+    for k, vals in values.items():
+        meanings = {key_meaning(k, a) for a in algorithms} - {None}
+        swept.update({m[1]: (k, vals) for m in meanings if m[0] == "setting"})
+    partitions = swept.get("partition", (None, [cfg.partition]))[1]
+    for name, (k, vals) in swept.items():
+        for v in vals:
+            try:
+                cfg.replace(**{name: v}).check()
+                if name != "partition" and not any(_partition_reads(name, p, v) for p in partitions):
+                    check_given({"partition": partitions[0], name: v})
+            except ConfigError as e:
+                raise ValueError(f"{flag} {k}={_value_text(v)}: {e.rule}") from None
+
+
+def _partition_reads(name: str, partition, value) -> bool:
+    from .config import ConfigError, check_given
+
+    try:
+        check_given({"partition": partition, name: value})
+        return True
+    except ConfigError:
+        return False
 
 
 def sweep_metric_step(cfg: Config, values: Dict[str, list]) -> float:
@@ -224,24 +361,19 @@ def check_one_step(steps, select: str, out_dir: str, search: bool = False) -> No
 
 def keys_of(algorithm: str, keys) -> list:
     """The keys (in order) that apply to ``algorithm``: run settings, and its own hyper-parameters."""
-    import dataclasses
-
-    fields = {f.name for f in dataclasses.fields(Config)}
-    hp = _hparams(algorithm)
-    return [k for k in keys if k in fields or k in hp]
+    return [k for k in keys if key_meaning(k, algorithm) is not None]
 
 
 def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict] = None) -> dict:
     """One point: ``{"algorithm", "point", "name", "config": Config | None, "skip": reason | None}``;
-    a point whose settings or algorithm break a rule has ``config = None`` and the rule in ``skip``."""
-    import dataclasses
-
+    a point whose settings or algorithm break a rule has ``config = None`` and the rule in ``skip``.
+    The point's keys are sweep keys (:func:`key_meaning`)."""
     from .build import _build_regularizer, _hparam_error, build_algorithm
 
-    fields = {f.name for f in dataclasses.fields(Config)}
+    meant = {k: key_meaning(k, algorithm) for k in point}
     opts = dict((alg_opts or {}).get(algorithm, {}))
-    opts.update({k: v for k, v in point.items() if k not in fields})
-    settings = {k: v for k, v in point.items() if k in fields}
+    opts.update({m[1]: point[k] for k, m in meant.items() if m is not None and m[0] == "hparam"})
+    settings = {m[1]: point[k] for k, m in meant.items() if m is not None and m[0] == "setting"}
     entry = {"algorithm": algorithm, "point": point, "name": _point_name(point), "config": None, "skip": None}
     try:
         c = cfg.replace(algorithm=algorithm, alg_opts=opts, **settings)
