@@ -209,7 +209,7 @@ def cmd_sweep(args) -> int:
     except SweepInterrupted as e:
         print(e.table)
         print(f"\ninterrupted: resume with: {e.resume_command}", file=sys.stderr)
-        return 130
+        return e.exit_code  # 130 after Ctrl-C, 128 + the signal after SIGTERM / SIGHUP
     except ValueError as e:
         raise _in_terms_of(args, e) from None
     print(result["table"])
@@ -229,4 +229,8 @@ def cmd_sweep(args) -> int:
             files = []
         for f in files:
             print(f"figure: {f}")
+    if result.get("failed"):  # a worker process died: its runs are listed in the table's notes
+        print(f"error: {len(result['failed'])} run(s) failed (their worker process died); run them again with "
+              f"`python -m python_algos sweep --resume {shlex.quote(out)}`", file=sys.stderr)
+        return 1
     return 0

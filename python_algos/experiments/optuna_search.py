@@ -223,7 +223,7 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
     log(f"random search: {len(algorithms)} algorithm(s) x {trials} trial(s) x {len(seeds)} seed(s); trials one after "
         f"another, each trial's seeds on {min(jobs, len(seeds))} process(es); TPE seeded from {seeds[0]}"
         + (f"; ‖G_s‖² at s={cfg.metric_step:g} for every trial" if cfg.metric_step is not None else ""))
-    interrupted = False
+    interrupted, cause = False, None
     plans, records = [], []
     with Workers(min(jobs, len(seeds)), log) as workers:
         for a in algorithms:
@@ -245,8 +245,8 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
                         trial = study.ask(dists)
                     _evaluate(optuna, study, trial.number, _point(trial.params, keys, space), cfg, a, seeds,
                               reseed_data, alg_opts, out_dir, metric, workers, tensorboard, trials, log)
-            except KeyboardInterrupt:
-                interrupted = True
+            except KeyboardInterrupt as e:
+                interrupted, cause = True, cause or e
             for t in study.get_trials(deepcopy=False):
                 point = _point(t.params, keys, space) if set(keys) <= set(t.params) else None
                 records.append({"algorithm": a, "number": t.number, "state": t.state.name.lower(), "value": t.value,
@@ -255,10 +255,10 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
                     plans.append(plan_point(cfg, a, point, alg_opts))
     result = summarize(out_dir, plans, seeds, select, interrupted, extra={"optuna": {
         "trials_per_algorithm": trials, "direction": direction, "metric": metric, "trials": records}},
-        notes=_trial_notes(records, trials, metric))
+        notes=_trial_notes(records, trials, metric), failed=workers.failed)
     result["trials"] = records
     if interrupted:
-        raise SweepInterrupted(out_dir, result["table"])
+        raise SweepInterrupted(out_dir, result["table"], cause)
     return result
 
 
@@ -303,8 +303,8 @@ def _evaluate(optuna, study, number: int, point: dict, cfg: Config, algorithm: s
     finally:
         workers.log = log_inner
     if stopped:
-        raise KeyboardInterrupt
-    sums = [_read_summary(t["dir"]) for t in tasks]
+        raise workers.interrupt or KeyboardInterrupt()
+    sums = [_read_summary(t["dir"], workers.failed) for t in tasks]
     statuses = [s.get("status", "unfinished") for s in sums]
     if all(s == "completed" for s in statuses):
         st = final_stats(sums).get(metric)

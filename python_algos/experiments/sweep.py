@@ -40,11 +40,11 @@ and end with the same :func:`summarize`.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import itertools
 import json
 import math
 import multiprocessing
+import multiprocessing.connection as mp_connection
 import os
 import shlex
 import signal
@@ -60,12 +60,16 @@ from .values import parse_value
 from .seeds import seed_configs
 from ..runfolder.files import RunFolderError, _atomic_text, _write_json, read_summary
 from ..runfolder.progress import human_time
+from ..runfolder.signals import STOP_SIGNALS, exit_code
 
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
-           "STOP_AFTER_ENV", "SWEEP_FILE", "sweep_metric_step"]
+           "STOP_AFTER_ENV", "KILL_POINT_ENV", "SWEEP_FILE", "sweep_metric_step", "key_meaning", "check_keys",
+           "check_swept_settings", "Workers", "plan_point", "summarize"]
 
 SWEEP_FILE = "sweep.json"
 STOP_AFTER_ENV = "_FEDKERNELS_TEST_SWEEP_STOP_AFTER"  # test hook: act as on Ctrl-C after this many runs ended
+KILL_POINT_ENV = "_FEDKERNELS_TEST_SWEEP_KILL_POINT"  # test hook: SIGKILL the worker given the run folder ending so
+STOP_GRACE = 10.0  # seconds the runs get to write their summaries after a stop, before their processes are killed
 # --select: the metric, and whether the best point has its smallest or largest mean
 SELECT = {"f_plus_h": ("f+h", min), "test_acc": ("test_acc", max), "stationarity": ("grad_map_sq", min)}
 _FINISHED = ("completed", "diverged")  # a run that ended this way is never run again
@@ -74,9 +78,10 @@ _FINISHED = ("completed", "diverged")  # a run that ended this way is never run 
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C during a sweep, after its summary (what finished, what is left) was written."""
 
-    def __init__(self, out_dir: str, table: str):
+    def __init__(self, out_dir: str, table: str, cause: Optional[BaseException] = None):
         super().__init__(f"the sweep in {out_dir} was interrupted")
         self.out_dir, self.table = out_dir, table
+        self.exit_code = exit_code(cause if cause is not None else KeyboardInterrupt())  # 130, 143 on SIGTERM, ...
         self.resume_command = f"python -m python_algos sweep --resume {shlex.quote(out_dir)}"
 
 
@@ -397,13 +402,19 @@ def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict
 # --------------------------------------------------------------------------- #
 
 _STOP = None  # the sweep's stop event, in a worker process
+_WORKER_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)  # Ctrl-C, kill PID, a closed terminal
 
 
-def _worker_init(stop, threads) -> None:
-    """A worker: Ctrl-C is ignored between runs (the parent decides what stops); ``stop`` set by the
-    parent interrupts the running run the way Ctrl-C would (SIGINT to this process)."""
+def _ignore_stop_signals() -> None:
+    for s in _WORKER_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
+def _worker_init(stop) -> None:
+    """A worker: Ctrl-C, SIGTERM and SIGHUP are ignored between runs (the parent decides what stops);
+    ``stop`` set by the parent interrupts the running run the way Ctrl-C would (SIGINT to this process)."""
     global _STOP
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _ignore_stop_signals()
     _STOP = stop
 
     def watch():
@@ -413,8 +424,29 @@ def _worker_init(stop, threads) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def _worker_main(conn, stop) -> None:
+    """A worker process: runs the tasks the parent sends on ``conn`` (one at a time, each answered
+    with :func:`run_point`'s result) until it is sent None or the parent is gone."""
+    _worker_init(stop)
+    kill_point = os.environ.get(KILL_POINT_ENV)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        if kill_point and os.path.normpath(task["dir"]).endswith(os.path.normpath(kill_point)):
+            os.kill(os.getpid(), signal.SIGKILL)  # the test hook: die as an out-of-memory kill would
+        try:
+            r = run_point(task)
+        except Exception as e:  # a bug, not the run's own error: the parent reports it as the point's failure
+            r = {"dir": task["dir"], "status": "failed", "message": f"{type(e).__name__}: {e}"}
+        conn.send(r)
+
+
 def _interrupt_once(signum, frame):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the summary's write short
+    _ignore_stop_signals()  # a second Ctrl-C must not cut the summary's write short
     raise KeyboardInterrupt
 
 
@@ -451,7 +483,8 @@ def _run_point(task: dict) -> dict:
         return {"dir": d, "status": "not started", "message": None}
     in_worker = _STOP is not None
     if in_worker:
-        signal.signal(signal.SIGINT, _interrupt_once)
+        for sig in _WORKER_SIGNALS:
+            signal.signal(sig, _interrupt_once)
     try:
         if in_worker and _STOP.is_set():  # the stop came between the check above and the handler
             raise KeyboardInterrupt
@@ -472,7 +505,7 @@ def _run_point(task: dict) -> dict:
         status, message = "error", str(e)
     finally:
         if in_worker:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            _ignore_stop_signals()
     if task.get("tensorboard") and os.path.isfile(os.path.join(d, "metrics.jsonl")):
         from .tensorboard import write_events
 
@@ -564,10 +597,11 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
     log(f"sweep: {len(plans)} points ({sum(p['config'] is None for p in plans)} skipped) x {len(seeds)} seed(s) = "
         f"{len(tasks)} runs, {len(tasks) - len(todo)} already finished; {len(todo)} to run on {jobs} process(es)"
         + (f"; ‖G_s‖² at s={step:g} for every point" if step is not None else ""))
-    interrupted = _execute(todo, jobs, log, _progress_printer(progress), SELECT[select][0])
-    result = summarize(out_dir, plans, seeds, select, interrupted)
+    with Workers(min(jobs, max(1, len(todo))), log, _progress_printer(progress), SELECT[select][0]) as w:
+        interrupted = w.run(todo)
+    result = summarize(out_dir, plans, seeds, select, interrupted, failed=w.failed)
     if interrupted:
-        raise SweepInterrupted(out_dir, result["table"])
+        raise SweepInterrupted(out_dir, result["table"], w.interrupt)
     return result
 
 
@@ -578,17 +612,62 @@ def _progress_printer(progress: bool) -> Optional[Callable[[str], None]]:
     return lambda line: print(line, file=sys.stderr, flush=True)
 
 
-def _execute(tasks: list, jobs: int, log, progress=None, metric: str = "f+h") -> bool:
-    """Run ``tasks``; True when Ctrl-C (or the test hook) stopped them."""
-    with Workers(min(jobs, max(1, len(tasks))), log, progress, metric) as w:
-        return w.run(tasks)
+class _Process:
+    """One worker process, the parent's end of its pipe, and the task it runs (None: idle)."""
+
+    def __init__(self, ctx, stop):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, stop), name="sweep-worker", daemon=True)
+        self.proc.start()
+        child.close()
+        self.task = None
+
+    def send(self, task: dict) -> None:
+        self.task = task
+        try:
+            self.conn.send(task)
+        except OSError:  # it died: its sentinel says so, and the task is failed with the reason
+            pass
+
+    def receive(self) -> Optional[dict]:
+        """Its task's result, or None when the process died before sending one."""
+        try:
+            return self.conn.recv() if self.conn.poll() else None
+        except (EOFError, OSError):
+            return None
+
+    def death(self) -> str:
+        """Why it died: ``worker process died (signal 9, SIGKILL)`` or ``(exit code N)``."""
+        self.proc.join(1.0)
+        code = self.proc.exitcode
+        if code is not None and code < 0:
+            return f"worker process died (signal {-code}, {signal.Signals(-code).name})"
+        return f"worker process died (exit code {code})"
+
+    def end(self) -> None:
+        """Ask it to quit; kill it if it has not within a second (it ignores SIGTERM between runs)."""
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.proc.join(1.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
 
 
 class Workers:
     """``--jobs`` worker processes kept for several batches of runs (a random search runs one
-    trial's seeds at a time; one pool spares a process start per trial). ``run(tasks)`` returns
-    True when Ctrl-C (or the test hook, which counts the runs ended over every batch) stopped them;
-    the pool is then shut down, every running run having written its summary (status interrupted).
+    trial's seeds at a time; keeping the processes spares a process start per trial). ``run(tasks)``
+    returns True when Ctrl-C, SIGTERM, SIGHUP (or the test hook, which counts the runs ended over
+    every batch) stopped them: every running run is then stopped as on Ctrl-C and writes its summary
+    (status interrupted), and every worker process is ended (killed after :data:`STOP_GRACE`
+    seconds): none outlives the sweep. ``interrupt`` then holds the exception that stopped them.
+
+    A worker process that dies (killed, out of memory) fails the run it held, with the reason
+    (``failed``: folder -> ``worker process died (signal 9, SIGKILL)``); a fresh process takes its
+    place and the other runs go on.
 
     The parent collects every run's end (in completion order, whichever process ran it): with
     ``progress`` (a line printer) one line per run, ``[k/total] <algorithm> <point> seed <s>:
@@ -601,7 +680,10 @@ class Workers:
         self.jobs, self.log, self.progress, self.metric = jobs, log, progress, metric
         self.stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
         self.ended = 0
-        self.pool = self.stop = None
+        self.procs: List[_Process] = []
+        self.stop = None
+        self.interrupt: Optional[BaseException] = None
+        self.failed: Dict[str, str] = {}
         self.warned = set()
         self._batch = (0, 0, 0.0)  # runs of this batch ended, its total, its start time
 
@@ -612,9 +694,10 @@ class Workers:
         self.close()
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
+        """End every worker process (none may outlive the sweep)."""
+        procs, self.procs = self.procs, []
+        for w in procs:
+            w.end()
 
     def _warn(self, r) -> None:
         for category, text in r.get("warnings") or ():
@@ -645,39 +728,105 @@ class Workers:
         """Run ``tasks``; True when they were stopped. ``results`` (if given) gets each run's
         ``{"dir", "status", "message", ...}`` by folder."""
         self._batch = (0, len(tasks), time.perf_counter())
-        if self.jobs == 1 or (len(tasks) <= 1 and self.pool is None):
-            try:
-                for t in tasks:
-                    r = run_point(t)
-                    r["name"] = t.get("name")
-                    self._warn(r)
-                    if r["status"] == "interrupted":
-                        return True
-                    self._report(r, results)
-            except KeyboardInterrupt:
-                return True
-            return False
-        if self.pool is None:
-            ctx = multiprocessing.get_context("spawn")
-            self.stop = ctx.Event()
-            self.pool = cf.ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=_worker_init,
-                                               initargs=(self.stop, 1))
-        futures = {self.pool.submit(run_point, t): t for t in tasks}
+        if self.jobs == 1 or (len(tasks) <= 1 and not self.procs):
+            return self._run_here(tasks, results)
+        if self.stop is None:
+            self.stop = multiprocessing.get_context("spawn").Event()
+        busy: List[_Process] = []
         try:
-            for f in cf.as_completed(futures):
-                r = f.result()
-                r["name"] = futures[f].get("name")
-                self._warn(r)
-                if r["status"] == "interrupted":  # a worker saw Ctrl-C from the terminal
-                    raise KeyboardInterrupt
-                self._report(r, results)
-        except KeyboardInterrupt:
-            self.stop.set()  # every running run stops as on Ctrl-C and writes its summary
-            for f in futures:
-                f.cancel()
-            self.close()
+            pending = list(tasks)
+            while pending or busy:
+                while pending and len(busy) < self.jobs:
+                    w = self._idle(busy)
+                    w.send(pending.pop(0))
+                    busy.append(w)
+                self._collect(busy, results)
+        except KeyboardInterrupt as e:
+            self.interrupt = e
+            self._stop_all(busy)
             return True
         return False
+
+    def _run_here(self, tasks: list, results: Optional[dict]) -> bool:
+        """--jobs 1: the runs in this process, one after another."""
+        try:
+            for t in tasks:
+                r = run_point(t)
+                r["name"] = t.get("name")
+                self._warn(r)
+                if r["status"] == "interrupted":
+                    return True
+                self._report(r, results)
+        except KeyboardInterrupt as e:
+            self.interrupt = e
+            return True
+        return False
+
+    def _idle(self, busy: list) -> _Process:
+        """An idle worker process: a kept one, else a new one (spawn: no fork of a process holding
+        torch's threads)."""
+        for w in list(self.procs):
+            if w not in busy and not w.proc.is_alive():  # died while idle (killed): nothing of it to report
+                self.procs.remove(w)
+                w.end()
+        for w in self.procs:
+            if w not in busy:
+                return w
+        w = _Process(multiprocessing.get_context("spawn"), self.stop)
+        self.procs.append(w)
+        return w
+
+    def _collect(self, busy: list, results: Optional[dict]) -> None:
+        """Wait for at least one busy worker to answer or die; report what ended."""
+        ready = set(mp_connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy]))
+        for w in [w for w in busy if w.conn in ready or w.proc.sentinel in ready]:
+            task, r = w.task, w.receive()
+            busy.remove(w)
+            w.task = None
+            if r is None:  # the process died with the run: that run fails, a fresh process takes the next one
+                r = {"dir": task["dir"], "status": "failed", "message": w.death()}
+                self.failed[task["dir"]] = r["message"]
+                self.procs.remove(w)
+                w.end()
+            r["name"] = task.get("name")
+            self._warn(r)
+            if r["status"] == "interrupted":  # a worker saw Ctrl-C from the terminal
+                raise KeyboardInterrupt
+            self._report(r, results)
+
+    def _stop_all(self, busy: list) -> None:
+        """Stop every running run as Ctrl-C would (each writes its summary, status interrupted),
+        wait up to :data:`STOP_GRACE` seconds for them, then end every worker process. Further stop
+        signals are ignored meanwhile: they must not cut the summaries' writes short or leave a
+        worker running."""
+        restore = _ignore_in_main_thread()
+        try:
+            self.stop.set()
+            deadline = time.monotonic() + STOP_GRACE
+            while busy and time.monotonic() < deadline:
+                waited = [w.conn for w in busy] + [w.proc.sentinel for w in busy]
+                ready = set(mp_connection.wait(waited, timeout=max(0.0, deadline - time.monotonic())))
+                for w in [w for w in busy if w.conn in ready or w.proc.sentinel in ready]:
+                    w.receive()  # the run's summary is in its folder; the sweep's summary reads it there
+                    busy.remove(w)
+            self.close()
+        finally:
+            restore()
+
+
+def _ignore_in_main_thread() -> Callable[[], None]:
+    """Ignore SIGINT, SIGTERM and SIGHUP (in the main thread); returns what restores them."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = {s: signal.getsignal(s) for s in _WORKER_SIGNALS}
+    for s in old:
+        signal.signal(s, signal.SIG_IGN)
+
+    def restore():
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+    return restore
 
 
 # --------------------------------------------------------------------------- #
@@ -685,16 +834,21 @@ class Workers:
 # --------------------------------------------------------------------------- #
 
 
-def _read_summary(run_dir: str) -> dict:
+def _read_summary(run_dir: str, failed: Optional[Dict[str, str]] = None) -> dict:
+    if failed and run_dir in failed:  # its process died: whatever the folder holds is not its end
+        return {"status": "failed", "message": failed[run_dir]}
     s = read_summary(run_dir)
     return s if s is not None else {"status": "not started" if not os.path.isdir(run_dir) else "unfinished"}
 
 
 def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_plus_h",
-              interrupted: bool = False, extra: Optional[dict] = None, notes: Sequence[str] = ()) -> dict:
+              interrupted: bool = False, extra: Optional[dict] = None, notes: Sequence[str] = (),
+              failed: Optional[Dict[str, str]] = None) -> dict:
     """The table of every point (mean ± std over seeds), the skipped points, the best point per
     algorithm; written to ``summary.json`` / ``summary.md`` (atomically). ``extra`` goes into
-    ``summary.json``, ``notes`` (lines) below the table (a random search's trials)."""
+    ``summary.json``, ``notes`` (lines) below the table (a random search's trials). ``failed``: run
+    folder -> why its worker process died (:attr:`Workers.failed`); those runs are ``failed``, listed
+    with the reason in ``summary.json`` (``failed``) and below the table, and a resume runs them again."""
     from .compare import format_table
 
     metric, better = SELECT[select]
@@ -704,7 +858,7 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
             skipped.append({"algorithm": p["algorithm"], "point": p["point"], "reason": p["skip"]})
             continue
         d = os.path.join(out_dir, p["algorithm"], p["name"])
-        sums = [_read_summary(os.path.join(d, SEED_DIR.format(s))) for s in seeds]
+        sums = [_read_summary(os.path.join(d, SEED_DIR.format(s)), failed) for s in seeds]
         statuses = [s.get("status", "unfinished") for s in sums]
         points.append({"algorithm": p["algorithm"], "point": p["point"], "name": p["name"], "dir": d,
                        "statuses": statuses, "final": final_stats([s for s in sums if s.get("status") == "completed"])})
@@ -734,16 +888,19 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
         text += ["", "skipped (the point breaks a rule of the algorithm):"]
         text += [f"- {s['algorithm']} {_point_name(s['point'])}: {s['reason']}" for s in skipped]
     text += list(notes)
+    if failed:
+        text += ["", "failed (run again by `sweep --resume`):"]
+        text += [f"- {os.path.relpath(d, out_dir)}: {why}" for d, why in failed.items()]
     if interrupted:
         text += ["", f"interrupted: resume with `python -m python_algos sweep --resume {shlex.quote(out_dir)}`"]
     table_text = "\n".join(text)
     _write_json(os.path.join(out_dir, "summary.json"), {
         "status": "interrupted" if interrupted else "completed", "select": select, "seeds": list(seeds),
         "metric_step": step,
-        "points": points, "skipped": skipped, "best": best, **(extra or {})})
+        "points": points, "skipped": skipped, "best": best, "failed": dict(failed or {}), **(extra or {})})
     _atomic_text(os.path.join(out_dir, "summary.md"), table_text + "\n")
     return {"table": table_text, "points": points, "best": best, "skipped": skipped, "select": select,
-            "metric_step": step}
+            "metric_step": step, "failed": dict(failed or {})}
 
 
 def _one_step(points: list) -> Optional[float]:
