@@ -64,7 +64,7 @@ from ..runfolder.signals import STOP_SIGNALS, exit_code
 
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
            "STOP_AFTER_ENV", "KILL_POINT_ENV", "SWEEP_FILE", "sweep_metric_step", "key_meaning", "check_keys",
-           "check_swept_settings", "Workers", "plan_point", "summarize"]
+           "check_swept_settings", "Workers", "plan_point", "summarize", "value_text"]
 
 SWEEP_FILE = "sweep.json"
 STOP_AFTER_ENV = "_FEDKERNELS_TEST_SWEEP_STOP_AFTER"  # test hook: act as on Ctrl-C after this many runs ended
@@ -196,7 +196,7 @@ def key_meaning(key: str, algorithm: str):
     return ("hparam", key) if key in _hparams(algorithm) else None
 
 
-def _value_text(v) -> str:
+def value_text(v) -> str:
     """A grid value in a folder name and a table: ``%g`` when that reads back as the same number
     (the names sweeps always had), else the shortest text that does (``0.5000001``), so that two
     values never share a folder."""
@@ -206,7 +206,7 @@ def _value_text(v) -> str:
 
 
 def _point_name(point: dict) -> str:
-    return ",".join(f"{k}={_value_text(v)}" for k, v in point.items()) or "default"
+    return ",".join(f"{k}={value_text(v)}" for k, v in point.items()) or "default"
 
 
 def plan_sweep(cfg: Config, algorithms: Sequence[str], grid: Dict[str, list], alg_opts: Optional[dict] = None) -> list:
@@ -309,7 +309,7 @@ def check_swept_settings(cfg: Config, values: Dict[str, list], algorithms: Seque
                 if name != "partition" and not any(_partition_reads(name, p, v) for p in partitions):
                     check_given({"partition": partitions[0], name: v})
             except ConfigError as e:
-                raise ValueError(f"{flag} {k}={_value_text(v)}: {e.rule}") from None
+                raise ValueError(f"{flag} {k}={value_text(v)}: {e.rule}") from None
 
 
 def _partition_reads(name: str, partition, value) -> bool:
@@ -871,9 +871,11 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
             best[a] = {"point": b["point"], "name": b["name"], "dir": b["dir"], metric: b["final"][metric]}
     keys = [k for k in ("f+h", "grad_map_sq", "sparsity", "test_acc") if any(k in p["final"] for p in points)]
     step = _one_step(points)
-    names = {"grad_map_sq": "‖G_s‖²" + (f" (s={step:g})" if step is not None else " (s: each point its own)"
-                                        if any("grad_map_step" in p["final"] for p in points) else ""),
-             "test_acc": "test acc"}
+    from .plotting.style import table_name
+
+    names = {k: table_name(k) for k in (*keys, "grad_map_sq")}
+    names["grad_map_sq"] += (f" (s={step:g})" if step is not None else " (s: each point its own)"
+                             if any("grad_map_step" in p["final"] for p in points) else "")
     rows = []
     for p in points:
         st = p["statuses"]
@@ -881,7 +883,7 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
             f"{st.count(s)} {s}" for s in dict.fromkeys(st))
         mark = " *" if best.get(p["algorithm"], {}).get("name") == p["name"] else ""
         rows.append([p["algorithm"], p["name"] + mark, *(stats_cell(p["final"].get(k)) for k in keys), status])
-    table = format_table(["algorithm", "point", *(names.get(k, k) for k in keys), "status"], rows)
+    table = format_table(["algorithm", "point", *(names[k] for k in keys), "status"], rows)
     text = [table, "", f"* best point per algorithm by {select} ({'lowest' if better is min else 'highest'} mean "
                        f"{metric}); mean ± std over {len(seeds)} seed(s): {', '.join(map(str, seeds))}"]
     if skipped:
