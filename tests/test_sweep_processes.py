@@ -93,8 +93,8 @@ def test_a_stop_signal_ends_every_worker_and_leaves_the_sweep_resumable(tmp_path
         if p.poll() is None:
             p.kill()
     assert workers, "no worker process found"
-    assert p.returncode == 128 + sig, err
     assert [w for w in workers if _alive(w)] == [], "worker processes outlived the sweep"
+    assert p.returncode == 128 + sig, err
     assert "sweep --resume" in err
     summary = json.load(open(out / "summary.json"))
     assert summary["status"] == "interrupted"
