@@ -35,8 +35,9 @@ from typing import Callable, Dict, Optional, Sequence
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
-from .sweep import (SELECT, SWEEP_FILE, SweepInterrupted, Workers, _finished, _point_name, _read_summary, check_keys,
-                    check_one_step, check_swept_settings, keys_of, parse_keyed, plan_point, summarize, sweep_metric_step)
+from .sweep import (SELECT, SWEEP_FILE, SweepInterrupted, Workers, finished_run, point_name, run_status, check_keys,
+                    check_one_step, check_swept_settings, keys_of, parse_keyed, plan_point, summarize,
+                    sweep_metric_step)
 from ..runfolder.files import RunFolderError, _write_json
 
 __all__ = ["parse_space", "parse_space_spec", "run_study", "STUDY_FILE", "INSTALL"]
@@ -170,9 +171,9 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
     if resume:
-        from .sweep import _read_sweep
+        from .sweep import read_sweep
 
-        saved = _read_sweep(out_dir)
+        saved = read_sweep(out_dir)
         cfg, algorithms, space, trials = saved["config"], saved["algorithms"], saved["space"], saved["optuna"]
         seeds, reseed_data, alg_opts = saved["seeds"], saved["reseed_data"], saved.get("alg_opts") or {}
         if select is not None and select != saved["select"]:
@@ -294,7 +295,7 @@ def _evaluate(optuna, study, number: int, point: dict, cfg: Config, algorithm: s
     d = os.path.join(out_dir, algorithm, plan["name"])
     tasks = [{"dir": os.path.join(d, SEED_DIR.format(s)), "config": c.to_dict(), "label": algorithm,
               "tensorboard": tensorboard} for s, c in seed_configs(plan["config"], seeds, reseed_data)]
-    todo = [t for t in tasks if _finished(t["dir"], t["config"]["rounds"]) is None]
+    todo = [t for t in tasks if finished_run(t["dir"], t["config"]["rounds"]) is None]
     results = {}
     log_inner = workers.log
     workers.log = lambda msg: None  # the trial's line below says what happened
@@ -304,7 +305,7 @@ def _evaluate(optuna, study, number: int, point: dict, cfg: Config, algorithm: s
         workers.log = log_inner
     if stopped:
         raise workers.interrupt or KeyboardInterrupt()
-    sums = [_read_summary(t["dir"], workers.failed) for t in tasks]
+    sums = [run_status(t["dir"], workers.failed) for t in tasks]
     statuses = [s.get("status", "unfinished") for s in sums]
     if all(s == "completed" for s in statuses):
         st = final_stats(sums).get(metric)
@@ -344,5 +345,5 @@ def _trial_notes(records: list, trials: int, metric: str) -> list:
             if r["state"] in ("pruned", "fail"):
                 why = ("the point breaks a rule of the algorithm (listed above)"
                        if (r["reason"] or "").startswith(_RULE) else r["reason"])
-                lines.append(f"  - trial {r['number'] + 1} {_point_name(r['point'] or {})}: {r['state']}: {why}")
+                lines.append(f"  - trial {r['number'] + 1} {point_name(r['point'] or {})}: {r['state']}: {why}")
     return lines

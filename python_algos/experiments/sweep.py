@@ -14,18 +14,30 @@ Folder::
     OUT/heatmap-<algorithm>.<ext>           2-D grids: the selected metric over the grid
     OUT/best.<ext>                          the best point of each algorithm, mean with a band
 
-A grid key is a run setting (``lr``, ``local_steps``, ``reg_strength``, ``eta``, ...: the flags of
-`run` with ``_`` for ``-``) or a hyper-parameter of the algorithm (``alpha``, ``beta``, ...), which
-then applies to the algorithms that have it. A point that breaks an algorithm's rule (its
-constructor or ``validate(reg)`` raises, e.g. α·ρ ≥ 1) is skipped and listed with the reason.
+A grid key is a run setting (``lr``, ``local_steps``, ``reg_strength``, ...: the flags of `run` with
+``_`` for ``-``) or a hyper-parameter of the algorithm (``alpha``, ``beta``, ...), which then applies
+to the algorithms that have it. A key that is both (``eta``: the Dirichlet concentration ``--eta``,
+and the step η of FedNMap, ZA1, FedDR and FedADMM) is refused unless qualified: ``fednmap.eta=...``
+(that algorithm's hyper-parameter) or ``run.eta=...`` (the run setting); any key may be qualified
+so. A swept run setting gets the checks of its flag (``lr=-1`` is refused as ``--lr -1`` is, and a
+partition setting no swept partition reads, as ``--eta`` under ``--partition iid``), before anything
+is written. A point that breaks an algorithm's rule (its constructor or ``validate(reg)`` raises,
+e.g. α·ρ ≥ 1) is skipped and listed with the reason. Each point has its own folder, named by its
+values (``%g``, or the full value where two would print alike: ``lr=0.5`` and ``lr=0.5000001``); a
+value given twice (``1,1.0``) is refused.
 
-Runs go to ``--jobs`` worker processes (``concurrent.futures`` with the ``spawn`` context: no
-fork of a process holding torch's threads), each run on one torch thread unless ``--threads``
+Runs go to ``--jobs`` worker processes (started with ``spawn``: no fork of a process holding
+torch's threads; :class:`Workers` keeps them), each run on one torch thread unless ``--threads``
 says otherwise. Resuming never runs a finished point again (its ``summary.json`` says completed
 or diverged at the asked rounds); a run that was interrupted continues from its checkpoint, one
-that never started starts. Ctrl-C stops every running run at once, each writing its summary
-(status interrupted), and the sweep's summary lists what is left; every file is replaced
-atomically, so nothing is left half-written.
+that never started starts. Ctrl-C, SIGTERM and SIGHUP stop every running run at once, each writing
+its summary (status interrupted); every worker process ends before the command does (killed after
+:data:`STOP_GRACE` seconds), and the sweep's summary lists what is left (exit status 128 + the
+signal). A worker process that dies (killed, out of memory) fails its run with the reason
+(``worker process died (signal 9, SIGKILL)``, in the table's notes and ``summary.json``'s
+``failed``); a fresh process runs the other points, the summary is written, the command exits 1,
+and ``--resume`` runs the failed run again. Every file is replaced atomically, so nothing is left
+half-written.
 
 ‖G_s‖² depends on s, so every point measures it at one s (:func:`sweep_metric_step`: ``--metric-step``,
 else the smallest lr·K of the grid), recorded in ``sweep.json`` and shown in the table's header. The
@@ -64,7 +76,8 @@ from ..runfolder.signals import STOP_SIGNALS, exit_code
 
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
            "STOP_AFTER_ENV", "KILL_POINT_ENV", "SWEEP_FILE", "sweep_metric_step", "key_meaning", "check_keys",
-           "check_swept_settings", "Workers", "plan_point", "summarize", "value_text"]
+           "check_swept_settings", "Workers", "plan_point", "summarize", "value_text", "point_name", "finished_run",
+           "run_status", "read_sweep"]
 
 SWEEP_FILE = "sweep.json"
 STOP_AFTER_ENV = "_FEDKERNELS_TEST_SWEEP_STOP_AFTER"  # test hook: act as on Ctrl-C after this many runs ended
@@ -205,7 +218,7 @@ def value_text(v) -> str:
     return repr(v) if isinstance(v, float) else str(v)
 
 
-def _point_name(point: dict) -> str:
+def point_name(point: dict) -> str:
     return ",".join(f"{k}={value_text(v)}" for k, v in point.items()) or "default"
 
 
@@ -268,10 +281,11 @@ def _check_bare(k: str, algorithms: Sequence[str], flag: str) -> None:
         from .config import PARTITION_KEYS
 
         read_by = (f", read by --partition {' or '.join(PARTITION_KEYS[k])}" if k in PARTITION_KEYS else "")
+        qualified = " or ".join(f"{flag} {a.lower()}.{k}=..." for a in both)
         raise ValueError(
             f"{flag} {k}: ambiguous: {k} is both a run setting ({setting_flag(k)}{read_by}) and a hyper-parameter "
-            f"of {', '.join(both)}, two different things; write {' or '.join(f'{flag} {a.lower()}.{k}=...' for a in both)} "
-            f"to vary the algorithm's {k}, or {flag} {RUN_QUALIFIER}.{k}=... to vary the run setting {setting_flag(k)}")
+            f"of {', '.join(both)}, two different things; write {qualified} to vary the algorithm's {k}, or "
+            f"{flag} {RUN_QUALIFIER}.{k}=... to vary the run setting {setting_flag(k)}")
 
 
 def _check_qualified(k: str, head: str, name: str, algorithms: Sequence[str], flag: str) -> None:
@@ -379,7 +393,7 @@ def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict
     opts = dict((alg_opts or {}).get(algorithm, {}))
     opts.update({m[1]: point[k] for k, m in meant.items() if m is not None and m[0] == "hparam"})
     settings = {m[1]: point[k] for k, m in meant.items() if m is not None and m[0] == "setting"}
-    entry = {"algorithm": algorithm, "point": point, "name": _point_name(point), "config": None, "skip": None}
+    entry = {"algorithm": algorithm, "point": point, "name": point_name(point), "config": None, "skip": None}
     try:
         c = cfg.replace(algorithm=algorithm, alg_opts=opts, **settings)
         c.check()
@@ -450,7 +464,7 @@ def _interrupt_once(signum, frame):
     raise KeyboardInterrupt
 
 
-def _finished(run_dir: str, rounds: int) -> Optional[dict]:
+def finished_run(run_dir: str, rounds: int) -> Optional[dict]:
     s = read_summary(run_dir)
     return s if s is not None and s.get("status") in _FINISHED and s.get("rounds") == rounds else None
 
@@ -488,7 +502,7 @@ def _run_point(task: dict) -> dict:
     try:
         if in_worker and _STOP.is_set():  # the stop came between the check above and the handler
             raise KeyboardInterrupt
-        done = _finished(d, cfg.rounds)
+        done = finished_run(d, cfg.rounds)
         if done is not None:
             return {"dir": d, "status": done["status"], "message": "kept"}
         if os.path.isfile(os.path.join(d, "config.json")):
@@ -518,7 +532,9 @@ def _run_point(task: dict) -> dict:
 # --------------------------------------------------------------------------- #
 
 
-def _read_sweep(out_dir: str) -> dict:
+def read_sweep(out_dir: str) -> dict:
+    """``OUT/sweep.json`` of the sweep in ``out_dir``, its config a :class:`Config`; RunFolderError if
+    absent or unreadable."""
     path = os.path.join(out_dir, SWEEP_FILE)
     if not os.path.isfile(path):
         raise RunFolderError(f"cannot resume the sweep {out_dir}: it holds no {SWEEP_FILE}")
@@ -549,7 +565,7 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
     if resume:
-        saved = _read_sweep(out_dir)
+        saved = read_sweep(out_dir)
         if "optuna" in saved:  # a random search resumes through its own module (the CLI dispatches)
             raise RunFolderError(f"{out_dir} holds a random search: resume it with optuna_search.run_study(..., "
                                  f"resume=True) or `sweep --resume {out_dir}`")
@@ -592,7 +608,7 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
         _write_json(os.path.join(out_dir, SWEEP_FILE), {
             "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": grid, "seeds": seeds,
             "reseed_data": reseed_data, "alg_opts": alg_opts or {}, "select": select, "figures": figures or {}})
-    todo = [t for t in tasks if _finished(t["dir"], t["config"]["rounds"]) is None]
+    todo = [t for t in tasks if finished_run(t["dir"], t["config"]["rounds"]) is None]
     step = steps.pop() if len(steps) == 1 else None
     log(f"sweep: {len(plans)} points ({sum(p['config'] is None for p in plans)} skipped) x {len(seeds)} seed(s) = "
         f"{len(tasks)} runs, {len(tasks) - len(todo)} already finished; {len(todo)} to run on {jobs} process(es)"
@@ -829,12 +845,15 @@ def _ignore_in_main_thread() -> Callable[[], None]:
     return restore
 
 
+_read_sweep = read_sweep  # the name cli_research.py imports
+
+
 # --------------------------------------------------------------------------- #
 # The summary
 # --------------------------------------------------------------------------- #
 
 
-def _read_summary(run_dir: str, failed: Optional[Dict[str, str]] = None) -> dict:
+def run_status(run_dir: str, failed: Optional[Dict[str, str]] = None) -> dict:
     if failed and run_dir in failed:  # its process died: whatever the folder holds is not its end
         return {"status": "failed", "message": failed[run_dir]}
     s = read_summary(run_dir)
@@ -858,7 +877,7 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
             skipped.append({"algorithm": p["algorithm"], "point": p["point"], "reason": p["skip"]})
             continue
         d = os.path.join(out_dir, p["algorithm"], p["name"])
-        sums = [_read_summary(os.path.join(d, SEED_DIR.format(s)), failed) for s in seeds]
+        sums = [run_status(os.path.join(d, SEED_DIR.format(s)), failed) for s in seeds]
         statuses = [s.get("status", "unfinished") for s in sums]
         points.append({"algorithm": p["algorithm"], "point": p["point"], "name": p["name"], "dir": d,
                        "statuses": statuses, "final": final_stats([s for s in sums if s.get("status") == "completed"])})
@@ -888,7 +907,7 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
                        f"{metric}); mean ± std over {len(seeds)} seed(s): {', '.join(map(str, seeds))}"]
     if skipped:
         text += ["", "skipped (the point breaks a rule of the algorithm):"]
-        text += [f"- {s['algorithm']} {_point_name(s['point'])}: {s['reason']}" for s in skipped]
+        text += [f"- {s['algorithm']} {point_name(s['point'])}: {s['reason']}" for s in skipped]
     text += list(notes)
     if failed:
         text += ["", "failed (run again by `sweep --resume`):"]
