@@ -116,3 +116,15 @@ def test_the_same_value_twice_is_refused(tmp_path, capsys):
     out = tmp_path / "s"
     assert _sweep(tmp_path, out, "-a", "fedcanon", "--grid", "lr=1,1.0") == 1
     assert "a value is repeated" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_key_and_its_qualified_form_together_are_refused():
+    from python_algos.experiments.sweep import check_keys
+
+    with pytest.raises(ValueError, match=r"--grid lr and --grid run.lr: both set fedcanon's lr"):
+        check_keys(["lr", "run.lr"], ["fedcanon"])
+    with pytest.raises(ValueError, match=r"--space fedcanon.eta: fedcanon has no hyper-parameter eta"):
+        check_keys(["fedcanon.eta"], ["fedcanon"], "--space")
+    with pytest.raises(ValueError, match=r"--grid fedavg.alpha: fedavg is not one of the swept algorithms"):
+        check_keys(["fedavg.alpha"], ["fedcanon"])
+    check_keys(["lr", "local_steps"], ["scaffnew"])  # scaffnew's lr and every K are set by the run settings

@@ -263,6 +263,13 @@ def check_keys(keys, algorithms: Sequence[str], flag: str = "--grid") -> None:
         if name == "metric_step":  # one s for every point, or ‖G_s‖² would not compare across points
             raise ValueError(f"{flag} {k}: not a {flag[2:]} key: a sweep measures ‖G_s‖² at one step s for "
                              f"every point, so that the values compare; give it with --metric-step S")
+    for a in algorithms:  # `lr` and `run.lr` (or `alpha` and `fedcanon.alpha`) would set one value twice
+        seen = {}
+        for k in keys:
+            m = key_meaning(k, a)
+            if m is not None and m in seen:
+                raise ValueError(f"{flag} {seen[m]} and {flag} {k}: both set {a}'s {m[1]}; give one")
+            seen.setdefault(m, k)
 
 
 def _hparams_text(algorithms) -> str:
