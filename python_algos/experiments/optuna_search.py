@@ -183,41 +183,15 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
         if cfg.metric_step is None:  # a search from before one s per sweep: its runs' s may differ
             check_one_step(_recorded_steps(out_dir), select, out_dir, search=True)
     else:
-        from .prepare import check_algorithm_names, prepare_run
-
         select = select or "f_plus_h"
-
-        check_algorithm_names(algorithms)
-        if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-            raise ValueError(f"--optuna {trials}: must be an integer >= 1 (trials per algorithm)")
-        if not space:
-            raise ValueError("--space: give at least one KEY=SPEC to search (e.g. --space alpha=log:1e-3:1)")
-        check_keys(space, algorithms, "--space")
-        check_swept_settings(cfg, {k: d["choices"] if d["kind"] == "choice" else [d["low"], d["high"]]
-                                   for k, d in space.items()}, algorithms, "--space")
-        for a in algorithms:
-            if not keys_of(a, space):
-                raise ValueError(f"--space: {a} has none of {', '.join(space)} (give a run setting such as lr, or one "
-                                 f"of its hyper-parameters; see `python -m python_algos algorithms`)")
+        _check_new_study(cfg, algorithms, space, trials)
         if os.path.isdir(out_dir) and os.listdir(out_dir):
             raise RunFolderError(f"{out_dir} already holds files: continue a sweep there with "
                                  f"`python -m python_algos sweep --resume {shlex.quote(out_dir)}`, or choose another "
                                  f"--out (nothing was changed)")
         seeds = list(seeds or [cfg.seed])
-        if cfg.threads is None:
-            cfg = cfg.replace(threads=1)  # one thread per run: the parallelism is the --jobs processes
-        lows = {k: d["choices"] if d["kind"] == "choice" else [d["low"]] for k, d in space.items()}
-        cfg = cfg.replace(metric_step=sweep_metric_step(cfg, lows))
-        for a in algorithms:  # data, model and folder checks before anything is written
-            base = plan_point(cfg, a, {}, alg_opts)
-            if base["config"] is not None:
-                prepare_run(base["config"], os.path.join(out_dir, a, "check"), replace=False)
-                break
-        os.makedirs(out_dir, exist_ok=True)
-        _write_json(os.path.join(out_dir, SWEEP_FILE), {
-            "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": {}, "space": space, "optuna": trials,
-            "select": select, "figures": figures or {},
-            "seeds": seeds, "reseed_data": reseed_data, "alg_opts": alg_opts or {}})
+        cfg = _start_study(cfg, algorithms, space, trials, seeds, reseed_data, alg_opts, out_dir,
+                           {"select": select, "figures": figures or {}})
     metric, better = SELECT[select]
     direction = "minimize" if better is min else "maximize"
     storage = optuna.storages.RDBStorage(f"sqlite:///{os.path.abspath(os.path.join(out_dir, STUDY_FILE))}")
@@ -261,6 +235,46 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
     if interrupted:
         raise SweepInterrupted(out_dir, result["table"], cause)
     return result
+
+
+def _check_new_study(cfg: Config, algorithms: Sequence[str], space: dict, trials) -> None:
+    """The checks of a new search's settings (each error names its flag), before anything is written."""
+    from .prepare import check_algorithm_names
+
+    check_algorithm_names(algorithms)
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"--optuna {trials}: must be an integer >= 1 (trials per algorithm)")
+    if not space:
+        raise ValueError("--space: give at least one KEY=SPEC to search (e.g. --space alpha=log:1e-3:1)")
+    check_keys(space, algorithms, "--space")
+    check_swept_settings(cfg, {k: d["choices"] if d["kind"] == "choice" else [d["low"], d["high"]]
+                               for k, d in space.items()}, algorithms, "--space")
+    for a in algorithms:
+        if not keys_of(a, space):
+            raise ValueError(f"--space: {a} has none of {', '.join(space)} (give a run setting such as lr, or one "
+                             f"of its hyper-parameters; see `python -m python_algos algorithms`)")
+
+
+def _start_study(cfg: Config, algorithms, space: dict, trials: int, seeds: list, reseed_data, alg_opts,
+                 out_dir: str, record: dict) -> Config:
+    """The base config of a new search (one torch thread per run, one s for every trial), checked on
+    one run's data, model and folder, then recorded in ``sweep.json`` with ``record``; returns it."""
+    from .prepare import prepare_run
+
+    if cfg.threads is None:
+        cfg = cfg.replace(threads=1)  # one thread per run: the parallelism is the --jobs processes
+    lows = {k: d["choices"] if d["kind"] == "choice" else [d["low"]] for k, d in space.items()}
+    cfg = cfg.replace(metric_step=sweep_metric_step(cfg, lows))
+    for a in algorithms:  # data, model and folder checks before anything is written
+        base = plan_point(cfg, a, {}, alg_opts)
+        if base["config"] is not None:
+            prepare_run(base["config"], os.path.join(out_dir, a, "check"), replace=False)
+            break
+    os.makedirs(out_dir, exist_ok=True)
+    _write_json(os.path.join(out_dir, SWEEP_FILE), {
+        "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": {}, "space": space, "optuna": trials,
+        **record, "seeds": seeds, "reseed_data": reseed_data, "alg_opts": alg_opts or {}})
+    return cfg
 
 
 def _recorded_steps(out_dir: str) -> list:
