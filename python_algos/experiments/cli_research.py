@@ -126,7 +126,7 @@ def cmd_sweep(args) -> int:
     """`sweep` (experiments/sweep.py): the grid's runs, then the table and the figures."""
     from .config import Config
     from .seeds import seed_list
-    from .sweep import SELECT, SweepInterrupted, _read_sweep, parse_grid, run_sweep
+    from .sweep import SELECT, SweepInterrupted, read_sweep, parse_grid, run_sweep
 
     opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
     # what the figures need: recorded in sweep.json, and on --resume taken from there unless given again
@@ -137,7 +137,7 @@ def cmd_sweep(args) -> int:
             out = args.resume
             kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
             given = _given(args, "--formats", "--band")
-            figures = {**figures, **(_read_sweep(out).get("figures") or {}), **given}
+            figures = {**figures, **(read_sweep(out).get("figures") or {}), **given}
             print(f"resuming the sweep in {out}")
         else:
             merged = _merge(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs", "optuna",
@@ -198,7 +198,7 @@ def cmd_sweep(args) -> int:
                                out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
                                tensorboard=bool(getattr(args, "tensorboard", False)), figures=figures,
                                **{k: v for k, v in kw.items() if k != "grid"})
-        elif kw.get("resume") and "optuna" in _read_sweep(out):  # a random search: its trials continue
+        elif kw.get("resume") and "optuna" in read_sweep(out):  # a random search: its trials continue
             from .optuna_search import run_study
 
             result = run_study(None, None, None, None, out_dir=out, jobs=opts["jobs"] or 1, select=select,
@@ -210,7 +210,7 @@ def cmd_sweep(args) -> int:
     except SweepInterrupted as e:
         print(e.table)
         print(f"\ninterrupted: resume with: {e.resume_command}", file=sys.stderr)
-        return 130
+        return e.exit_code  # 130 after Ctrl-C, 128 + the signal after SIGTERM / SIGHUP
     except ValueError:  # named where raised (config.named_as): this try can go
         raise
     print(result["table"])
@@ -219,15 +219,19 @@ def cmd_sweep(args) -> int:
         print(f"TensorBoard events: tensorboard --logdir {shlex.quote(out)}")
     if not getattr(args, "no_plot", False):
         from .plotting import plot_sweep
-        from .sweep import _read_sweep
+        from .sweep import read_sweep
 
         try:
             select = result["select"]
-            files = plot_sweep(out, result, _read_sweep(out)["grid"], SELECT[select][0], select,
+            files = plot_sweep(out, result, read_sweep(out)["grid"], SELECT[select][0], select,
                                formats=tuple(figures["formats"]), band=figures["band"])
         except RuntimeError as e:  # no matplotlib
             print(f"no figure: {e}")
             files = []
         for f in files:
             print(f"figure: {f}")
+    if result.get("failed"):  # a worker process died: its runs are listed in the table's notes
+        print(f"error: {len(result['failed'])} run(s) failed (their worker process died); run them again with "
+              f"`python -m python_algos sweep --resume {shlex.quote(out)}`", file=sys.stderr)
+        return 1
     return 0

@@ -35,8 +35,9 @@ from typing import Callable, Dict, Optional, Sequence
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
-from .sweep import (SELECT, SWEEP_FILE, SweepInterrupted, Workers, _finished, _point_name, _read_summary, check_keys,
-                    check_one_step, keys_of, parse_keyed, plan_point, summarize, sweep_metric_step)
+from .sweep import (SELECT, SWEEP_FILE, SweepInterrupted, Workers, finished_run, point_name, run_status, check_keys,
+                    check_one_step, check_swept_settings, keys_of, parse_keyed, plan_point, summarize,
+                    sweep_metric_step)
 from ..runfolder.files import RunFolderError, _write_json
 
 __all__ = ["parse_space", "parse_space_spec", "run_study", "STUDY_FILE", "INSTALL"]
@@ -170,9 +171,9 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
     if resume:
-        from .sweep import _read_sweep
+        from .sweep import read_sweep
 
-        saved = _read_sweep(out_dir)
+        saved = read_sweep(out_dir)
         cfg, algorithms, space, trials = saved["config"], saved["algorithms"], saved["space"], saved["optuna"]
         seeds, reseed_data, alg_opts = saved["seeds"], saved["reseed_data"], saved.get("alg_opts") or {}
         if select is not None and select != saved["select"]:
@@ -182,46 +183,22 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
         if cfg.metric_step is None:  # a search from before one s per sweep: its runs' s may differ
             check_one_step(_recorded_steps(out_dir), select, out_dir, search=True)
     else:
-        from .prepare import check_algorithm_names, prepare_run
-
         select = select or "f_plus_h"
-
-        check_algorithm_names(algorithms)
-        if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-            raise ValueError(f"--optuna {trials}: must be an integer >= 1 (trials per algorithm)")
-        if not space:
-            raise ValueError("--space: give at least one KEY=SPEC to search (e.g. --space alpha=log:1e-3:1)")
-        check_keys(space, algorithms, "--space")
-        for a in algorithms:
-            if not keys_of(a, space):
-                raise ValueError(f"--space: {a} has none of {', '.join(space)} (give a run setting such as lr, or one "
-                                 f"of its hyper-parameters; see `python -m python_algos algorithms`)")
+        _check_new_study(cfg, algorithms, space, trials)
         if os.path.isdir(out_dir) and os.listdir(out_dir):
             raise RunFolderError(f"{out_dir} already holds files: continue a sweep there with "
                                  f"`python -m python_algos sweep --resume {shlex.quote(out_dir)}`, or choose another "
                                  f"--out (nothing was changed)")
         seeds = list(seeds or [cfg.seed])
-        if cfg.threads is None:
-            cfg = cfg.replace(threads=1)  # one thread per run: the parallelism is the --jobs processes
-        lows = {k: d["choices"] if d["kind"] == "choice" else [d["low"]] for k, d in space.items()}
-        cfg = cfg.replace(metric_step=sweep_metric_step(cfg, lows))
-        for a in algorithms:  # data, model and folder checks before anything is written
-            base = plan_point(cfg, a, {}, alg_opts)
-            if base["config"] is not None:
-                prepare_run(base["config"], os.path.join(out_dir, a, "check"), replace=False)
-                break
-        os.makedirs(out_dir, exist_ok=True)
-        _write_json(os.path.join(out_dir, SWEEP_FILE), {
-            "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": {}, "space": space, "optuna": trials,
-            "select": select, "figures": figures or {},
-            "seeds": seeds, "reseed_data": reseed_data, "alg_opts": alg_opts or {}})
+        cfg = _start_study(cfg, algorithms, space, trials, seeds, reseed_data, alg_opts, out_dir,
+                           {"select": select, "figures": figures or {}})
     metric, better = SELECT[select]
     direction = "minimize" if better is min else "maximize"
     storage = optuna.storages.RDBStorage(f"sqlite:///{os.path.abspath(os.path.join(out_dir, STUDY_FILE))}")
     log(f"random search: {len(algorithms)} algorithm(s) x {trials} trial(s) x {len(seeds)} seed(s); trials one after "
         f"another, each trial's seeds on {min(jobs, len(seeds))} process(es); TPE seeded from {seeds[0]}"
         + (f"; ‖G_s‖² at s={cfg.metric_step:g} for every trial" if cfg.metric_step is not None else ""))
-    interrupted = False
+    interrupted, cause = False, None
     plans, records = [], []
     with Workers(min(jobs, len(seeds)), log) as workers:
         for a in algorithms:
@@ -243,8 +220,8 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
                         trial = study.ask(dists)
                     _evaluate(optuna, study, trial.number, _point(trial.params, keys, space), cfg, a, seeds,
                               reseed_data, alg_opts, out_dir, metric, workers, tensorboard, trials, log)
-            except KeyboardInterrupt:
-                interrupted = True
+            except KeyboardInterrupt as e:
+                interrupted, cause = True, cause or e
             for t in study.get_trials(deepcopy=False):
                 point = _point(t.params, keys, space) if set(keys) <= set(t.params) else None
                 records.append({"algorithm": a, "number": t.number, "state": t.state.name.lower(), "value": t.value,
@@ -253,11 +230,51 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
                     plans.append(plan_point(cfg, a, point, alg_opts))
     result = summarize(out_dir, plans, seeds, select, interrupted, extra={"optuna": {
         "trials_per_algorithm": trials, "direction": direction, "metric": metric, "trials": records}},
-        notes=_trial_notes(records, trials, metric))
+        notes=_trial_notes(records, trials, metric), failed=workers.failed)
     result["trials"] = records
     if interrupted:
-        raise SweepInterrupted(out_dir, result["table"])
+        raise SweepInterrupted(out_dir, result["table"], cause)
     return result
+
+
+def _check_new_study(cfg: Config, algorithms: Sequence[str], space: dict, trials) -> None:
+    """The checks of a new search's settings (each error names its flag), before anything is written."""
+    from .prepare import check_algorithm_names
+
+    check_algorithm_names(algorithms)
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"--optuna {trials}: must be an integer >= 1 (trials per algorithm)")
+    if not space:
+        raise ValueError("--space: give at least one KEY=SPEC to search (e.g. --space alpha=log:1e-3:1)")
+    check_keys(space, algorithms, "--space")
+    check_swept_settings(cfg, {k: d["choices"] if d["kind"] == "choice" else [d["low"], d["high"]]
+                               for k, d in space.items()}, algorithms, "--space")
+    for a in algorithms:
+        if not keys_of(a, space):
+            raise ValueError(f"--space: {a} has none of {', '.join(space)} (give a run setting such as lr, or one "
+                             f"of its hyper-parameters; see `python -m python_algos algorithms`)")
+
+
+def _start_study(cfg: Config, algorithms, space: dict, trials: int, seeds: list, reseed_data, alg_opts,
+                 out_dir: str, record: dict) -> Config:
+    """The base config of a new search (one torch thread per run, one s for every trial), checked on
+    one run's data, model and folder, then recorded in ``sweep.json`` with ``record``; returns it."""
+    from .prepare import prepare_run
+
+    if cfg.threads is None:
+        cfg = cfg.replace(threads=1)  # one thread per run: the parallelism is the --jobs processes
+    lows = {k: d["choices"] if d["kind"] == "choice" else [d["low"]] for k, d in space.items()}
+    cfg = cfg.replace(metric_step=sweep_metric_step(cfg, lows))
+    for a in algorithms:  # data, model and folder checks before anything is written
+        base = plan_point(cfg, a, {}, alg_opts)
+        if base["config"] is not None:
+            prepare_run(base["config"], os.path.join(out_dir, a, "check"), replace=False)
+            break
+    os.makedirs(out_dir, exist_ok=True)
+    _write_json(os.path.join(out_dir, SWEEP_FILE), {
+        "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": {}, "space": space, "optuna": trials,
+        **record, "seeds": seeds, "reseed_data": reseed_data, "alg_opts": alg_opts or {}})
+    return cfg
 
 
 def _recorded_steps(out_dir: str) -> list:
@@ -292,7 +309,7 @@ def _evaluate(optuna, study, number: int, point: dict, cfg: Config, algorithm: s
     d = os.path.join(out_dir, algorithm, plan["name"])
     tasks = [{"dir": os.path.join(d, SEED_DIR.format(s)), "config": c.to_dict(), "label": algorithm,
               "tensorboard": tensorboard} for s, c in seed_configs(plan["config"], seeds, reseed_data)]
-    todo = [t for t in tasks if _finished(t["dir"], t["config"]["rounds"]) is None]
+    todo = [t for t in tasks if finished_run(t["dir"], t["config"]["rounds"]) is None]
     results = {}
     log_inner = workers.log
     workers.log = lambda msg: None  # the trial's line below says what happened
@@ -301,8 +318,8 @@ def _evaluate(optuna, study, number: int, point: dict, cfg: Config, algorithm: s
     finally:
         workers.log = log_inner
     if stopped:
-        raise KeyboardInterrupt
-    sums = [_read_summary(t["dir"]) for t in tasks]
+        raise workers.interrupt or KeyboardInterrupt()
+    sums = [run_status(t["dir"], workers.failed) for t in tasks]
     statuses = [s.get("status", "unfinished") for s in sums]
     if all(s == "completed" for s in statuses):
         st = final_stats(sums).get(metric)
@@ -342,5 +359,5 @@ def _trial_notes(records: list, trials: int, metric: str) -> list:
             if r["state"] in ("pruned", "fail"):
                 why = ("the point breaks a rule of the algorithm (listed above)"
                        if (r["reason"] or "").startswith(_RULE) else r["reason"])
-                lines.append(f"  - trial {r['number'] + 1} {_point_name(r['point'] or {})}: {r['state']}: {why}")
+                lines.append(f"  - trial {r['number'] + 1} {point_name(r['point'] or {})}: {r['state']}: {why}")
     return lines

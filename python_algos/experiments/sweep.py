@@ -14,18 +14,30 @@ Folder::
     OUT/heatmap-<algorithm>.<ext>           2-D grids: the selected metric over the grid
     OUT/best.<ext>                          the best point of each algorithm, mean with a band
 
-A grid key is a run setting (``lr``, ``local_steps``, ``reg_strength``, ``eta``, ...: the flags of
-`run` with ``_`` for ``-``) or a hyper-parameter of the algorithm (``alpha``, ``beta``, ...), which
-then applies to the algorithms that have it. A point that breaks an algorithm's rule (its
-constructor or ``validate(reg)`` raises, e.g. α·ρ ≥ 1) is skipped and listed with the reason.
+A grid key is a run setting (``lr``, ``local_steps``, ``reg_strength``, ...: the flags of `run` with
+``_`` for ``-``) or a hyper-parameter of the algorithm (``alpha``, ``beta``, ...), which then applies
+to the algorithms that have it. A key that is both (``eta``: the Dirichlet concentration ``--eta``,
+and the step η of FedNMap, ZA1, FedDR and FedADMM) is refused unless qualified: ``fednmap.eta=...``
+(that algorithm's hyper-parameter) or ``run.eta=...`` (the run setting); any key may be qualified
+so. A swept run setting gets the checks of its flag (``lr=-1`` is refused as ``--lr -1`` is, and a
+partition setting no swept partition reads, as ``--eta`` under ``--partition iid``), before anything
+is written. A point that breaks an algorithm's rule (its constructor or ``validate(reg)`` raises,
+e.g. α·ρ ≥ 1) is skipped and listed with the reason. Each point has its own folder, named by its
+values (``%g``, or the full value where two would print alike: ``lr=0.5`` and ``lr=0.5000001``); a
+value given twice (``1,1.0``) is refused.
 
-Runs go to ``--jobs`` worker processes (``concurrent.futures`` with the ``spawn`` context: no
-fork of a process holding torch's threads), each run on one torch thread unless ``--threads``
+Runs go to ``--jobs`` worker processes (started with ``spawn``: no fork of a process holding
+torch's threads; :class:`Workers` keeps them), each run on one torch thread unless ``--threads``
 says otherwise. Resuming never runs a finished point again (its ``summary.json`` says completed
 or diverged at the asked rounds); a run that was interrupted continues from its checkpoint, one
-that never started starts. Ctrl-C stops every running run at once, each writing its summary
-(status interrupted), and the sweep's summary lists what is left; every file is replaced
-atomically, so nothing is left half-written.
+that never started starts. Ctrl-C, SIGTERM and SIGHUP stop every running run at once, each writing
+its summary (status interrupted); every worker process ends before the command does (killed after
+:data:`STOP_GRACE` seconds), and the sweep's summary lists what is left (exit status 128 + the
+signal). A worker process that dies (killed, out of memory) fails its run with the reason
+(``worker process died (signal 9, SIGKILL)``, in the table's notes and ``summary.json``'s
+``failed``); a fresh process runs the other points, the summary is written, the command exits 1,
+and ``--resume`` runs the failed run again. Every file is replaced atomically, so nothing is left
+half-written.
 
 ‖G_s‖² depends on s, so every point measures it at one s (:func:`sweep_metric_step`: ``--metric-step``,
 else the smallest lr·K of the grid), recorded in ``sweep.json`` and shown in the table's header. The
@@ -40,11 +52,11 @@ and end with the same :func:`summarize`.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import itertools
 import json
 import math
 import multiprocessing
+import multiprocessing.connection as mp_connection
 import os
 import shlex
 import signal
@@ -60,12 +72,17 @@ from .values import parse_value
 from .seeds import seed_configs
 from ..runfolder.files import RunFolderError, _atomic_text, _write_json, read_summary
 from ..runfolder.progress import human_time
+from ..runfolder.signals import STOP_SIGNALS, exit_code
 
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
-           "STOP_AFTER_ENV", "SWEEP_FILE", "sweep_metric_step"]
+           "STOP_AFTER_ENV", "KILL_POINT_ENV", "SWEEP_FILE", "sweep_metric_step", "key_meaning", "check_keys",
+           "check_swept_settings", "Workers", "plan_point", "summarize", "value_text", "point_name", "finished_run",
+           "run_status", "read_sweep"]
 
 SWEEP_FILE = "sweep.json"
 STOP_AFTER_ENV = "_FEDKERNELS_TEST_SWEEP_STOP_AFTER"  # test hook: act as on Ctrl-C after this many runs ended
+KILL_POINT_ENV = "_FEDKERNELS_TEST_SWEEP_KILL_POINT"  # test hook: SIGKILL the worker given the run folder ending so
+STOP_GRACE = 10.0  # seconds the runs get to write their summaries after a stop, before their processes are killed
 # --select: the metric, and whether the best point has its smallest or largest mean
 SELECT = {"f_plus_h": ("f+h", min), "test_acc": ("test_acc", max), "stationarity": ("grad_map_sq", min)}
 _FINISHED = ("completed", "diverged")  # a run that ended this way is never run again
@@ -74,9 +91,10 @@ _FINISHED = ("completed", "diverged")  # a run that ended this way is never run 
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C during a sweep, after its summary (what finished, what is left) was written."""
 
-    def __init__(self, out_dir: str, table: str):
+    def __init__(self, out_dir: str, table: str, cause: Optional[BaseException] = None):
         super().__init__(f"the sweep in {out_dir} was interrupted")
         self.out_dir, self.table = out_dir, table
+        self.exit_code = exit_code(cause if cause is not None else KeyboardInterrupt())  # 130, 143 on SIGTERM, ...
         self.resume_command = f"python -m python_algos sweep --resume {shlex.quote(out_dir)}"
 
 
@@ -109,9 +127,25 @@ def parse_grid_values(key: str, spec) -> list:
         vals = [spec]
     if not vals:
         raise ValueError(f"{what}: no values")
-    if len(set(map(json.dumps, vals))) != len(vals):
-        raise ValueError(f"{what}: a value is repeated")
+    repeated = _repeated(vals)
+    if repeated is not None:  # the same run twice (1 and 1.0 are one number: one K, one lr)
+        raise ValueError(f"{what}: a value is repeated ({' and '.join(map(str, repeated))} are the same "
+                         f"value); give each value once")
     return vals
+
+
+def _same_value(a, b) -> bool:
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+    return a == b if numbers else json.dumps(a) == json.dumps(b)
+
+
+def _repeated(vals: list):
+    """The first two values of ``vals`` that are the same value, or None."""
+    for i, v in enumerate(vals):
+        for w in vals[:i]:
+            if _same_value(v, w):
+                return w, v
+    return None
 
 
 def parse_keyed(items, flag: str, parse: Callable) -> dict:
@@ -139,45 +173,174 @@ def _hparams(algorithm: str) -> List[str]:
     return [f.name for f in dataclasses.fields(ALGORITHMS[algorithm.lower()].cls)]
 
 
-def _point_name(point: dict) -> str:
-    def show(v):
-        return f"{v:g}" if isinstance(v, float) else str(v)
+def _settings() -> set:
+    import dataclasses
 
-    return ",".join(f"{k}={show(v)}" for k, v in point.items()) or "default"
+    return {f.name for f in dataclasses.fields(Config)}
+
+
+RUN_QUALIFIER = "run"  # --grid run.eta=...: the run setting eta, whatever the algorithms' hyper-parameters
+
+
+def _fed_by_setting(algorithm: str, name: str) -> bool:
+    """Whether hyper-parameter ``name`` of ``algorithm`` is set by the run setting of the same name
+    (``lr`` and ``local_steps`` feed the algorithm through its ``from_lr`` map): then the two are
+    one thing and a bare key is unambiguous. Detected by mapping distinctive probe values."""
+    from ..algorithms.registry import ALGORITHMS
+
+    probe = {"lr": 0.123456789, "local_steps": 7}
+    if name not in probe:
+        return False
+    return ALGORITHMS[algorithm.lower()].from_lr(probe["lr"], probe["local_steps"]).get(name) == probe[name]
+
+
+def key_meaning(key: str, algorithm: str):
+    """What sweep key ``key`` sets for ``algorithm``: ``("setting", field)`` (a run setting),
+    ``("hparam", name)`` (one of its hyper-parameters) or None (the key does not apply to it).
+    ``run.X`` is always the run setting X, ``<algorithm>.X`` that algorithm's hyper-parameter X; a
+    bare key is a run setting when it is one (:func:`check_keys` refuses the ambiguous ones)."""
+    head, dot, name = key.partition(".")
+    if dot:
+        if head == RUN_QUALIFIER:
+            return ("setting", name)
+        return ("hparam", name) if head.lower() == algorithm.lower() else None
+    if key in _settings():
+        return ("setting", key)
+    return ("hparam", key) if key in _hparams(algorithm) else None
+
+
+def value_text(v) -> str:
+    """A grid value in a folder name and a table: ``%g`` when that reads back as the same number
+    (the names sweeps always had), else the shortest text that does (``0.5000001``), so that two
+    values never share a folder."""
+    if isinstance(v, float) and float(f"{v:g}") == v:
+        return f"{v:g}"
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def point_name(point: dict) -> str:
+    return ",".join(f"{k}={value_text(v)}" for k, v in point.items()) or "default"
 
 
 def plan_sweep(cfg: Config, algorithms: Sequence[str], grid: Dict[str, list], alg_opts: Optional[dict] = None) -> list:
     """Every point: ``[{"algorithm", "point": {key: value}, "name", "config": Config | None, "skip": reason | None}]``.
 
-    Keys that are Config fields apply to every algorithm, hyper-parameters to the algorithms that
-    have them; a key that is neither raises ValueError naming ``--grid``. A point whose settings or
-    algorithm break a rule has ``config = None`` and the rule in ``skip``."""
+    Keys that are run settings apply to every algorithm, hyper-parameters to the algorithms that
+    have them (:func:`key_meaning`); a key that is neither, or both (unqualified), raises ValueError
+    naming ``--grid``, as does a swept setting's value that its flag refuses. A point whose
+    algorithm breaks a rule has ``config = None`` and the rule in ``skip``."""
     check_keys(grid, algorithms)
+    check_swept_settings(cfg, grid, algorithms)
     plans = []
     for a in algorithms:
         keys = keys_of(a, grid)
         for values in itertools.product(*(grid[k] for k in keys)):
             plans.append(plan_point(cfg, a, dict(zip(keys, values)), alg_opts))
+    names = [(p["algorithm"], p["name"]) for p in plans]
+    same = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if same is not None:  # one folder per point: two points must never print alike
+        raise ValueError(f"--grid: two points of {same[0]} are both named {same[1]} (one folder each is needed); "
+                         f"give values that differ as written")
     return plans
 
 
 def check_keys(keys, algorithms: Sequence[str], flag: str = "--grid") -> None:
-    """Every key is a run setting or a hyper-parameter of one of ``algorithms``, and may vary;
-    else ValueError naming ``flag``."""
-    import dataclasses
-
-    fields = {f.name for f in dataclasses.fields(Config)}
-    hp = {a: _hparams(a) for a in algorithms}
+    """Every key is a run setting or a hyper-parameter of one of ``algorithms``, may vary, and means
+    one thing; else ValueError naming ``flag``. A bare key that is both a run setting and a
+    hyper-parameter of a chosen algorithm that the setting does not feed (``eta``: the Dirichlet
+    concentration, and the step of FedNMap, ZA1, FedDR, FedADMM) must be qualified:
+    ``fednmap.eta`` (the hyper-parameter) or ``run.eta`` (the run setting)."""
     for k in keys:
-        if k not in fields and not any(k in hp[a] for a in algorithms):
-            raise ValueError(f"{flag} {k}: neither a run setting nor a hyper-parameter of {', '.join(algorithms)} "
-                             f"(hyper-parameters: {'; '.join(f'{a}: ' + ', '.join(hp[a]) for a in algorithms)})")
-        if k in ("algorithm", "seed", "alg_opts", "rounds"):
+        head, dot, name = k.partition(".")
+        if dot:
+            _check_qualified(k, head, name, algorithms, flag)
+        else:
+            _check_bare(k, algorithms, flag)
+        name = name if dot else k
+        if name in ("algorithm", "seed", "alg_opts", "rounds") and (not dot or head == RUN_QUALIFIER):
             raise ValueError(f"{flag} {k}: not a {flag[2:]} key (give the algorithms with -a, seeds with --seeds, "
                              f"rounds with --rounds)")
-        if k == "metric_step":  # one s for every point, or ‖G_s‖² would not compare across points
-            raise ValueError(f"{flag} metric_step: not a {flag[2:]} key: a sweep measures ‖G_s‖² at one step s for "
+        if name == "metric_step":  # one s for every point, or ‖G_s‖² would not compare across points
+            raise ValueError(f"{flag} {k}: not a {flag[2:]} key: a sweep measures ‖G_s‖² at one step s for "
                              f"every point, so that the values compare; give it with --metric-step S")
+    for a in algorithms:  # `lr` and `run.lr` (or `alpha` and `fedcanon.alpha`) would set one value twice
+        seen = {}
+        for k in keys:
+            m = key_meaning(k, a)
+            if m is not None and m in seen:
+                raise ValueError(f"{flag} {seen[m]} and {flag} {k}: both set {a}'s {m[1]}; give one")
+            seen.setdefault(m, k)
+
+
+def _hparams_text(algorithms) -> str:
+    return "; ".join(f"{a}: " + ", ".join(_hparams(a)) for a in algorithms)
+
+
+def _check_bare(k: str, algorithms: Sequence[str], flag: str) -> None:
+    from .config import flag as setting_flag
+
+    owners = [a for a in algorithms if k in _hparams(a)]
+    if k not in _settings() and not owners:
+        raise ValueError(f"{flag} {k}: neither a run setting nor a hyper-parameter of {', '.join(algorithms)} "
+                         f"(hyper-parameters: {_hparams_text(algorithms)})")
+    both = [a for a in owners if k in _settings() and not _fed_by_setting(a, k)]
+    if both:
+        from .config import PARTITION_KEYS
+
+        read_by = (f", read by --partition {' or '.join(PARTITION_KEYS[k])}" if k in PARTITION_KEYS else "")
+        qualified = " or ".join(f"{flag} {a.lower()}.{k}=..." for a in both)
+        raise ValueError(
+            f"{flag} {k}: ambiguous: {k} is both a run setting ({setting_flag(k)}{read_by}) and a hyper-parameter "
+            f"of {', '.join(both)}, two different things; write {qualified} to vary the algorithm's {k}, or "
+            f"{flag} {RUN_QUALIFIER}.{k}=... to vary the run setting {setting_flag(k)}")
+
+
+def _check_qualified(k: str, head: str, name: str, algorithms: Sequence[str], flag: str) -> None:
+    if head == RUN_QUALIFIER:
+        if name not in _settings():
+            raise ValueError(f"{flag} {k}: {name} is not a run setting (the flags of `run`, with _ for -)")
+        return
+    chosen = {a.lower(): a for a in algorithms}
+    if head.lower() not in chosen:
+        raise ValueError(f"{flag} {k}: {head} is not one of the swept algorithms ({', '.join(algorithms)}); "
+                         f"write ALGORITHM.KEY for a hyper-parameter, {RUN_QUALIFIER}.KEY for a run setting")
+    if name not in _hparams(head):
+        raise ValueError(f"{flag} {k}: {head} has no hyper-parameter {name} (its hyper-parameters: "
+                         f"{', '.join(_hparams(head))})")
+    if name == "local_steps":  # K is a run setting (config.json and the metrics read it): build_algorithm's rule
+        raise ValueError(f"{flag} {k}: the number of local steps is a run setting: {flag} local_steps=...")
+
+
+def check_swept_settings(cfg: Config, values: Dict[str, list], algorithms: Sequence[str], flag: str = "--grid") -> None:
+    """The checks of a run setting's flag, for each value a sweep gives it (``values``: key -> the
+    values, or a range's ends): a swept ``lr=-1`` is refused as ``--lr -1`` is, naming
+    ``FLAG KEY=VALUE``, before anything is written; and a partition setting that no swept partition
+    reads (``eta`` under ``--partition iid``) is refused, as its flag is: every point would be the same run."""
+    from .config import ConfigError, check_given
+
+    swept = {}
+    for k, vals in values.items():
+        meanings = {key_meaning(k, a) for a in algorithms} - {None}
+        swept.update({m[1]: (k, vals) for m in meanings if m[0] == "setting"})
+    partitions = swept.get("partition", (None, [cfg.partition]))[1]
+    for name, (k, vals) in swept.items():
+        for v in vals:
+            try:
+                cfg.replace(**{name: v}).check()
+                if name != "partition" and not any(_partition_reads(name, p, v) for p in partitions):
+                    check_given({"partition": partitions[0], name: v})
+            except ConfigError as e:
+                raise ValueError(f"{flag} {k}={value_text(v)}: {e.rule}") from None
+
+
+def _partition_reads(name: str, partition, value) -> bool:
+    from .config import ConfigError, check_given
+
+    try:
+        check_given({"partition": partition, name: value})
+        return True
+    except ConfigError:
+        return False
 
 
 def sweep_metric_step(cfg: Config, values: Dict[str, list]) -> float:
@@ -224,25 +387,20 @@ def check_one_step(steps, select: str, out_dir: str, search: bool = False) -> No
 
 def keys_of(algorithm: str, keys) -> list:
     """The keys (in order) that apply to ``algorithm``: run settings, and its own hyper-parameters."""
-    import dataclasses
-
-    fields = {f.name for f in dataclasses.fields(Config)}
-    hp = _hparams(algorithm)
-    return [k for k in keys if k in fields or k in hp]
+    return [k for k in keys if key_meaning(k, algorithm) is not None]
 
 
 def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict] = None) -> dict:
     """One point: ``{"algorithm", "point", "name", "config": Config | None, "skip": reason | None}``;
-    a point whose settings or algorithm break a rule has ``config = None`` and the rule in ``skip``."""
-    import dataclasses
-
+    a point whose settings or algorithm break a rule has ``config = None`` and the rule in ``skip``.
+    The point's keys are sweep keys (:func:`key_meaning`)."""
     from .build import _build_regularizer, _hparam_error, build_algorithm
 
-    fields = {f.name for f in dataclasses.fields(Config)}
+    meant = {k: key_meaning(k, algorithm) for k in point}
     opts = dict((alg_opts or {}).get(algorithm, {}))
-    opts.update({k: v for k, v in point.items() if k not in fields})
-    settings = {k: v for k, v in point.items() if k in fields}
-    entry = {"algorithm": algorithm, "point": point, "name": _point_name(point), "config": None, "skip": None}
+    opts.update({m[1]: point[k] for k, m in meant.items() if m is not None and m[0] == "hparam"})
+    settings = {m[1]: point[k] for k, m in meant.items() if m is not None and m[0] == "setting"}
+    entry = {"algorithm": algorithm, "point": point, "name": point_name(point), "config": None, "skip": None}
     try:
         c = cfg.replace(algorithm=algorithm, alg_opts=opts, **settings)
         c.check()
@@ -265,13 +423,19 @@ def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict
 # --------------------------------------------------------------------------- #
 
 _STOP = None  # the sweep's stop event, in a worker process
+_WORKER_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)  # Ctrl-C, kill PID, a closed terminal
 
 
-def _worker_init(stop, threads) -> None:
-    """A worker: Ctrl-C is ignored between runs (the parent decides what stops); ``stop`` set by the
-    parent interrupts the running run the way Ctrl-C would (SIGINT to this process)."""
+def _ignore_stop_signals() -> None:
+    for s in _WORKER_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
+def _worker_init(stop) -> None:
+    """A worker: Ctrl-C, SIGTERM and SIGHUP are ignored between runs (the parent decides what stops);
+    ``stop`` set by the parent interrupts the running run the way Ctrl-C would (SIGINT to this process)."""
     global _STOP
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _ignore_stop_signals()
     _STOP = stop
 
     def watch():
@@ -281,12 +445,33 @@ def _worker_init(stop, threads) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def _worker_main(conn, stop) -> None:
+    """A worker process: runs the tasks the parent sends on ``conn`` (one at a time, each answered
+    with :func:`run_point`'s result) until it is sent None or the parent is gone."""
+    _worker_init(stop)
+    kill_point = os.environ.get(KILL_POINT_ENV)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        if kill_point and os.path.normpath(task["dir"]).endswith(os.path.normpath(kill_point)):
+            os.kill(os.getpid(), signal.SIGKILL)  # the test hook: die as an out-of-memory kill would
+        try:
+            r = run_point(task)
+        except Exception as e:  # a bug, not the run's own error: the parent reports it as the point's failure
+            r = {"dir": task["dir"], "status": "failed", "message": f"{type(e).__name__}: {e}"}
+        conn.send(r)
+
+
 def _interrupt_once(signum, frame):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the summary's write short
+    _ignore_stop_signals()  # a second Ctrl-C must not cut the summary's write short
     raise KeyboardInterrupt
 
 
-def _finished(run_dir: str, rounds: int) -> Optional[dict]:
+def finished_run(run_dir: str, rounds: int) -> Optional[dict]:
     s = read_summary(run_dir)
     return s if s is not None and s.get("status") in _FINISHED and s.get("rounds") == rounds else None
 
@@ -319,11 +504,12 @@ def _run_point(task: dict) -> dict:
         return {"dir": d, "status": "not started", "message": None}
     in_worker = _STOP is not None
     if in_worker:
-        signal.signal(signal.SIGINT, _interrupt_once)
+        for sig in _WORKER_SIGNALS:
+            signal.signal(sig, _interrupt_once)
     try:
         if in_worker and _STOP.is_set():  # the stop came between the check above and the handler
             raise KeyboardInterrupt
-        done = _finished(d, cfg.rounds)
+        done = finished_run(d, cfg.rounds)
         if done is not None:
             return {"dir": d, "status": done["status"], "message": "kept"}
         if os.path.isfile(os.path.join(d, "config.json")):
@@ -340,7 +526,7 @@ def _run_point(task: dict) -> dict:
         status, message = "error", str(e)
     finally:
         if in_worker:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            _ignore_stop_signals()
     if task.get("tensorboard") and os.path.isfile(os.path.join(d, "metrics.jsonl")):
         from .tensorboard import write_events
 
@@ -353,7 +539,9 @@ def _run_point(task: dict) -> dict:
 # --------------------------------------------------------------------------- #
 
 
-def _read_sweep(out_dir: str) -> dict:
+def read_sweep(out_dir: str) -> dict:
+    """``OUT/sweep.json`` of the sweep in ``out_dir``, its config a :class:`Config`; RunFolderError if
+    absent or unreadable."""
     path = os.path.join(out_dir, SWEEP_FILE)
     if not os.path.isfile(path):
         raise RunFolderError(f"cannot resume the sweep {out_dir}: it holds no {SWEEP_FILE}")
@@ -384,7 +572,7 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
     if resume:
-        saved = _read_sweep(out_dir)
+        saved = read_sweep(out_dir)
         if "optuna" in saved:  # a random search resumes through its own module (the CLI dispatches)
             raise RunFolderError(f"{out_dir} holds a random search: resume it with optuna_search.run_study(..., "
                                  f"resume=True) or `sweep --resume {out_dir}`")
@@ -427,15 +615,16 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
         _write_json(os.path.join(out_dir, SWEEP_FILE), {
             "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": grid, "seeds": seeds,
             "reseed_data": reseed_data, "alg_opts": alg_opts or {}, "select": select, "figures": figures or {}})
-    todo = [t for t in tasks if _finished(t["dir"], t["config"]["rounds"]) is None]
+    todo = [t for t in tasks if finished_run(t["dir"], t["config"]["rounds"]) is None]
     step = steps.pop() if len(steps) == 1 else None
     log(f"sweep: {len(plans)} points ({sum(p['config'] is None for p in plans)} skipped) x {len(seeds)} seed(s) = "
         f"{len(tasks)} runs, {len(tasks) - len(todo)} already finished; {len(todo)} to run on {jobs} process(es)"
         + (f"; ‖G_s‖² at s={step:g} for every point" if step is not None else ""))
-    interrupted = _execute(todo, jobs, log, _progress_printer(progress), SELECT[select][0])
-    result = summarize(out_dir, plans, seeds, select, interrupted)
+    with Workers(min(jobs, max(1, len(todo))), log, _progress_printer(progress), SELECT[select][0]) as w:
+        interrupted = w.run(todo)
+    result = summarize(out_dir, plans, seeds, select, interrupted, failed=w.failed)
     if interrupted:
-        raise SweepInterrupted(out_dir, result["table"])
+        raise SweepInterrupted(out_dir, result["table"], w.interrupt)
     return result
 
 
@@ -446,17 +635,62 @@ def _progress_printer(progress: bool) -> Optional[Callable[[str], None]]:
     return lambda line: print(line, file=sys.stderr, flush=True)
 
 
-def _execute(tasks: list, jobs: int, log, progress=None, metric: str = "f+h") -> bool:
-    """Run ``tasks``; True when Ctrl-C (or the test hook) stopped them."""
-    with Workers(min(jobs, max(1, len(tasks))), log, progress, metric) as w:
-        return w.run(tasks)
+class _Process:
+    """One worker process, the parent's end of its pipe, and the task it runs (None: idle)."""
+
+    def __init__(self, ctx, stop):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, stop), name="sweep-worker", daemon=True)
+        self.proc.start()
+        child.close()
+        self.task = None
+
+    def send(self, task: dict) -> None:
+        self.task = task
+        try:
+            self.conn.send(task)
+        except OSError:  # it died: its sentinel says so, and the task is failed with the reason
+            pass
+
+    def receive(self) -> Optional[dict]:
+        """Its task's result, or None when the process died before sending one."""
+        try:
+            return self.conn.recv() if self.conn.poll() else None
+        except (EOFError, OSError):
+            return None
+
+    def death(self) -> str:
+        """Why it died: ``worker process died (signal 9, SIGKILL)`` or ``(exit code N)``."""
+        self.proc.join(1.0)
+        code = self.proc.exitcode
+        if code is not None and code < 0:
+            return f"worker process died (signal {-code}, {signal.Signals(-code).name})"
+        return f"worker process died (exit code {code})"
+
+    def end(self) -> None:
+        """Ask it to quit; kill it if it has not within a second (it ignores SIGTERM between runs)."""
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.proc.join(1.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
 
 
 class Workers:
     """``--jobs`` worker processes kept for several batches of runs (a random search runs one
-    trial's seeds at a time; one pool spares a process start per trial). ``run(tasks)`` returns
-    True when Ctrl-C (or the test hook, which counts the runs ended over every batch) stopped them;
-    the pool is then shut down, every running run having written its summary (status interrupted).
+    trial's seeds at a time; keeping the processes spares a process start per trial). ``run(tasks)``
+    returns True when Ctrl-C, SIGTERM, SIGHUP (or the test hook, which counts the runs ended over
+    every batch) stopped them: every running run is then stopped as on Ctrl-C and writes its summary
+    (status interrupted), and every worker process is ended (killed after :data:`STOP_GRACE`
+    seconds): none outlives the sweep. ``interrupt`` then holds the exception that stopped them.
+
+    A worker process that dies (killed, out of memory) fails the run it held, with the reason
+    (``failed``: folder -> ``worker process died (signal 9, SIGKILL)``); a fresh process takes its
+    place and the other runs go on.
 
     The parent collects every run's end (in completion order, whichever process ran it): with
     ``progress`` (a line printer) one line per run, ``[k/total] <algorithm> <point> seed <s>:
@@ -469,7 +703,10 @@ class Workers:
         self.jobs, self.log, self.progress, self.metric = jobs, log, progress, metric
         self.stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
         self.ended = 0
-        self.pool = self.stop = None
+        self.procs: List[_Process] = []
+        self.stop = None
+        self.interrupt: Optional[BaseException] = None
+        self.failed: Dict[str, str] = {}
         self.warned = set()
         self._batch = (0, 0, 0.0)  # runs of this batch ended, its total, its start time
 
@@ -480,9 +717,10 @@ class Workers:
         self.close()
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
+        """End every worker process (none may outlive the sweep)."""
+        procs, self.procs = self.procs, []
+        for w in procs:
+            w.end()
 
     def _warn(self, r) -> None:
         for category, text in r.get("warnings") or ():
@@ -513,39 +751,107 @@ class Workers:
         """Run ``tasks``; True when they were stopped. ``results`` (if given) gets each run's
         ``{"dir", "status", "message", ...}`` by folder."""
         self._batch = (0, len(tasks), time.perf_counter())
-        if self.jobs == 1 or (len(tasks) <= 1 and self.pool is None):
-            try:
-                for t in tasks:
-                    r = run_point(t)
-                    r["name"] = t.get("name")
-                    self._warn(r)
-                    if r["status"] == "interrupted":
-                        return True
-                    self._report(r, results)
-            except KeyboardInterrupt:
-                return True
-            return False
-        if self.pool is None:
-            ctx = multiprocessing.get_context("spawn")
-            self.stop = ctx.Event()
-            self.pool = cf.ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=_worker_init,
-                                               initargs=(self.stop, 1))
-        futures = {self.pool.submit(run_point, t): t for t in tasks}
+        if self.jobs == 1 or (len(tasks) <= 1 and not self.procs):
+            return self._run_here(tasks, results)
+        if self.stop is None:
+            self.stop = multiprocessing.get_context("spawn").Event()
+        busy: List[_Process] = []
         try:
-            for f in cf.as_completed(futures):
-                r = f.result()
-                r["name"] = futures[f].get("name")
-                self._warn(r)
-                if r["status"] == "interrupted":  # a worker saw Ctrl-C from the terminal
-                    raise KeyboardInterrupt
-                self._report(r, results)
-        except KeyboardInterrupt:
-            self.stop.set()  # every running run stops as on Ctrl-C and writes its summary
-            for f in futures:
-                f.cancel()
-            self.close()
+            pending = list(tasks)
+            while pending or busy:
+                while pending and len(busy) < self.jobs:
+                    w = self._idle(busy)
+                    w.send(pending.pop(0))
+                    busy.append(w)
+                self._collect(busy, results)
+        except KeyboardInterrupt as e:
+            self.interrupt = e
+            self._stop_all(busy)
             return True
         return False
+
+    def _run_here(self, tasks: list, results: Optional[dict]) -> bool:
+        """--jobs 1: the runs in this process, one after another."""
+        try:
+            for t in tasks:
+                r = run_point(t)
+                r["name"] = t.get("name")
+                self._warn(r)
+                if r["status"] == "interrupted":
+                    return True
+                self._report(r, results)
+        except KeyboardInterrupt as e:
+            self.interrupt = e
+            return True
+        return False
+
+    def _idle(self, busy: list) -> _Process:
+        """An idle worker process: a kept one, else a new one (spawn: no fork of a process holding
+        torch's threads)."""
+        for w in list(self.procs):
+            if w not in busy and not w.proc.is_alive():  # died while idle (killed): nothing of it to report
+                self.procs.remove(w)
+                w.end()
+        for w in self.procs:
+            if w not in busy:
+                return w
+        w = _Process(multiprocessing.get_context("spawn"), self.stop)
+        self.procs.append(w)
+        return w
+
+    def _collect(self, busy: list, results: Optional[dict]) -> None:
+        """Wait for at least one busy worker to answer or die; report what ended."""
+        ready = set(mp_connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy]))
+        for w in [w for w in busy if w.conn in ready or w.proc.sentinel in ready]:
+            task, r = w.task, w.receive()
+            busy.remove(w)
+            w.task = None
+            if r is None:  # the process died with the run: that run fails, a fresh process takes the next one
+                r = {"dir": task["dir"], "status": "failed", "message": w.death()}
+                self.failed[task["dir"]] = r["message"]
+                self.procs.remove(w)
+                w.end()
+            r["name"] = task.get("name")
+            self._warn(r)
+            if r["status"] == "interrupted":  # a worker saw Ctrl-C from the terminal
+                raise KeyboardInterrupt
+            self._report(r, results)
+
+    def _stop_all(self, busy: list) -> None:
+        """Stop every running run as Ctrl-C would (each writes its summary, status interrupted),
+        wait up to :data:`STOP_GRACE` seconds for them, then end every worker process. Further stop
+        signals are ignored meanwhile: they must not cut the summaries' writes short or leave a
+        worker running."""
+        restore = _ignore_in_main_thread()
+        try:
+            self.stop.set()
+            deadline = time.monotonic() + STOP_GRACE
+            while busy and time.monotonic() < deadline:
+                waited = [w.conn for w in busy] + [w.proc.sentinel for w in busy]
+                ready = set(mp_connection.wait(waited, timeout=max(0.0, deadline - time.monotonic())))
+                for w in [w for w in busy if w.conn in ready or w.proc.sentinel in ready]:
+                    w.receive()  # the run's summary is in its folder; the sweep's summary reads it there
+                    busy.remove(w)
+            self.close()
+        finally:
+            restore()
+
+
+def _ignore_in_main_thread() -> Callable[[], None]:
+    """Ignore SIGINT, SIGTERM and SIGHUP (in the main thread); returns what restores them."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = {s: signal.getsignal(s) for s in _WORKER_SIGNALS}
+    for s in old:
+        signal.signal(s, signal.SIG_IGN)
+
+    def restore():
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+    return restore
+
+
 
 
 # --------------------------------------------------------------------------- #
@@ -553,16 +859,21 @@ class Workers:
 # --------------------------------------------------------------------------- #
 
 
-def _read_summary(run_dir: str) -> dict:
+def run_status(run_dir: str, failed: Optional[Dict[str, str]] = None) -> dict:
+    if failed and run_dir in failed:  # its process died: whatever the folder holds is not its end
+        return {"status": "failed", "message": failed[run_dir]}
     s = read_summary(run_dir)
     return s if s is not None else {"status": "not started" if not os.path.isdir(run_dir) else "unfinished"}
 
 
 def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_plus_h",
-              interrupted: bool = False, extra: Optional[dict] = None, notes: Sequence[str] = ()) -> dict:
+              interrupted: bool = False, extra: Optional[dict] = None, notes: Sequence[str] = (),
+              failed: Optional[Dict[str, str]] = None) -> dict:
     """The table of every point (mean ± std over seeds), the skipped points, the best point per
     algorithm; written to ``summary.json`` / ``summary.md`` (atomically). ``extra`` goes into
-    ``summary.json``, ``notes`` (lines) below the table (a random search's trials)."""
+    ``summary.json``, ``notes`` (lines) below the table (a random search's trials). ``failed``: run
+    folder -> why its worker process died (:attr:`Workers.failed`); those runs are ``failed``, listed
+    with the reason in ``summary.json`` (``failed``) and below the table, and a resume runs them again."""
     from .compare import format_table
 
     metric, better = SELECT[select]
@@ -572,7 +883,7 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
             skipped.append({"algorithm": p["algorithm"], "point": p["point"], "reason": p["skip"]})
             continue
         d = os.path.join(out_dir, p["algorithm"], p["name"])
-        sums = [_read_summary(os.path.join(d, SEED_DIR.format(s))) for s in seeds]
+        sums = [run_status(os.path.join(d, SEED_DIR.format(s)), failed) for s in seeds]
         statuses = [s.get("status", "unfinished") for s in sums]
         points.append({"algorithm": p["algorithm"], "point": p["point"], "name": p["name"], "dir": d,
                        "statuses": statuses, "final": final_stats([s for s in sums if s.get("status") == "completed"])})
@@ -585,9 +896,11 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
             best[a] = {"point": b["point"], "name": b["name"], "dir": b["dir"], metric: b["final"][metric]}
     keys = [k for k in ("f+h", "grad_map_sq", "sparsity", "test_acc") if any(k in p["final"] for p in points)]
     step = _one_step(points)
-    names = {"grad_map_sq": "‖G_s‖²" + (f" (s={step:g})" if step is not None else " (s: each point its own)"
-                                        if any("grad_map_step" in p["final"] for p in points) else ""),
-             "test_acc": "test acc"}
+    from .plotting.style import table_name
+
+    names = {k: table_name(k) for k in (*keys, "grad_map_sq")}
+    names["grad_map_sq"] += (f" (s={step:g})" if step is not None else " (s: each point its own)"
+                             if any("grad_map_step" in p["final"] for p in points) else "")
     rows = []
     for p in points:
         st = p["statuses"]
@@ -595,23 +908,26 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
             f"{st.count(s)} {s}" for s in dict.fromkeys(st))
         mark = " *" if best.get(p["algorithm"], {}).get("name") == p["name"] else ""
         rows.append([p["algorithm"], p["name"] + mark, *(stats_cell(p["final"].get(k)) for k in keys), status])
-    table = format_table(["algorithm", "point", *(names.get(k, k) for k in keys), "status"], rows)
+    table = format_table(["algorithm", "point", *(names[k] for k in keys), "status"], rows)
     text = [table, "", f"* best point per algorithm by {select} ({'lowest' if better is min else 'highest'} mean "
                        f"{metric}); mean ± std over {len(seeds)} seed(s): {', '.join(map(str, seeds))}"]
     if skipped:
         text += ["", "skipped (the point breaks a rule of the algorithm):"]
-        text += [f"- {s['algorithm']} {_point_name(s['point'])}: {s['reason']}" for s in skipped]
+        text += [f"- {s['algorithm']} {point_name(s['point'])}: {s['reason']}" for s in skipped]
     text += list(notes)
+    if failed:
+        text += ["", "failed (run again by `sweep --resume`):"]
+        text += [f"- {os.path.relpath(d, out_dir)}: {why}" for d, why in failed.items()]
     if interrupted:
         text += ["", f"interrupted: resume with `python -m python_algos sweep --resume {shlex.quote(out_dir)}`"]
     table_text = "\n".join(text)
     _write_json(os.path.join(out_dir, "summary.json"), {
         "status": "interrupted" if interrupted else "completed", "select": select, "seeds": list(seeds),
         "metric_step": step,
-        "points": points, "skipped": skipped, "best": best, **(extra or {})})
+        "points": points, "skipped": skipped, "best": best, "failed": dict(failed or {}), **(extra or {})})
     _atomic_text(os.path.join(out_dir, "summary.md"), table_text + "\n")
     return {"table": table_text, "points": points, "best": best, "skipped": skipped, "select": select,
-            "metric_step": step}
+            "metric_step": step, "failed": dict(failed or {})}
 
 
 def _one_step(points: list) -> Optional[float]:

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import math
 
+from ..sweep import value_text
 from .figures import plot_runs
 from .runs import display_name
 from .style import DEFAULT_FORMATS, RC, TITLES, parse_formats, pyplot, save_figure
 
-__all__ = ["plot_sweep", "heatmap_data"]
+__all__ = ["plot_sweep", "heatmap_data", "text_colour"]
+
+MAXIMIZED = {"test_acc", "train_acc", "accuracy", "support_f1"}  # higher is better: the bright end of the map
 
 
 def heatmap_data(points: list, algorithm: str, metric: str):
@@ -33,11 +36,57 @@ def _grid(pts, keys, metric):
     return rk, rows, ck, cols, m
 
 
+def text_colour(rgba) -> str:
+    """Black or white, whichever reads better on a cell of colour ``rgba`` (0..1 floats): black when
+    the colour's relative luminance (WCAG 2: sRGB linearised, 0.2126 R + 0.7152 G + 0.0722 B) is above
+    0.179, where black and white have the same contrast ratio with it."""
+    def linear(c):
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(float(c)) for c in rgba[:3])
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.179 else "white"
+
+
+def _matrix(pts, rk, rows, ck, cols, metric):
+    """The mean ``metric`` of each (row, column) point that completed; NaN elsewhere."""
+    def cell(r, c):
+        return next((p["final"][metric]["mean"] for p in pts if p["point"].get(rk) == r and p["point"].get(ck) == c
+                     and metric in p["final"] and all(s == "completed" for s in p["statuses"])), math.nan)
+
+    return [[cell(r, c) for c in cols] for r in rows]
+
+
+def _draw_heatmap(plt, m, rows, cols, rk, ck, metric: str, title: str, best_cell):
+    """The figure of one heat map: each cell's value written in the colour that reads on it, the best
+    cell boxed."""
+    fig, ax = plt.subplots(figsize=(1.2 * len(cols) + 2.5, 0.8 * len(rows) + 1.8))
+    im = ax.imshow(m, cmap="viridis" if metric in MAXIMIZED else "viridis_r", aspect="auto")
+    fig.colorbar(im, ax=ax, label=TITLES.get(metric, metric) + " (mean)")
+    ax.set_xticks(range(len(cols)), [value_text(c) for c in cols])
+    ax.set_yticks(range(len(rows)), [value_text(r) for r in rows])
+    ax.set_xlabel(ck)
+    ax.set_ylabel(rk)
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            v = m[i][j]
+            colour = text_colour(im.cmap(im.norm(v))) if math.isfinite(v) else "gray"
+            ax.text(j, i, f"{v:.3g}" if math.isfinite(v) else "skipped", ha="center", va="center", fontsize=8,
+                    color=colour)
+    if best_cell is not None:
+        i, j = best_cell
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2))
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def plot_sweep(out_dir: str, result: dict, grid: dict, select_metric: str, select_name: str, formats=DEFAULT_FORMATS,
                band: str = "std") -> list:
     """The figures of a sweep: a heat map of ``select_metric`` per algorithm whose grid is 2-D
-    (skipped points blank, the best point boxed), and the best point of each algorithm drawn with
-    its seeds' band (``best.<ext>``). Returns the file paths."""
+    (skipped points blank, the best point boxed), titled with the metric's words (``training
+    objective f + h``, :data:`~.style.TITLES`), and the best point of each algorithm drawn with its
+    seeds' band (``best.<ext>``). ``select_name`` (the ``--select`` value) is not shown: the metric's
+    title says what it is. Returns the file paths."""
     plt = pyplot()
     formats = parse_formats(formats)
     files = []
@@ -51,30 +100,15 @@ def plot_sweep(out_dir: str, result: dict, grid: dict, select_metric: str, selec
             {"point": s["point"], "final": {}, "statuses": ["skipped"]} for s in skipped]
         rk, ck = keys
         rows, cols = grid[rk], grid[ck]  # the grid's own order
-        m = [[next((p["final"][select_metric]["mean"] for p in pts if p["point"].get(rk) == r and
-                    p["point"].get(ck) == c and select_metric in p["final"]
-                    and all(s == "completed" for s in p["statuses"])), math.nan) for c in cols] for r in rows]
+        m = _matrix(pts, rk, rows, ck, cols, select_metric)
+        b = result["best"].get(a)
+        best_cell = next(((i, j) for i, r in enumerate(rows) for j, c in enumerate(cols)
+                          if b and b["point"].get(rk) == r and b["point"].get(ck) == c), None)
+        empty = not any(math.isfinite(v) for row in m for v in row)
+        title = (f"{display_name(a)}: {TITLES.get(select_metric, select_metric)} over {rk} × {ck}"
+                 + (" (no completed point)" if empty else ""))
         with plt.rc_context(RC):
-            fig, ax = plt.subplots(figsize=(1.2 * len(cols) + 2.5, 0.8 * len(rows) + 1.8))
-            finite = [v for row in m for v in row if math.isfinite(v)]
-            im = ax.imshow(m, cmap="viridis_r" if select_name != "test_acc" else "viridis", aspect="auto")
-            fig.colorbar(im, ax=ax, label=TITLES.get(select_metric, select_metric) + " (mean)")
-            ax.set_xticks(range(len(cols)), [f"{c:g}" if isinstance(c, float) else str(c) for c in cols])
-            ax.set_yticks(range(len(rows)), [f"{r:g}" if isinstance(r, float) else str(r) for r in rows])
-            ax.set_xlabel(ck)
-            ax.set_ylabel(rk)
-            b = result["best"].get(a)
-            for i, r in enumerate(rows):
-                for j, c in enumerate(cols):
-                    v = m[i][j]
-                    ax.text(j, i, f"{v:.3g}" if math.isfinite(v) else "skipped", ha="center", va="center",
-                            fontsize=8, color="white" if math.isfinite(v) else "gray")
-                    if b and b["point"].get(rk) == r and b["point"].get(ck) == c:
-                        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red",
-                                                   linewidth=2))
-            ax.set_title(f"{display_name(a)}: {select_name} over {rk} × {ck}"
-                         + ("" if finite else " (no completed point)"), fontsize=10)
-            fig.tight_layout()
+            fig = _draw_heatmap(plt, m, rows, cols, rk, ck, select_metric, title, best_cell)
             files += save_figure(fig, out_dir, f"heatmap-{a}", formats, 130)
             plt.close(fig)
     best = result["best"]
