@@ -12,7 +12,9 @@ client i holds exactly the rows ``run`` gives client i, starts from the same mod
 minibatches from a generator seeded as in simulation (:mod:`python_algos.deploy.flower`); the handshake of
 :func:`~python_algos.deploy.flower.run_server` compares every node's settings with the server's anyway.
 
-The ServerApp writes the reported model (and the normal-map point, where the algorithm has one)
+The ServerApp keeps the run's config as the parent command recorded it (the run config's
+``recorded-config``) in every checkpoint, so that a resume compares config.json with it as a
+one-process resume does. It writes the reported model (and the normal-map point, where the algorithm has one)
 of every metric round to the run config's ``points-dir`` (one file a round), its checkpoint to
 ``checkpoint`` (a resume continues from it), and, beside
 :func:`~python_algos.deploy.flower.save_result`'s ``result.pt``, ``status.pt`` (divergence) or, if
@@ -23,6 +25,7 @@ objective metrics on those points with the full data, with simulate's own formul
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -75,6 +78,8 @@ def server_main(grid, context) -> None:
     out, points, path = str(rc["result-dir"]), RoundFiles(str(rc["points-dir"])), str(rc["checkpoint"])
     status = {"diverged": None}
     try:
+        with open(str(rc["recorded-config"])) as f:  # the run's config.json as the parent command read it
+            recorded = {"config": json.load(f)}  # kept in every checkpoint: a resume compares it with config.json
         resume = load_server_checkpoint(path) if rc["resume"] else None
 
         def record(t, state, rec):
@@ -95,7 +100,7 @@ def server_main(grid, context) -> None:
                             participation=cfg.participation, seed=cfg.seed, batch_size=cfg.batch_size,
                             round_timeout=float(rc["round-timeout"]), connect_timeout=float(rc["connect-timeout"]),
                             callbacks=[record], checkpoint=path, checkpoint_every=every, resume=resume,
-                            run_key=str(rc["run-key"]))
+                            run_key=str(rc["run-key"]), checkpoint_extra=lambda: recorded)
     except Exception as e:
         write_error(out, e)  # the parent command reports it (Flower's log buries it in a traceback)
         raise

@@ -51,15 +51,14 @@ from .config import ConfigError
 from .evaluation import make_eval
 from .folders import resume_command
 from .losses import loss_function
-from .prepare import PreparedRun, check_rounds_reach, prepare_run
+from .prepare import PreparedRun, check_recorded_config, check_rounds_reach, prepare_run
 from .run import Interrupted, _start_folder
 from .tensorboard import live_requested, write_events
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients import resolve_executor
-from ..deploy.flower_server import checkpoint_differences
+from ..deploy.flower_server import check_checkpoint, server_setup
 from ..deploy.nodes import ServerClients, check_no_node_state, server_state
 from ..deploy.persist import RoundFiles, load_server
-from ..deploy.wire import fingerprint
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, _remove_leftovers, _write_json, _write_jsonl
 from ..simulate import objective_metrics
@@ -136,18 +135,40 @@ def prepare_flower(cfg, out_dir: str, *, replace: bool = False, resume: bool = F
                         fix="Choose a model without it (e.g. --model mlp), or run without --flower")
     snap, run_key = None, secrets.token_hex(8)
     if resume:
-        with open(os.path.join(out_dir, FLOWER_MARK)) as f:
-            run_key = json.load(f)["run_key"]
-        path = os.path.join(out_dir, FLOWER_CHECKPOINT)
-        if os.path.isfile(path):
-            snap = load_server(path)
-            fp = fingerprint(alg, prep.reg, cfg.seed, cfg.batch_size, len(prep.fed.parts), x0)
-            diff = checkpoint_differences(snap, fp) + (["the run key"] if snap["run_key"] != run_key else [])
-            if diff:
-                raise ConfigError("resume", out_dir, f"{path} does not belong to the settings in config.json (they "
-                                  f"differ in {'; '.join(diff)}); nothing was changed")
-            check_rounds_reach(cfg, int(snap["round"]), out_dir)
+        snap, run_key = _check_server_checkpoint(prep, x0, out_dir)
     return PreparedFlower(prep, snap, run_key)
+
+
+def _check_server_checkpoint(prep: PreparedRun, x0: torch.Tensor, out_dir: str) -> tuple:
+    """(the server checkpoint to continue from or None, the run key) of a resumed ``run --flower``,
+    after the checks every resume makes: the config the checkpoint recorded against config.json
+    (:func:`~.prepare.check_recorded_config`, as a one-process resume), then the server's own record
+    (participation, h exactly, x0: :func:`~python_algos.deploy.flower_server.check_checkpoint`)."""
+    cfg, alg = prep.cfg, prep.algorithm
+    with open(os.path.join(out_dir, FLOWER_MARK)) as f:
+        run_key = json.load(f)["run_key"]
+    path = os.path.join(out_dir, FLOWER_CHECKPOINT)
+    if not os.path.isfile(path):
+        return None, run_key
+    snap = load_server(path)
+    check_recorded_config((snap.get("extra") or {}).get("config"), cfg, path)
+    now = server_setup(alg, prep.reg, cfg.seed, cfg.batch_size, len(prep.fed.parts), x0,
+                       clients_per_round=cfg.clients_per_round, participation=cfg.participation)
+    check_checkpoint(snap, now, labels=SETUP_FLAGS, fix="undo the edit of config.json (or put the run's own "
+                     "checkpoint back), or start these settings in a new folder")
+    if snap["run_key"] != run_key:
+        raise ConfigError("resume", out_dir, f"{path} belongs to another run than {FLOWER_MARK} (their run keys "
+                                             f"differ); nothing was changed")
+    check_rounds_reach(cfg, int(snap["round"]), out_dir)
+    return snap, run_key
+
+
+# the flags that set each key of the server's setup record (deploy.flower_server.server_setup)
+SETUP_FLAGS = {"algorithm": "the algorithm (-a)", "hparams": "the algorithm's hyper-parameters (--alg-opt, --lr, ...)",
+               "regularizer": "h (--reg, --reg-param, --reg-opt)", "seed": "--seed", "batch_size": "--batch-size",
+               "num_clients": "--num-clients", "dim": "the model (--model)", "dtype": "--dtype",
+               "x0_sha256": "the initial model (--model, --seed)",
+               "clients_per_round": "--clients-per-round / --participation"}
 
 
 def _python_path() -> str:
@@ -193,6 +214,7 @@ checkpoint = ""
 resume = false
 points-dir = ""
 run-key = ""
+recorded-config = ""
 """)
     return app
 
@@ -276,12 +298,15 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
             config_path = os.path.join(dep.dir, "run-config.json")
             with open(config_path, "w") as f:
                 json.dump(node_cfg.to_dict(), f)
+            recorded = os.path.join(dep.dir, "recorded-config.json")  # config.json's settings, for the checkpoints
+            with open(recorded, "w") as f:
+                json.dump(cfg.to_dict(), f)
             wait = float(round_timeout or ROUND_TIMEOUT)
             app = _write_app(dep.dir, config_path, cfg.threads or 1, wait)
             log(f"flower: a SuperLink and {n} SuperNodes on 127.0.0.1 (logs in {dep.dir} while it runs)")
             try:
                 result = dep.run(app, {"checkpoint": ckpt_path, "resume": fp.snap is not None, "points-dir": points_dir,
-                                       "run-key": fp.run_key},
+                                       "run-key": fp.run_key, "recorded-config": recorded},
                                  timeout=CONNECT_TIMEOUT + 60 + wait * max(cfg.rounds, 1))
                 status = torch.load(os.path.join(dep.result_dir, STATUS_FILE), weights_only=True)
             except DeploymentError as e:
