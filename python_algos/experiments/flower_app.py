@@ -16,7 +16,8 @@ The ServerApp keeps the run's config as the parent command recorded it (the run 
 ``recorded-config``) in every checkpoint, so that a resume compares config.json with it as a
 one-process resume does. It writes the reported model (and the normal-map point, where the algorithm has one)
 of every metric round to the run config's ``points-dir`` (one file a round), its checkpoint to
-``checkpoint`` (a resume continues from it), and, beside
+``checkpoint`` (a resume continues from it), a line per round ended to ``rounds.jsonl`` (the
+parent's progress display reads it as it grows), and, beside
 :func:`~python_algos.deploy.flower.save_result`'s ``result.pt``, ``status.pt`` (divergence) or, if
 it stopped on an error, ``error.txt``. The server holds no data, so the parent command computes the
 objective metrics on those points with the full data, with simulate's own formula
@@ -34,9 +35,10 @@ from ..deploy.flower import (_flwr, handle_hello, handle_round, load_server_chec
                              write_error)
 from ..deploy.persist import RoundFiles
 
-__all__ = ["clientapp", "serverapp", "load_setup", "STATUS_FILE"]
+__all__ = ["clientapp", "serverapp", "load_setup", "STATUS_FILE", "ROUNDS_FILE"]
 
 STATUS_FILE = "status.pt"
+ROUNDS_FILE = "rounds.jsonl"  # one line per round as it ends (the parent command's progress display)
 _CACHE: dict = {}  # config path -> setup (one process may serve several messages)
 
 
@@ -82,7 +84,12 @@ def server_main(grid, context) -> None:
             recorded = {"config": json.load(f)}  # kept in every checkpoint: a resume compares it with config.json
         resume = load_server_checkpoint(path) if rc["resume"] else None
 
+        os.makedirs(out, exist_ok=True)
+        progress = open(os.path.join(out, ROUNDS_FILE), "a")
+
         def record(t, state, rec):
+            progress.write(json.dumps({"round": t, "elapsed": rec["elapsed"]}) + "\n")
+            progress.flush()
             with torch.no_grad():
                 x = alg.report(state, reg).detach().clone()
             if not bool(torch.isfinite(x).all()):  # as the one-process run: stop at a non-finite model

@@ -60,6 +60,7 @@ from ..deploy.flower_server import check_checkpoint, server_setup
 from ..deploy.nodes import ServerClients, check_no_node_state, server_state
 from ..deploy.persist import RoundFiles, load_server
 from ..runfolder import checkpoint as ckpt
+from ..runfolder.progress import Progress
 from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, _remove_leftovers, _write_json, _write_jsonl
 from ..simulate import objective_metrics
 
@@ -274,13 +275,41 @@ def _start(fp: PreparedFlower, log) -> None:
         if fp.snap is not None else f"resuming {out_dir}: no checkpoint was written yet, starting from round 0")
 
 
+class _RoundsShown:
+    """The progress display of a Flower run, driven by the lines the ServerApp appends to its
+    ``rounds.jsonl`` as rounds end (the objective metrics exist only afterwards: the server holds no
+    data), read from where the last look stopped; a partly written line waits for the next look."""
+
+    def __init__(self, bar: Progress):
+        self.bar, self.path, self.offset = bar, None, 0
+
+    def follow(self, path: str) -> None:
+        self.path, self.offset = path, 0
+
+    def __call__(self) -> None:
+        if self.path is None:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:  # the ServerApp has not started yet
+            return
+        end = chunk.rfind(b"\n") + 1
+        self.offset += end
+        for line in chunk[:end].splitlines():
+            self.bar.update(int(json.loads(line)["round"]), {})
+
+
 def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, label=None,
-                   round_timeout: Optional[float] = None) -> dict:
+                   round_timeout: Optional[float] = None, progress: bool = True) -> dict:
     """Run a :func:`prepare_flower`-checked run through a local Flower deployment; returns the summary.
-    Raises :class:`FlowerRunFailed` (a node failed) or :class:`~.run.Interrupted` (Ctrl-C) after
-    writing the folder up to the server's last checkpoint, from which ``run --resume DIR --flower``
-    continues. ``round_timeout``: seconds the server waits for a round's answers (default ROUND_TIMEOUT)."""
-    from .flower_app import STATUS_FILE
+    Raises :class:`FlowerRunFailed` (a node failed) or :class:`~.run.Interrupted` (Ctrl-C, SIGTERM,
+    SIGHUP) after ending every process of the deployment and writing the folder up to the server's
+    last checkpoint, from which ``run --resume DIR --flower`` continues. ``round_timeout``: seconds
+    the server waits for a round's answers (default ROUND_TIMEOUT). ``progress``: the progress
+    display of a one-process run (a bar on a terminal, a line every ~10 % of the rounds otherwise)."""
+    from .flower_app import ROUNDS_FILE, STATUS_FILE
     from ..deploy.local import DeploymentError, LocalDeployment
 
     prep = fp.run
@@ -290,7 +319,10 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
     node_cfg = cfg.replace(device="cpu", data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None)
     _start(fp, log)
     ckpt_path, points_dir = os.path.join(out_dir, FLOWER_CHECKPOINT), os.path.join(out_dir, POINTS_DIR)
-    result, failure, interrupted, status = None, None, False, {}
+    result, failure, interrupted, status = None, None, None, {}
+    bar = Progress(cfg.rounds, initial=int(fp.snap["round"]) if fp.snap is not None else 0, desc=label,
+                   enabled=progress)
+    shown = _RoundsShown(bar)
     t0 = time.perf_counter()
     try:
         with LocalDeployment(n, env={"PYTHONPATH": _python_path()},
@@ -305,14 +337,17 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
             app = _write_app(dep.dir, config_path, cfg.threads or 1, wait)
             log(f"flower: a SuperLink and {n} SuperNodes on 127.0.0.1 (logs in {dep.dir} while it runs)")
             try:
-                result = dep.run(app, {"checkpoint": ckpt_path, "resume": fp.snap is not None, "points-dir": points_dir,
-                                       "run-key": fp.run_key, "recorded-config": recorded},
-                                 timeout=CONNECT_TIMEOUT + 60 + wait * max(cfg.rounds, 1))
+                run = dep.start_run(app, {"checkpoint": ckpt_path, "resume": fp.snap is not None,
+                                          "points-dir": points_dir, "run-key": fp.run_key, "recorded-config": recorded})
+                shown.follow(os.path.join(run.result_dir, ROUNDS_FILE))
+                result = run.wait(CONNECT_TIMEOUT + 60 + wait * max(cfg.rounds, 1), poll=shown)
                 status = torch.load(os.path.join(dep.result_dir, STATUS_FILE), weights_only=True)
             except DeploymentError as e:
                 failure = str(e)
-    except KeyboardInterrupt:  # every process has ended (the with block)
-        interrupted = True
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: every process has ended (the with block)
+        interrupted = e
+    finally:
+        bar.close()
     run_seconds = time.perf_counter() - t0
 
     saved = load_server(ckpt_path) if os.path.exists(ckpt_path) else None
@@ -330,7 +365,7 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
         "algorithm": alg.name,
         "hparams": alg.hparams(),
         "engine": "flower",
-        "status": ("interrupted" if interrupted else "failed" if failure is not None else
+        "status": ("interrupted" if interrupted is not None else "failed" if failure is not None else
                    "diverged" if diverged else "completed"),
         "message": None,
         "rounds": cfg.rounds,
@@ -354,10 +389,10 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
     }
     where = (f"it continues from round {last_ckpt}, the server's last checkpoint" if last_ckpt is not None else
              "no server checkpoint was written, so it restarts at round 0")
-    if interrupted:
+    if interrupted is not None:
         summary["message"] = f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; {where}"
         _write_json(os.path.join(out_dir, "summary.json"), summary)
-        raise Interrupted(summary)
+        raise Interrupted(summary) from interrupted  # the signal's exit status (runfolder.signals.exit_code)
     if failure is not None:
         summary["message"] = (f"{label} stopped in the Flower deployment: {failure}\nThe folder holds the run up to "
                               f"round {summary['rounds_done']}; {where} (each node restores its own state from "

@@ -83,9 +83,10 @@ def check_recorded_config(saved: Optional[dict], cfg: Config, ckpt_path: str) ->
     if not isinstance(saved, dict):
         return
     keys = RESULT_KEYS
-    pick = lambda d: {k: json.dumps(d.get(k), sort_keys=True) for k in keys}  # noqa: E731 - JSON text: exact
+    saved, now = _as_json(saved), _as_json(cfg.to_dict())
     labels = {k: f"{k} ({flag(k)}" + (f" / {flag(PAIRED[k])})" if k in PAIRED else ")") for k in keys}
-    check_same_setup(pick(_as_json(saved)), pick(_as_json(cfg.to_dict())), what=f"from {ckpt_path}", labels=labels,
+    check_same_setup({k: saved.get(k) for k in keys}, {k: now.get(k) for k in keys}, what=f"from {ckpt_path}",
+                     labels=labels,
                      fix="undo the edit of config.json (or put the run's own checkpoint back), or start these "
                          "settings in a new folder", error=RunFolderError)
 

@@ -30,8 +30,11 @@ class Terminated(KeyboardInterrupt):
 
 
 def exit_code(exc: BaseException) -> int:
-    """The shell's exit status for a command stopped by ``exc``: 128 + the signal's number."""
-    return 128 + (exc.signum if isinstance(exc, Terminated) else int(signal.SIGINT))
+    """The shell's exit status for a command stopped by ``exc``: 128 + the signal's number (that of
+    the :class:`Terminated` it was raised from, if any: ``raise Interrupted(...) from stop``)."""
+    while exc is not None and not isinstance(exc, Terminated):
+        exc = exc.__cause__
+    return 128 + (exc.signum if exc is not None else int(signal.SIGINT))
 
 
 def _raise(signum, _frame):
