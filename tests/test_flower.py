@@ -366,7 +366,7 @@ def _checkpoint_of(problem, tmp_path, k):
 def test_a_resume_with_other_participation_is_refused_naming_it(problem, tmp_path, k_then, k_now, words):
     """Before: 2 -> 3 clients per round resumed silently (another run under the old name), and 2 -> all
     clients crashed with AttributeError ('participation_rng'). Refused before any message is sent."""
-    snap, nodes = _checkpoint_of(problem, tmp_path, k_then)
+    snap, _ = _checkpoint_of(problem, tmp_path, k_then)
     grid = LocalGrid(None, N)
     with pytest.raises(ValueError, match="cannot resume from the Flower server checkpoint") as e:
         pf.run_server(grid, _alg("scaffold"), problem.model, regularizer=REG, rounds=ROUNDS, num_clients=N,

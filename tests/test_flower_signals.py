@@ -133,8 +133,8 @@ def _edited_settings_are_refused(out) -> None:
     path = out / "config.json"
     good = json.loads(path.read_text())
     listing = lambda: sorted((p, os.stat(p).st_mtime_ns) for p in glob.glob(str(out / "**"), recursive=True))  # noqa: E731
-    for edit, words in (({"clients_per_round": 3}, "clients_per_round (--clients-per-round / --participation): "
-                                                   "snapshot 2 client(s) per round, given 3 client(s) per round"),
+    for edit, words in (({"clients_per_round": 3}, ("clients_per_round (--clients-per-round / --participation): "
+                                                    "snapshot 2 client(s) per round, given 3 client(s) per round")),
                         ({"data_seed": 11}, "data_seed (--data-seed): snapshot None, given 11"),
                         ({"partition": "dirichlet"}, "partition (--partition): snapshot iid, given dirichlet")):
         path.write_text(json.dumps({**good, **edit}))

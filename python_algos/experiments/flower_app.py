@@ -85,11 +85,10 @@ def server_main(grid, context) -> None:
         resume = load_server_checkpoint(path) if rc["resume"] else None
 
         os.makedirs(out, exist_ok=True)
-        progress = open(os.path.join(out, ROUNDS_FILE), "a")
 
         def record(t, state, rec):
-            progress.write(json.dumps({"round": t, "elapsed": rec["elapsed"]}) + "\n")
-            progress.flush()
+            with open(os.path.join(out, ROUNDS_FILE), "a") as f:  # whole lines: the parent reads as it grows
+                f.write(json.dumps({"round": t, "elapsed": rec["elapsed"]}) + "\n")
             with torch.no_grad():
                 x = alg.report(state, reg).detach().clone()
             if not bool(torch.isfinite(x).all()):  # as the one-process run: stop at a non-finite model

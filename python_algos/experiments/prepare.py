@@ -8,7 +8,6 @@ the algorithm with its regularizer, participation and the metric step.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import warnings
 from typing import Optional, Sequence
