@@ -153,3 +153,21 @@ def _refusal(argv) -> str:
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         assert main(argv) == 1
     return err.getvalue()
+
+
+def test_close_ends_a_deployment_process_that_left_every_group_and_parent(tmp_path):
+    """Flower's SuperExec starts app processes in sessions of their own; one whose parent has already
+    ended points back to nothing. LocalDeployment.close finds it by the deployment's FLWR_HOME in its
+    environment (its ServerApp would otherwise write the run's checkpoint on after the command)."""
+    from python_algos.deploy.local import LocalDeployment
+
+    dep = LocalDeployment(1, workdir=str(tmp_path))
+    # a shell in a session of its own starts a sleeper and exits: the sleeper is an orphan
+    subprocess.run(["sh", "-c", "setsid sleep 120 </dev/null >/dev/null 2>&1 &"], env=dep.env, check=True)
+    marker = "FLWR_HOME=" + dep.env["FLWR_HOME"]
+    deadline = time.monotonic() + 10
+    while not _procs_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _procs_with(marker), "the orphan did not start"
+    dep.close()
+    assert _procs_with(marker) == []
