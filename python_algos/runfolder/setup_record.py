@@ -6,7 +6,12 @@ another data set, regularizer, batch size, seed or participation, the rounds aft
 would continue the old state under new settings and the History would describe a run that never
 happened. The command line refuses that by comparing its config with the one stored beside the
 checkpoint; :func:`run_setup` is the same record for a Python run, made from ``simulate``'s own
-arguments, and :func:`differences` the comparison. Everything here is a JSON-like value of
+arguments, and :func:`differences` the comparison. :func:`check_same_setup` is the one resume check
+built on it, for every engine: ``simulate(resume=...)`` lists its :func:`differences`; the command
+line (one process, ``--workers``, seeds, sweeps, Optuna, ``--flower``) compares the config recorded
+in a checkpoint with config.json (``experiments.prepare.check_recorded_config``, each setting named
+by its flag), and a Flower server its record (``deploy.flower_server.check_checkpoint``: h exactly,
+participation, x0). Everything here is a JSON-like value of
 built-in types (a checkpoint loads with ``torch.load(weights_only=True)``).
 
 Recorded (keyed as ``simulate``'s keywords, so a refusal names the argument to fix):
