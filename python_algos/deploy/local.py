@@ -32,7 +32,7 @@ import torch
 from ..runfolder.signals import STOP_SIGNALS, terminate_as_interrupt
 from .wire import ERROR_FILE
 
-__all__ = ["LocalDeployment", "FlowerRun", "DeploymentError", "marked_processes"]
+__all__ = ["LocalDeployment", "FlowerRun", "DeploymentError", "marked_processes", "stop_signals_held"]
 
 
 class DeploymentError(RuntimeError):
@@ -158,7 +158,7 @@ class LocalDeployment:
         of its own) are found as descendants before anything is stopped (once a parent is gone, its
         orphans no longer point back to it), and then by the deployment's ``FLWR_HOME`` in their
         environment (one started meanwhile). Ctrl-C, SIGTERM and SIGHUP wait until it is done."""
-        with _signals_held():
+        with stop_signals_held():
             family = _descendants([p.pid for p in self.procs.values() if p.poll() is None])
             for p in self.procs.values():
                 _killpg(p, signal.SIGTERM)
@@ -291,9 +291,10 @@ def _kill_environ_marked(marker: str, timeout: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def _signals_held():
-    """Hold Ctrl-C, SIGTERM and SIGHUP (delivered when the block ends): stopping the deployment must
-    not itself be stopped halfway, leaving processes behind."""
+def stop_signals_held():
+    """Hold Ctrl-C, SIGTERM and SIGHUP in this thread, delivered when the block ends: for work that a
+    stop must not cut halfway (stopping the deployment, leaving processes behind; closing a run
+    folder without its summary)."""
     held = {signal.SIGINT, *STOP_SIGNALS}
     try:
         old = signal.pthread_sigmask(signal.SIG_BLOCK, held)

@@ -49,6 +49,7 @@ import fedkernels as fk
 
 from .config import ConfigError
 from .evaluation import make_eval
+from .flower_app import ROUNDS_FILE, STATUS_FILE
 from .folders import resume_command
 from .losses import loss_function
 from .prepare import PreparedRun, check_recorded_config, check_rounds_reach, prepare_run
@@ -57,6 +58,7 @@ from .tensorboard import live_requested, write_events
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients import resolve_executor
 from ..deploy.flower_server import check_checkpoint, server_setup
+from ..deploy.local import DeploymentError, LocalDeployment, stop_signals_held
 from ..deploy.nodes import ServerClients, check_no_node_state, server_state
 from ..deploy.persist import RoundFiles, load_server
 from ..runfolder import checkpoint as ckpt
@@ -316,9 +318,6 @@ class _Outcome:
 def _deploy(fp: PreparedFlower, log, wait: float, progress: bool) -> _Outcome:
     """The run through a local deployment (every process ended on return, whatever stopped it), its
     rounds shown as they end."""
-    from .flower_app import ROUNDS_FILE, STATUS_FILE
-    from ..deploy.local import DeploymentError, LocalDeployment
-
     prep, got = fp.run, _Outcome()
     cfg, out_dir, n = prep.cfg, os.path.abspath(prep.out_dir), len(prep.fed.parts)
     node_cfg = cfg.replace(device="cpu", data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None)
@@ -362,11 +361,17 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
     last checkpoint, from which ``run --resume DIR --flower`` continues. ``round_timeout``: seconds
     the server waits for a round's answers (default ROUND_TIMEOUT). ``progress``: the progress
     display of a one-process run (a bar on a terminal, a line every ~10 % of the rounds otherwise)."""
-    prep = fp.run
-    cfg, out_dir = prep.cfg, os.path.abspath(prep.out_dir)
-    label = label or cfg.algorithm
     _start(fp, log)
     got = _deploy(fp, log, float(round_timeout or ROUND_TIMEOUT), progress)
+    with stop_signals_held():  # a stop now comes after the folder is whole (its summary written)
+        return _close_folder(fp, got, label or fp.run.cfg.algorithm)
+
+
+def _close_folder(fp: PreparedFlower, got: _Outcome, label: str) -> dict:
+    """metrics.jsonl, summary.json and model.pt of the run as the deployment ended; raises
+    :class:`~.run.Interrupted` or :class:`FlowerRunFailed` after writing them if it did not complete."""
+    prep = fp.run
+    cfg, out_dir = prep.cfg, os.path.abspath(prep.out_dir)
     ckpt_path = os.path.join(out_dir, FLOWER_CHECKPOINT)
     saved = load_server(ckpt_path) if os.path.exists(ckpt_path) else None
     result = got.result
