@@ -231,8 +231,8 @@ def test_resume_without_the_nodes_state_is_refused_naming_the_fix(problem, tmp_p
     with pytest.raises(pf.NodeFailure, match=r"client \d cannot resume: it took part in round \d, and its state was "
                                              r"kept only in memory; start the node with .*state-dir="):
         _flower(problem, _alg("scaffold"), 2, resume=snap)
-    with pytest.raises(ValueError, match=r"resume: the checkpoint belongs to a run with other settings: seed: "
-                                         r"checkpoint 11, now 12"):
+    with pytest.raises(ValueError, match=r"cannot resume from the Flower server checkpoint: it was recorded under "
+                                         r"other settings.*: seed: snapshot 11, given 12"):
         pf.run_server(LocalGrid(None, N), _alg("scaffold"), problem.model, regularizer=REG, rounds=ROUNDS,
                       num_clients=N, clients_per_round=2, seed=SEED + 1, batch_size=BATCH, resume=snap)
 
@@ -347,3 +347,49 @@ def test_the_algorithm_as_a_flower_strategy_reproduces_simulate(problem, name, o
     assert float((got - want.params).abs().max()) <= 1e-10 * (1.0 + float(want.params.abs().max()))
     assert torch.equal(strategy.result().params, got)
     assert sorted(result.train_metrics_clientapp) == list(range(1, ROUNDS + 1))
+
+
+# -- a resume under other settings (issue 26, defect 3): one resume check, before anything runs ------
+def _checkpoint_of(problem, tmp_path, k):
+    """A server checkpoint of round 2 (client 2's node dies in round 3), its nodes' states kept."""
+    path, nodes = str(tmp_path / "server.pt"), tmp_path / "nodes"
+    with pytest.raises(pf.NodeFailure, match="round 3"):
+        _flower(problem, _alg("scaffold"), k, silent={1014: 3}, state_dir=nodes, round_timeout=0.5, checkpoint=path)
+    return pf.load_server_checkpoint(path), nodes
+
+
+@pytest.mark.parametrize("k_then, k_now, words", [
+    (2, 3, "participation/clients_per_round: snapshot 2 client(s) per round, given 3 client(s) per round"),
+    (2, None, "participation/clients_per_round: snapshot 2 client(s) per round, given all clients"),
+    (None, 2, "participation/clients_per_round: snapshot all clients, given 2 client(s) per round"),
+])
+def test_a_resume_with_other_participation_is_refused_naming_it(problem, tmp_path, k_then, k_now, words):
+    """Before: 2 -> 3 clients per round resumed silently (another run under the old name), and 2 -> all
+    clients crashed with AttributeError ('participation_rng'). Refused before any message is sent."""
+    snap, _ = _checkpoint_of(problem, tmp_path, k_then)
+    grid = LocalGrid(None, N)
+    with pytest.raises(ValueError, match="cannot resume from the Flower server checkpoint") as e:
+        pf.run_server(grid, _alg("scaffold"), problem.model, regularizer=REG, rounds=ROUNDS, num_clients=N,
+                      clients_per_round=k_now, seed=SEED, batch_size=BATCH, resume=snap)
+    assert words in str(e.value) and grid.sent == []
+
+
+def test_a_full_participation_run_resumes_exactly(problem, tmp_path):
+    """SCAFFOLD with every client each round, stopped by a failed node and resumed: simulate's run."""
+    want = _simulate(problem, _alg("scaffold"), None)
+    snap, nodes = _checkpoint_of(problem, tmp_path, None)
+    got, _ = _flower(problem, _alg("scaffold"), None, state_dir=nodes, resume=snap)
+    assert float((got.params - want.params).abs().max()) <= 1e-10 * (1.0 + float(want.params.abs().max()))
+
+
+def test_regularizers_differing_in_the_8th_digit_are_told_apart(problem, tmp_path):
+    """h is recorded at full precision (its class and parameters, floats by repr round-trip), not by
+    repr(h), which shows 6 digits: L1(0.05) and L1(0.050000001) print alike and are other runs."""
+    other = fk.L1(0.050000001)
+    assert repr(other) == repr(REG)  # what the record used to compare
+    snap, _ = _checkpoint_of(problem, tmp_path, 2)
+    with pytest.raises(ValueError, match=r"regularizer: snapshot L1\(kappa=0\.05\), given L1\(kappa=0\.050000001\)"):
+        pf.run_server(LocalGrid(None, N), _alg("scaffold"), problem.model, regularizer=other, rounds=ROUNDS,
+                      num_clients=N, clients_per_round=2, seed=SEED, batch_size=BATCH, resume=snap)
+    assert pf.fingerprint(_alg("scaffold"), other, SEED, BATCH, N, torch.zeros(3))["regularizer"] != \
+        pf.fingerprint(_alg("scaffold"), REG, SEED, BATCH, N, torch.zeros(3))["regularizer"]

@@ -3,6 +3,7 @@ keyword with both values) before anything is changed, and a bare ``fk.GroupLasso
 before any round, for every algorithm."""
 
 import copy
+import json
 import warnings
 
 import pytest
@@ -248,3 +249,34 @@ def test_per_parameter_group_lasso_still_runs():
     hist = simulate(make(**ALG), tiny_model(bn=False), LOSS, problem(), 2,
                     regularizer={"0.weight": fk.GroupLasso(0.5, groups="cols")})
     assert len(hist.metrics) == 2
+
+
+# --------------------------------------------------------------------------- #
+# The command line's resume check: one function, naming the flag (issue 26, item 3)
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("edit, words", [
+    ({"data_seed": 11}, "data_seed (--data-seed): snapshot None, given 11"),
+    ({"clients_per_round": 3}, "clients_per_round (--clients-per-round / --participation): snapshot 2 client(s) per "
+                               "round, given 3 client(s) per round"),
+    ({"reg_strength": 0.0100000001}, "reg_strength (--reg-strength): snapshot 0.01, given 0.0100000001"),
+])
+def test_an_edited_config_is_refused_naming_the_setting_its_flag_and_both_values(tmp_path, capsys, edit, words):
+    """The one-process resume refuses config.json edited after the run with the same check (and the
+    same words) as ``run --resume DIR --flower`` (tests/test_flower_signals.py); h at full precision."""
+    from python_algos.experiments.cli import main
+
+    out = tmp_path / "r"
+    assert main(["run", "-a", "fedmid", "--dataset", "sparse_logistic", "--data-opt", "n=60", "--data-opt", "dim=12",
+                 "-N", "3", "--clients-per-round", "2", "-T", "2", "--reg-strength", "0.01", "--checkpoint-every", "1",
+                 "--no-progress", "--no-plot", "--out", str(out)]) == 0
+    (out / "summary.json").unlink()  # as a run stopped after its checkpoint
+    good = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**good, **edit}))
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out), "--no-progress", "--no-plot"]) == 1
+    err = capsys.readouterr().err
+    assert words in err and "nothing was changed" in err, err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before

@@ -24,6 +24,7 @@ import fedkernels as fk
 
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import seeds
+from ..runfolder.setup_record import check_same_setup
 from ..simulate import _clients_per_round
 from .exchange import check_replies, collect, handshake
 from .nodes import ServerClients, receives, scalars, server_state
@@ -31,7 +32,34 @@ from .persist import load_server, save_server
 from .wire import (ROUND, FlowerResult, NodeFailure, _check_algorithm, _flat_x0, _flwr, _message, decode_vectors,
                    encode_vectors, fingerprint, payload_bytes)
 
-__all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint", "checkpoint_differences"]
+__all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint", "server_setup", "check_checkpoint",
+           "SERVER_LABELS"]
+
+# the run_server keyword(s) that set each key of the server's setup record (named by a refusal)
+SERVER_LABELS = {"algorithm": "algorithm", "hparams": "algorithm (hyper-parameters)", "regularizer": "regularizer",
+                 "seed": "seed", "batch_size": "batch_size", "num_clients": "num_clients",
+                 "dim": "model_fn (number of parameters)", "dtype": "model_fn (dtype)",
+                 "x0_sha256": "model_fn (initial parameters)", "clients_per_round": "participation/clients_per_round"}
+
+
+def server_setup(algorithm, regularizer, seed, batch_size, num_clients, x0, *, clients_per_round=None,
+                 participation=None) -> dict:
+    """The server's record of its run, kept in every checkpoint: what server and nodes share (the
+    handshake's :func:`~.wire.fingerprint`: algorithm, hyper-parameters, h exactly, seed, batch size,
+    N, dtype, x0) and the participation (k clients per round, as ``simulate`` takes it; None: all)."""
+    k = _clients_per_round(algorithm, int(num_clients), participation, clients_per_round)
+    return {**fingerprint(algorithm, regularizer, seed, batch_size, num_clients, x0),
+            "clients_per_round": None if k is None else int(k)}
+
+
+def check_checkpoint(snap: dict, setup: dict, *, labels: Optional[dict] = None, fix: Optional[str] = None) -> None:
+    """Refuse a server checkpoint recorded under another setup than ``setup`` (:func:`server_setup`),
+    with :func:`~python_algos.runfolder.setup_record.check_same_setup`, the resume check of every run."""
+    saved = snap.get("setup")
+    if saved is None:  # a checkpoint of an older version: its fingerprint (h was recorded by repr, 6 digits)
+        saved = {k: v for k, v in snap.get("fingerprint", {}).items() if k != "regularizer"}
+    check_same_setup(saved, setup, what="from the Flower server checkpoint", labels=labels or SERVER_LABELS,
+                     **({"fix": fix} if fix else {}))
 
 
 class ServerProgram:
@@ -84,11 +112,12 @@ class ServerProgram:
         with torch.no_grad():
             self.state = server_state(algorithm, x0, self.cs)
         self.fp = fingerprint(algorithm, regularizer, seed, batch_size, self.n, x0)
+        self.setup = server_setup(algorithm, regularizer, seed, batch_size, self.n, x0, clients_per_round=self.k)
         self.pending: dict = {}  # client -> the download its client_receive still needs (algorithms with one)
         self.last_round = {i: 0 for i in range(self.n)}  # client -> the last round it took part in (0: none)
         self.metrics, self.elapsed, self.t, self.committed = [], 0.0, 0, None
         if resume is not None:
-            self.state, self.t = _restore(resume, self.fp, self.state, self.rng, self.cs, self.rounds)
+            self.state, self.t = _restore(resume, self.setup, self.state, self.rng, self.cs, self.rounds)
             self.pending = dict(resume["pending"])
             self.last_round = {int(i): int(r) for i, r in resume["last_round"].items()}
             self.metrics, self.elapsed, run_key = list(resume["metrics"]), float(resume["elapsed"]), resume["run_key"]
@@ -181,7 +210,7 @@ class ServerProgram:
 
     def save(self, path: str) -> None:
         """Write the server's checkpoint of the last round done (atomically)."""
-        save_server(path, {"round": self.t, "run_key": self.run_key, "fingerprint": self.fp, "state": self.state,
+        save_server(path, {"round": self.t, "run_key": self.run_key, "setup": self.setup, "state": self.state,
                            "rng": self.rng.get_state(), "participation": self.cs.rng_state(),
                            "pending": self.pending, "last_round": dict(self.last_round), "metrics": self.metrics,
                            "elapsed": self.elapsed,
@@ -190,7 +219,7 @@ class ServerProgram:
 
     def result(self) -> FlowerResult:
         params = self.algorithm.report(self.state, self.regularizer).detach().clone()
-        setup = {**self.fp, "rounds": self.rounds, "clients_per_round": self.k, "regularizer": repr(self.regularizer)}
+        setup = {**self.setup, "rounds": self.rounds}
         return FlowerResult(params=params, state=self.state, metrics=self.metrics, nodes=dict(self.nodes or {}),
                             setup=setup)
 
@@ -209,24 +238,19 @@ def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, **set
     return prog.result()
 
 
-def checkpoint_differences(snap: dict, fp: dict) -> list:
-    """The settings (``fingerprint``) in which a server checkpoint differs from this run, one
-    "key: checkpoint X, now Y" each; empty when it belongs to the run."""
-    return [f"{k}: checkpoint {snap['fingerprint'].get(k)!r}, now {fp[k]!r}" for k in fp
-            if snap["fingerprint"].get(k) != fp[k]]
-
-
-def _restore(snap: dict, fp: dict, state, rng, cs, rounds):
+def _restore(snap: dict, setup: dict, state, rng, cs, rounds):
     """The server's State and generators from a snapshot of this run (refused if its settings differ)."""
-    diff = checkpoint_differences(snap, fp)
-    if diff:
-        raise ValueError("resume: the checkpoint belongs to a run with other settings: " + "; ".join(diff))
+    check_checkpoint(snap, setup)
     if int(rounds) < int(snap["round"]):
         raise ValueError(f"rounds={rounds}: the checkpoint is at round {snap['round']} and a run cannot go back")
     saved = snap["state"]
     if type(saved) is not type(state):
         raise ValueError(f"resume: the checkpoint holds a {type(saved).__name__}, this algorithm's state is a "
                          f"{type(state).__name__}")
+    if set(snap["participation"]) != set(cs.rng_state()):  # an older checkpoint, whose setup lacks k
+        raise ValueError("resume: the checkpoint was written with " + ("all clients taking part" if not
+                         snap["participation"] else "a sampled subset of clients per round") + ", this run has " +
+                         ("a sampled subset" if cs.rng_state() else "all clients") + " (participation/clients_per_round)")
     rng.set_state(snap["rng"])
     cs.set_rng_state(snap["participation"])
     return saved, int(snap["round"])

@@ -5,12 +5,17 @@
 
 Every process listens on 127.0.0.1 only (Flower 1.41 speaks HTTP between them; ``--insecure`` is
 used on loopback only), in its own process group, so that leaving the ``with`` block, on success,
-error or Ctrl-C, ends the processes and everything they started (Flower's SuperExec and app
-processes). The Flower CLI's home (``FLWR_HOME``) is a temporary folder: the user's is not touched.
+error, Ctrl-C, SIGTERM or SIGHUP (inside the block they raise ``KeyboardInterrupt``:
+:func:`~python_algos.runfolder.signals.terminate_as_interrupt`), ends the processes and everything
+they started (Flower's SuperExec and app processes, the ServerApp included: after the block no
+process of the deployment writes anything). Stopping is not itself interrupted: a second signal
+waits until every process has ended. The Flower CLI's home (``FLWR_HOME``) is a temporary folder:
+the user's is not touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -20,13 +25,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
+from ..runfolder.signals import STOP_SIGNALS, terminate_as_interrupt
 from .wire import ERROR_FILE
 
-__all__ = ["LocalDeployment", "FlowerRun", "DeploymentError"]
+__all__ = ["LocalDeployment", "FlowerRun", "DeploymentError", "marked_processes", "stop_signals_held"]
 
 
 class DeploymentError(RuntimeError):
@@ -71,6 +77,7 @@ class LocalDeployment:
         self.procs: dict[str, subprocess.Popen] = {}
         self.port: Optional[int] = None
         self.runs, self.result_dir = 0, None
+        self._signals = contextlib.ExitStack()
 
     # -- processes --------------------------------------------------------------------------
     def _start(self, name: str, args: list) -> subprocess.Popen:
@@ -88,15 +95,20 @@ class LocalDeployment:
             return ""
 
     def __enter__(self):
+        self._signals.enter_context(terminate_as_interrupt())  # SIGTERM / SIGHUP: leave the block, ending all
         try:
             self.start()
         except BaseException:
             self.close()
+            self._signals.close()
             raise
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        try:
+            self.close()
+        finally:
+            self._signals.close()
 
     def start(self) -> None:
         os.makedirs(self.env["FLWR_HOME"], exist_ok=True)
@@ -144,26 +156,26 @@ class LocalDeployment:
         """End every process started here and everything they started: each runs in its own process
         group, and the processes that left it (Flower's SuperExec starts an app process in a group
         of its own) are found as descendants before anything is stopped (once a parent is gone, its
-        orphans no longer point back to it)."""
-        family = _descendants([p.pid for p in self.procs.values() if p.poll() is None])
-        for p in self.procs.values():
-            _killpg(p, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            _killpg(p, signal.SIGKILL)  # the group's stragglers (SuperExec, app processes) too
-            p.wait()
-        for pid in family:  # those in other groups (a ServerApp waiting on a node that died)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        self.procs.clear()
-        if self._own_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        orphans no longer point back to it), and then by the deployment's ``FLWR_HOME`` in their
+        environment (one started meanwhile). Ctrl-C, SIGTERM and SIGHUP wait until it is done."""
+        with stop_signals_held():
+            family = _descendants([p.pid for p in self.procs.values() if p.poll() is None])
+            for p in self.procs.values():
+                _killpg(p, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            for p in self.procs.values():
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+                _killpg(p, signal.SIGKILL)  # the group's stragglers (SuperExec, app processes) too
+                p.wait()
+            for pid in family:  # those in other groups (a ServerApp waiting on a node that died)
+                _kill(pid)
+            _kill_environ_marked("FLWR_HOME=" + self.env["FLWR_HOME"])
+            self.procs.clear()
+            if self._own_dir:
+                shutil.rmtree(self.dir, ignore_errors=True)
 
     # -- a run --------------------------------------------------------------------------------
     def start_run(self, app_dir: str, run_config: dict) -> "FlowerRun":
@@ -182,11 +194,13 @@ class LocalDeployment:
         self.procs[name] = p
         return FlowerRun(self, name, p, out)
 
-    def run(self, app_dir: str, run_config: dict, timeout: float = 600.0) -> dict:
+    def run(self, app_dir: str, run_config: dict, timeout: float = 600.0,
+            poll: Optional[Callable[[], None]] = None) -> dict:
         """:meth:`start_run` and wait for it: the ServerApp's ``result.pt``. Raises DeploymentError
         with the ServerApp's error (e.g. a NodeFailure naming the client) or Flower's log if the run
-        fails, or if it does not finish within ``timeout`` seconds."""
-        return self.start_run(app_dir, run_config).wait(timeout)
+        fails, or if it does not finish within ``timeout`` seconds. ``poll()``: called while waiting
+        (a few times a second) and once when the run has ended, e.g. to show its progress."""
+        return self.start_run(app_dir, run_config).wait(timeout, poll)
 
 
 class FlowerRun:
@@ -195,11 +209,13 @@ class FlowerRun:
     def __init__(self, dep: LocalDeployment, name: str, proc: subprocess.Popen, result_dir: str):
         self.dep, self.name, self.proc, self.result_dir = dep, name, proc, result_dir
 
-    def wait(self, timeout: float = 600.0) -> dict:
+    def wait(self, timeout: float = 600.0, poll: Optional[Callable[[], None]] = None) -> dict:
         """The ServerApp's ``result.pt``, once the run has ended; DeploymentError if it failed or
-        did not end within ``timeout`` seconds."""
+        did not end within ``timeout`` seconds. ``poll()`` is called while waiting and at the end."""
         deadline = time.monotonic() + timeout
+        poll = poll or (lambda: None)
         while self.proc.poll() is None:
+            poll()
             stopped = self.dep.stopped_nodes() if self.dep.watch_nodes else []
             if stopped:
                 _killpg(self.proc, signal.SIGTERM)  # the run's server goes with the deployment
@@ -211,6 +227,7 @@ class FlowerRun:
                 raise DeploymentError(f"the Flower run did not finish within {timeout:g} s:\n"
                                       f"{self.dep.log(self.name)}")
             time.sleep(0.2)
+        poll()
         path = os.path.join(self.result_dir, "result.pt")
         if not os.path.exists(path):
             failure = os.path.join(self.result_dir, ERROR_FILE)  # the ServerApp's own account of what stopped it
@@ -237,6 +254,57 @@ def _descendants(roots: list) -> list:
             out.append(c)
             todo.append(c)
     return out
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def marked_processes(marker: str) -> list:
+    """Live processes whose environment holds ``marker`` (Linux: read from /proc; elsewhere none)."""
+    found, me = [], os.getpid()
+    for env in glob.glob("/proc/[0-9]*/environ"):
+        pid = int(env.split("/")[2])
+        try:
+            with open(env, "rb") as f:
+                if pid == me or b"\0" + marker.encode() + b"\0" not in b"\0" + f.read() + b"\0":
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # a zombie has ended already
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _kill_environ_marked(marker: str, timeout: float = 10.0) -> None:
+    """SIGKILL every process whose environment holds ``marker`` until none is left (a process
+    started while the others were being stopped is caught by the next look)."""
+    deadline = time.monotonic() + timeout
+    while (pids := marked_processes(marker)) and time.monotonic() < deadline:
+        for pid in pids:
+            _kill(pid)
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def stop_signals_held():
+    """Hold Ctrl-C, SIGTERM and SIGHUP in this thread, delivered when the block ends: for work that a
+    stop must not cut halfway (stopping the deployment, leaving processes behind; closing a run
+    folder without its summary)."""
+    held = {signal.SIGINT, *STOP_SIGNALS}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, ValueError, OSError):  # no POSIX signal masks here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _killpg(p: subprocess.Popen, sig) -> None:

@@ -17,6 +17,7 @@ import torch
 import fedkernels as fk
 
 from ..algorithms.base import ServerClientAlgorithm
+from ..runfolder.setup_record import describe_regularizer
 
 __all__ = ["INSTALL", "HELLO", "ROUND", "NODE_KEY", "NodeFailure", "FlowerResult", "encode_vectors", "decode_vectors",
            "payload_bytes", "fingerprint", "save_result", "write_error", "ERROR_FILE"]
@@ -72,9 +73,10 @@ def payload_bytes(record) -> int:
 
 
 def fingerprint(alg, reg, seed, batch_size, num_clients, x0) -> dict:
-    """The settings server and nodes must share, compared at the handshake."""
+    """The settings server and nodes must share, compared at the handshake (h exactly: its class and
+    parameters at full precision, not ``repr``'s 6 digits)."""
     return {"algorithm": alg.name, "hparams": json.dumps(alg.hparams(), sort_keys=True, default=repr),
-            "regularizer": repr(reg), "seed": int(seed), "batch_size": batch_size, "num_clients": int(num_clients),
+            "regularizer": describe_regularizer(reg), "seed": int(seed), "batch_size": batch_size, "num_clients": int(num_clients),
             "dim": int(x0.numel()), "dtype": str(x0.dtype).replace("torch.", ""),
             "x0_sha256": hashlib.sha256(x0.detach().cpu().contiguous().numpy().tobytes()).hexdigest()}
 

@@ -111,7 +111,8 @@ def _cmd_run_flower(args) -> int:
     h = "per parameter" if cfg.regularizers else cfg.reg
     print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
           f"results -> {out} (Flower)")
-    return _finish_run(execute_flower(prep, round_timeout=getattr(args, "round_timeout", None)), args)
+    return _finish_run(execute_flower(prep, round_timeout=getattr(args, "round_timeout", None),
+                                      progress=not args.no_progress), args)
 
 
 def _finish_run(summary: dict, args) -> int:

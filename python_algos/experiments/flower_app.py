@@ -12,9 +12,12 @@ client i holds exactly the rows ``run`` gives client i, starts from the same mod
 minibatches from a generator seeded as in simulation (:mod:`python_algos.deploy.flower`); the handshake of
 :func:`~python_algos.deploy.flower.run_server` compares every node's settings with the server's anyway.
 
-The ServerApp writes the reported model (and the normal-map point, where the algorithm has one)
+The ServerApp keeps the run's config as the parent command recorded it (the run config's
+``recorded-config``) in every checkpoint, so that a resume compares config.json with it as a
+one-process resume does. It writes the reported model (and the normal-map point, where the algorithm has one)
 of every metric round to the run config's ``points-dir`` (one file a round), its checkpoint to
-``checkpoint`` (a resume continues from it), and, beside
+``checkpoint`` (a resume continues from it), a line per round ended to ``rounds.jsonl`` (the
+parent's progress display reads it as it grows), and, beside
 :func:`~python_algos.deploy.flower.save_result`'s ``result.pt``, ``status.pt`` (divergence) or, if
 it stopped on an error, ``error.txt``. The server holds no data, so the parent command computes the
 objective metrics on those points with the full data, with simulate's own formula
@@ -23,6 +26,7 @@ objective metrics on those points with the full data, with simulate's own formul
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -31,9 +35,10 @@ from ..deploy.flower import (_flwr, handle_hello, handle_round, load_server_chec
                              write_error)
 from ..deploy.persist import RoundFiles
 
-__all__ = ["clientapp", "serverapp", "load_setup", "STATUS_FILE"]
+__all__ = ["clientapp", "serverapp", "load_setup", "STATUS_FILE", "ROUNDS_FILE"]
 
 STATUS_FILE = "status.pt"
+ROUNDS_FILE = "rounds.jsonl"  # one line per round as it ends (the parent command's progress display)
 _CACHE: dict = {}  # config path -> setup (one process may serve several messages)
 
 
@@ -75,9 +80,15 @@ def server_main(grid, context) -> None:
     out, points, path = str(rc["result-dir"]), RoundFiles(str(rc["points-dir"])), str(rc["checkpoint"])
     status = {"diverged": None}
     try:
+        with open(str(rc["recorded-config"])) as f:  # the run's config.json as the parent command read it
+            recorded = {"config": json.load(f)}  # kept in every checkpoint: a resume compares it with config.json
         resume = load_server_checkpoint(path) if rc["resume"] else None
 
+        os.makedirs(out, exist_ok=True)
+
         def record(t, state, rec):
+            with open(os.path.join(out, ROUNDS_FILE), "a") as f:  # whole lines: the parent reads as it grows
+                f.write(json.dumps({"round": t, "elapsed": rec["elapsed"]}) + "\n")
             with torch.no_grad():
                 x = alg.report(state, reg).detach().clone()
             if not bool(torch.isfinite(x).all()):  # as the one-process run: stop at a non-finite model
@@ -95,7 +106,7 @@ def server_main(grid, context) -> None:
                             participation=cfg.participation, seed=cfg.seed, batch_size=cfg.batch_size,
                             round_timeout=float(rc["round-timeout"]), connect_timeout=float(rc["connect-timeout"]),
                             callbacks=[record], checkpoint=path, checkpoint_every=every, resume=resume,
-                            run_key=str(rc["run-key"]))
+                            run_key=str(rc["run-key"]), checkpoint_extra=lambda: recorded)
     except Exception as e:
         write_error(out, e)  # the parent command reports it (Flower's log buries it in a traceback)
         raise

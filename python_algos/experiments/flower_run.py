@@ -49,19 +49,21 @@ import fedkernels as fk
 
 from .config import ConfigError
 from .evaluation import make_eval
+from .flower_app import ROUNDS_FILE, STATUS_FILE
 from .folders import resume_command
 from .losses import loss_function
-from .prepare import PreparedRun, check_rounds_reach, prepare_run
+from .prepare import PreparedRun, check_recorded_config, check_rounds_reach, prepare_run
 from .run import Interrupted, _start_folder
 from .tensorboard import live_requested, write_events
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients import resolve_executor
-from ..deploy.flower_server import checkpoint_differences
+from ..deploy.flower_server import check_checkpoint, server_setup
+from ..deploy.local import DeploymentError, LocalDeployment, stop_signals_held
 from ..deploy.nodes import ServerClients, check_no_node_state, server_state
 from ..deploy.persist import RoundFiles, load_server
-from ..deploy.wire import fingerprint
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, _remove_leftovers, _write_json, _write_jsonl
+from ..runfolder.progress import Progress
 from ..simulate import objective_metrics
 
 __all__ = ["check_flower_flags", "prepare_flower", "execute_flower", "PreparedFlower", "FlowerRunFailed",
@@ -136,18 +138,40 @@ def prepare_flower(cfg, out_dir: str, *, replace: bool = False, resume: bool = F
                         fix="Choose a model without it (e.g. --model mlp), or run without --flower")
     snap, run_key = None, secrets.token_hex(8)
     if resume:
-        with open(os.path.join(out_dir, FLOWER_MARK)) as f:
-            run_key = json.load(f)["run_key"]
-        path = os.path.join(out_dir, FLOWER_CHECKPOINT)
-        if os.path.isfile(path):
-            snap = load_server(path)
-            fp = fingerprint(alg, prep.reg, cfg.seed, cfg.batch_size, len(prep.fed.parts), x0)
-            diff = checkpoint_differences(snap, fp) + (["the run key"] if snap["run_key"] != run_key else [])
-            if diff:
-                raise ConfigError("resume", out_dir, f"{path} does not belong to the settings in config.json (they "
-                                  f"differ in {'; '.join(diff)}); nothing was changed")
-            check_rounds_reach(cfg, int(snap["round"]), out_dir)
+        snap, run_key = _check_server_checkpoint(prep, x0, out_dir)
     return PreparedFlower(prep, snap, run_key)
+
+
+def _check_server_checkpoint(prep: PreparedRun, x0: torch.Tensor, out_dir: str) -> tuple:
+    """(the server checkpoint to continue from or None, the run key) of a resumed ``run --flower``,
+    after the checks every resume makes: the config the checkpoint recorded against config.json
+    (:func:`~.prepare.check_recorded_config`, as a one-process resume), then the server's own record
+    (participation, h exactly, x0: :func:`~python_algos.deploy.flower_server.check_checkpoint`)."""
+    cfg, alg = prep.cfg, prep.algorithm
+    with open(os.path.join(out_dir, FLOWER_MARK)) as f:
+        run_key = json.load(f)["run_key"]
+    path = os.path.join(out_dir, FLOWER_CHECKPOINT)
+    if not os.path.isfile(path):
+        return None, run_key
+    snap = load_server(path)
+    check_recorded_config((snap.get("extra") or {}).get("config"), cfg, path)
+    now = server_setup(alg, prep.reg, cfg.seed, cfg.batch_size, len(prep.fed.parts), x0,
+                       clients_per_round=cfg.clients_per_round, participation=cfg.participation)
+    check_checkpoint(snap, now, labels=SETUP_FLAGS, fix="undo the edit of config.json (or put the run's own "
+                     "checkpoint back), or start these settings in a new folder")
+    if snap["run_key"] != run_key:
+        raise ConfigError("resume", out_dir, f"{path} belongs to another run than {FLOWER_MARK} (their run keys "
+                                             f"differ); nothing was changed")
+    check_rounds_reach(cfg, int(snap["round"]), out_dir)
+    return snap, run_key
+
+
+# the flags that set each key of the server's setup record (deploy.flower_server.server_setup)
+SETUP_FLAGS = {"algorithm": "the algorithm (-a)", "hparams": "the algorithm's hyper-parameters (--alg-opt, --lr, ...)",
+               "regularizer": "h (--reg, --reg-param, --reg-opt)", "seed": "--seed", "batch_size": "--batch-size",
+               "num_clients": "--num-clients", "dim": "the model (--model)", "dtype": "--dtype",
+               "x0_sha256": "the initial model (--model, --seed)",
+               "clients_per_round": "--clients-per-round / --participation"}
 
 
 def _python_path() -> str:
@@ -193,6 +217,7 @@ checkpoint = ""
 resume = false
 points-dir = ""
 run-key = ""
+recorded-config = ""
 """)
     return app
 
@@ -252,23 +277,53 @@ def _start(fp: PreparedFlower, log) -> None:
         if fp.snap is not None else f"resuming {out_dir}: no checkpoint was written yet, starting from round 0")
 
 
-def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, label=None,
-                   round_timeout: Optional[float] = None) -> dict:
-    """Run a :func:`prepare_flower`-checked run through a local Flower deployment; returns the summary.
-    Raises :class:`FlowerRunFailed` (a node failed) or :class:`~.run.Interrupted` (Ctrl-C) after
-    writing the folder up to the server's last checkpoint, from which ``run --resume DIR --flower``
-    continues. ``round_timeout``: seconds the server waits for a round's answers (default ROUND_TIMEOUT)."""
-    from .flower_app import STATUS_FILE
-    from ..deploy.local import DeploymentError, LocalDeployment
+class _RoundsShown:
+    """The progress display of a Flower run, driven by the lines the ServerApp appends to its
+    ``rounds.jsonl`` as rounds end (the objective metrics exist only afterwards: the server holds no
+    data), read from where the last look stopped; a partly written line waits for the next look."""
 
-    prep = fp.run
-    cfg, out_dir = prep.cfg, os.path.abspath(prep.out_dir)
-    n = len(prep.fed.parts)
-    label = label or cfg.algorithm
+    def __init__(self, bar: Progress):
+        self.bar, self.path, self.offset = bar, None, 0
+
+    def follow(self, path: str) -> None:
+        self.path, self.offset = path, 0
+
+    def __call__(self) -> None:
+        if self.path is None:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:  # the ServerApp has not started yet
+            return
+        end = chunk.rfind(b"\n") + 1
+        self.offset += end
+        for line in chunk[:end].splitlines():
+            self.bar.update(int(json.loads(line)["round"]), {})
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """How the deployment ended: the ServerApp's result (None unless it completed), its status file,
+    the failure's account, the stop (Ctrl-C, SIGTERM, SIGHUP) that ended it, and its seconds."""
+
+    result: Optional[dict] = None
+    status: dict = dataclasses.field(default_factory=dict)
+    failure: Optional[str] = None
+    interrupted: Optional[BaseException] = None
+    seconds: float = 0.0
+
+
+def _deploy(fp: PreparedFlower, log, wait: float, progress: bool) -> _Outcome:
+    """The run through a local deployment (every process ended on return, whatever stopped it), its
+    rounds shown as they end."""
+    prep, got = fp.run, _Outcome()
+    cfg, out_dir, n = prep.cfg, os.path.abspath(prep.out_dir), len(prep.fed.parts)
     node_cfg = cfg.replace(device="cpu", data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None)
-    _start(fp, log)
-    ckpt_path, points_dir = os.path.join(out_dir, FLOWER_CHECKPOINT), os.path.join(out_dir, POINTS_DIR)
-    result, failure, interrupted, status = None, None, False, {}
+    bar = Progress(cfg.rounds, initial=int(fp.snap["round"]) if fp.snap is not None else 0,
+                   desc=cfg.algorithm, enabled=progress)
+    shown = _RoundsShown(bar)
     t0 = time.perf_counter()
     try:
         with LocalDeployment(n, env={"PYTHONPATH": _python_path()},
@@ -276,44 +331,100 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
             config_path = os.path.join(dep.dir, "run-config.json")
             with open(config_path, "w") as f:
                 json.dump(node_cfg.to_dict(), f)
-            wait = float(round_timeout or ROUND_TIMEOUT)
+            recorded = os.path.join(dep.dir, "recorded-config.json")  # config.json's settings, for the checkpoints
+            with open(recorded, "w") as f:
+                json.dump(cfg.to_dict(), f)
             app = _write_app(dep.dir, config_path, cfg.threads or 1, wait)
             log(f"flower: a SuperLink and {n} SuperNodes on 127.0.0.1 (logs in {dep.dir} while it runs)")
             try:
-                result = dep.run(app, {"checkpoint": ckpt_path, "resume": fp.snap is not None, "points-dir": points_dir,
-                                       "run-key": fp.run_key},
-                                 timeout=CONNECT_TIMEOUT + 60 + wait * max(cfg.rounds, 1))
-                status = torch.load(os.path.join(dep.result_dir, STATUS_FILE), weights_only=True)
+                run = dep.start_run(app, {"checkpoint": os.path.join(out_dir, FLOWER_CHECKPOINT),
+                                          "resume": fp.snap is not None, "points-dir": os.path.join(out_dir, POINTS_DIR),
+                                          "run-key": fp.run_key, "recorded-config": recorded})
+                shown.follow(os.path.join(run.result_dir, ROUNDS_FILE))
+                got.result = run.wait(CONNECT_TIMEOUT + 60 + wait * max(cfg.rounds, 1), poll=shown)
+                got.status = torch.load(os.path.join(run.result_dir, STATUS_FILE), weights_only=True)
             except DeploymentError as e:
-                failure = str(e)
-    except KeyboardInterrupt:  # every process has ended (the with block)
-        interrupted = True
-    run_seconds = time.perf_counter() - t0
+                got.failure = str(e)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: every process has ended (the with block)
+        got.interrupted = e
+    finally:
+        bar.close()
+    got.seconds = time.perf_counter() - t0
+    return got
 
+
+def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, label=None,
+                   round_timeout: Optional[float] = None, progress: bool = True) -> dict:
+    """Run a :func:`prepare_flower`-checked run through a local Flower deployment; returns the summary.
+    Raises :class:`FlowerRunFailed` (a node failed) or :class:`~.run.Interrupted` (Ctrl-C, SIGTERM,
+    SIGHUP) after ending every process of the deployment and writing the folder up to the server's
+    last checkpoint, from which ``run --resume DIR --flower`` continues. ``round_timeout``: seconds
+    the server waits for a round's answers (default ROUND_TIMEOUT). ``progress``: the progress
+    display of a one-process run (a bar on a terminal, a line every ~10 % of the rounds otherwise)."""
+    _start(fp, log)
+    got = _deploy(fp, log, float(round_timeout or ROUND_TIMEOUT), progress)
+    with stop_signals_held():  # a stop now comes after the folder is whole (its summary written)
+        return _close_folder(fp, got, label or fp.run.cfg.algorithm)
+
+
+def _close_folder(fp: PreparedFlower, got: _Outcome, label: str) -> dict:
+    """metrics.jsonl, summary.json and model.pt of the run as the deployment ended; raises
+    :class:`~.run.Interrupted` or :class:`FlowerRunFailed` after writing them if it did not complete."""
+    prep = fp.run
+    cfg, out_dir = prep.cfg, os.path.abspath(prep.out_dir)
+    ckpt_path = os.path.join(out_dir, FLOWER_CHECKPOINT)
     saved = load_server(ckpt_path) if os.path.exists(ckpt_path) else None
+    result = got.result
     records = result["metrics"] if result is not None else (saved["metrics"] if saved is not None else [])
-    initial, rows, diverged = _metric_rows(prep, records, RoundFiles(points_dir), status.get("diverged"),
-                                           result["params"] if result is not None else None)
+    initial, rows, diverged = _metric_rows(prep, records, RoundFiles(os.path.join(out_dir, POINTS_DIR)),
+                                           got.status.get("diverged"), result["params"] if result is not None else None)
     _write_jsonl(os.path.join(out_dir, "metrics.jsonl"), [initial, *rows])
     if live_requested():  # --tensorboard: the rows exist only now (computed here), so do their events
         write_events(out_dir)
-    last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else initial)
-    alg, model = prep.algorithm, prep.model
-    last_ckpt = int(saved["round"]) if saved is not None else None
-    summary = {
+    status = ("interrupted" if got.interrupted is not None else "failed" if got.failure is not None else
+              "diverged" if diverged else "completed")
+    summary = _summary(prep, label, status, initial, rows, got, saved)
+    last_ckpt = summary["last_checkpoint_round"]
+    where = (f"it continues from round {last_ckpt}, the server's last checkpoint" if last_ckpt is not None else
+             "no server checkpoint was written, so it restarts at round 0")
+    if got.interrupted is not None:
+        summary["message"] = f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; {where}"
+        _write_json(os.path.join(out_dir, "summary.json"), summary)
+        raise Interrupted(summary) from got.interrupted  # the signal's exit status (runfolder.signals.exit_code)
+    if got.failure is not None:
+        summary["message"] = (f"{label} stopped in the Flower deployment: {got.failure}\nThe folder holds the run up "
+                              f"to round {summary['rounds_done']}; {where} (each node restores its own state from "
+                              f"{os.path.join(prep.out_dir, NODES_DIR)}): {summary['resume_command']}")
+        _write_json(os.path.join(out_dir, "summary.json"), summary)
+        raise FlowerRunFailed(summary["message"])
+    if diverged:
+        summary["message"] = (f"{label} diverged at {diverged}; the run was stopped. Lower the step size "
+                              f"(--lr, currently {cfg.lr:g}) or the local steps.")
+    else:  # model.pt records its round, as the one-process run's (the model holds the final params)
+        ckpt.atomic_save({"params": result["params"].cpu(), "round": rows[-1]["round"] if rows else 0,
+                          "state_dict": {k: v.cpu() for k, v in prep.model.state_dict().items()}},
+                         os.path.join(out_dir, "model.pt"))
+    _write_json(os.path.join(out_dir, "summary.json"), summary)
+    return summary
+
+
+def _summary(prep: PreparedRun, label: str, status: str, initial: dict, rows: list, got: _Outcome,
+             saved: Optional[dict]) -> dict:
+    """summary.json of a Flower run (``message`` is the caller's)."""
+    cfg, alg, model, n = prep.cfg, prep.algorithm, prep.model, len(prep.fed.parts)
+    return {
         "label": label,
         "algorithm": alg.name,
         "hparams": alg.hparams(),
         "engine": "flower",
-        "status": ("interrupted" if interrupted else "failed" if failure is not None else
-                   "diverged" if diverged else "completed"),
+        "status": status,
         "message": None,
         "rounds": cfg.rounds,
         "rounds_done": rows[-1]["round"] if rows else 0,
-        "final": last_obj,
+        "final": next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else initial),
         "initial": initial,
         "elapsed": rows[-1].get("elapsed", 0.0) if rows else 0.0,
-        "process_seconds": run_seconds,
+        "process_seconds": got.seconds,
         "regularizer": repr(prep.reg),
         "dataset": prep.fed.dataset.source,
         "partition": cfg.partition,
@@ -323,28 +434,7 @@ def execute_flower(fp: PreparedFlower, *, log: Callable[[str], None] = print, la
         "world_size": n + 1,  # the server and one node per client
         "threads": cfg.threads or 1,
         "out_dir": prep.out_dir,
-        "last_checkpoint_round": last_ckpt,
+        "last_checkpoint_round": int(saved["round"]) if saved is not None else None,
         "resume_command": flower_resume_command(prep.out_dir),
-        "nodes": {str(k): v for k, v in result["nodes"].items()} if result is not None else None,
+        "nodes": {str(k): v for k, v in got.result["nodes"].items()} if got.result is not None else None,
     }
-    where = (f"it continues from round {last_ckpt}, the server's last checkpoint" if last_ckpt is not None else
-             "no server checkpoint was written, so it restarts at round 0")
-    if interrupted:
-        summary["message"] = f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; {where}"
-        _write_json(os.path.join(out_dir, "summary.json"), summary)
-        raise Interrupted(summary)
-    if failure is not None:
-        summary["message"] = (f"{label} stopped in the Flower deployment: {failure}\nThe folder holds the run up to "
-                              f"round {summary['rounds_done']}; {where} (each node restores its own state from "
-                              f"{os.path.join(prep.out_dir, NODES_DIR)}): {summary['resume_command']}")
-        _write_json(os.path.join(out_dir, "summary.json"), summary)
-        raise FlowerRunFailed(summary["message"])
-    if diverged:
-        summary["message"] = (f"{label} diverged at {diverged}; the run was stopped. Lower the step size "
-                              f"(--lr, currently {cfg.lr:g}) or the local steps.")
-    else:  # model.pt records its round, as the one-process run's (the model holds the final params)
-        ckpt.atomic_save({"params": result["params"].cpu(), "round": rows[-1]["round"] if rows else 0,
-                          "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}},
-                         os.path.join(out_dir, "model.pt"))
-    _write_json(os.path.join(out_dir, "summary.json"), summary)
-    return summary

@@ -8,7 +8,6 @@ the algorithm with its regularizer, participation and the metric step.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import warnings
 from typing import Optional, Sequence
@@ -20,17 +19,18 @@ import fedkernels as fk
 
 from . import launch
 from .build import _build_regularizer, _hparam_error, build_algorithm, build_model, prepare_data
-from .config import RESULT_KEYS, Config, ConfigError
+from .config import RESULT_KEYS, Config, ConfigError, flag
 from .data import FederatedData
 from .device import resolve_device
 from .folders import _read_config_json, resume_command
 from ..algorithms.registry import ALGORITHMS
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, RunExistsError, RunFolderError, _as_json, _holds_run
-from ..runfolder.setup_record import describe_regularizer
+from ..runfolder.setup_record import check_same_setup, describe_regularizer
 from ..simulate import _clients_per_round
 
-__all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size", "check_rounds_reach"]
+__all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size", "check_rounds_reach",
+           "check_recorded_config"]
 
 
 @dataclasses.dataclass
@@ -72,6 +72,26 @@ def check_rounds_reach(cfg: Config, saved_round: int, out_dir: str) -> None:
         raise ConfigError("rounds", cfg.rounds,
                           f"the checkpoint in {out_dir} is at round {saved_round} and a run cannot go back; "
                           f"give --rounds {saved_round} or more (nothing was changed)")
+
+
+def check_recorded_config(saved: Optional[dict], cfg: Config, ckpt_path: str) -> None:
+    """A command-line resume's check (one process, ``--workers``, ``--flower``; seeds, sweeps and Optuna
+    resume through :func:`prepare_run`): the config recorded in the checkpoint ``ckpt_path`` equals
+    ``cfg`` (config.json's) in every setting that changes the result. A difference is refused by
+    :func:`~python_algos.runfolder.setup_record.check_same_setup`, naming each setting with its flag."""
+    if not isinstance(saved, dict):
+        return
+    keys = RESULT_KEYS
+    saved, now = _as_json(saved), _as_json(cfg.to_dict())
+    labels = {k: f"{k} ({flag(k)}" + (f" / {flag(PAIRED[k])})" if k in PAIRED else ")") for k in keys}
+    check_same_setup({k: saved.get(k) for k in keys}, {k: now.get(k) for k in keys}, what=f"from {ckpt_path}",
+                     labels=labels,
+                     fix="undo the edit of config.json (or put the run's own checkpoint back), or start these "
+                         "settings in a new folder", error=RunFolderError)
+
+
+# settings that set one thing together: a refusal names both flags
+PAIRED = {"clients_per_round": "participation", "participation": "clients_per_round"}
 
 
 def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None, resume: bool = False,
@@ -127,18 +147,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     device = resolve_device(cfg.device)
     if resume and os.path.isfile(ckpt_path):
         snap = ckpt.load(ckpt_path, map_location=device)  # a manifest only, when several processes wrote it
-        saved = (snap.get("extra") or {}).get("config")
-        if isinstance(saved, dict):
-            now = _as_json(cfg.to_dict())
-            saved = _as_json(saved)
-            diff = [k for k in RESULT_KEYS if saved.get(k) != now.get(k)]
-            if diff:
-                what = "; ".join(f"{k}: checkpoint {json.dumps(saved.get(k))}, config.json {json.dumps(now.get(k))}"
-                                 for k in diff)
-                raise RunFolderError(
-                    f"{ckpt_path} does not belong to the settings in config.json: they differ in {what}. Resuming "
-                    f"would continue the checkpoint's run under other settings, so nothing was changed: undo the edit "
-                    f"(or put the run's own checkpoint back), or start the new settings in a new folder")
+        check_recorded_config((snap.get("extra") or {}).get("config"), cfg, ckpt_path)
         check_rounds_reach(cfg, int(snap["round"]), out_dir)
     fed = fed if fed is not None else prepare_data(cfg)
     check_world_size(len(fed.parts), launch.world_size())

@@ -6,7 +6,12 @@ another data set, regularizer, batch size, seed or participation, the rounds aft
 would continue the old state under new settings and the History would describe a run that never
 happened. The command line refuses that by comparing its config with the one stored beside the
 checkpoint; :func:`run_setup` is the same record for a Python run, made from ``simulate``'s own
-arguments, and :func:`differences` the comparison. Everything here is a JSON-like value of
+arguments, and :func:`differences` the comparison. :func:`check_same_setup` is the one resume check
+built on it, for every engine: ``simulate(resume=...)`` lists its :func:`differences`; the command
+line (one process, ``--workers``, seeds, sweeps, Optuna, ``--flower``) compares the config recorded
+in a checkpoint with config.json (``experiments.prepare.check_recorded_config``, each setting named
+by its flag), and a Flower server its record (``deploy.flower_server.check_checkpoint``: h exactly,
+participation, x0). Everything here is a JSON-like value of
 built-in types (a checkpoint loads with ``torch.load(weights_only=True)``).
 
 Recorded (keyed as ``simulate``'s keywords, so a refusal names the argument to fix):
@@ -39,7 +44,8 @@ from torch import nn
 
 import fedkernels as fk
 
-__all__ = ["run_setup", "differences", "describe_regularizer", "fingerprint_clients", "LABELS"]
+__all__ = ["run_setup", "differences", "check_same_setup", "SetupMismatch", "describe_regularizer",
+           "fingerprint_clients", "LABELS"]
 
 # the names a refusal gives each key: the simulate() keyword(s) that set it
 LABELS = {
@@ -217,12 +223,36 @@ def _show(key: str, v) -> str:
     return v if isinstance(v, str) else repr(v)
 
 
-def differences(saved: dict, now: dict) -> list[str]:
-    """One line per key recorded in both that differs: ``label: snapshot A, given B``."""
+def differences(saved: dict, now: dict, labels: Optional[dict] = None) -> list[str]:
+    """One line per key recorded in both that differs: ``label: snapshot A, given B``. ``labels``
+    names each key as the caller's user sets it (a flag, a keyword; default :data:`LABELS`)."""
+    labels = LABELS if labels is None else labels
     out = []
     for key in saved:
         if key not in now or saved[key] == now[key]:
             continue
         a, b = _show(key, saved[key]), _show(key, now[key])
-        out.append(f"{LABELS.get(key, key)}: snapshot {a}, given {b}")
+        out.append(f"{labels.get(key, key)}: snapshot {a}, given {b}")
     return out
+
+
+class SetupMismatch(ValueError):
+    """A resume under other settings than the recorded run's; ``lines``: one per differing setting."""
+
+    def __init__(self, message: str, lines: list):
+        super().__init__(message)
+        self.lines = list(lines)
+
+
+def check_same_setup(saved: Optional[dict], now: dict, *, what: str, labels: Optional[dict] = None,
+                     fix: str = "resume with the recorded settings, or start a new run", error=SetupMismatch) -> None:
+    """The one resume check: refuse (``error``, a :class:`SetupMismatch` by default) when the setup
+    recorded with ``what`` (a checkpoint, a snapshot) differs from ``now`` in any setting recorded in
+    both, naming every such setting (by ``labels``), with both values. Call it before anything is
+    written. ``saved`` None (nothing was recorded) passes."""
+    lines = differences(dict(saved), now, labels) if saved is not None else []
+    if not lines:
+        return
+    message = (f"cannot resume {what}: it was recorded under other settings, and its state would continue under "
+               f"these (nothing was changed): {'; '.join(lines)}. Either {fix}")
+    raise SetupMismatch(message, lines) if error is SetupMismatch else error(message)

@@ -30,9 +30,15 @@ class Terminated(KeyboardInterrupt):
 
 
 def exit_code(exc: BaseException) -> int:
-    """The shell's exit status for a command stopped by ``exc``: 128 + the signal's number."""
-    signum = getattr(exc, "signum", None)  # a Terminated, or an exception that kept its signal (run.Interrupted)
-    return 128 + (int(signum) if signum is not None else int(signal.SIGINT))
+    """The shell's exit status for a command stopped by ``exc``: 128 + the signal's number. The signal
+    is the one ``exc`` kept (``signum``: a :class:`Terminated`, or an exception that recorded it) or
+    that of the :class:`Terminated` it was raised from (``raise Interrupted(...) from stop``)."""
+    while exc is not None:
+        signum = getattr(exc, "signum", None)
+        if signum is not None:
+            return 128 + int(signum)
+        exc = exc.__cause__
+    return 128 + int(signal.SIGINT)
 
 
 def _raise(signum, _frame):
