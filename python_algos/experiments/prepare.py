@@ -26,7 +26,8 @@ from .device import resolve_device
 from .folders import _read_config_json, resume_command
 from ..algorithms.registry import ALGORITHMS
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import FLOWER_MARK, RunExistsError, RunFolderError, _as_json, _holds_run
+from ..runfolder.files import FLOWER_MARK, RunFolderError, as_json
+from ..runfolder.folder import check_fresh_start
 from ..runfolder.setup_record import describe_regularizer
 from ..simulate import _clients_per_round
 
@@ -78,8 +79,10 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
                 rounds: Optional[int] = None, replace: bool = False, flower: bool = False) -> PreparedRun:
     """Every check of a run, in the order a user would fix them; writes nothing.
 
-    ``replace=True`` lets a fresh run replace the run already in ``out_dir``; by default such a
-    folder is refused, as the command line refuses ``--out DIR`` of an existing run.
+    ``replace=True`` lets a fresh run replace the run already in ``out_dir`` (every file, event and
+    figure of it goes: :func:`~python_algos.runfolder.folder.clear_for_fresh_run`); by default such a
+    folder is refused, as the command line refuses ``--out DIR`` of an existing run, and a replacement
+    is refused when the folder also holds files no run writes.
     Raises :class:`ConfigError` (a value, named by its flag), :class:`RunFolderError` (the folder:
     a foreign or edited checkpoint, ``--rounds`` below the checkpoint; :class:`RunExistsError`: an
     existing run that ``replace=False`` keeps), :class:`~python_algos.runfolder.checkpoint.CheckpointError`
@@ -120,17 +123,15 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
         if rounds is not None:
             cfg = cfg.replace(rounds=rounds)
         cfg.check()
-        if not replace and os.path.isdir(out_dir) and _holds_run(out_dir):
-            raise RunExistsError(f"{out_dir} already holds a run: continue it with `{resume_command(out_dir)}`, or "
-                                 f"choose another --out; from Python, replace=True replaces it (nothing was changed)")
+        check_fresh_start(out_dir, replace, how_to_resume=resume_command(out_dir))
     launch.join(cfg.device)  # under torchrun: join the job (and take this rank's GPU) before picking the device
     device = resolve_device(cfg.device)
     if resume and os.path.isfile(ckpt_path):
         snap = ckpt.load(ckpt_path, map_location=device)  # a manifest only, when several processes wrote it
         saved = (snap.get("extra") or {}).get("config")
         if isinstance(saved, dict):
-            now = _as_json(cfg.to_dict())
-            saved = _as_json(saved)
+            now = as_json(cfg.to_dict())
+            saved = as_json(saved)
             diff = [k for k in RESULT_KEYS if saved.get(k) != now.get(k)]
             if diff:
                 what = "; ".join(f"{k}: checkpoint {json.dumps(saved.get(k))}, config.json {json.dumps(now.get(k))}"

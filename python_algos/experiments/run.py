@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import signal
 import time
 from typing import Callable, Optional
@@ -41,7 +40,8 @@ from .prepare import PreparedRun, prepare_run
 from .tensorboard import LiveEvents, check_available, live_requested  # imports no tensorboard until used
 from .threads import apply_threads
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import FLOWER_DIRS, RUN_FILES, _append_row, _remove_leftovers, _write_json, _write_jsonl, read_metrics
+from ..runfolder.files import _append_row, _remove_leftovers, _write_json, _write_jsonl, read_metrics
+from ..runfolder.folder import clear_for_fresh_run
 from ..runfolder.history import check_f_star
 from ..runfolder.progress import Progress
 from ..simulate import simulate
@@ -90,11 +90,7 @@ def _start_folder(prep: PreparedRun, log) -> None:
     cfg_path = os.path.join(out_dir, "config.json")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     if not prep.resume:
-        os.makedirs(out_dir, exist_ok=True)
-        _remove_leftovers(out_dir, also=RUN_FILES)  # replace: no file of the previous run may outlive it
-        for d in FLOWER_DIRS:  # ... nor the folders of a run --flower
-            shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
-        launch.remove_shards(os.path.join(out_dir, "checkpoint.pt"))  # ... nor its checkpoint shards
+        clear_for_fresh_run(out_dir)  # replace: nothing of the previous run may outlive it (events, shards, ...)
         _write_json(cfg_path, cfg.to_dict())  # first: a folder with config.json can always be resumed
         prep.rewrite_config = False
     else:

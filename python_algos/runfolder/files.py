@@ -21,13 +21,16 @@ import torch
 
 from . import faults
 
-__all__ = ["RUN_FILES", "RunFolderError", "RunExistsError", "read_metrics"]
+__all__ = ["RUN_FILES", "RUN_DIRS", "EVENTS_DIR", "RunFolderError", "RunExistsError", "read_metrics", "holds_run"]
 
 FLOWER_MARK = "flower.json"  # a run through a Flower deployment (run --flower): its engine and node-state key
 FLOWER_CHECKPOINT = "flower-checkpoint.pt"  # its server's checkpoint (no client state: the nodes keep theirs)
 FLOWER_DIRS = ("flower-nodes", "flower-points")  # the nodes' own states; the server's recorded models
 RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.pt", "summary.json", "model.pt",
              FLOWER_MARK, FLOWER_CHECKPOINT)
+EVENTS_DIR = "tensorboard"  # --tensorboard: the run's TensorBoard events (experiments/tensorboard.py)
+CHECKPOINT_SHARDS = "checkpoint.pt.shards"  # a checkpoint written by several processes: one file per rank
+RUN_DIRS = (EVENTS_DIR, CHECKPOINT_SHARDS, *FLOWER_DIRS)  # the folders a run writes inside its folder
 
 
 class RunFolderError(ValueError):
@@ -110,7 +113,8 @@ def read_summary(run_dir: str) -> Optional[dict]:
         return None
 
 
-def _holds_run(out_dir: str) -> bool:
+def holds_run(out_dir: str) -> bool:
+    """Whether ``out_dir`` holds (the start of) a run: its settings, metrics, checkpoint or summary."""
     return any(os.path.exists(os.path.join(out_dir, f)) for f in ("config.json", "metrics.jsonl", "checkpoint.pt",
                                                                    "summary.json"))
 
@@ -125,8 +129,13 @@ def _remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:
                 pass
 
 
-def _as_json(v):
+def as_json(v):
+    """``v`` as it reads back from a run folder's JSON (non-finite -> None, tuples -> lists, ...):
+    what a value recorded in the folder is compared with."""
     return json.loads(json.dumps(_clean(v)))
+
+
+_as_json = as_json  # the name other modules imported before it was public
 
 
 

@@ -37,11 +37,18 @@ from typing import Optional
 import torch
 
 from . import checkpoint as ckpt
-from .files import RunExistsError, RunFolderError, _exchange, _holds_run, _write_json, _write_jsonl, read_metrics
+from .files import RunExistsError, RunFolderError, _exchange, _write_json, _write_jsonl, holds_run, read_metrics
+from .folder import foreign_entries
 
 __all__ = ["save_history", "load_history", "API_MARK"]
 
 API_MARK = "api_run"  # config.json key that tells a folder written by History.save from a `run` folder
+
+
+def _replaceable(path: str) -> bool:
+    """``path`` holds a run and nothing a run does not write (overwrite=True swaps out the whole
+    folder, so a user's file there would go with the old run)."""
+    return holds_run(path) and not foreign_entries(path)
 
 
 def _check_target(path: str, overwrite: bool) -> None:
@@ -53,7 +60,7 @@ def _check_target(path: str, overwrite: bool) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise FileExistsError(f"History.save: {path} is a file, not a folder (nothing was changed)")
     if os.path.isdir(path) and os.listdir(path):
-        if not _holds_run(path):
+        if not _replaceable(path):
             raise FileExistsError(_not_a_run(path))
         if not overwrite:
             raise RunExistsError(f"History.save: {path} already holds a run; pass overwrite=True to replace it, "
@@ -61,7 +68,9 @@ def _check_target(path: str, overwrite: bool) -> None:
 
 
 def _not_a_run(path: str) -> str:
-    return (f"History.save: {path} holds files that are not a run folder; choose another path (nothing was "
+    foreign = foreign_entries(path)
+    what = f" ({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''})" if foreign else ""
+    return (f"History.save: {path} holds files that are not a run folder{what}; choose another path (nothing was "
             f"changed, overwrite=True replaces only run folders)")
 
 
@@ -82,17 +91,17 @@ def _publish(tmp: str, path: str, overwrite: bool) -> None:
         if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
         if not overwrite:
-            if not _holds_run(path):
+            if not _replaceable(path):
                 raise FileExistsError(_not_a_run(path)) from None
             raise RunExistsError(
                 f"History.save: another process saved a run at {path} first (after this call had checked the "
                 f"folder), so this call saved nothing; pass overwrite=True to replace it, or choose another path. "
                 f"Under torchrun every rank holds the same History: save it on rank 0 only "
                 f"(if torch.distributed.get_rank() == 0: hist.save(path))") from None
-    if not _holds_run(path):  # files appeared there after the check: never replace them
+    if not _replaceable(path):  # files appeared there after the check: never replace them
         raise FileExistsError(_not_a_run(path))
     if _exchange(tmp, path):  # tmp now holds the old run, which the caller removes with tmp
-        if os.path.isdir(tmp) and os.listdir(tmp) and not _holds_run(tmp):  # swapped in meanwhile: put it back
+        if os.path.isdir(tmp) and os.listdir(tmp) and not _replaceable(tmp):  # swapped in meanwhile: put it back
             _exchange(tmp, path)
             raise FileExistsError(_not_a_run(path))
         return
