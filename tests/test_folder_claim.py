@@ -1,0 +1,124 @@
+"""Default run folders are created when their name is chosen (issue 26, defect 1): two commands
+started in the same second without ``--out`` used to get the same name (it did not exist yet when
+each looked), and the second deleted the first's run. The clock is frozen here, so "the same second"
+is certain, not a matter of timing; ground truth is the file system (distinct folders, each holding
+its own complete run)."""
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from python_algos.experiments.cli import main
+from python_algos.experiments.folders import default_out_dir
+from python_algos.runfolder.files import read_metrics
+
+STAMP = datetime.datetime(2026, 1, 2, 3, 4, 5)
+
+
+class _Frozen(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return STAMP
+
+
+@pytest.fixture
+def frozen_clock(monkeypatch):
+    """Every datetime.datetime.now() returns STAMP (the default folder's name is the time to the second)."""
+    monkeypatch.setattr(datetime, "datetime", _Frozen)
+
+
+def test_two_default_folders_in_one_second_are_two_folders(tmp_path, frozen_clock):
+    root = str(tmp_path / "results")
+    a = default_out_dir("fedcanon", root=root)
+    b = default_out_dir("fedcanon", root=root)
+    assert a != b
+    assert os.path.isdir(a) and os.path.isdir(b)  # created when named: no one else can take them
+    assert sorted(os.listdir(root)) == ["20260102-030405-fedcanon", "20260102-030405-fedcanon-2"]
+
+
+def test_concurrent_claims_in_threads_get_distinct_folders(tmp_path, frozen_clock):
+    root, n = str(tmp_path / "results"), 8
+    start, got = threading.Barrier(n), []
+
+    def claim():
+        start.wait()
+        got.append(default_out_dir("sweep", root=root))
+
+    threads = [threading.Thread(target=claim) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == n and len(set(got)) == n
+    assert sorted(os.listdir(root)) == sorted(os.path.basename(p) for p in got)
+
+
+# Two `run` commands as a shell loop with & starts them: each process has chosen its folder before
+# either writes anything (a file barrier after the choice makes that certain), with the same clock.
+_COMMAND = r"""
+import datetime, os, sys, time
+STAMP = datetime.datetime(2026, 1, 2, 3, 4, 5)
+class Frozen(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return STAMP
+datetime.datetime = Frozen
+from python_algos.experiments import prepare
+real, sync, me = prepare.prepare_run, sys.argv[1], sys.argv[2]
+def after_both_chose(*a, **k):  # the folder is named (and, since the fix, created) before this call
+    open(os.path.join(sync, me), "w").close()
+    for _ in range(1200):  # a liveness bound, not a timing assumption
+        if len(os.listdir(sync)) == 2:
+            break
+        time.sleep(0.05)
+    return real(*a, **k)
+prepare.prepare_run = after_both_chose
+from python_algos.experiments.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+SMALL = ["run", "--data-opt", "n=120", "--data-opt", "dim=6", "--data-opt", "nnz=2", "-N", "3", "-K", "2",
+         "-T", "3", "--checkpoint-every", "1", "--dtype", "float64", "--no-progress", "--no-plot"]
+
+
+def _folder_of(stdout: str) -> str:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("results written to ")]
+    assert len(lines) == 1, stdout
+    return lines[0][len("results written to "):].strip()
+
+
+def test_two_run_commands_in_one_second_keep_two_complete_runs(tmp_path):
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", _COMMAND, str(sync), str(i), *SMALL, "--seed", str(i)],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in (1, 2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    folders = [os.path.join(tmp_path, _folder_of(out)) for out, _ in outs]
+    assert folders[0] != folders[1]
+    assert sorted(os.listdir(tmp_path / "results")) == ["20260102-030405-fedcanon", "20260102-030405-fedcanon-2"]
+    for i, d in zip((1, 2), folders):  # each folder holds its own run, whole
+        with open(os.path.join(d, "config.json")) as f:
+            assert json.load(f)["seed"] == i
+        with open(os.path.join(d, "summary.json")) as f:
+            s = json.load(f)
+        assert s["status"] == "completed" and s["rounds_done"] == 3
+        assert [r["round"] for r in read_metrics(d)] == [0, 1, 2, 3]
+        assert os.path.isfile(os.path.join(d, "model.pt")) and os.path.isfile(os.path.join(d, "checkpoint.pt"))
+
+
+def test_a_command_that_fails_after_choosing_its_folder_leaves_none(tmp_path, monkeypatch, capsys):
+    """The default folder exists from the moment it is named; an error found later (here: the data)
+    removes it again, so a failed command leaves no folder behind, as with --out."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, "--data-opt", "bogus=1"]) == 1
+    assert "bogus" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "results") or os.listdir(tmp_path / "results") == []
