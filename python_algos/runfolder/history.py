@@ -36,13 +36,13 @@ from typing import Optional
 
 import torch
 
-from . import checkpoint as ckpt
-from .files import RunExistsError, RunFolderError, _exchange, _write_json, _write_jsonl, holds_run, read_metrics
+from .files import RunExistsError, RunFolderError, _exchange, holds_run, read_metrics
 from .folder import foreign_entries
+from .records import (API_MARK, api_config_record, load_model, save_model, summary_record, write_config,
+                      write_metrics, write_summary)
 
 __all__ = ["save_history", "load_history", "API_MARK"]
 
-API_MARK = "api_run"  # config.json key that tells a folder written by History.save from a `run` folder
 
 
 def _replaceable(path: str) -> bool:
@@ -138,43 +138,23 @@ def save_history(hist, path: str, *, overwrite: bool = False, label: Optional[st
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_target(path, overwrite)
     rows = [hist.initial, *hist.metrics]
-    last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1])
     setup = dict(hist.setup or {})
-    label = label or hist.algorithm
-    config = {API_MARK: True, "saved_by": "python_algos History.save", "algorithm": hist.algorithm,
-              "hparams": hist.hparams, "executor": hist.executor, **setup}
-    summary = {
-        "label": label,
-        "algorithm": hist.algorithm,
-        "hparams": hist.hparams,
-        "status": "completed",
-        "message": None,
-        "rounds": setup.get("rounds", rows[-1].get("round", 0)),
-        "rounds_done": rows[-1].get("round", 0),
-        "final": last_obj,
-        "initial": hist.initial,
-        "elapsed": rows[-1].get("elapsed", 0.0),
-        "regularizer": setup.get("regularizer"),
-        "num_clients": setup.get("num_clients"),
-        "dim": int(hist.params.numel()),
-        "executor": hist.executor,
-        "f_star": None if f_star is None else float(f_star),
-        API_MARK: True,
-        "resume_command": None,
-    }
+    config = api_config_record(hist.algorithm, hist.hparams, hist.executor, setup)
+    summary = summary_record(
+        label=label or hist.algorithm, algorithm=hist.algorithm, hparams=hist.hparams, status="completed", rows=rows,
+        rounds=setup.get("rounds", rows[-1].get("round", 0)), regularizer=setup.get("regularizer"),
+        num_clients=setup.get("num_clients"), dim=hist.params.numel(), executor=hist.executor, out_dir=path,
+        resume_command=None, f_star=None if f_star is None else float(f_star), **{API_MARK: True})
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     # a name no other saver (process or thread) uses: concurrent saves never write into each other's folder
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
         os.makedirs(tmp)
-        _write_json(os.path.join(tmp, "config.json"), config)
-        _write_jsonl(os.path.join(tmp, "metrics.jsonl"), rows)
-        state_dict = None if model is None else {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        ckpt.atomic_save({"params": hist.params.detach().cpu(), "round": int(rows[-1].get("round", 0)),
-                          "state_dict": state_dict},
-                         os.path.join(tmp, "model.pt"))
-        _write_json(os.path.join(tmp, "summary.json"), {**summary, "out_dir": path})
+        write_config(tmp, config)
+        write_metrics(tmp, rows)
+        save_model(tmp, hist.params, rows[-1].get("round", 0), None if model is None else model.state_dict())
+        write_summary(tmp, summary)
         _publish(tmp, path, overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -283,7 +263,7 @@ def load_history(path: str) -> dict:
     model_path = os.path.join(path, "model.pt")
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"History.load: {path} holds no model.pt (the run did not complete)")
-    saved = torch.load(model_path, map_location="cpu", weights_only=True)
+    saved = load_model(path)
     params = saved["params"]
     rows = _rows_of_model(path, rows, saved.get("round"), summary, bool(config.get(API_MARK)))
     if config.get(API_MARK):
