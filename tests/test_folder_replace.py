@@ -91,3 +91,28 @@ def test_history_save_overwrite_keeps_the_users_files(tmp_path):
     (out / "notes.txt").unlink()
     hist.save(str(out), overwrite=True)  # a run folder alone: replaced
     assert not (out / "checkpoint.pt").exists()
+
+
+def test_replacing_a_comparison_leaves_no_run_of_the_old_one(tmp_path):
+    """An algorithm of the old comparison that the new one leaves out must not stay in the folder
+    (``plot`` would draw it beside the new runs)."""
+    from python_algos.experiments.compare import compare_experiments
+
+    out = tmp_path / "cmp"
+    compare_experiments(tiny(), ["fedcanon", "fedavg"], str(out), progress=False, log=quiet)
+    (out / "overview.png").write_text("old figure")
+    compare_experiments(tiny(seed=7), ["fedcanon"], str(out), progress=False, log=quiet, replace=True)
+    assert sorted(os.listdir(out)) == ["comparison.json", "comparison.md", "fedcanon"]
+
+
+def test_replacing_a_comparison_refuses_a_folder_holding_the_users_files(tmp_path):
+    from python_algos.experiments.compare import compare_experiments
+
+    out = tmp_path / "cmp"
+    compare_experiments(tiny(), ["fedcanon"], str(out), progress=False, log=quiet)
+    (out / "drafts").mkdir()
+    (out / "fedcanon" / "notes.txt").write_text("mine")
+    before = listing(out)
+    with pytest.raises(RunFolderError, match=r"drafts/, fedcanon/.*not its runs"):
+        compare_experiments(tiny(seed=7), ["fedcanon"], str(out), progress=False, log=quiet, replace=True)
+    assert listing(out) == before and (out / "fedcanon" / "notes.txt").read_text() == "mine"

@@ -19,8 +19,11 @@ from .build import prepare_data
 from .prepare import check_algorithm_names, prepare_run
 from .run import Interrupted, execute_run
 from ..runfolder.files import RunExistsError, RunFolderError, _atomic_text, _write_json
+from ..runfolder.folder import check_group_replaceable, clear_group
 
 __all__ = ["compare_experiments", "comparison_table", "format_table"]
+
+COMPARISON_RECORDS = ("comparison.json", "comparison.md")  # a comparison's own files, beside its runs
 
 
 def _read_comparison(out_dir: str) -> dict:
@@ -53,7 +56,8 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
     (``cfg``, ``algorithms``, ``alg_opts`` come from its ``comparison.json``; finished runs are
     kept, the others resume from their checkpoints). A fresh comparison into a folder that already
     holds files raises :class:`~python_algos.runfolder.files.RunExistsError` (nothing is touched)
-    unless ``replace=True``, which replaces the runs of the same names. Writes ``comparison.json`` and
+    unless ``replace=True``, which replaces the whole comparison (refused when the folder holds anything
+    else than its runs, records and figures). Writes ``comparison.json`` and
     ``comparison.md``; returns the summaries.
     """
     if not isinstance(replace, bool):  # a truthy string must not delete runs
@@ -74,6 +78,8 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
             raise RunExistsError(f"{out_dir} already holds files: continue a comparison there with "
                                  f"`{compare_resume_command(out_dir)}`, or choose another --out; from Python, "
                                  f"replace=True replaces its runs (nothing was changed)")
+        if replace:  # what the replacement would delete must all be the old comparison's
+            check_group_replaceable(out_dir, COMPARISON_RECORDS)
     cfg.check()
     fed = prepare_data(cfg.replace(algorithm=algorithms[0]))
     plans, errors = {}, []
@@ -100,6 +106,8 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
     launch.barrier()  # under torchrun: every rank has checked everything before rank 0 writes
     main = launch.is_main()
     if main:
+        if replace and not resume:  # nothing of the replaced comparison outlives it (an algorithm left out now)
+            clear_group(out_dir, COMPARISON_RECORDS)
         os.makedirs(out_dir, exist_ok=True)
     record = {"config": cfg.to_dict(), "algorithms": list(algorithms), "alg_opts": alg_opts}
 

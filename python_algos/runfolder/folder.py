@@ -9,6 +9,8 @@ an earlier run may be deleted.
   unless asked to replace it, and a replacement in a folder that holds anything a run does not write.
 * :func:`clear_for_fresh_run` — removes every entry an earlier run left (its files, TensorBoard events,
   checkpoint shards, Flower states, figures, temp files), and nothing else.
+* :func:`check_group_replaceable`, :func:`clear_group` — the same two for a folder of runs (a
+  comparison: its record files, its figures and one run folder per algorithm).
 * :func:`unused_claims_removed` — around a command: a claimed folder still empty when it ends (an
   error before anything was written) is removed, so a failed command leaves no folder behind.
 """
@@ -20,12 +22,12 @@ import datetime
 import os
 import re
 import shutil
-from typing import Iterator, List
+from typing import Iterator, List, Sequence
 
 from .files import RUN_DIRS, RUN_FILES, RunExistsError, RunFolderError, holds_run
 
 __all__ = ["claim_new_folder", "timestamp", "check_fresh_start", "clear_for_fresh_run", "foreign_entries",
-           "unused_claims_removed"]
+           "unused_claims_removed", "check_group_replaceable", "clear_group"]
 
 # Figures the package draws into a run folder: `run`/`compare` the overview, `plot DIR` one per metric
 # and x axis (experiments/plotting: "overview", "<metric>_vs_round", "<metric>_vs_time"). A figure of
@@ -116,6 +118,47 @@ def clear_for_fresh_run(out_dir: str) -> None:
     for entry in os.listdir(out_dir):
         if not _of_a_run(entry):
             continue
+        path = os.path.join(out_dir, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+
+def _group_foreign(out_dir: str, records: Sequence[str]) -> List[str]:
+    """What in the group folder ``out_dir`` is neither one of its ``records``, a figure, a temp file,
+    nor a run folder holding nothing but a run."""
+    foreign = []
+    for entry in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else ():
+        path = os.path.join(out_dir, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            if not (holds_run(path) and not foreign_entries(path)):
+                foreign.append(entry + "/")
+        elif not (entry in records or ".tmp-" in entry or _FIGURE.fullmatch(entry)):
+            foreign.append(entry)
+    return foreign
+
+
+def check_group_replaceable(out_dir: str, records: Sequence[str]) -> None:
+    """Raise :class:`RunFolderError` (before anything is written) when replacing the group folder
+    ``out_dir`` (e.g. a comparison, ``records`` = its comparison.json / .md) would delete something
+    that is not the group's: a file, or a subfolder that is not a run or holds files no run writes."""
+    foreign = _group_foreign(out_dir, records)
+    if foreign:
+        raise RunFolderError(f"{out_dir} holds {', '.join(foreign)}, which are not its runs or records; replacing "
+                             f"it would delete them, so nothing was changed: move them out of the folder, or choose "
+                             f"another --out")
+
+
+def clear_group(out_dir: str, records: Sequence[str]) -> None:
+    """Create the group folder ``out_dir`` if needed and remove what an earlier group left there: its
+    ``records``, figures, temp files and run folders (checked by :func:`check_group_replaceable`), so
+    no run of the old group is shown beside the new ones."""
+    os.makedirs(out_dir, exist_ok=True)
+    if _group_foreign(out_dir, records):  # changed since the check: keep everything
+        check_group_replaceable(out_dir, records)
+    for entry in os.listdir(out_dir):
         path = os.path.join(out_dir, entry)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)

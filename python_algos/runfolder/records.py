@@ -23,9 +23,9 @@ import torch
 from . import checkpoint as ckpt
 from .files import _append_row, _write_json, _write_jsonl
 
-__all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "write_config", "api_config_record", "write_partition",
-           "metrics_row", "write_metrics", "append_metrics_row", "summary_record", "write_summary", "save_model",
-           "load_model"]
+__all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "write_config",
+           "api_config_record", "write_partition", "metrics_row", "write_metrics", "append_metrics_row", "final_row",
+           "summary_record", "write_summary", "save_model", "load_model"]
 
 CONFIG, PARTITION, METRICS = "config.json", "partition.json", "metrics.jsonl"
 SUMMARY, MODEL = "summary.json", "model.pt"
@@ -62,10 +62,24 @@ def write_partition(out_dir: str, partition: str, parts: Sequence, histograms=No
 # --------------------------------------------------------------------------- metrics.jsonl
 
 
-def metrics_row(round_: int, metrics: Mapping[str, Any], **more: Any) -> dict:
-    """One row of ``metrics.jsonl``: ``{"round": t, **metrics, **more}`` (``round`` first, so a row
-    reads as the round it is; a key of ``more`` overrides the same key of ``metrics``)."""
-    return {"round": int(round_), **{k: v for k, v in metrics.items() if k != "round"}, **more}
+def metrics_row(round_: int, *, wall_time: float, elapsed: float, prox_time: float, prox_evals: int, up: int,
+                down: int, grad_time: Optional[float] = None, grad_evals: Optional[int] = None,
+                fwd_bwd_time: Optional[float] = None, sent_bytes: Optional[int] = None,
+                recv_bytes: Optional[int] = None, participants: Optional[Sequence[int]] = None,
+                metrics: Optional[Mapping[str, Any]] = None) -> dict:
+    """One round's row of ``metrics.jsonl``, for every engine (``simulate``, the Flower server): the
+    round, its time (this round, and all rounds so far), the prox evaluations, the messages up and
+    down, then what an engine measures (gradient timings, bytes, the round's participants; None:
+    not measured, left out) and the evaluated metrics (f, f+h, ...), always in this order."""
+    row = {"round": round_, "wall_time": wall_time, "elapsed": elapsed, "prox_time": prox_time,
+           "prox_evals": prox_evals}
+    optional = (("grad_time", grad_time), ("grad_evals", grad_evals), ("fwd_bwd_time", fwd_bwd_time))
+    row.update((k, v) for k, v in optional if v is not None)
+    row.update(up=up, down=down)
+    optional = (("sent_bytes", sent_bytes), ("recv_bytes", recv_bytes), ("participants", participants))
+    row.update((k, v) for k, v in optional if v is not None)
+    row.update(metrics or {})
+    return row
 
 
 def write_metrics(out_dir: str, rows: Sequence[dict]) -> None:
