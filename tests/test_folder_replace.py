@@ -74,8 +74,10 @@ def test_a_folder_without_a_run_takes_one_beside_the_users_files(tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
+    (out / "overview.png").write_text("mine too")  # named like a figure, but no run drew it
     run_experiment(tiny(), str(out), progress=False, log=quiet)
     assert (out / "notes.txt").read_text() == "mine" and (out / "summary.json").is_file()
+    assert (out / "overview.png").read_text() == "mine too"
 
 
 def test_history_save_overwrite_keeps_the_users_files(tmp_path):

@@ -30,6 +30,7 @@ RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.pt", 
              FLOWER_MARK, FLOWER_CHECKPOINT)
 EVENTS_DIR = "tensorboard"  # --tensorboard: the run's TensorBoard events (experiments/tensorboard.py)
 CHECKPOINT_SHARDS = "checkpoint.pt.shards"  # a checkpoint written by several processes: one file per rank
+RUN_MARKS = ("config.json", "metrics.jsonl", "checkpoint.pt", "summary.json")  # any one: the folder holds a run
 RUN_DIRS = (EVENTS_DIR, CHECKPOINT_SHARDS, *FLOWER_DIRS)  # the folders a run writes inside its folder
 
 
@@ -114,9 +115,8 @@ def read_summary(run_dir: str) -> Optional[dict]:
 
 
 def holds_run(out_dir: str) -> bool:
-    """Whether ``out_dir`` holds (the start of) a run: its settings, metrics, checkpoint or summary."""
-    return any(os.path.exists(os.path.join(out_dir, f)) for f in ("config.json", "metrics.jsonl", "checkpoint.pt",
-                                                                   "summary.json"))
+    """Whether ``out_dir`` holds (the start of) a run: one of :data:`RUN_MARKS`."""
+    return any(os.path.exists(os.path.join(out_dir, f)) for f in RUN_MARKS)
 
 
 def _remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:

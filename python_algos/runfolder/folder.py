@@ -24,7 +24,7 @@ import re
 import shutil
 from typing import Iterator, List, Sequence
 
-from .files import RUN_DIRS, RUN_FILES, RunExistsError, RunFolderError, holds_run
+from .files import RUN_DIRS, RUN_FILES, RUN_MARKS, RunExistsError, RunFolderError, holds_run
 
 __all__ = ["claim_new_folder", "timestamp", "check_fresh_start", "clear_for_fresh_run", "foreign_entries",
            "unused_claims_removed", "check_group_replaceable", "clear_group"]
@@ -113,18 +113,21 @@ def check_fresh_start(out_dir: str, replace: bool, *, how_to_resume: str = "") -
 def clear_for_fresh_run(out_dir: str) -> None:
     """Create ``out_dir`` if needed and remove every entry an earlier run left there: its files,
     ``tensorboard/`` events, checkpoint shards, Flower states, figures and temp files. Entries no run
-    writes are kept (:func:`check_fresh_start` refused to replace a run beside them)."""
+    writes are kept (:func:`check_fresh_start` refused to replace a run beside them), and so is all
+    but temp files in a folder that holds no run (a figure there is the user's, not a run's).
+
+    The files that mark a run (:func:`~.files.holds_run`) go last: a kill midway leaves a folder that
+    still holds a run, which a later replacement clears of the rest."""
     os.makedirs(out_dir, exist_ok=True)
-    for entry in os.listdir(out_dir):
-        if not _of_a_run(entry):
-            continue
+    was_run = holds_run(out_dir)
+    entries = [e for e in os.listdir(out_dir) if ".tmp-" in e or (was_run and _of_a_run(e))]
+    for entry in sorted(entries, key=lambda e: e in RUN_MARKS):
         path = os.path.join(out_dir, entry)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
-
 
 def _group_foreign(out_dir: str, records: Sequence[str]) -> List[str]:
     """What in the group folder ``out_dir`` is neither one of its ``records``, a figure, a temp file,
