@@ -58,8 +58,9 @@ def test_concurrent_claims_in_threads_get_distinct_folders(tmp_path, frozen_cloc
     assert sorted(os.listdir(root)) == sorted(os.path.basename(p) for p in got)
 
 
-# Two `run` commands as a shell loop with & starts them: each process has chosen its folder before
-# either writes anything (a file barrier after the choice makes that certain), with the same clock.
+# Two `run` commands as a shell loop with & starts them, with the same clock: a file barrier holds each
+# process until both have chosen their folder ("before" prepare_run's checks) or both have checked it
+# ("after"), so the interleaving that loses a run is certain, not a matter of timing.
 _COMMAND = r"""
 import datetime, os, sys, time
 STAMP = datetime.datetime(2026, 1, 2, 3, 4, 5)
@@ -69,17 +70,23 @@ class Frozen(datetime.datetime):
         return STAMP
 datetime.datetime = Frozen
 from python_algos.experiments import prepare
-real, sync, me = prepare.prepare_run, sys.argv[1], sys.argv[2]
-def after_both_chose(*a, **k):  # the folder is named (and, since the fix, created) before this call
+real, sync, me, when = prepare.prepare_run, sys.argv[1], sys.argv[2], sys.argv[3]
+def both_here():
     open(os.path.join(sync, me), "w").close()
     for _ in range(1200):  # a liveness bound, not a timing assumption
         if len(os.listdir(sync)) == 2:
             break
         time.sleep(0.05)
-    return real(*a, **k)
-prepare.prepare_run = after_both_chose
+def held(*a, **k):
+    if when == "before":  # the folder is named (and, since the fix, created) before this call
+        both_here()
+    prep = real(*a, **k)
+    if when == "after":  # both have checked the folder; neither has written
+        both_here()
+    return prep
+prepare.prepare_run = held
 from python_algos.experiments.cli import main
-sys.exit(main(sys.argv[3:]))
+sys.exit(main(sys.argv[4:]))
 """
 
 SMALL = ["run", "--data-opt", "n=120", "--data-opt", "dim=6", "--data-opt", "nnz=2", "-N", "3", "-K", "2",
@@ -96,7 +103,7 @@ def test_two_run_commands_in_one_second_keep_two_complete_runs(tmp_path):
     sync = tmp_path / "sync"
     sync.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", _COMMAND, str(sync), str(i), *SMALL, "--seed", str(i)],
+    procs = [subprocess.Popen([sys.executable, "-c", _COMMAND, str(sync), str(i), "before", *SMALL, "--seed", str(i)],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in (1, 2)]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -122,3 +129,27 @@ def test_a_command_that_fails_after_choosing_its_folder_leaves_none(tmp_path, mo
     assert main([*SMALL, "--data-opt", "bogus=1"]) == 1
     assert "bogus" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "results") or os.listdir(tmp_path / "results") == []
+
+
+def test_two_run_commands_into_one_out_folder_at_once_start_one_run(tmp_path):
+    """The same race with ``--out DIR`` given to both: both find DIR free (the barrier holds each after
+    its checks, before either writes); the run that writes config.json first runs, the other is refused and changes
+    nothing (it used to clear the first's files and run over them, both exiting 0)."""
+    sync, out = tmp_path / "sync", tmp_path / "same"
+    sync.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", _COMMAND, str(sync), str(i), "after", *SMALL, "--seed", str(i),
+                               "--out", str(out)],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in (1, 2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 1], outs
+    winner = 1 if procs[0].returncode == 0 else 2
+    loser_err = outs[2 - winner][1]
+    assert "another command started a run in this folder" in loser_err and loser_err.startswith("error: "), loser_err
+    with open(out / "config.json") as f:
+        assert json.load(f)["seed"] == winner
+    with open(out / "summary.json") as f:
+        assert json.load(f)["status"] == "completed"
+    assert [r["round"] for r in read_metrics(str(out))] == [0, 1, 2, 3]

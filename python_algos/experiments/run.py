@@ -91,8 +91,10 @@ def _start_folder(prep: PreparedRun, log) -> None:
     out_dir, cfg, fed, snap = prep.out_dir, prep.cfg, prep.fed, prep.snap
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     if not prep.resume:
-        clear_for_fresh_run(out_dir)  # replace: nothing of the previous run may outlive it (events, shards, ...)
-        write_config(out_dir, cfg.to_dict())  # first: a folder with config.json can always be resumed
+        clear_for_fresh_run(out_dir, prep.replace)  # replace: nothing of the old run outlives it (events, shards, ...)
+        # first: a folder with config.json can always be resumed; created exclusively unless replacing, so a run
+        # another command started here since prepare_run checked the folder is refused, never cleared
+        write_config(out_dir, cfg.to_dict(), exclusive=not prep.replace)
         prep.rewrite_config = False
     else:
         _remove_leftovers(out_dir)

@@ -9,11 +9,13 @@ is decided by the layers above (:mod:`python_algos.experiments`, :meth:`History.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
 import math
 import os
+import threading
 from typing import Optional, Sequence
 
 import numpy as np
@@ -75,6 +77,34 @@ def _atomic_text(path: str, text: str) -> None:
 
 def _write_json(path: str, obj) -> None:
     _atomic_text(path, json.dumps(_clean(obj), indent=2) + "\n")
+
+
+def _create_json(path: str, obj) -> None:
+    """Write ``path`` only if no file of that name exists, atomically: the complete file is linked into
+    place (``link(2)`` fails on an existing name), so of several writers exactly one succeeds and the
+    others raise ``FileExistsError``, changing nothing. Where the file system has no hard links, an
+    exclusive create (``O_EXCL``) decides instead (a kill mid-write can then leave a torn file)."""
+    text = json.dumps(_clean(obj), indent=2) + "\n"
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+                raise
+            with open(path, "x") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
 
 
 def _write_jsonl(path: str, rows: Sequence[dict]) -> None:

@@ -110,17 +110,20 @@ def check_fresh_start(out_dir: str, replace: bool, *, how_to_resume: str = "") -
                              f"of the folder, or choose another --out")
 
 
-def clear_for_fresh_run(out_dir: str) -> None:
-    """Create ``out_dir`` if needed and remove every entry an earlier run left there: its files,
-    ``tensorboard/`` events, checkpoint shards, Flower states, figures and temp files. Entries no run
-    writes are kept (:func:`check_fresh_start` refused to replace a run beside them), and so is all
-    but temp files in a folder that holds no run (a figure there is the user's, not a run's).
+def clear_for_fresh_run(out_dir: str, replace: bool = True) -> None:
+    """Create ``out_dir`` if needed; with ``replace``, remove every entry an earlier run left there: its
+    files, ``tensorboard/`` events, checkpoint shards, Flower states, figures and temp files. Entries no
+    run writes are kept (:func:`check_fresh_start` refused to replace a run beside them), and so is
+    everything in a folder that holds no run (a figure there is the user's, not a run's). Without
+    ``replace`` nothing is removed: a run that another command started there since the check is not
+    this call's to delete (the fresh run's exclusive config.json then refuses to start).
 
     The files that mark a run (:func:`~.files.holds_run`) go last: a kill midway leaves a folder that
     still holds a run, which a later replacement clears of the rest."""
     os.makedirs(out_dir, exist_ok=True)
-    was_run = holds_run(out_dir)
-    entries = [e for e in os.listdir(out_dir) if ".tmp-" in e or (was_run and _of_a_run(e))]
+    if not (replace and holds_run(out_dir)):
+        return
+    entries = [e for e in os.listdir(out_dir) if _of_a_run(e)]
     for entry in sorted(entries, key=lambda e: e in RUN_MARKS):
         path = os.path.join(out_dir, entry)
         if os.path.isdir(path) and not os.path.islink(path):

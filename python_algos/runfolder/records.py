@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from . import checkpoint as ckpt
-from .files import _append_row, _write_json, _write_jsonl
+from .files import RunExistsError, _append_row, _create_json, _write_json, _write_jsonl
 
 __all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "write_config",
            "api_config_record", "write_partition", "metrics_row", "write_metrics", "append_metrics_row", "final_row",
@@ -40,9 +40,22 @@ API_MARK = "api_run"  # config.json / summary.json key that tells a folder writt
 # --------------------------------------------------------------------------- config.json
 
 
-def write_config(out_dir: str, settings: Mapping[str, Any]) -> None:
-    """``out_dir/config.json``: the settings of the run (a command-line run: ``Config.to_dict()``)."""
-    _write_json(os.path.join(out_dir, CONFIG), dict(settings))
+def write_config(out_dir: str, settings: Mapping[str, Any], *, exclusive: bool = False) -> None:
+    """``out_dir/config.json``: the settings of the run (a command-line run: ``Config.to_dict()``).
+
+    ``exclusive=True`` (a fresh run that replaces nothing): written only if the folder holds no
+    config.json yet, else :class:`~.files.RunExistsError` and nothing changed. config.json is a run's
+    first file, so two commands starting runs in one folder at once (the same ``--out``) cannot
+    both start: the second is refused instead of clearing the first's files."""
+    path = os.path.join(out_dir, CONFIG)
+    if not exclusive:
+        _write_json(path, dict(settings))
+        return
+    try:
+        _create_json(path, dict(settings))
+    except FileExistsError:
+        raise RunExistsError(f"{out_dir}: another command started a run in this folder after this one had checked "
+                             f"it; that run was left alone and this one did not start: choose another --out") from None
 
 
 def api_config_record(algorithm: str, hparams: dict, executor: str, setup: Mapping[str, Any]) -> dict:
