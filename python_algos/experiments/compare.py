@@ -98,7 +98,7 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
             elif resume and os.path.isfile(os.path.join(run_dir, "config.json")):
                 plans[name] = prepare_run(None, run_dir, fed=fed, resume=True, rounds=c.rounds)
             else:
-                plans[name] = prepare_run(c, run_dir, fed=fed, replace=True)
+                plans[name] = prepare_run(c, run_dir, fed=fed, replace=replace)  # empty, or cleared (replace)
         except (ValueError, json.JSONDecodeError) as e:
             errors.append(f"{name}: {e}")
     if errors:
