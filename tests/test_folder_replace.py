@@ -118,3 +118,29 @@ def test_replacing_a_comparison_refuses_a_folder_holding_the_users_files(tmp_pat
     with pytest.raises(RunFolderError, match=r"drafts/, fedcanon/.*not its runs"):
         compare_experiments(tiny(seed=7), ["fedcanon"], str(out), progress=False, log=quiet, replace=True)
     assert listing(out) == before and (out / "fedcanon" / "notes.txt").read_text() == "mine"
+
+
+def test_a_replacement_stopped_midway_leaves_a_folder_that_still_holds_a_run(tmp_path, monkeypatch):
+    """The files that mark a run go last: a replacement stopped after its first removals leaves a
+    folder that is still a run (refused without replace=True), and the next replacement clears the rest."""
+    from python_algos.runfolder.files import holds_run
+    from python_algos.runfolder.folder import clear_for_fresh_run
+
+    out = tmp_path / "run"
+    run_experiment(tiny(), str(out), progress=False, log=quiet)
+    (out / "overview.png").write_text("old figure")
+    real, removed = os.remove, []
+
+    def remove(path, *a, **k):
+        removed.append(os.path.basename(path))
+        if len(removed) == 2:
+            raise KeyboardInterrupt  # Ctrl-C between two removals
+        real(path, *a, **k)
+
+    monkeypatch.setattr(os, "remove", remove)
+    with pytest.raises(KeyboardInterrupt):
+        clear_for_fresh_run(str(out), replace=True)
+    monkeypatch.setattr(os, "remove", real)
+    assert holds_run(str(out)) and removed[0] in ("overview.png", "partition.json", "model.pt")
+    clear_for_fresh_run(str(out), replace=True)
+    assert os.listdir(out) == []
