@@ -86,7 +86,8 @@ class History:
         """Write this run as a run folder of the command line (config.json, metrics.jsonl,
         summary.json, model.pt), so ``python -m python_algos plot PATH`` draws it. The folder is
         written in full beside ``path`` and renamed into place: a failed call leaves no folder,
-        or the old one. An existing run folder is replaced only with ``overwrite=True``.
+        or the old one. An existing run folder is replaced, whole, only with ``overwrite=True``, and
+        never one that also holds files no run writes (``FileExistsError`` naming them).
         ``label`` names the run in legends (default: the algorithm); ``f_star`` (the optimal
         value F*, if known) lets ``plot`` draw the suboptimality f + h − F*; ``model`` adds its
         ``state_dict`` to model.pt. The algorithm state is not saved. Returns ``path``."""

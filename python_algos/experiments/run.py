@@ -73,8 +73,9 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     ignored); ``rounds`` then extends the total (never below the checkpoint's round). Every input
     is checked (:func:`prepare_run`) before anything in ``out_dir`` is created or changed.
     A fresh run into a folder that already holds a run raises :class:`~python_algos.runfolder.files.RunExistsError`
-    (nothing is touched) unless ``replace=True``, which deletes that run's files first. ``extra_eval(params)
-    -> dict`` adds metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run
+    (nothing is touched) unless ``replace=True``, which first deletes everything of that run (its files,
+    checkpoint shards, ``tensorboard/`` events, figures), and refuses a folder that also holds files no
+    run writes. ``extra_eval(params) -> dict`` adds metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run
     with status ``"diverged"``; the checkpoint of the last good round is kept. Ctrl-C writes the
     summary so far (status ``"interrupted"``) and raises :class:`Interrupted`. ``f_star``: the problem's
     optimal value F*, when the caller knows it; recorded in summary.json, where ``plot`` finds it
