@@ -34,7 +34,7 @@ __all__ = ["claim_new_folder", "timestamp", "check_fresh_start", "clear_for_fres
 # another name or format counts as the user's file: a replacement then refuses rather than delete it.
 _FIGURE = re.compile(r"(overview|\w+_vs_(round|time))\.(png|pdf|svg)")
 
-_claimed: List[str] = []  # folders this process created with claim_new_folder
+_claimed: List[str] = []  # folders this process created with claim_new_folder (and the roots made for them)
 
 
 def timestamp() -> str:
@@ -47,7 +47,6 @@ def claim_new_folder(root: str, name: str) -> str:
 
     The folder exists when this returns and no other call (thread or process) got it: ``os.mkdir``
     is the check, atomic on every local file system."""
-    os.makedirs(root, exist_ok=True)
     stamp, k = timestamp(), 1
     while True:
         path = os.path.join(root, f"{stamp}-{name}" + (f"-{k}" if k > 1 else ""))
@@ -56,8 +55,20 @@ def claim_new_folder(root: str, name: str) -> str:
         except FileExistsError:
             k += 1
             continue
+        except FileNotFoundError:  # no root yet (or a failed command that made it has just removed it)
+            _make_root(root)
+            continue
         _claimed.append(path)
         return path
+
+
+def _make_root(root: str) -> None:
+    """Create the results root; one made here is removed with the claim if the command writes nothing."""
+    try:
+        os.makedirs(root)
+    except FileExistsError:
+        return
+    _claimed.append(root)
 
 
 @contextlib.contextmanager
@@ -69,7 +80,7 @@ def unused_claims_removed() -> Iterator[None]:
     try:
         yield
     finally:
-        for path in _claimed[start:]:
+        for path in reversed(_claimed[start:]):  # a claimed folder before the results root made for it
             with contextlib.suppress(OSError):
                 os.rmdir(path)
         del _claimed[start:]
