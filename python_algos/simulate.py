@@ -52,6 +52,7 @@ from .clients import EXECUTORS, ClientSet, resolve_executor
 from .clients.base import seeds
 from .runfolder.history import load_history, save_history
 from .runfolder.progress import Progress
+from .runfolder.records import metrics_row
 
 __all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity"]
 
@@ -85,7 +86,8 @@ class History:
         """Write this run as a run folder of the command line (config.json, metrics.jsonl,
         summary.json, model.pt), so ``python -m python_algos plot PATH`` draws it. The folder is
         written in full beside ``path`` and renamed into place: a failed call leaves no folder,
-        or the old one. An existing run folder is replaced only with ``overwrite=True``.
+        or the old one. An existing run folder is replaced, whole, only with ``overwrite=True``, and
+        never one that also holds files no run writes (``FileExistsError`` naming them).
         ``label`` names the run in legends (default: the algorithm); ``f_star`` (the optimal
         value F*, if known) lets ``plot`` draw the suboptimality f + h − F*; ``model`` adds its
         ``state_dict`` to model.pt. The algorithm state is not saved. Returns ``path``."""
@@ -465,21 +467,11 @@ def simulate(
                 state = algorithm.round(state, cs, regularizer, rng)
             wall = time.perf_counter() - t0
             elapsed += wall
-            m = {
-                "round": t,
-                "wall_time": wall,
-                "elapsed": elapsed,
-                "prox_time": stats.seconds,
-                "prox_evals": stats.evaluations,
-                "grad_time": cs.grad_seconds - g_sec,
-                "grad_evals": cs.grad_evals - g_n,
-                "fwd_bwd_time": cs.fwd_bwd_seconds - fb_sec,
-                "up": cs.comm.up - up,
-                "down": cs.comm.down - down,
-            }
-            if cs.measures_bytes:
-                m["sent_bytes"] = cs.comm.sent_bytes - sent
-                m["recv_bytes"] = cs.comm.recv_bytes - recv
+            m = metrics_row(t, wall_time=wall, elapsed=elapsed, prox_time=stats.seconds, prox_evals=stats.evaluations,
+                            grad_time=cs.grad_seconds - g_sec, grad_evals=cs.grad_evals - g_n,
+                            fwd_bwd_time=cs.fwd_bwd_seconds - fb_sec, up=cs.comm.up - up, down=cs.comm.down - down,
+                            sent_bytes=cs.comm.sent_bytes - sent if cs.measures_bytes else None,
+                            recv_bytes=cs.comm.recv_bytes - recv if cs.measures_bytes else None)
             if metrics_every and (t % metrics_every == 0 or t == rounds):
                 m.update(evaluate(state))
             metrics.append(m)

@@ -96,7 +96,7 @@ def test_failed_save_leaves_no_folder(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(api_runs, "_write_jsonl", boom)
+    monkeypatch.setattr(api_runs, "write_metrics", boom)
     with pytest.raises(OSError, match="disk full"):
         hist.save(str(tmp_path / "api"))
     assert os.listdir(tmp_path) == []

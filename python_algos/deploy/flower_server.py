@@ -26,6 +26,7 @@ from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import seeds
 from ..runfolder.setup_record import check_same_setup
 from ..simulate import _clients_per_round
+from ..runfolder.records import metrics_row
 from .exchange import check_replies, collect, handshake
 from .nodes import ServerClients, receives, scalars, server_state
 from .persist import load_server, save_server
@@ -196,10 +197,10 @@ class ServerProgram:
             self.pending.update({i: keep for i in part})
         wall = time.perf_counter() - r["t0"]
         self.elapsed += wall
-        rec = {"round": t, "wall_time": wall, "elapsed": self.elapsed, "participants": part,
-               "up": len(msgs.up), "down": len(msgs.down), "sent_bytes": r["sent_bytes"],
-               "recv_bytes": sum(payload_bytes(got[i].content["up"]) for i in part),
-               "prox_time": stats.seconds, "prox_evals": stats.evaluations}
+        rec = metrics_row(t, wall_time=wall, elapsed=self.elapsed, prox_time=stats.seconds,
+                          prox_evals=stats.evaluations, up=len(msgs.up), down=len(msgs.down),
+                          sent_bytes=r["sent_bytes"], recv_bytes=sum(payload_bytes(got[i].content["up"]) for i in part),
+                          participants=part)
         self.metrics.append(rec)
         self.t = t
         self.stopped = any(cb(t, self.state, rec) is True for cb in self.callbacks)

@@ -52,7 +52,7 @@ def cmd_run(args) -> int:
                 # Every check a rank would make (data, model, regularizers, participation, the folder),
                 # here and writing nothing: an error is then one line, not P numbered copies of it
                 # followed by torchrun's failure report. It loads the data once more; ranks load theirs.
-                prep = prepare_run(cfg, out, replace=not (args.out or getattr(args, "name", None)))
+                prep = prepare_run(cfg, out, replace=False)
                 check_world_size(len(prep.fed.parts), args.workers)
             except ValueError:  # named where raised (config.named_as): this try can go
                 raise
@@ -75,7 +75,7 @@ def cmd_run(args) -> int:
                 # torchrun restarted the job after a rank failed: continue from the last checkpoint
                 prep = prepare_run(None, out, resume=True, rounds=cfg.rounds)
             else:
-                prep = prepare_run(cfg, out, replace=not (args.out or getattr(args, "name", None)))
+                prep = prepare_run(cfg, out, replace=False)
         except ValueError:  # named where raised (config.named_as): this try can go
             raise
         h = "per parameter" if cfg.regularizers else cfg.reg
@@ -104,7 +104,7 @@ def _cmd_run_flower(args) -> int:
         else:
             cfg = Config.from_dict(_merge(args))
             out = _out_dir(args, cfg.algorithm)
-            prep = prepare_flower(cfg, out, replace=not (args.out or getattr(args, "name", None)))
+            prep = prepare_flower(cfg, out, replace=False)
     except ValueError:  # named where raised (config.named_as): this try can go
         raise
     cfg, out = prep.run.cfg, prep.run.out_dir
@@ -175,7 +175,7 @@ def cmd_compare(args) -> int:
               f"{cfg.model}, h={cfg.reg}; results -> {out}")
         try:
             summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not args.no_progress and main,
-                                            replace=not (args.out or getattr(args, "name", None)), log=say)
+                                            replace=False, log=say)
         except ValueError:  # named where raised (config.named_as): this try can go
             raise
         step = cfg.metric_step if cfg.metric_step is not None else cfg.lr * cfg.local_steps
@@ -260,6 +260,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     handler = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "demo": cmd_demo, "plot": cmd_plot,
                "algorithms": cmd_algorithms}[args.command]
     from .run import Interrupted
+    from ..runfolder.folder import unused_claims_removed
     from ..runfolder.signals import exit_code, terminate_as_interrupt
 
     with warnings.catch_warnings():
@@ -273,8 +274,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
                 live = live_events()
             # SIGTERM / SIGHUP take Ctrl-C's path: the folder is closed as interrupted, children end
-            # an error about a setting names it as the user gave it (the flag as typed, or the config file's key)
-            with terminate_as_interrupt(), live, named_as(user_names(args)):  # entering `live` checks the package
+            # an error about a setting names it as the user gave it (the flag as typed, or the config file's key);
+            # a default folder claimed by a command that then failed before writing is removed
+            with terminate_as_interrupt(), unused_claims_removed(), live, named_as(user_names(args)):
                 code = handler(args)
         except (DataNotFoundError, FileNotFoundError, ValueError, RuntimeError) as e:
             where = f" on rank {launch.rank()} of {launch.world_size()}" if launch.distributed() else ""

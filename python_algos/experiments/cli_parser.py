@@ -216,7 +216,9 @@ def _add_seed_flags(g) -> None:
 def _add_output_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--config", help="TOML / YAML / JSON file with the same keys (flags override it)")
-    g.add_argument("--out", help="results folder (default: ./results/<timestamp>-<name>)")
+    g.add_argument("--out", help="results folder; one holding a finished run is refused (resume it with --resume, "
+                   "or choose another) (default: a new ./results/<timestamp>-<name>[-2, -3, ...], never shared "
+                   "with another command)")
     g.add_argument("--name", help="name of the results folder under ./results/")
     g.add_argument("--no-progress", action="store_true", help="no progress bar / progress lines")
     _add_figure_flags(g)

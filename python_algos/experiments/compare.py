@@ -20,9 +20,12 @@ from .prepare import check_algorithm_names, prepare_run
 from .run import Interrupted, execute_run
 from .tables import column_name, format_table
 from ..runfolder.files import RunExistsError, RunFolderError, _atomic_text, _write_json, read_summary
+from ..runfolder.folder import check_group_replaceable, clear_group
 
 __all__ = ["compare_experiments", "comparison_table", "format_table", "finished_run", "kept_message", "verdict_line",
            "coinciding"]
+
+COMPARISON_RECORDS = ("comparison.json", "comparison.md")  # a comparison's own files, beside its runs
 
 
 def _read_comparison(out_dir: str) -> dict:
@@ -42,7 +45,8 @@ def _read_comparison(out_dir: str) -> dict:
         raise RunFolderError(f"{path}: not a comparison written by `compare` ({e})") from None
 
 
-def _plan_runs(cfg: Config, algorithms: Sequence[str], alg_opts: dict, out_dir: str, resume: bool) -> dict:
+def _plan_runs(cfg: Config, algorithms: Sequence[str], alg_opts: dict, out_dir: str, resume: bool,
+               replace: bool) -> dict:
     """name -> the run's :class:`~.prepare.PreparedRun`, or the summary of a finished run a resume
     keeps (:func:`finished_run`). Every algorithm is checked, writing nothing; the errors of all
     of them are raised together."""
@@ -59,7 +63,7 @@ def _plan_runs(cfg: Config, algorithms: Sequence[str], alg_opts: dict, out_dir: 
             elif resume and os.path.isfile(os.path.join(run_dir, "config.json")):
                 plans[name] = prepare_run(None, run_dir, fed=fed, resume=True, rounds=c.rounds)
             else:
-                plans[name] = prepare_run(c, run_dir, fed=fed, replace=True)
+                plans[name] = prepare_run(c, run_dir, fed=fed, replace=replace)  # empty, or cleared (replace)
         except (ValueError, json.JSONDecodeError) as e:
             errors.append(f"{name}: {e}")
     if errors:
@@ -81,7 +85,8 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
     completed or diverged (:func:`finished_run`), are kept untouched, the others resume from their
     checkpoints). A fresh comparison into a folder that already
     holds files raises :class:`~python_algos.runfolder.files.RunExistsError` (nothing is touched)
-    unless ``replace=True``, which replaces the runs of the same names. Writes ``comparison.json`` and
+    unless ``replace=True``, which replaces the whole comparison (refused when the folder holds anything
+    else than its runs, records and figures). Writes ``comparison.json`` and
     ``comparison.md``; returns the summaries.
     """
     if not isinstance(replace, bool):  # a truthy string must not delete runs
@@ -102,10 +107,14 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
             raise RunExistsError(f"{out_dir} already holds files: continue a comparison there with "
                                  f"`{compare_resume_command(out_dir)}`, or choose another --out; from Python, "
                                  f"replace=True replaces its runs (nothing was changed)")
-    plans = _plan_runs(cfg, algorithms, alg_opts, out_dir, resume)
+        if replace:  # what the replacement would delete must all be the old comparison's
+            check_group_replaceable(out_dir, COMPARISON_RECORDS)
+    plans = _plan_runs(cfg, algorithms, alg_opts, out_dir, resume, replace)
     launch.barrier()  # under torchrun: every rank has checked everything before rank 0 writes
     main = launch.is_main()
     if main:
+        if replace and not resume:  # nothing of the replaced comparison outlives it (an algorithm left out now)
+            clear_group(out_dir, COMPARISON_RECORDS)
         os.makedirs(out_dir, exist_ok=True)
     record = {"config": cfg.to_dict(), "algorithms": list(algorithms), "alg_opts": alg_opts}
 

@@ -61,9 +61,9 @@ from ..deploy.flower_server import check_checkpoint, server_setup
 from ..deploy.local import DeploymentError, LocalDeployment, stop_signals_held
 from ..deploy.nodes import ServerClients, check_no_node_state, server_state
 from ..deploy.persist import RoundFiles, load_server
-from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, _remove_leftovers, _write_json, _write_jsonl
+from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, _remove_leftovers, _write_json
 from ..runfolder.progress import Progress
+from ..runfolder.records import save_model, summary_record, write_config, write_metrics, write_summary
 from ..simulate import objective_metrics
 
 __all__ = ["check_flower_flags", "prepare_flower", "execute_flower", "PreparedFlower", "FlowerRunFailed",
@@ -272,7 +272,7 @@ def _start(fp: PreparedFlower, log) -> None:
     r = int(fp.snap["round"]) if fp.snap is not None else 0
     RoundFiles(os.path.join(out_dir, POINTS_DIR)).drop_after(r)
     if prep.rewrite_config:
-        _write_json(os.path.join(out_dir, "config.json"), prep.cfg.to_dict())
+        write_config(out_dir, prep.cfg.to_dict())
     log(f"resuming {out_dir} from round {r} (the server's checkpoint), up to round {prep.cfg.rounds}"
         if fp.snap is not None else f"resuming {out_dir}: no checkpoint was written yet, starting from round 0")
 
@@ -378,7 +378,7 @@ def _close_folder(fp: PreparedFlower, got: _Outcome, label: str) -> dict:
     records = result["metrics"] if result is not None else (saved["metrics"] if saved is not None else [])
     initial, rows, diverged = _metric_rows(prep, records, RoundFiles(os.path.join(out_dir, POINTS_DIR)),
                                            got.status.get("diverged"), result["params"] if result is not None else None)
-    _write_jsonl(os.path.join(out_dir, "metrics.jsonl"), [initial, *rows])
+    write_metrics(out_dir, [initial, *rows])
     if live_requested():  # --tensorboard: the rows exist only now (computed here), so do their events
         write_events(out_dir)
     status = ("interrupted" if got.interrupted is not None else "failed" if got.failure is not None else
@@ -389,22 +389,20 @@ def _close_folder(fp: PreparedFlower, got: _Outcome, label: str) -> dict:
              "no server checkpoint was written, so it restarts at round 0")
     if got.interrupted is not None:
         summary["message"] = f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; {where}"
-        _write_json(os.path.join(out_dir, "summary.json"), summary)
+        write_summary(out_dir, summary)
         raise Interrupted(summary) from got.interrupted  # the signal's exit status (runfolder.signals.exit_code)
     if got.failure is not None:
         summary["message"] = (f"{label} stopped in the Flower deployment: {got.failure}\nThe folder holds the run up "
                               f"to round {summary['rounds_done']}; {where} (each node restores its own state from "
                               f"{os.path.join(prep.out_dir, NODES_DIR)}): {summary['resume_command']}")
-        _write_json(os.path.join(out_dir, "summary.json"), summary)
+        write_summary(out_dir, summary)
         raise FlowerRunFailed(summary["message"])
     if diverged:
         summary["message"] = (f"{label} diverged at {diverged}; the run was stopped. Lower the step size "
                               f"(--lr, currently {cfg.lr:g}) or the local steps.")
     else:  # model.pt records its round, as the one-process run's (the model holds the final params)
-        ckpt.atomic_save({"params": result["params"].cpu(), "round": rows[-1]["round"] if rows else 0,
-                          "state_dict": {k: v.cpu() for k, v in prep.model.state_dict().items()}},
-                         os.path.join(out_dir, "model.pt"))
-    _write_json(os.path.join(out_dir, "summary.json"), summary)
+        save_model(out_dir, result["params"], rows[-1]["round"] if rows else 0, prep.model.state_dict())
+    write_summary(out_dir, summary)
     return summary
 
 
@@ -412,29 +410,12 @@ def _summary(prep: PreparedRun, label: str, status: str, initial: dict, rows: li
              saved: Optional[dict]) -> dict:
     """summary.json of a Flower run (``message`` is the caller's)."""
     cfg, alg, model, n = prep.cfg, prep.algorithm, prep.model, len(prep.fed.parts)
-    return {
-        "label": label,
-        "algorithm": alg.name,
-        "hparams": alg.hparams(),
-        "engine": "flower",
-        "status": status,
-        "message": None,
-        "rounds": cfg.rounds,
-        "rounds_done": rows[-1]["round"] if rows else 0,
-        "final": next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else initial),
-        "initial": initial,
-        "elapsed": rows[-1].get("elapsed", 0.0) if rows else 0.0,
-        "process_seconds": got.seconds,
-        "regularizer": repr(prep.reg),
-        "dataset": prep.fed.dataset.source,
-        "partition": cfg.partition,
-        "num_clients": n,
-        "dim": sum(p.numel() for p in model.parameters()),
-        "executor": "flower",
-        "world_size": n + 1,  # the server and one node per client
-        "threads": cfg.threads or 1,
-        "out_dir": prep.out_dir,
-        "last_checkpoint_round": int(saved["round"]) if saved is not None else None,
-        "resume_command": flower_resume_command(prep.out_dir),
-        "nodes": {str(k): v for k, v in got.result["nodes"].items()} if got.result is not None else None,
-    }
+    return summary_record(
+        label=label, algorithm=alg.name, hparams=alg.hparams(), status=status, rows=[initial, *rows],
+        rounds=cfg.rounds, regularizer=repr(prep.reg), num_clients=n,
+        dim=sum(p.numel() for p in model.parameters()), executor="flower", out_dir=prep.out_dir,
+        resume_command=flower_resume_command(prep.out_dir), engine="flower", process_seconds=got.seconds,
+        dataset=prep.fed.dataset.source, partition=cfg.partition,
+        world_size=n + 1,  # the server and one node per client
+        threads=cfg.threads or 1, last_checkpoint_round=int(saved["round"]) if saved is not None else None,
+        nodes={str(k): v for k, v in got.result["nodes"].items()} if got.result is not None else None)

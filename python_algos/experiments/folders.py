@@ -1,27 +1,24 @@
-"""Run folders as the command line names and reads them: the default folder, the commands that
-resume a run or a comparison, and a run's settings read back from its ``config.json``."""
+"""Run folders as the command line names and reads them: the default folder (created when named),
+the commands that resume a run or a comparison, and a run's settings read back from its ``config.json``."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import shlex
 
 from .config import Config, ConfigError
 from ..runfolder.files import RunFolderError
+from ..runfolder.folder import claim_new_folder
 
 __all__ = ["default_out_dir", "resume_command", "compare_resume_command"]
 
 
 def default_out_dir(name: str, root: str = "results") -> str:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = os.path.join(root, f"{stamp}-{name}")
-    k = 1
-    while os.path.exists(path):
-        k += 1
-        path = os.path.join(root, f"{stamp}-{name}-{k}")
-    return path
+    """A new, empty folder ``root/<date>-<time>-<name>`` for a command given no ``--out``, created
+    here (:func:`~python_algos.runfolder.folder.claim_new_folder`): two commands started in the same
+    second get two folders. Being new, it is never a run to replace."""
+    return claim_new_folder(root, name)
 
 
 def _read_config_json(path: str) -> Config:

@@ -25,7 +25,8 @@ from .device import resolve_device
 from .folders import _read_config_json, resume_command
 from ..algorithms.registry import ALGORITHMS
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import FLOWER_MARK, RunExistsError, RunFolderError, _as_json, _holds_run
+from ..runfolder.files import FLOWER_MARK, RunFolderError, as_json
+from ..runfolder.folder import check_fresh_start
 from ..runfolder.setup_record import check_same_setup, describe_regularizer
 from ..simulate import _clients_per_round
 
@@ -82,7 +83,7 @@ def check_recorded_config(saved: Optional[dict], cfg: Config, ckpt_path: str) ->
     if not isinstance(saved, dict):
         return
     keys = RESULT_KEYS
-    saved, now = _as_json(saved), _as_json(cfg.to_dict())
+    saved, now = as_json(saved), as_json(cfg.to_dict())
     labels = {k: f"{k} ({flag(k)}" + (f" / {flag(PAIRED[k])})" if k in PAIRED else ")") for k in keys}
     check_same_setup({k: saved.get(k) for k in keys}, {k: now.get(k) for k in keys}, what=f"from {ckpt_path}",
                      labels=labels,
@@ -98,8 +99,10 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
                 rounds: Optional[int] = None, replace: bool = False, flower: bool = False) -> PreparedRun:
     """Every check of a run, in the order a user would fix them; writes nothing.
 
-    ``replace=True`` lets a fresh run replace the run already in ``out_dir``; by default such a
-    folder is refused, as the command line refuses ``--out DIR`` of an existing run.
+    ``replace=True`` lets a fresh run replace the run already in ``out_dir`` (every file, event and
+    figure of it goes: :func:`~python_algos.runfolder.folder.clear_for_fresh_run`); by default such a
+    folder is refused, as the command line refuses ``--out DIR`` of an existing run, and a replacement
+    is refused when the folder also holds files no run writes.
     Raises :class:`ConfigError` (a value, named by its flag), :class:`RunFolderError` (the folder:
     a foreign or edited checkpoint, ``--rounds`` below the checkpoint; :class:`RunExistsError`: an
     existing run that ``replace=False`` keeps), :class:`~python_algos.runfolder.checkpoint.CheckpointError`
@@ -140,9 +143,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
         if rounds is not None:
             cfg = cfg.replace(rounds=rounds)
         cfg.check()
-        if not replace and os.path.isdir(out_dir) and _holds_run(out_dir):
-            raise RunExistsError(f"{out_dir} already holds a run: continue it with `{resume_command(out_dir)}`, or "
-                                 f"choose another --out; from Python, replace=True replaces it (nothing was changed)")
+        check_fresh_start(out_dir, replace, how_to_resume=resume_command(out_dir))
     launch.join(cfg.device)  # under torchrun: join the job (and take this rank's GPU) before picking the device
     device = resolve_device(cfg.device)
     if resume and os.path.isfile(ckpt_path):

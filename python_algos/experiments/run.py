@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import signal
 import time
 from typing import Callable, Optional
@@ -41,7 +40,10 @@ from .prepare import PreparedRun, prepare_run
 from .tensorboard import LiveEvents, check_available, live_requested  # imports no tensorboard until used
 from .threads import apply_threads
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import FLOWER_DIRS, RUN_FILES, _append_row, _remove_leftovers, _write_json, _write_jsonl, read_metrics
+from ..runfolder.files import _remove_leftovers, read_metrics
+from ..runfolder.records import (append_metrics_row, save_model, summary_record, write_config, write_metrics,
+                                 write_partition, write_summary)
+from ..runfolder.folder import clear_for_fresh_run
 from ..runfolder.history import check_f_star
 from ..runfolder.progress import Progress
 from ..simulate import simulate
@@ -73,8 +75,9 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     ignored); ``rounds`` then extends the total (never below the checkpoint's round). Every input
     is checked (:func:`prepare_run`) before anything in ``out_dir`` is created or changed.
     A fresh run into a folder that already holds a run raises :class:`~python_algos.runfolder.files.RunExistsError`
-    (nothing is touched) unless ``replace=True``, which deletes that run's files first. ``extra_eval(params)
-    -> dict`` adds metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run
+    (nothing is touched) unless ``replace=True``, which first deletes everything of that run (its files,
+    checkpoint shards, ``tensorboard/`` events, figures), and refuses a folder that also holds files no
+    run writes. ``extra_eval(params) -> dict`` adds metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run
     with status ``"diverged"``; the checkpoint of the last good round is kept. Ctrl-C writes the
     summary so far (status ``"interrupted"``) and raises :class:`Interrupted`. ``f_star``: the problem's
     optimal value F*, when the caller knows it; recorded in summary.json, where ``plot`` finds it
@@ -89,26 +92,20 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
 def _start_folder(prep: PreparedRun, log) -> None:
     """The first writes of a run (every check has passed): settings, split, and metrics from the checkpoint."""
     out_dir, cfg, fed, snap = prep.out_dir, prep.cfg, prep.fed, prep.snap
-    cfg_path = os.path.join(out_dir, "config.json")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     if not prep.resume:
-        os.makedirs(out_dir, exist_ok=True)
-        _remove_leftovers(out_dir, also=RUN_FILES)  # replace: no file of the previous run may outlive it
-        for d in FLOWER_DIRS:  # ... nor the folders of a run --flower
-            shutil.rmtree(os.path.join(out_dir, d), ignore_errors=True)
-        launch.remove_shards(os.path.join(out_dir, "checkpoint.pt"))  # ... nor its checkpoint shards
-        _write_json(cfg_path, cfg.to_dict())  # first: a folder with config.json can always be resumed
+        clear_for_fresh_run(out_dir, prep.replace)  # replace: nothing of the old run outlives it (events, shards, ...)
+        # first: a folder with config.json can always be resumed; created exclusively unless replacing, so a run
+        # another command started here since prepare_run checked the folder is refused, never cleared
+        write_config(out_dir, cfg.to_dict(), exclusive=not prep.replace)
         prep.rewrite_config = False
     else:
         _remove_leftovers(out_dir)
         launch.remove_shard_leftovers(os.path.join(out_dir, "checkpoint.pt"))
     if not prep.resume or snap is None:
-        _write_json(os.path.join(out_dir, "partition.json"), {
-            "partition": fed.partition, "num_clients": len(fed.parts), "sizes": [len(p) for p in fed.parts],
-            "label_histograms": fed.histograms.tolist() if fed.histograms is not None else None,
-        })
+        write_partition(out_dir, fed.partition, fed.parts, fed.histograms)
     if snap is not None:
-        _write_jsonl(metrics_path, [snap["initial"], *snap["metrics"]])  # drop the rounds after the checkpoint
+        write_metrics(out_dir, [snap["initial"], *snap["metrics"]])  # drop the rounds after the checkpoint
         log(f"resuming {out_dir} from round {snap['round']} (checkpoint), up to round {cfg.rounds}")
     else:
         if os.path.exists(metrics_path):
@@ -116,7 +113,7 @@ def _start_folder(prep: PreparedRun, log) -> None:
         if prep.resume:
             log(f"resuming {out_dir}: no checkpoint was written yet, starting from round 0")
     if prep.rewrite_config:
-        _write_json(cfg_path, cfg.to_dict())
+        write_config(out_dir, cfg.to_dict())
 
 
 def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optional[Callable] = None,
@@ -156,7 +153,7 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
 
     def add_row(m):  # every row of metrics.jsonl goes through here
-        _append_row(metrics_file, m)
+        append_metrics_row(metrics_file, m)
         if events is not None:
             events.add(m)
 
@@ -211,34 +208,18 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
 
     # rank 0 wrote metrics.jsonl; another rank (maybe on another node) has the same rows in memory
     rows = read_metrics(out_dir) if main else ([hist.initial, *hist.metrics] if hist is not None else [])
-    last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else {})
     last_ckpt = saver.last_round if saver.last_round is not None else (int(snap["round"]) if snap else None)
     if status["interrupted"] and main:
         last_ckpt = ckpt.saved_round(ckpt_path)  # the file, not the bookkeeping Ctrl-C may have cut short
-    summary = {
-        "label": label,
-        "algorithm": algorithm.name,
-        "hparams": algorithm.hparams(),
-        "status": "interrupted" if status["interrupted"] else "diverged" if status["diverged"] else "completed",
-        "message": None,
-        "rounds": cfg.rounds,
-        "rounds_done": rows[-1]["round"] if rows else 0,
-        "final": last_obj,
-        "initial": rows[0] if rows else None,
-        "elapsed": rows[-1].get("elapsed", 0.0) if rows else 0.0,
-        "process_seconds": run_seconds,
-        "regularizer": repr(reg),
-        "dataset": ds.source,
-        "partition": cfg.partition,
-        "num_clients": len(fed.parts),
-        "dim": sum(p.numel() for p in model.parameters()),
-        "executor": hist.executor if hist is not None else executor,
-        "world_size": hist.world_size if hist is not None else launch.world_size(),
-        "threads": threads,
-        "out_dir": out_dir,
-        "last_checkpoint_round": last_ckpt,
-        "resume_command": resume_command(out_dir),
-    }
+    summary = summary_record(
+        label=label, algorithm=algorithm.name, hparams=algorithm.hparams(),
+        status="interrupted" if status["interrupted"] else "diverged" if status["diverged"] else "completed",
+        rows=rows, rounds=cfg.rounds, regularizer=repr(reg), num_clients=len(fed.parts),
+        dim=sum(p.numel() for p in model.parameters()), executor=hist.executor if hist is not None else executor,
+        out_dir=out_dir, resume_command=resume_command(out_dir),
+        process_seconds=run_seconds, dataset=ds.source, partition=cfg.partition,
+        world_size=hist.world_size if hist is not None else launch.world_size(), threads=threads,
+        last_checkpoint_round=last_ckpt)
     if executor == "distributed":
         summary["inner_executor"] = cfg.executor
     if f_star is not None:
@@ -248,7 +229,7 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
                               + (f"the last checkpoint is round {last_ckpt}, where the run resumes"
                                  if last_ckpt is not None else "no checkpoint was written, so it restarts at round 0"))
         if main:
-            _write_json(os.path.join(out_dir, "summary.json"), summary)
+            write_summary(out_dir, summary)
         raise Interrupted(summary, status["signum"])
     if status["diverged"]:
         keep = (f"the last good checkpoint (round {saver.last_round}) is kept in {ckpt_path}"
@@ -259,9 +240,7 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     elif main:
         # model.pt records its round: a later resumed run that stops early (Ctrl-C, a kill, divergence)
         # appends metrics past it and leaves this file, and a reader must pair the model with its own round
-        ckpt.atomic_save({"params": hist.params.cpu(), "round": int(hist.metrics[-1]["round"]) if hist.metrics else 0,
-                          "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}},
-                         os.path.join(out_dir, "model.pt"))
+        save_model(out_dir, hist.params, hist.metrics[-1]["round"] if hist.metrics else 0, model.state_dict())
     if main:
-        _write_json(os.path.join(out_dir, "summary.json"), summary)
+        write_summary(out_dir, summary)
     return summary

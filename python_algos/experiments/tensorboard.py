@@ -37,12 +37,11 @@ import socket
 import time
 from typing import Iterator, List, Tuple
 
-from ..runfolder.files import read_metrics
+from ..runfolder.files import EVENTS_DIR, read_metrics  # EVENTS_DIR: a run folder's events (its format)
 
 __all__ = ["write_events", "check_available", "EVENTS_DIR", "tag_of", "live_events", "live_requested",
            "LiveEvents", "LIVE_ENV"]
 
-EVENTS_DIR = "tensorboard"
 LIVE_ENV = "FEDKERNELS_TENSORBOARD"  # "1": runs write their events live (set by live_events)
 _GROUPS = {"f": "objective", "h": "objective", "f+h": "objective", "sparsity": "model", "hoyer": "model",
            "nnz": "model", "grad_map_sq": "stationarity", "normal_map_sq": "stationarity", "test_acc": "accuracy",

@@ -17,10 +17,17 @@ A run folder holds:
 ``summary.json``       status (completed / diverged / interrupted), final metrics, totals,
                        the command that resumes the run
 ``model.pt``           the reported model: flat ``params``, the module's ``state_dict`` and its ``round``
+``tensorboard/``       the TensorBoard events of ``metrics.jsonl`` (``--tensorboard``)
+``overview.png`` ...   figures (``run`` / ``compare``; ``plot DIR``: ``<metric>_vs_round.png``, ...)
 =====================  ======================================================================
 
 Modules:
 
+* :mod:`.folder` — which folder a run gets (a default one is created when named, so two commands
+  never share one) and what of an earlier run a replacement removes (all of it: events, shards,
+  figures; never a file no run writes);
+* :mod:`.records` — one builder each for ``config.json``, ``partition.json``, a ``metrics.jsonl`` row,
+  ``summary.json`` and ``model.pt``, used by every engine (one process, ``--flower``, ``History.save``);
 * :mod:`.files` — the file names, atomic JSON / JSONL writes, appending and reading ``metrics.jsonl``;
 * :mod:`.checkpoint` — the checkpoint file: atomic ``torch.save``, NamedTuple states, ``Checkpointer``;
 * :mod:`.history` — a ``simulate`` result (History) as a run folder, and back;

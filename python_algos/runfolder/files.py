@@ -9,11 +9,13 @@ is decided by the layers above (:mod:`python_algos.experiments`, :meth:`History.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
 import math
 import os
+import threading
 from typing import Optional, Sequence
 
 import numpy as np
@@ -21,13 +23,17 @@ import torch
 
 from . import faults
 
-__all__ = ["RUN_FILES", "RunFolderError", "RunExistsError", "read_metrics"]
+__all__ = ["RUN_FILES", "RUN_DIRS", "EVENTS_DIR", "RunFolderError", "RunExistsError", "read_metrics", "holds_run"]
 
 FLOWER_MARK = "flower.json"  # a run through a Flower deployment (run --flower): its engine and node-state key
 FLOWER_CHECKPOINT = "flower-checkpoint.pt"  # its server's checkpoint (no client state: the nodes keep theirs)
 FLOWER_DIRS = ("flower-nodes", "flower-points")  # the nodes' own states; the server's recorded models
 RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.pt", "summary.json", "model.pt",
              FLOWER_MARK, FLOWER_CHECKPOINT)
+EVENTS_DIR = "tensorboard"  # --tensorboard: the run's TensorBoard events (experiments/tensorboard.py)
+CHECKPOINT_SHARDS = "checkpoint.pt.shards"  # a checkpoint written by several processes: one file per rank
+RUN_MARKS = ("config.json", "metrics.jsonl", "checkpoint.pt", "summary.json")  # any one: the folder holds a run
+RUN_DIRS = (EVENTS_DIR, CHECKPOINT_SHARDS, *FLOWER_DIRS)  # the folders a run writes inside its folder
 
 
 class RunFolderError(ValueError):
@@ -73,6 +79,34 @@ def _write_json(path: str, obj) -> None:
     _atomic_text(path, json.dumps(_clean(obj), indent=2) + "\n")
 
 
+def _create_json(path: str, obj) -> None:
+    """Write ``path`` only if no file of that name exists, atomically: the complete file is linked into
+    place (``link(2)`` fails on an existing name), so of several writers exactly one succeeds and the
+    others raise ``FileExistsError``, changing nothing. Where the file system has no hard links, an
+    exclusive create (``O_EXCL``) decides instead (a kill mid-write can then leave a torn file)."""
+    text = json.dumps(_clean(obj), indent=2) + "\n"
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+                raise
+            with open(path, "x") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
 def _write_jsonl(path: str, rows: Sequence[dict]) -> None:
     _atomic_text(path, "".join(json.dumps(_clean(r)) + "\n" for r in rows))
 
@@ -110,9 +144,9 @@ def read_summary(run_dir: str) -> Optional[dict]:
         return None
 
 
-def _holds_run(out_dir: str) -> bool:
-    return any(os.path.exists(os.path.join(out_dir, f)) for f in ("config.json", "metrics.jsonl", "checkpoint.pt",
-                                                                   "summary.json"))
+def holds_run(out_dir: str) -> bool:
+    """Whether ``out_dir`` holds (the start of) a run: one of :data:`RUN_MARKS`."""
+    return any(os.path.exists(os.path.join(out_dir, f)) for f in RUN_MARKS)
 
 
 def _remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:
@@ -125,8 +159,14 @@ def _remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:
                 pass
 
 
-def _as_json(v):
+def as_json(v):
+    """``v`` as it reads back from a run folder's JSON (non-finite -> None, tuples -> lists, ...):
+    what a value recorded in the folder is compared with."""
     return json.loads(json.dumps(_clean(v)))
+
+
+_as_json = as_json  # the names other modules imported before they were public (until their callers are merged)
+_holds_run = holds_run
 
 
 

@@ -36,12 +36,19 @@ from typing import Optional
 
 import torch
 
-from . import checkpoint as ckpt
-from .files import RunExistsError, RunFolderError, _exchange, _holds_run, _write_json, _write_jsonl, read_metrics
+from .files import RunExistsError, RunFolderError, _exchange, holds_run, read_metrics
+from .folder import foreign_entries
+from .records import (API_MARK, api_config_record, load_model, save_model, summary_record, write_config,
+                      write_metrics, write_summary)
 
 __all__ = ["save_history", "load_history", "API_MARK"]
 
-API_MARK = "api_run"  # config.json key that tells a folder written by History.save from a `run` folder
+
+
+def _replaceable(path: str) -> bool:
+    """``path`` holds a run and nothing a run does not write (overwrite=True swaps out the whole
+    folder, so a user's file there would go with the old run)."""
+    return holds_run(path) and not foreign_entries(path)
 
 
 def _check_target(path: str, overwrite: bool) -> None:
@@ -53,7 +60,7 @@ def _check_target(path: str, overwrite: bool) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise FileExistsError(f"History.save: {path} is a file, not a folder (nothing was changed)")
     if os.path.isdir(path) and os.listdir(path):
-        if not _holds_run(path):
+        if not _replaceable(path):
             raise FileExistsError(_not_a_run(path))
         if not overwrite:
             raise RunExistsError(f"History.save: {path} already holds a run; pass overwrite=True to replace it, "
@@ -61,7 +68,9 @@ def _check_target(path: str, overwrite: bool) -> None:
 
 
 def _not_a_run(path: str) -> str:
-    return (f"History.save: {path} holds files that are not a run folder; choose another path (nothing was "
+    foreign = foreign_entries(path)
+    what = f" ({', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''})" if foreign else ""
+    return (f"History.save: {path} holds files that are not a run folder{what}; choose another path (nothing was "
             f"changed, overwrite=True replaces only run folders)")
 
 
@@ -82,17 +91,17 @@ def _publish(tmp: str, path: str, overwrite: bool) -> None:
         if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
         if not overwrite:
-            if not _holds_run(path):
+            if not _replaceable(path):
                 raise FileExistsError(_not_a_run(path)) from None
             raise RunExistsError(
                 f"History.save: another process saved a run at {path} first (after this call had checked the "
                 f"folder), so this call saved nothing; pass overwrite=True to replace it, or choose another path. "
                 f"Under torchrun every rank holds the same History: save it on rank 0 only "
                 f"(if torch.distributed.get_rank() == 0: hist.save(path))") from None
-    if not _holds_run(path):  # files appeared there after the check: never replace them
+    if not _replaceable(path):  # files appeared there after the check: never replace them
         raise FileExistsError(_not_a_run(path))
     if _exchange(tmp, path):  # tmp now holds the old run, which the caller removes with tmp
-        if os.path.isdir(tmp) and os.listdir(tmp) and not _holds_run(tmp):  # swapped in meanwhile: put it back
+        if os.path.isdir(tmp) and os.listdir(tmp) and not _replaceable(tmp):  # swapped in meanwhile: put it back
             _exchange(tmp, path)
             raise FileExistsError(_not_a_run(path))
         return
@@ -129,43 +138,23 @@ def save_history(hist, path: str, *, overwrite: bool = False, label: Optional[st
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_target(path, overwrite)
     rows = [hist.initial, *hist.metrics]
-    last_obj = next((r for r in reversed(rows) if "f+h" in r), rows[-1])
     setup = dict(hist.setup or {})
-    label = label or hist.algorithm
-    config = {API_MARK: True, "saved_by": "python_algos History.save", "algorithm": hist.algorithm,
-              "hparams": hist.hparams, "executor": hist.executor, **setup}
-    summary = {
-        "label": label,
-        "algorithm": hist.algorithm,
-        "hparams": hist.hparams,
-        "status": "completed",
-        "message": None,
-        "rounds": setup.get("rounds", rows[-1].get("round", 0)),
-        "rounds_done": rows[-1].get("round", 0),
-        "final": last_obj,
-        "initial": hist.initial,
-        "elapsed": rows[-1].get("elapsed", 0.0),
-        "regularizer": setup.get("regularizer"),
-        "num_clients": setup.get("num_clients"),
-        "dim": int(hist.params.numel()),
-        "executor": hist.executor,
-        "f_star": None if f_star is None else float(f_star),
-        API_MARK: True,
-        "resume_command": None,
-    }
+    config = api_config_record(hist.algorithm, hist.hparams, hist.executor, setup)
+    summary = summary_record(
+        label=label or hist.algorithm, algorithm=hist.algorithm, hparams=hist.hparams, status="completed", rows=rows,
+        rounds=setup.get("rounds", rows[-1].get("round", 0)), regularizer=setup.get("regularizer"),
+        num_clients=setup.get("num_clients"), dim=hist.params.numel(), executor=hist.executor, out_dir=path,
+        resume_command=None, f_star=None if f_star is None else float(f_star), **{API_MARK: True})
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     # a name no other saver (process or thread) uses: concurrent saves never write into each other's folder
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
         os.makedirs(tmp)
-        _write_json(os.path.join(tmp, "config.json"), config)
-        _write_jsonl(os.path.join(tmp, "metrics.jsonl"), rows)
-        state_dict = None if model is None else {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        ckpt.atomic_save({"params": hist.params.detach().cpu(), "round": int(rows[-1].get("round", 0)),
-                          "state_dict": state_dict},
-                         os.path.join(tmp, "model.pt"))
-        _write_json(os.path.join(tmp, "summary.json"), {**summary, "out_dir": path})
+        write_config(tmp, config)
+        write_metrics(tmp, rows)
+        save_model(tmp, hist.params, rows[-1].get("round", 0), None if model is None else model.state_dict())
+        write_summary(tmp, summary)
         _publish(tmp, path, overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -274,7 +263,7 @@ def load_history(path: str) -> dict:
     model_path = os.path.join(path, "model.pt")
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"History.load: {path} holds no model.pt (the run did not complete)")
-    saved = torch.load(model_path, map_location="cpu", weights_only=True)
+    saved = load_model(path)
     params = saved["params"]
     rows = _rows_of_model(path, rows, saved.get("round"), summary, bool(config.get(API_MARK)))
     if config.get(API_MARK):

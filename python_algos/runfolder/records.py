@@ -1,0 +1,171 @@
+"""The records of a run folder, each built and written in one place for every engine: one process
+(``run_experiment``, and through it ``run``, ``compare``, seeds, ``sweep``, Optuna and ``--workers``),
+``--flower``, and :meth:`History.save <python_algos.simulate.History.save>`.
+
+* ``config.json`` — :func:`write_config` (the settings; ``History.save``: :func:`api_config_record`);
+* ``partition.json`` — :func:`write_partition` (the split: client sizes, label histograms);
+* ``metrics.jsonl`` — :func:`metrics_row` (one round's row), :func:`write_metrics` (rows 0..t),
+  :func:`append_metrics_row` (one more row);
+* ``summary.json`` — :func:`summary_record` (how the run ended, its first and last metrics, what it
+  ran on), :func:`write_summary`;
+* ``model.pt`` — :func:`save_model` (the reported model and its round), :func:`load_model`.
+
+The format is in :mod:`python_algos.runfolder`; the writes are atomic (:mod:`.files`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from . import checkpoint as ckpt
+from .files import RunExistsError, _append_row, _create_json, _write_json, _write_jsonl
+
+__all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "write_config",
+           "api_config_record", "write_partition", "metrics_row", "write_metrics", "append_metrics_row", "final_row",
+           "summary_record", "write_summary", "save_model", "load_model"]
+
+CONFIG, PARTITION, METRICS = "config.json", "partition.json", "metrics.jsonl"
+SUMMARY, MODEL = "summary.json", "model.pt"
+
+# How a run ended (summary.json "status"): it ran every round; its objective or model became
+# non-finite and it was stopped; Ctrl-C / SIGTERM / SIGHUP stopped it (resumable); a Flower node failed.
+STATUSES = ("completed", "diverged", "interrupted", "failed")
+
+API_MARK = "api_run"  # config.json / summary.json key that tells a folder written by History.save from a `run` folder
+
+
+# --------------------------------------------------------------------------- config.json
+
+
+def write_config(out_dir: str, settings: Mapping[str, Any], *, exclusive: bool = False) -> None:
+    """``out_dir/config.json``: the settings of the run (a command-line run: ``Config.to_dict()``).
+
+    ``exclusive=True`` (a fresh run that replaces nothing): written only if the folder holds no
+    config.json yet, else :class:`~.files.RunExistsError` and nothing changed. config.json is a run's
+    first file, so two commands starting runs in one folder at once (the same ``--out``) cannot
+    both start: the second is refused instead of clearing the first's files."""
+    path = os.path.join(out_dir, CONFIG)
+    if not exclusive:
+        _write_json(path, dict(settings))
+        return
+    try:
+        _create_json(path, dict(settings))
+    except FileExistsError:
+        raise RunExistsError(f"{out_dir}: another command started a run in this folder after this one had checked "
+                             f"it; that run was left alone and this one did not start: choose another --out") from None
+
+
+def api_config_record(algorithm: str, hparams: dict, executor: str, setup: Mapping[str, Any]) -> dict:
+    """The settings ``History.save`` records: what ``simulate`` knew, marked ``api_run`` (no checkpoint
+    or data recipe, so ``run --resume`` refuses the folder)."""
+    return {API_MARK: True, "saved_by": "python_algos History.save", "algorithm": algorithm, "hparams": hparams,
+            "executor": executor, **setup}
+
+
+def write_partition(out_dir: str, partition: str, parts: Sequence, histograms=None) -> None:
+    """``out_dir/partition.json``: how the data was split (client sizes, per-client label histograms)."""
+    _write_json(os.path.join(out_dir, PARTITION), {
+        "partition": partition, "num_clients": len(parts), "sizes": [len(p) for p in parts],
+        "label_histograms": histograms.tolist() if histograms is not None else None})
+
+
+# --------------------------------------------------------------------------- metrics.jsonl
+
+
+def metrics_row(round_: int, *, wall_time: float, elapsed: float, prox_time: float, prox_evals: int, up: int,
+                down: int, grad_time: Optional[float] = None, grad_evals: Optional[int] = None,
+                fwd_bwd_time: Optional[float] = None, sent_bytes: Optional[int] = None,
+                recv_bytes: Optional[int] = None, participants: Optional[Sequence[int]] = None,
+                metrics: Optional[Mapping[str, Any]] = None) -> dict:
+    """One round's row of ``metrics.jsonl``, for every engine (``simulate``, the Flower server): the
+    round, its time (this round, and all rounds so far), the prox evaluations, the messages up and
+    down, then what an engine measures (gradient timings, bytes, the round's participants; None:
+    not measured, left out) and the evaluated metrics (f, f+h, ...), always in this order."""
+    row = {"round": round_, "wall_time": wall_time, "elapsed": elapsed, "prox_time": prox_time,
+           "prox_evals": prox_evals}
+    optional = (("grad_time", grad_time), ("grad_evals", grad_evals), ("fwd_bwd_time", fwd_bwd_time))
+    row.update((k, v) for k, v in optional if v is not None)
+    row.update(up=up, down=down)
+    optional = (("sent_bytes", sent_bytes), ("recv_bytes", recv_bytes), ("participants", participants))
+    row.update((k, v) for k, v in optional if v is not None)
+    row.update(metrics or {})
+    return row
+
+
+def write_metrics(out_dir: str, rows: Sequence[dict]) -> None:
+    """``out_dir/metrics.jsonl`` replaced by ``rows`` (round 0 first), atomically."""
+    _write_jsonl(os.path.join(out_dir, METRICS), rows)
+
+
+def append_metrics_row(f, row: dict) -> None:
+    """One more row on the open (``"a"``) ``metrics.jsonl`` file ``f``; a kill mid-line leaves a torn
+    last line, which :func:`~.files.read_metrics` skips."""
+    _append_row(f, row)
+
+
+# --------------------------------------------------------------------------- summary.json
+
+
+def final_row(rows: Sequence[dict]) -> dict:
+    """The last row that holds the objective (a row without metrics is a timing-only round), else the
+    last row; {} for no rows."""
+    return next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else {})
+
+
+def summary_record(*, label: str, algorithm: str, hparams: dict, status: str, rows: Sequence[dict], rounds: int,
+                   regularizer: Optional[str], num_clients: Optional[int], dim: int, executor: str,
+                   out_dir: str, resume_command: Optional[str], message: Optional[str] = None,
+                   **more: Any) -> dict:
+    """``summary.json`` of a run: how it ended (``status``, one of :data:`STATUSES`, and ``message``),
+    its rows' first (``initial``) and last metrics (``final``: :func:`final_row`), rounds asked and done,
+    the time of its last row, what it ran (algorithm, h, clients, dimension, executor), and
+    ``resume_command`` (None: it cannot be resumed). ``rows`` are metrics.jsonl's, round 0 first.
+    ``more``: what one engine adds (timings, threads, checkpoint round, Flower nodes, F*, ...)."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+    last = rows[-1] if rows else {}
+    return {
+        "label": label,
+        "algorithm": algorithm,
+        "hparams": hparams,
+        "status": status,
+        "message": message,
+        "rounds": rounds,
+        "rounds_done": last.get("round", 0),
+        "final": final_row(rows),
+        "initial": rows[0] if rows else None,
+        "elapsed": last.get("elapsed", 0.0),
+        "regularizer": regularizer,
+        "num_clients": num_clients,
+        "dim": int(dim),
+        "executor": executor,
+        **more,
+        "out_dir": out_dir,
+        "resume_command": resume_command,
+    }
+
+
+def write_summary(out_dir: str, summary: Mapping[str, Any]) -> None:
+    """``out_dir/summary.json``, atomically (written last: a folder with a summary is closed)."""
+    _write_json(os.path.join(out_dir, SUMMARY), dict(summary))
+
+
+# --------------------------------------------------------------------------- model.pt
+
+
+def save_model(out_dir: str, params: torch.Tensor, round_: int, state_dict: Optional[Mapping] = None) -> None:
+    """``out_dir/model.pt``: the reported model's flat ``params``, its module's ``state_dict`` (None
+    when unknown) and the ``round`` it is the model of (a resumed run that stops early appends rows
+    past it; :func:`~.history.load_history` pairs the model with its own round)."""
+    state = None if state_dict is None else {k: v.detach().cpu() for k, v in state_dict.items()}
+    ckpt.atomic_save({"params": params.detach().cpu(), "round": int(round_), "state_dict": state},
+                     os.path.join(out_dir, MODEL))
+
+
+def load_model(out_dir: str) -> dict:
+    """``out_dir/model.pt`` as saved (``params``, ``round`` — missing in folders of older versions —
+    and ``state_dict``), on the CPU."""
+    return torch.load(os.path.join(out_dir, MODEL), map_location="cpu", weights_only=True)
