@@ -22,7 +22,6 @@ which resumes on any number of processes.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import signal
@@ -40,10 +39,10 @@ from .losses import loss_function
 from .prepare import PreparedRun, prepare_run
 from .tensorboard import LiveEvents, check_available, live_requested  # imports no tensorboard until used
 from .threads import apply_threads
+from ..runfolder import callbacks
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import FLOWER_DIRS, RUN_FILES, _append_row, _remove_leftovers, _write_json, _write_jsonl, read_metrics
+from ..runfolder.files import FLOWER_DIRS, RUN_FILES, _remove_leftovers, _write_json, _write_jsonl, read_metrics
 from ..runfolder.history import check_f_star
-from ..runfolder.progress import Progress
 from ..simulate import simulate
 
 __all__ = ["run_experiment", "execute_run", "Interrupted", "KILL_ENV"]
@@ -89,6 +88,7 @@ def _start_folder(prep: PreparedRun, log) -> None:
     out_dir, cfg, fed, snap = prep.out_dir, prep.cfg, prep.fed, prep.snap
     cfg_path = os.path.join(out_dir, "config.json")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    history = _history_of(out_dir, snap) if snap is not None else None  # read (and checked) before any write
     if not prep.resume:
         os.makedirs(out_dir, exist_ok=True)
         _remove_leftovers(out_dir, also=RUN_FILES)  # replace: no file of the previous run may outlive it
@@ -106,7 +106,8 @@ def _start_folder(prep: PreparedRun, log) -> None:
             "label_histograms": fed.histograms.tolist() if fed.histograms is not None else None,
         })
     if snap is not None:
-        _write_jsonl(metrics_path, [snap["initial"], *snap["metrics"]])  # drop the rounds after the checkpoint
+        _write_jsonl(metrics_path, history)  # drop the rounds after the checkpoint
+        snap["metrics"] = history[1:]  # the History of the resumed run holds the whole run
         log(f"resuming {out_dir} from round {snap['round']} (checkpoint), up to round {cfg.rounds}")
     else:
         if os.path.exists(metrics_path):
@@ -115,6 +116,46 @@ def _start_folder(prep: PreparedRun, log) -> None:
             log(f"resuming {out_dir}: no checkpoint was written yet, starting from round 0")
     if prep.rewrite_config:
         _write_json(cfg_path, cfg.to_dict())
+
+
+def _history_of(out_dir: str, snap: dict) -> list:
+    """The rows of rounds 0..the checkpoint's round, which the resumed run continues: from metrics.jsonl
+    (the history; a checkpoint holds the state only), or, for a checkpoint of an older version that
+    held them, from the checkpoint when the file lacks them."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    rows = read_metrics(out_dir) if os.path.isfile(path) else []
+    last = int(snap["round"])
+    try:
+        return callbacks.rows_up_to(rows, last, path)
+    except ValueError:
+        if isinstance(snap.get("metrics"), list) and len(snap["metrics"]) == last:  # an older checkpoint
+            return [snap["initial"], *snap["metrics"]]
+        raise
+
+
+class _KillHooks(callbacks.Callback):
+    """Test hooks: SIGKILL this process after round ``KILL_ENV`` (its metrics row written, its
+    checkpoint not), or this rank (``launch.maybe_kill``)."""
+
+    def __init__(self, metrics: callbacks.MetricsFile):
+        self.metrics = metrics
+        self.kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
+
+    def after_round(self, t, state, row):
+        if self.kill_at and t == self.kill_at:
+            self.metrics.on_end()  # the row is in the file
+            os.kill(os.getpid(), signal.SIGKILL)
+        launch.maybe_kill(t)
+
+
+def _run_callbacks(metrics_path: Optional[str], events, label: str, progress: bool, stop, saver, every: int) -> list:
+    """The callbacks of a command-line run, in order: the row goes to metrics.jsonl (and TensorBoard)
+    first, then the display, the divergence check, the test hooks, and the checkpoint of a round that
+    every callback accepted (after the rows it continues are on disk)."""
+    metrics = callbacks.MetricsFile(metrics_path)
+    return [metrics, *([callbacks.TensorBoard(events)] if events is not None else []),
+            callbacks.ShowProgress(label, enabled=progress), stop, _KillHooks(metrics),
+            callbacks.Checkpoint(saver, every, before_save=[metrics.sync])]
 
 
 def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optional[Callable] = None,
@@ -149,38 +190,10 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     eval_fn = make_eval(ds, model, extra_eval)
 
     status = {"diverged": None, "interrupted": False}
-    metrics_file = open(metrics_path if main else os.devnull, "a")
-    bar = Progress(cfg.rounds, initial=snap["round"] if snap else 0, desc=label, enabled=progress and main)
-    kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
-
-    def add_row(m):  # every row of metrics.jsonl goes through here
-        _append_row(metrics_file, m)
-        if events is not None:
-            events.add(m)
-
-    def on_save(s):
-        if s["round"] == 0:  # the starting point, before round 1
-            add_row(s["initial"])
-
-    def per_round(t, state, m):
-        add_row(m)
-        bar.update(t, m)
-        x = algorithm.report(state, reg)
-        what = None
-        if not bool(torch.isfinite(x).all()):
-            what = "the model has NaN/Inf entries"
-        elif m.get("f+h") is not None and not math.isfinite(m["f+h"]):
-            what = f"f+h = {m['f+h']}"
-        if what:
-            status["diverged"] = f"round {t}: {what}"
-            return True
-        if kill_at and t == kill_at:
-            metrics_file.close()
-            os.kill(os.getpid(), signal.SIGKILL)
-        launch.maybe_kill(t)
-        return None
-
-    saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()}, on_save=on_save)
+    saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()})
+    stop = callbacks.StopOnDivergence()
+    cbs = _run_callbacks(metrics_path if main else None, events, label, progress and main, stop, saver,
+                         cfg.checkpoint_every)
     executor, executor_options = launch.executor_for(cfg.executor)
     hist = None
     t0 = time.perf_counter()
@@ -188,20 +201,18 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     torch.set_rng_state(prep.torch_rng)  # as if the model had just been built (a comparison builds them all first)
     try:
         hist = simulate(algorithm, model, loss_function(ds.task), fed.clients, cfg.rounds, regularizer=reg,
-                        batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn, callbacks=[per_round],
+                        batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn, callbacks=cbs,
                         metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
-                        checkpoint=saver, checkpoint_every=cfg.checkpoint_every,
                         participation=cfg.participation, clients_per_round=cfg.clients_per_round,
                         executor=executor, executor_options=executor_options)
+        status["diverged"] = stop.reason
     except ckpt.Diverged as e:
         status["diverged"] = str(e)
     except KeyboardInterrupt:
         status["interrupted"] = True
     finally:
-        bar.close()
-        metrics_file.close()
-        if events is not None:  # however the run ended, its events now equal metrics.jsonl
-            events.close()
+        for cb in cbs:  # also when simulate failed before its first round; however the run ended, the
+            cb.on_end()  # TensorBoard events now equal metrics.jsonl
     if not status["interrupted"]:  # every rank reports the same status (an interrupted peer may be gone)
         status["diverged"] = launch.first_message(status["diverged"])
     run_seconds = time.perf_counter() - t0

@@ -6,10 +6,11 @@
     snap = checkpoint.load("run/checkpoint.pt")               # after a crash / kill
     hist = simulate(..., resume=snap)                           # continues bit-identically
 
-A checkpoint holds the full run state that ``simulate`` hands to its ``checkpoint`` hook: the
+A checkpoint holds the run state that ``simulate`` hands to its ``checkpoint`` hook: the
 algorithm state (a NamedTuple of tensors: models, control variates, duals, trackers, counters),
 the server generator, every client generator (minibatch sampler positions), torch's global RNG,
-module buffers, the metrics so far and the elapsed time. It is written with ``torch.save`` to a
+module buffers, round 0's metrics and the elapsed time: the state of one round, O(N·d), not the
+history of the run (the metrics rows live in the run folder's append-only ``metrics.jsonl``). It is written with ``torch.save`` to a
 temporary file in the same folder, flushed to disk, then ``os.replace``-d over the previous one,
 so a kill at any moment leaves either the old or the new checkpoint, never a torn one. Ctrl-C
 during the write is held until the write is done: a KeyboardInterrupt raised inside ``torch.save``
@@ -127,8 +128,14 @@ def atomic_save(obj: Any, path: str) -> None:
 
 
 def save(path: str, snapshot: dict, extra: Optional[dict] = None) -> None:
-    """Write a ``simulate`` snapshot (plus ``extra`` user data) atomically to ``path``."""
-    atomic_save({"format": FORMAT, "snapshot": encode(snapshot), "extra": encode(extra or {})}, path)
+    """Write a ``simulate`` snapshot (plus ``extra`` user data) atomically to ``path``.
+
+    The file holds the state of the snapshot's round, O(N·d), never the run's history: the
+    snapshot's ``metrics`` (the rows so far, which grow with the round) are left out. A run folder
+    keeps them in ``metrics.jsonl``, appended to once per round and read back on resume; writing
+    them into every checkpoint would cost O(T²/c) bytes over a run of T rounds checkpointed every c."""
+    kept = {k: v for k, v in snapshot.items() if k != "metrics"}
+    atomic_save({"format": FORMAT, "snapshot": encode(kept), "extra": encode(extra or {})}, path)
 
 
 def load(path: str, map_location="cpu") -> dict:
