@@ -229,7 +229,7 @@ class ShowProgress(Callback):
 # max(|f+h at round 0|, 1): "orders of magnitude" above where it started. The max(., 1) keeps an
 # objective that starts near 0 (or one that the run drives to near 0) from tripping the rule on
 # noise; only growth counts, so an objective that decreases, to any value, never does.
-DIVERGENCE_FACTOR = 1e4
+DIVERGENCE_FACTOR = 1e3
 
 
 def divergence(f0: Optional[float], f: Optional[float], model_finite: bool = True,
