@@ -19,6 +19,8 @@ from python_algos.experiments.config import Config
 from python_algos.experiments.run import run_experiment
 from python_algos.runfolder.callbacks import DIVERGENCE_FACTOR, StopOnDivergence, TimeBudget, divergence
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @pytest.mark.parametrize("f0, f", [(2.99, 2.3e6), (2.99, math.inf), (2.99, math.nan), (0.0, 1e4),
                                    (1e-9, 2e3), (-5.0, 5e3), (1e3, 2e6), (0.5634, 2625.6)])
