@@ -158,6 +158,54 @@ def _run_callbacks(metrics_path: Optional[str], events, label: str, progress: bo
             callbacks.Checkpoint(saver, every, before_save=[metrics.sync])]
 
 
+def _open_folder(prep: PreparedRun, log, main: bool):
+    """Rank 0 starts the folder (:func:`_start_folder`) and, with ``--tensorboard``, its live events
+    (returned; None without); every rank waits for it, and stops too if it failed."""
+    err, events = None, None
+    if main:
+        try:
+            if live_requested():  # --tensorboard: a missing package is found before anything is written
+                check_available()
+            _start_folder(prep, log)
+            if live_requested():  # from the rows _start_folder kept (a resume: up to the checkpoint)
+                events = LiveEvents(prep.out_dir)
+        except Exception as e:  # noqa: BLE001 - the other ranks stop too (launch.agree)
+            err = e
+    try:
+        launch.agree(err)  # ... and the folder is ready before any rank writes a checkpoint shard
+    except BaseException:
+        if events is not None:
+            events.close()
+        raise
+    return events
+
+
+def _run_rounds(prep: PreparedRun, cbs: list, eval_fn, executor: str, executor_options):
+    """The rounds of the run (:func:`~python_algos.simulate.simulate` with the run's callbacks);
+    returns (History or None, status). ``status``: ``diverged`` (the reason, or None) and ``interrupted``."""
+    cfg, snap = prep.cfg, prep.snap
+    status = {"diverged": None, "interrupted": False}
+    hist = None
+    torch.set_rng_state(prep.torch_rng)  # as if the model had just been built (a comparison builds them all first)
+    try:
+        hist = simulate(prep.algorithm, prep.model, loss_function(prep.fed.dataset.task), prep.fed.clients, cfg.rounds,
+                        regularizer=prep.reg, batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn,
+                        callbacks=cbs, metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
+                        participation=cfg.participation, clients_per_round=cfg.clients_per_round,
+                        executor=executor, executor_options=executor_options)
+        status["diverged"] = next((cb.reason for cb in cbs if isinstance(cb, callbacks.StopOnDivergence)), None)
+    except ckpt.Diverged as e:
+        status["diverged"] = str(e)
+    except KeyboardInterrupt:
+        status["interrupted"] = True
+    finally:
+        for cb in cbs:  # also when simulate failed before its first round; however the run ended, the
+            cb.on_end()  # TensorBoard events now equal metrics.jsonl
+    if not status["interrupted"]:  # every rank reports the same status (an interrupted peer may be gone)
+        status["diverged"] = launch.first_message(status["diverged"])
+    return hist, status
+
+
 def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optional[Callable] = None,
                 label: Optional[str] = None, log: Callable[[str], None] = print,
                 f_star: Optional[float] = None) -> dict:
@@ -168,53 +216,17 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     ds = fed.dataset
     label = label or cfg.algorithm
     ckpt_path = os.path.join(out_dir, "checkpoint.pt")
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
     main = launch.is_main()  # under torchrun rank 0 alone writes the folder files and shows progress
     launch.barrier()  # every rank has checked its inputs (prepare_run) before rank 0 writes anything
-    err, events = None, None
-    if main:
-        try:
-            if live_requested():  # --tensorboard: a missing package is found before anything is written
-                check_available()
-            _start_folder(prep, log)
-            if live_requested():  # from the rows _start_folder kept (a resume: up to the checkpoint)
-                events = LiveEvents(out_dir)
-        except Exception as e:  # noqa: BLE001 - the other ranks stop too (launch.agree)
-            err = e
-    try:
-        launch.agree(err)  # ... and the folder is ready before any rank writes a checkpoint shard
-    except BaseException:
-        if events is not None:
-            events.close()
-        raise
+    events = _open_folder(prep, log, main)
     eval_fn = make_eval(ds, model, extra_eval)
-
-    status = {"diverged": None, "interrupted": False}
     saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()})
-    stop = callbacks.StopOnDivergence()
-    cbs = _run_callbacks(metrics_path if main else None, events, label, progress and main, stop, saver,
-                         cfg.checkpoint_every)
+    cbs = _run_callbacks(os.path.join(out_dir, "metrics.jsonl") if main else None, events, label, progress and main,
+                         callbacks.StopOnDivergence(), saver, cfg.checkpoint_every)
     executor, executor_options = launch.executor_for(cfg.executor)
-    hist = None
     t0 = time.perf_counter()
     threads = apply_threads(cfg.threads, sum(p.numel() for p in model.parameters()), prep.device)
-    torch.set_rng_state(prep.torch_rng)  # as if the model had just been built (a comparison builds them all first)
-    try:
-        hist = simulate(algorithm, model, loss_function(ds.task), fed.clients, cfg.rounds, regularizer=reg,
-                        batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn, callbacks=cbs,
-                        metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
-                        participation=cfg.participation, clients_per_round=cfg.clients_per_round,
-                        executor=executor, executor_options=executor_options)
-        status["diverged"] = stop.reason
-    except ckpt.Diverged as e:
-        status["diverged"] = str(e)
-    except KeyboardInterrupt:
-        status["interrupted"] = True
-    finally:
-        for cb in cbs:  # also when simulate failed before its first round; however the run ended, the
-            cb.on_end()  # TensorBoard events now equal metrics.jsonl
-    if not status["interrupted"]:  # every rank reports the same status (an interrupted peer may be gone)
-        status["diverged"] = launch.first_message(status["diverged"])
+    hist, status = _run_rounds(prep, cbs, eval_fn, executor, executor_options)
     run_seconds = time.perf_counter() - t0
 
     # rank 0 wrote metrics.jsonl; another rank (maybe on another node) has the same rows in memory

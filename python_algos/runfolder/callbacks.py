@@ -212,8 +212,9 @@ class ShowProgress(Callback):
         self.bar: Optional[Progress] = None
 
     def on_start(self, run):
-        if self.enabled and run.main:
-            self.bar = Progress(run.rounds, initial=run.start - 1, desc=self.desc, stream=self.stream)
+        if run.main:  # a disabled display still counts the rounds (Progress prints nothing then)
+            self.bar = Progress(run.rounds, initial=run.start - 1, desc=self.desc, enabled=self.enabled,
+                                stream=self.stream)
 
     def after_round(self, t, state, row):
         if self.bar is not None:
