@@ -64,3 +64,19 @@ def test_run_folder_resume_reads_the_history_from_metrics_jsonl(tmp_path):
     a = torch.load(os.path.join(ref, "model.pt"), weights_only=True)
     b = torch.load(os.path.join(out, "model.pt"), weights_only=True)
     assert torch.equal(a["params"], b["params"]) and b["round"] == 6
+
+
+def test_resume_refuses_a_metrics_file_without_the_checkpoints_rounds(tmp_path):
+    cfg = Config.from_dict(dict(algorithm="fedavg", dataset="sparse_logistic", data_opts={"n": 80, "dim": 4, "nnz": 2},
+                                num_clients=2, lr=0.1, local_steps=1, rounds=4, reg="zero", checkpoint_every=2,
+                                dtype="float64"))
+    out = str(tmp_path / "r")
+    run_experiment(cfg, out, progress=False, log=lambda m: None)
+    path = os.path.join(out, "metrics.jsonl")
+    lines = open(path).read().splitlines(keepends=True)
+    cut = "".join(lines[:2])  # rounds 0 and 1; the checkpoint is round 4
+    with open(path, "w") as f:
+        f.write(cut)
+    with pytest.raises(ValueError, match=r"metrics.jsonl lacks round 2 of the rounds 0..4"):
+        run_experiment(None, out, resume=True, rounds=6, progress=False, log=lambda m: None)
+    assert open(path).read() == cut  # nothing was changed

@@ -301,9 +301,10 @@ def rows_up_to(rows: list, last: int, where: str) -> list:
     resumed from the checkpoint of round ``last`` continues; rows past it are dropped. Raises
     ValueError naming ``where`` when a round is missing (the file was cut or edited)."""
     kept = [r for r in rows if int(r.get("round", -1)) <= last]
-    got = [int(r.get("round", -1)) for r in kept]
-    if got != list(range(last + 1)):
-        raise ValueError(f"{where} holds rounds {got[:3]}{'...' if len(got) > 3 else ''} up to the checkpoint's round "
-                         f"{last}, not every round 0..{last}: the history the checkpoint continues is incomplete "
-                         f"(the file was cut or edited); restore it from a copy, or start the run again")
+    have = {int(r.get("round", -1)) for r in kept}
+    missing = [t for t in range(last + 1) if t not in have]
+    if missing or len(kept) != last + 1:
+        what = f"lacks round {missing[0]}" if missing else "holds a round twice"
+        raise ValueError(f"{where} {what} of the rounds 0..{last} that the checkpoint of round {last} continues "
+                         f"(the file was cut or edited): restore it from a copy, or start the run again")
     return kept
