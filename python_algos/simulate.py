@@ -182,10 +182,10 @@ def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rou
                          f"would continue under them (nothing was changed): {'; '.join(diffs)}. Resume with the "
                          f"snapshot's settings (only rounds may differ), or start a new run without resume")
     rows = snap.get("metrics")
-    if rows is not None and [m.get("round") if isinstance(m, Mapping) else None for m in rows] != \
-            list(range(1, int(snap["round"]) + 1)):
-        raise ValueError(f"cannot resume: the snapshot's metrics must be the rows of rounds 1..{snap['round']} (its "
-                         f"round), one each in order; leave them out to get a History of the resumed rounds only")
+    if rows is not None and [m.get("round") if isinstance(m, Mapping) else None
+                             for m in list(rows)[:int(snap["round"])]] != list(range(1, int(snap["round"]) + 1)):
+        raise ValueError(f"cannot resume: the snapshot's metrics must begin with the rows of rounds 1..{snap['round']} "
+                         f"(its round), one each in order; leave them out to get a History of the resumed rounds only")
     if int(snap["round"]) > rounds:
         raise ValueError(f"rounds must be >= the snapshot's round {snap['round']} to resume from it (a run cannot "
                          f"go back), got {rounds}")
@@ -208,7 +208,9 @@ def _restore(snap: dict, model: nn.Module, cs: ClientSet, rng: torch.Generator):
     with torch.no_grad():
         for name, value in snap["buffers"].items():
             buffers[name].copy_(value)
-    return (snap["state"], dict(snap["initial"]), list(snap.get("metrics") or ()), float(snap["elapsed"]),
+    # an in-memory snapshot's metrics is the run's live list: rows past its round were appended after it
+    rows = list(snap.get("metrics") or ())[:int(snap["round"])]
+    return (snap["state"], dict(snap["initial"]), rows, float(snap["elapsed"]),
             int(snap["round"]) + 1)
 
 
@@ -374,9 +376,10 @@ def simulate(
             the snapshot again to resume from it a second time. History: a checkpoint file holds the
             state of its round, not the history (:func:`python_algos.runfolder.checkpoint.save`), so
             the History of a resumed run holds the rounds this call ran (``History.initial`` is the
-            snapshot's round 0), preceded by ``snapshot["metrics"]`` when the caller puts the rows of
-            rounds 1..round there (an in-memory snapshot has them; the command line reads them back
-            from ``metrics.jsonl``); rows that are not exactly those rounds raise ``ValueError``.
+            snapshot's round 0), preceded by the rows of rounds 1..round when ``snapshot["metrics"]``
+            begins with them (an in-memory snapshot's live list does, the rows appended after it
+            are left out; the command line reads them back from ``metrics.jsonl``); rows that do not
+            begin with exactly those rounds raise ``ValueError``.
         checkpoint: ``checkpoint(snapshot)`` after round 0 of a fresh run, every ``checkpoint_every``
             rounds and after the last round, once the callbacks have accepted the round (a round a
             callback stops on is never checkpointed). The snapshot (``round``, ``algorithm``,
