@@ -408,6 +408,9 @@ def simulate(
                                           metrics_every=metrics_every, metric_step=step)
     if resume is not None:
         _check_resume(resume, algorithm, model, settings, int(rounds))  # before anything is built or changed
+    cbs = ([ShowProgress(algorithm.name)] if progress else []) + as_callbacks(callbacks)
+    if checkpoint is not None:  # (checks checkpoint_every) last: it saves what every callback accepted
+        cbs.append(Checkpoint(checkpoint, checkpoint_every))
     executor, executor_options = _executor_of_resume(backend, executor, executor_options, resume)
     make = backend if backend is not None else resolve_executor(executor, model)
     flat = fk.FlatParams(model)
@@ -420,9 +423,6 @@ def simulate(
                       "metric_step": step})
     run.warn_if_other_executor(resume)
     state = run.start(resume)
-    cbs = ([ShowProgress(algorithm.name)] if progress else []) + as_callbacks(callbacks)
-    if checkpoint is not None:
-        cbs.append(Checkpoint(checkpoint, checkpoint_every))
     state = run_rounds(run.view(), state, run.round, cbs, agree=run.cs.any_rank)
     return run.history(state)
 
