@@ -495,6 +495,7 @@ class _Run:
 
     def start(self, resume: Optional[dict]):
         """The state before the first round this call runs: ``init`` (and round 0's metrics), or the snapshot's."""
+        self.fresh = resume is None
         if resume is None:
             self.state = self.algorithm.init(self.x0, self.cs)
             if self.metrics_every:
@@ -550,7 +551,8 @@ class _Run:
     def view(self) -> RunView:
         main = getattr(self.cs, "rank", 0) == 0  # distributed: rank 0 alone shows progress
         return RunView(rounds=self.rounds, start=self.first, initial=self.initial, main=main,
-                       report=lambda st: self.cs.report(self.algorithm, st, self.regularizer), snapshot=self.snapshot)
+                       report=lambda st: self.cs.report(self.algorithm, st, self.regularizer), snapshot=self.snapshot,
+                       fresh=self.fresh)
 
     def history(self, state) -> History:
         cs, alg = self.cs, self.algorithm

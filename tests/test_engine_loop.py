@@ -86,3 +86,15 @@ def test_resume_from_an_in_memory_snapshot_keeps_each_round_once():
     assert [m["round"] for m in resumed.metrics] == [1, 2, 3, 4, 5, 6]
     assert torch.equal(resumed.params, full.params)
     assert resumed.series("f+h") == full.series("f+h")
+
+
+def test_a_resume_from_the_checkpoint_of_round_0_is_not_a_fresh_run():
+    """Round 0 is neither checkpointed again nor its row written again (the run folder's metrics.jsonl
+    would hold round 0 twice)."""
+    snaps = []
+    _run(0, checkpoint=lambda s: snaps.append(copy.deepcopy({k: v for k, v in s.items() if k != "metrics"})))
+    assert [s["round"] for s in snaps] == [0]
+    saved, log = [], []
+    hist = _run(2, resume=snaps[0], callbacks=[Recorder(log)], checkpoint=lambda s: saved.append(s["round"]))
+    assert saved == [2] and log[0] == ("start", 1, 2, 0)
+    assert [m["round"] for m in hist.metrics] == [1, 2]

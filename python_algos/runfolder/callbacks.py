@@ -54,11 +54,7 @@ class RunView:
     main: bool  # the process that writes files and shows progress (rank 0 of a distributed run)
     report: Callable[[Any], torch.Tensor]  # state -> the model the algorithm reports
     snapshot: Callable[[int], dict]  # round -> what a resume needs (references to live buffers)
-
-    @property
-    def fresh(self) -> bool:
-        """A run from round 0 (not a resume)."""
-        return self.start == 1
+    fresh: bool  # a run from its starting point; False: resumed (also from a checkpoint of round 0)
 
 
 class Callback:
