@@ -51,12 +51,14 @@ KILL_ENV = "_FEDKERNELS_TEST_KILL_AT_ROUND"  # test hook: SIGKILL the process af
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a run, after its summary (status ``"interrupted"``) was written; ``summary``
-    holds it, including ``resume_command``."""
+    """Ctrl-C (or SIGTERM / SIGHUP: :mod:`python_algos.runfolder.signals`) during a run, after its
+    summary (status ``"interrupted"``) was written; ``summary`` holds it, including
+    ``resume_command``; ``signum`` the signal that stopped it (the exit status is 128 + it)."""
 
-    def __init__(self, summary: dict):
+    def __init__(self, summary: dict, signum: int = int(signal.SIGINT)):
         super().__init__(summary.get("message"))
         self.summary = summary
+        self.signum = int(signum)
 
 
 def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None,
@@ -196,8 +198,9 @@ def _run_rounds(prep: PreparedRun, cbs: list, eval_fn, executor: str, executor_o
         status["diverged"] = next((cb.reason for cb in cbs if isinstance(cb, callbacks.StopOnDivergence)), None)
     except ckpt.Diverged as e:
         status["diverged"] = str(e)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         status["interrupted"] = True
+        status["signum"] = getattr(e, "signum", int(signal.SIGINT))  # a Terminated names SIGTERM / SIGHUP
     finally:
         for cb in cbs:  # also when simulate failed before its first round; however the run ended, the
             cb.on_end()  # TensorBoard events now equal metrics.jsonl
@@ -269,7 +272,7 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
                                  if last_ckpt is not None else "no checkpoint was written, so it restarts at round 0"))
         if main:
             _write_json(os.path.join(out_dir, "summary.json"), summary)
-        raise Interrupted(summary)
+        raise Interrupted(summary, status["signum"])
     if status["diverged"]:
         keep = (f"the last good checkpoint (round {saver.last_round}) is kept in {ckpt_path}"
                 if saver.last_round is not None else
