@@ -44,3 +44,11 @@ def test_records_past_the_checkpoint_are_dropped_and_missing_ones_refused(tmp_pa
     persist.rewrite_records(path, [{"round": r} for r in (1, 2)])
     with pytest.raises(CheckpointError, match="rounds 1..4"):
         persist.load_server(path)
+
+
+def test_a_replaced_run_folder_drops_the_flower_records_too():
+    """The records file is one of the run files a replaced run folder deletes (item 1: nothing of the
+    old run survives)."""
+    from python_algos.runfolder.files import FLOWER_CHECKPOINT, RUN_FILES
+
+    assert os.path.basename(persist.history_path(FLOWER_CHECKPOINT)) in RUN_FILES
