@@ -6,8 +6,9 @@
     summary = run_experiment(None, "results/my-run", resume=True, rounds=200)   # continue / extend
 
 Guarantees: every input is checked (:func:`~.prepare.prepare_run`) before a folder is created or a file
-in it changes; every file is replaced atomically except ``metrics.jsonl``, which is appended
-to and rewritten from the checkpoint on resume (rows past the checkpoint's round are dropped),
+in it changes; every file is replaced atomically except ``metrics.jsonl``, the run's history,
+which is appended to (one row a round) and cut back to the checkpoint's round on resume (a
+checkpoint holds the state of its round, not the history; rows past its round are dropped),
 so a kill at any moment leaves a folder that ``run --resume`` finishes with the bit-identical
 result of an uninterrupted run. A resume refuses a checkpoint whose settings differ from
 ``config.json`` in anything but the execution settings (``executor``, ``threads``,
