@@ -51,7 +51,7 @@ from .algorithms.steps import prox
 from .clients import EXECUTORS, ClientSet, resolve_executor
 from .clients.base import seeds
 from .runfolder.history import load_history, save_history
-from .runfolder.progress import Progress
+from .runfolder.callbacks import Checkpoint, RunView, ShowProgress, as_callbacks, run_rounds
 from .runfolder.records import metrics_row
 
 __all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity"]
@@ -150,8 +150,10 @@ def objective_metrics(clients: ClientSet, reg: fk.Regularizer, x: torch.Tensor, 
         return out
 
 
-_SNAPSHOT_KEYS = ("round", "algorithm", "hparams", "state", "rng", "client_rng", "torch_rng", "buffers", "metrics",
-                  "initial", "elapsed")
+# what a snapshot must hold; "metrics" (the rows of rounds 1..round) is optional: a checkpoint file holds
+# the state, not the history (see simulate's ``resume``)
+_SNAPSHOT_KEYS = ("round", "algorithm", "hparams", "state", "rng", "client_rng", "torch_rng", "buffers", "initial",
+                  "elapsed")
 
 
 def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rounds: int) -> None:
@@ -181,6 +183,11 @@ def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rou
         raise ValueError(f"cannot resume: the snapshot's run has other settings than the given ones, so its state "
                          f"would continue under them (nothing was changed): {'; '.join(diffs)}. Resume with the "
                          f"snapshot's settings (only rounds may differ), or start a new run without resume")
+    rows = snap.get("metrics")
+    if rows is not None and [m.get("round") if isinstance(m, Mapping) else None
+                             for m in list(rows)[:int(snap["round"])]] != list(range(1, int(snap["round"]) + 1)):
+        raise ValueError(f"cannot resume: the snapshot's metrics must begin with the rows of rounds 1..{snap['round']} "
+                         f"(its round), one each in order; leave them out to get a History of the resumed rounds only")
     if int(snap["round"]) > rounds:
         raise ValueError(f"rounds must be >= the snapshot's round {snap['round']} to resume from it (a run cannot "
                          f"go back), got {rounds}")
@@ -203,7 +210,9 @@ def _restore(snap: dict, model: nn.Module, cs: ClientSet, rng: torch.Generator):
     with torch.no_grad():
         for name, value in snap["buffers"].items():
             buffers[name].copy_(value)
-    return (snap["state"], dict(snap["initial"]), list(snap["metrics"]), float(snap["elapsed"]),
+    # an in-memory snapshot's metrics is the run's live list: rows past its round were appended after it
+    rows = list(snap.get("metrics") or ())[:int(snap["round"])]
+    return (snap["state"], dict(snap["initial"]), rows, float(snap["elapsed"]),
             int(snap["round"]) + 1)
 
 
@@ -329,7 +338,11 @@ def simulate(
         seed: seeds the per-client minibatch generators and the server generator (SCAFFNEW's coin).
         eval_fn: ``eval_fn(params) -> dict`` merged into the metrics (e.g. test accuracy, distance
             to x*); called on metric rounds with the model holding ``params``.
-        callbacks: ``cb(t, state, metrics)`` after every round t = 1..T; returning ``True`` stops.
+        callbacks: after every round t = 1..T, in order: functions ``cb(t, state, metrics)``, or
+            :class:`python_algos.runfolder.callbacks.Callback` objects (``StopOnDivergence()``,
+            ``TimeBudget(seconds)``, ``MetricsFile(path)``, ...; their hooks also run before the first
+            round, once a round is final, and at the end); returning ``True`` stops the run after
+            that round, which is then not checkpointed.
         metrics_every: compute the objective metrics every this many rounds and after the last
             (0: only the per-round timing / count metrics).
         metric_step: the step s of G_s (default ``algorithm.metric_step()``).
@@ -349,7 +362,7 @@ def simulate(
             custom executor; overrides ``executor``.
         resume: a snapshot given earlier to ``checkpoint`` (e.g. saved and loaded by
             :mod:`python_algos.runfolder.checkpoint`): instead of ``init``, restore the algorithm state, every
-            generator, module buffers, the metrics so far and ``elapsed``, and continue with round
+            generator, module buffers, round 0's metrics and ``elapsed``, and continue with round
             ``snapshot["round"] + 1`` up to ``rounds`` (>= the snapshot's round). With full or minibatch
             gradients the result is bit-identical to an uninterrupted run on CPU. Every setting must be
             the snapshot's, which records them (``snapshot["setup"]``, :mod:`python_algos.runfolder.setup_record`):
@@ -362,12 +375,20 @@ def simulate(
             the algorithm: a warning; with ``executor="auto"`` the snapshot's executor is reused). A
             snapshot of an older version without ``"setup"`` resumes with a warning that only the
             algorithm was checked. The resumed run continues in the snapshot's state tensors: load
-            the snapshot again to resume from it a second time.
+            the snapshot again to resume from it a second time. History: a checkpoint file holds the
+            state of its round, not the history (:func:`python_algos.runfolder.checkpoint.save`), so
+            the History of a resumed run holds the rounds this call ran (``History.initial`` is the
+            snapshot's round 0), preceded by the rows of rounds 1..round when ``snapshot["metrics"]``
+            begins with them (an in-memory snapshot's live list does, the rows appended after it
+            are left out; the command line reads them back from ``metrics.jsonl``); rows that do not
+            begin with exactly those rounds raise ``ValueError``.
         checkpoint: ``checkpoint(snapshot)`` after round 0 of a fresh run, every ``checkpoint_every``
             rounds and after the last round, once the callbacks have accepted the round (a round a
             callback stops on is never checkpointed). The snapshot (``round``, ``algorithm``,
             ``hparams``, ``state``, ``rng``, ``client_rng``, ``torch_rng``, ``buffers``, ``metrics``, ``executor``,
-            ``initial``, ``elapsed``, ``setup``) references live buffers: write it out before returning.
+            ``initial``, ``elapsed``, ``setup``) references live buffers: write it out before returning;
+            ``metrics`` is the live list of rows so far (a file written by
+            :func:`python_algos.runfolder.checkpoint.save` leaves it out: O(N·d) per write, not O(T)).
             With ``checkpoint`` or ``resume`` the tensor clients are hashed once at the start (see
             :mod:`python_algos.runfolder.setup_record` for the cost).
         checkpoint_every: see ``checkpoint`` (0: only round 0 and the last round).
@@ -380,6 +401,37 @@ def simulate(
         progress: show the command line's progress display on stderr (a bar with rounds, f+h,
             accuracy and ETA on a terminal; a line every ~10 % of the rounds otherwise).
     """
+    regularizer, k, step = _checked_inputs(algorithm, model, clients, rounds, regularizer, metrics_every,
+                                           metric_step, participation, clients_per_round, progress)
+    settings = None  # what a snapshot records of the run (hashes the data once: only when snapshots are used)
+    if checkpoint is not None or resume is not None:
+        settings = setup_record.run_setup(model=model, loss_fn=loss_fn, clients=clients, regularizer=regularizer,
+                                          batch_size=batch_size, seed=seed, clients_per_round=k,
+                                          metrics_every=metrics_every, metric_step=step)
+    if resume is not None:
+        _check_resume(resume, algorithm, model, settings, int(rounds))  # before anything is built or changed
+    cbs = ([ShowProgress(algorithm.name)] if progress else []) + as_callbacks(callbacks)
+    if checkpoint is not None:  # (checks checkpoint_every) last: it saves what every callback accepted
+        cbs.append(Checkpoint(checkpoint, checkpoint_every))
+    executor, executor_options = _executor_of_resume(backend, executor, executor_options, resume)
+    make = backend if backend is not None else resolve_executor(executor, model)
+    flat = fk.FlatParams(model)
+    x0 = flat.params.detach().clone()
+    cs = make(model, loss_fn, clients, batch_size=batch_size, seed=seed, flat=flat, **(executor_options or {}))
+    cs.set_participation(k, seed)
+    run = _Run(algorithm, model, flat, x0, cs, regularizer, step, metrics_every, eval_fn, settings,
+               setup={"regularizer": repr(regularizer), "rounds": int(rounds), "seed": seed, "batch_size": batch_size,
+                      "num_clients": len(clients), "clients_per_round": k, "metrics_every": metrics_every,
+                      "metric_step": step})
+    run.warn_if_other_executor(resume)
+    state = run.start(resume)
+    state = run_rounds(run.view(), state, run.round, cbs, agree=run.cs.any_rank)
+    return run.history(state)
+
+
+def _checked_inputs(algorithm, model, clients, rounds, regularizer, metrics_every, metric_step, participation,
+                    clients_per_round, progress) -> tuple:
+    """simulate's arguments checked, before anything is built: (h, clients per round k, metric step s)."""
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"algorithm must be a python_algos Algorithm, got {type(algorithm).__name__}")
     if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
@@ -399,100 +451,119 @@ def simulate(
     step = float(metric_step) if metric_step is not None else float(algorithm.metric_step())
     if not step > 0:
         raise ValueError(f"metric_step must be > 0, got {step}")
-    settings = None  # what a snapshot records of the run (hashes the data once: only when snapshots are used)
-    if checkpoint is not None or resume is not None:
-        settings = setup_record.run_setup(model=model, loss_fn=loss_fn, clients=clients, regularizer=regularizer,
-                                       batch_size=batch_size, seed=seed, clients_per_round=k,
-                                       metrics_every=metrics_every, metric_step=step)
-    if resume is not None:
-        _check_resume(resume, algorithm, model, settings, int(rounds))  # before anything is built or changed
+    return regularizer, k, step
 
-    if backend is None and executor == "auto" and resume is not None and resume.get("executor") in EXECUTORS:
-        # auto's rule reads the memory budget (a GPU's free memory), which may differ at resume; the
-        # executor the run started with keeps resume bit-identical
-        executor = resume["executor"]
-    if backend is None and executor == "distributed" and resume is not None and \
-            resume.get("executor") in ("sequential", "batched") and \
+
+def _executor_of_resume(backend, executor: str, executor_options: Optional[dict], resume: Optional[dict]) -> tuple:
+    """The executor a resume runs on: ``"auto"`` takes the snapshot's. auto's rule reads the memory
+    budget (a GPU's free memory), which may differ at resume; the executor the run started with keeps
+    the resume bit-identical. The same for the executor of each rank's clients (``inner``)."""
+    if backend is not None or resume is None:
+        return executor, executor_options
+    ran = resume.get("executor")
+    if executor == "auto" and ran in EXECUTORS:
+        executor = ran
+    if executor == "distributed" and ran in ("sequential", "batched") and \
             str((executor_options or {}).get("inner", "auto")).lower() == "auto":
-        # the same for the executor of each rank's clients (a checkpoint records that one)
-        executor_options = {**(executor_options or {}), "inner": resume["executor"]}
-    make = backend if backend is not None else resolve_executor(executor, model)
-    flat = fk.FlatParams(model)
-    x0 = flat.params.detach().clone()
-    cs = make(model, loss_fn, clients, batch_size=batch_size, seed=seed, flat=flat, **(executor_options or {}))
-    cs.set_participation(k, seed)
-    rng = torch.Generator().manual_seed(seeds(seed, 1, stream=1)[0])  # server side (e.g. SCAFFNEW's coin)
+        executor_options = {**(executor_options or {}), "inner": ran}
+    return executor, executor_options
 
-    def evaluate(st) -> dict:
-        x = cs.report(algorithm, st, regularizer).detach()
-        out = objective_metrics(cs, regularizer, x, step, algorithm.normal_map_point(st))
-        out.update(cs.state_metrics(algorithm, st))
-        if eval_fn is not None:
-            flat.bind_(x.clone())
-            out.update(eval_fn(x))
+
+class _Run:
+    """One simulate call's engine state: the client set, generators, the metrics so far; what
+    :func:`run_rounds` steps (:meth:`round`) and what a snapshot captures (:meth:`snapshot`)."""
+
+    def __init__(self, algorithm, model, flat, x0, cs: ClientSet, regularizer, step, metrics_every, eval_fn,
+                 settings, setup: dict):
+        self.algorithm, self.model, self.flat, self.x0, self.cs = algorithm, model, flat, x0, cs
+        self.regularizer, self.step, self.metrics_every, self.eval_fn = regularizer, step, metrics_every, eval_fn
+        self.settings = settings  # what a snapshot records (None: no snapshots are taken)
+        self.setup = setup  # what History.setup reports
+        self.rounds = setup["rounds"]
+        self.rng = torch.Generator().manual_seed(seeds(setup["seed"], 1, stream=1)[0])  # server side (SCAFFNEW's coin)
+        # the executor that ran the clients (in each process, for the distributed one)
+        self.ran_on = getattr(cs, "inner_executor", None) or getattr(cs, "executor", None)
+        self.state = None
+        self.metrics: list = []
+        self.initial: dict = {"round": 0}
+        self.elapsed, self.first = 0.0, 1
+
+    def warn_if_other_executor(self, resume) -> None:
+        if resume is not None and resume.get("executor") and self.ran_on and resume["executor"] != self.ran_on:
+            warnings.warn(f"resume: the snapshot's rounds ran on executor {resume['executor']!r}, these run on "
+                          f"{self.ran_on!r}: the same algorithm, but another floating-point summation order, so the "
+                          f"result is not bit-identical to an uninterrupted run; pass "
+                          f"executor={resume['executor']!r} (or 'auto') for that", UserWarning, stacklevel=3)
+
+    def start(self, resume: Optional[dict]):
+        """The state before the first round this call runs: ``init`` (and round 0's metrics), or the snapshot's."""
+        self.fresh = resume is None
+        if resume is None:
+            self.state = self.algorithm.init(self.x0, self.cs)
+            if self.metrics_every:
+                self.initial = {"round": 0, **self.evaluate(self.state)}
+        else:
+            self.state, self.initial, self.metrics, self.elapsed, self.first = _restore(resume, self.model, self.cs,
+                                                                                        self.rng)
+        return self.state
+
+    def evaluate(self, st) -> dict:
+        """The objective metrics of the reported model of state ``st`` (module docstring), plus ``eval_fn``'s."""
+        x = self.cs.report(self.algorithm, st, self.regularizer).detach()
+        out = objective_metrics(self.cs, self.regularizer, x, self.step, self.algorithm.normal_map_point(st))
+        out.update(self.cs.state_metrics(self.algorithm, st))
+        if self.eval_fn is not None:
+            self.flat.bind_(x.clone())
+            out.update(self.eval_fn(x))
         return out
 
-    def snapshot(t: int) -> dict:  # everything a resumed run needs (references, not copies)
-        return {"round": t, "algorithm": algorithm.name, "hparams": algorithm.hparams(), "state": state,
-                "rng": rng.get_state(), "client_rng": cs.rng_state(), "torch_rng": torch.get_rng_state(),
-                "buffers": dict(model.named_buffers()), "metrics": metrics, "initial": initial, "elapsed": elapsed,
-                # the executor that ran the clients (in each process, for the distributed one)
-                "executor": ran_on,
-                "setup": settings}  # the run's settings, checked by a resume (python_algos.runfolder.setup_record)
+    def round(self, t: int, state):
+        """Round t: the algorithm's round, timed and counted, and its metrics row (objective metrics on
+        metric rounds). Returns (state, row)."""
+        cs = self.cs
+        up, down, sent, recv = cs.comm.up, cs.comm.down, cs.comm.sent_bytes, cs.comm.recv_bytes
+        g_sec, g_n, fb_sec = cs.grad_seconds, cs.grad_evals, cs.fwd_bwd_seconds
+        t0 = time.perf_counter()
+        with fk.prox_stats() as stats:
+            state = self.algorithm.round(state, cs, self.regularizer, self.rng)
+        wall = time.perf_counter() - t0
+        self.elapsed += wall
+        row = metrics_row(t, wall_time=wall, elapsed=self.elapsed, prox_time=stats.seconds, prox_evals=stats.evaluations,
+                          grad_time=cs.grad_seconds - g_sec, grad_evals=cs.grad_evals - g_n,
+                          fwd_bwd_time=cs.fwd_bwd_seconds - fb_sec, up=cs.comm.up - up, down=cs.comm.down - down,
+                          sent_bytes=cs.comm.sent_bytes - sent if cs.measures_bytes else None,
+                          recv_bytes=cs.comm.recv_bytes - recv if cs.measures_bytes else None)
+        if self.metrics_every and (t % self.metrics_every == 0 or t == self.rounds):
+            row.update(self.evaluate(state))
+        self.metrics.append(row)
+        self.state = state
+        return state, row
 
-    ran_on = getattr(cs, "inner_executor", None) or getattr(cs, "executor", None)
-    if resume is not None and resume.get("executor") and ran_on and resume["executor"] != ran_on:
-        warnings.warn(f"resume: the snapshot's rounds ran on executor {resume['executor']!r}, these run on "
-                      f"{ran_on!r}: the same algorithm, but another floating-point summation order, so the result "
-                      f"is not bit-identical to an uninterrupted run; pass executor={resume['executor']!r} (or "
-                      f"'auto') for that", UserWarning, stacklevel=2)
+    def snapshot(self, t: int) -> dict:
+        """Everything a resumed run needs (references, not copies). ``metrics`` is the live list of
+        rows, for a caller that keeps snapshots in memory; a checkpoint file leaves it out
+        (:func:`python_algos.runfolder.checkpoint.save`): the history lives in the metrics file."""
+        return {"round": t, "algorithm": self.algorithm.name, "hparams": self.algorithm.hparams(), "state": self.state,
+                "rng": self.rng.get_state(), "client_rng": self.cs.rng_state(), "torch_rng": torch.get_rng_state(),
+                "buffers": dict(self.model.named_buffers()), "metrics": self.metrics, "initial": self.initial,
+                "elapsed": self.elapsed, "executor": self.ran_on,
+                "setup": self.settings}  # the run's settings, checked by a resume (python_algos.runfolder.setup_record)
 
-    if resume is None:
-        state = algorithm.init(x0, cs)
-        initial = {"round": 0, **evaluate(state)} if metrics_every else {"round": 0}
-        metrics, elapsed, start = [], 0.0, 1
-        if checkpoint is not None:
-            checkpoint(snapshot(0))
-    else:
-        state, initial, metrics, elapsed, start = _restore(resume, model, cs, rng)
-    bar = None
-    if progress and getattr(cs, "rank", 0) == 0:  # distributed: rank 0 alone shows progress
-        bar = Progress(rounds, initial=start - 1, desc=algorithm.name)
-    try:
-        for t in range(start, rounds + 1):
-            up, down, sent, recv = cs.comm.up, cs.comm.down, cs.comm.sent_bytes, cs.comm.recv_bytes
-            g_sec, g_n, fb_sec = cs.grad_seconds, cs.grad_evals, cs.fwd_bwd_seconds
-            t0 = time.perf_counter()
-            with fk.prox_stats() as stats:
-                state = algorithm.round(state, cs, regularizer, rng)
-            wall = time.perf_counter() - t0
-            elapsed += wall
-            m = metrics_row(t, wall_time=wall, elapsed=elapsed, prox_time=stats.seconds, prox_evals=stats.evaluations,
-                            grad_time=cs.grad_seconds - g_sec, grad_evals=cs.grad_evals - g_n,
-                            fwd_bwd_time=cs.fwd_bwd_seconds - fb_sec, up=cs.comm.up - up, down=cs.comm.down - down,
-                            sent_bytes=cs.comm.sent_bytes - sent if cs.measures_bytes else None,
-                            recv_bytes=cs.comm.recv_bytes - recv if cs.measures_bytes else None)
-            if metrics_every and (t % metrics_every == 0 or t == rounds):
-                m.update(evaluate(state))
-            metrics.append(m)
-            if bar is not None:
-                bar.update(t, m)
-            stop = [cb(t, state, m) for cb in callbacks]
-            if cs.any_rank(any(s is True for s in stop)):  # every rank stops on the same round
-                break
-            if checkpoint is not None and ((checkpoint_every and t % checkpoint_every == 0) or t == rounds):
-                checkpoint(snapshot(t))
-    finally:
-        if bar is not None:
-            bar.close()
+    def view(self) -> RunView:
+        main = getattr(self.cs, "rank", 0) == 0  # distributed: rank 0 alone shows progress
+        return RunView(rounds=self.rounds, start=self.first, initial=self.initial, main=main,
+                       report=lambda st: self.cs.report(self.algorithm, st, self.regularizer), snapshot=self.snapshot,
+                       fresh=self.fresh)
 
-    params = cs.report(algorithm, state, regularizer).detach().clone()
-    if hasattr(cs, "check_replicas"):  # distributed: every rank must end with the same model
-        cs.check_replicas(params)
-    flat.bind_(params.clone(), torch.zeros_like(params))
-    setup = {"regularizer": repr(regularizer), "rounds": int(rounds), "seed": seed, "batch_size": batch_size,
-             "num_clients": len(clients), "clients_per_round": k, "dim": int(params.numel()),
-             "dtype": str(params.dtype).replace("torch.", ""), "metrics_every": metrics_every, "metric_step": step}
-    return History(params=params, metrics=metrics, initial=initial, algorithm=algorithm.name,
-                   hparams=algorithm.hparams(), state=state, executor=getattr(cs, "executor", type(cs).__name__),
-                   world_size=getattr(cs, "world_size", 1), setup=setup)
+    def history(self, state) -> History:
+        cs, alg = self.cs, self.algorithm
+        params = cs.report(alg, state, self.regularizer).detach().clone()
+        if hasattr(cs, "check_replicas"):  # distributed: every rank must end with the same model
+            cs.check_replicas(params)
+        self.flat.bind_(params.clone(), torch.zeros_like(params))
+        setup = {**self.setup, "dim": int(params.numel()), "dtype": str(params.dtype).replace("torch.", "")}
+        setup = {k: setup[k] for k in ("regularizer", "rounds", "seed", "batch_size", "num_clients", "clients_per_round",
+                                       "dim", "dtype", "metrics_every", "metric_step")}  # the order History.save writes
+        return History(params=params, metrics=self.metrics, initial=self.initial, algorithm=alg.name,
+                       hparams=alg.hparams(), state=state, executor=getattr(cs, "executor", type(cs).__name__),
+                       world_size=getattr(cs, "world_size", 1), setup=setup)

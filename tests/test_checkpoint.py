@@ -93,6 +93,59 @@ def test_ctrl_c_during_a_write_lets_it_finish_then_interrupts(tmp_path):
     assert os.listdir(tmp_path) == ["c.pt"]  # no temporary file left
 
 
+class _SignalWhilePickled:
+    """Sends ``signum`` to this process while torch.save is in the middle of the file."""
+
+    def __init__(self, signum):
+        self.signum = signum
+
+    def __reduce__(self):
+        import collections
+
+        os.kill(os.getpid(), self.signum)
+        return collections.OrderedDict, ()
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_during_a_write_lets_it_finish_then_stops(tmp_path, signame):
+    """Inside a command (terminate_as_interrupt) SIGTERM/SIGHUP raise Terminated; a write holds them as
+    it holds Ctrl-C. Failed before: the signal cut the write and the old file stayed."""
+    import signal
+
+    from python_algos.runfolder.signals import Terminated, terminate_as_interrupt
+
+    path = str(tmp_path / "c.pt")
+    ckpt.atomic_save({"round": 1}, path)
+    signum = getattr(signal, signame)
+    with terminate_as_interrupt():
+        with pytest.raises(Terminated) as e:
+            ckpt.atomic_save({"round": 2, "x": torch.ones(4096), "sig": _SignalWhilePickled(signum),
+                              "y": torch.ones(3)}, path)
+    assert e.value.signum == signum
+    got = torch.load(path, weights_only=True)
+    assert got["round"] == 2 and torch.equal(got["y"], torch.ones(3))
+    assert os.listdir(tmp_path) == ["c.pt"]
+
+
+def test_default_sigterm_during_a_write_ends_the_process_after_it(tmp_path):
+    """Outside a command's handlers (SIGTERM's default action: die), the process still dies, but
+    after the write: the new file is whole."""
+    code = ("import collections, os, signal, torch\n"
+            "from python_algos.runfolder import checkpoint as ckpt\n"
+            "class S:\n"
+            "    def __reduce__(self):\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "        return collections.OrderedDict, ()\n"
+            f"ckpt.atomic_save({{'round': 2, 's': S(), 'y': torch.ones(3)}}, {str(tmp_path / 'c.pt')!r})\n"
+            "print('not reached')\n")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == -15 and "not reached" not in p.stdout, (p.returncode, p.stderr)
+    got = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert got["round"] == 2 and torch.equal(got["y"], torch.ones(3))
+    assert os.listdir(tmp_path) == ["c.pt"]
+
+
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_resume_is_bit_identical_for_every_algorithm(tmp_path, name):
     """Minibatch gradients (client generators) and SCAFFNEW's coin (server generator) included."""
@@ -108,12 +161,17 @@ def test_resume_is_bit_identical_for_every_algorithm(tmp_path, name):
     simulate(alg, tiny_model(bn=name == "fedavg"), **run, callbacks=[crash], checkpoint=saver, checkpoint_every=2)
     assert saver.last_round == 4
     snap = ckpt.load(path)
-    assert snap["round"] == 4 and len(snap["metrics"]) == 4
+    assert snap["round"] == 4 and "metrics" not in snap  # the file holds the state, not the history
     resumed = simulate(alg, tiny_model(bn=name == "fedavg"), **run, resume=snap)
     assert torch.equal(resumed.params, full.params)
-    assert resumed.series("f+h") == full.series("f+h")
-    assert [m["round"] for m in resumed.metrics] == list(range(1, 7))
+    assert resumed.series("f+h") == full.series("f+h")[4:]  # the rounds this call ran
+    assert [m["round"] for m in resumed.metrics] == [5, 6]
     assert resumed.initial == full.initial
+    # the caller hands the history back (the command line reads it from metrics.jsonl): the whole run
+    snap = ckpt.load(path)
+    resumed = simulate(alg, tiny_model(bn=name == "fedavg"), **run, resume={**snap, "metrics": full.metrics[:4]})
+    assert torch.equal(resumed.params, full.params) and resumed.series("f+h") == full.series("f+h")
+    assert [m["round"] for m in resumed.metrics] == list(range(1, 7))
     with pytest.raises(ValueError, match="cannot resume"):
         simulate(make(name, lr=0.07, local_steps=2), tiny_model(), **run, resume=snap)
 

@@ -25,8 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(algorithm="fedcanon", dataset="sparse_logistic", data_opts={"n": 160, "dim": 8, "nnz": 3},
             num_clients=4, lr=0.1, local_steps=2, rounds=4, batch_size=10, reg="l1", reg_strength=0.01,
             checkpoint_every=2, dtype="float64")
-# full-gradient FedAvg with too large a step: finite through round 21, f+h = inf at round 22 (float64)
-DIVERGES = dict(algorithm="fedavg", dataset="sparse_linear", lr=0.3, local_steps=5, batch_size=None, reg="zero",
+# full-gradient FedAvg with a step just too large: f+h 200 -> 414 -> ... x2.3 a round, 3.4e5 at round 9,
+# the first round above 1e3 x its round-0 value (the divergence rule, runfolder.callbacks.divergence)
+DIVERGES = dict(algorithm="fedavg", dataset="sparse_linear", lr=0.024, local_steps=5, batch_size=None, reg="zero",
                 data_opts={"n": 160, "dim": 8, "nnz": 3, "shift": 4.0, "num_groups": 4}, rounds=5)
 OBJ = ("f", "h", "f+h", "grad_map_sq", "sparsity", "test_loss", "test_acc")
 
@@ -125,9 +126,9 @@ def test_diverged_resumed_run_loads_model_with_its_own_rounds(tmp_path):
     out = str(tmp_path / "run")
     assert run_experiment(tiny(**DIVERGES), out, progress=False, log=quiet)["status"] == "completed"
     s = run_experiment(None, out, resume=True, rounds=30, progress=False, log=quiet)
-    assert s["status"] == "diverged" and s["rounds_done"] == 22, s
-    with pytest.warns(UserWarning, match=r"metrics up to round 22, model.pt of round 5 \(the resumed run "
-                                         r"diverged after round 22\): loaded rounds 0–5") as w:
+    assert s["status"] == "diverged" and s["rounds_done"] == 9, s
+    with pytest.warns(UserWarning, match=r"metrics up to round 9, model.pt of round 5 \(the resumed run "
+                                         r"diverged after round 9\): loaded rounds 0–5") as w:
         h = History.load(out)
     assert "run --resume" not in str(w[0].message)  # it would diverge again
     same_run(h, ref, 5)

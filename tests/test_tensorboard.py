@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from python_algos.experiments import run as run_module
+from python_algos.runfolder import callbacks as callbacks_module
 from python_algos.experiments import tensorboard as tb
 from python_algos.experiments.cli import main
 from python_algos.experiments.tensorboard import tag_of
@@ -101,7 +101,7 @@ def _watch(monkeypatch, root, stop_at=None, error=KeyboardInterrupt):
             if stop_at is not None and t == stop_at:
                 raise error("stopped by the test")
 
-    monkeypatch.setattr(run_module, "Progress", Watching)
+    monkeypatch.setattr(callbacks_module, "Progress", Watching)  # the display callback's bar
     return seen
 
 

@@ -33,8 +33,12 @@ sequential executor when too few clients would share one).
 Bits independent of the memory budget. A client's gradient depends only on its own batch and
 padded length, never on which clients share its pass; passes always hold at least two rows (a
 single client's pass is computed on a duplicated row: a lone matrix product may take another
-kernel than a batched one); the metric pass sums per-client gradients and losses in client order.
+kernel than a batched one); the metric pass keeps each client's loss in an [N] vector and sums
+the losses and the gradients once, in client order, after all passes (never per chunk).
 So ``memory_budget`` / ``chunk_clients`` (and a GPU's free memory) change the speed, not the result.
+One exception is known (tests/test_engine_batched_metric.py): in float32 on CPU a client's gradient
+can differ in its last bit with its row's position in the pass (the alignment of its gathered
+samples selects another BLAS code path), so there the split into passes can show in the last bit.
 
 Memory. Clients are processed in chunks of at most ``chunk_clients`` rows (a group of clients is cut
 into as few chunks as that allows, of near-equal sizes), chosen so that a chunk's
@@ -432,26 +436,28 @@ class BatchedClients(ClientSet):
     # -- evaluation -------------------------------------------------------------------------------
     def full_objective_(self, x, grad_out):
         """f(x) = (1/N) sum_i f_i(x) and its gradient, all clients' full data in vectorized passes.
-        The per-client gradients and losses are summed one client after another, in client order
-        (not per chunk), so the result does not depend on the memory budget. No side effects (see
-        :meth:`ClientSet.full_objective_`)."""
+        Each client's loss goes into its slot of an [N] vector and its gradient is added to
+        ``grad_out`` in client order; f is then summed once, in client order, after every pass.
+        No sum is taken per chunk, so neither ``chunk_clients`` nor ``memory_budget`` changes a
+        bit of f or of the gradient. No side effects (see :meth:`ClientSet.full_objective_`)."""
         x = x.detach()
         N = self.num_clients
         grad_out.zero_()
-        f = 0.0
         blocks = _even_parts(range(N), max(1, min(N, self._chunk_rows(max(self.sizes)))))
         block = len(blocks[0])
         G = torch.empty(block, self.dim, dtype=self.dtype, device=self.device)
-        vals = torch.empty(block, dtype=self.dtype, device=self.device)
+        losses = torch.empty(N, dtype=self.dtype, device=self.device)  # client i's loss f_i(x)
         rows = x.expand(block, -1).contiguous()  # real rows, as a stack's (a stride-0 batch may take other kernels)
         longest = max(self.sizes)  # of the whole pass, not of a block: padding must not depend on the blocks
         with side_effect_free(self.model, self.device):
             for ids in blocks:
                 c = len(ids)
                 batches = [self._whole(i) for i in ids]
-                self._gradients(rows[:c], G[:c], batches, vals[:c], longest)
+                self._gradients(rows[:c], G[:c], batches, losses[ids[0]: ids[0] + c], longest)
                 for k in range(c):
                     grad_out.add_(G[k])
-                f += sum(vals[:c].tolist())
         grad_out.div_(N)
+        f = 0.0
+        for fi in losses.tolist():  # one fixed order, the client order (as the sequential executor sums)
+            f += fi
         return f / N

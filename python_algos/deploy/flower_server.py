@@ -29,7 +29,7 @@ from ..simulate import _clients_per_round
 from ..runfolder.records import metrics_row
 from .exchange import check_replies, collect, handshake
 from .nodes import ServerClients, receives, scalars, server_state
-from .persist import load_server, save_server
+from .persist import append_record, load_server, rewrite_records, save_server, sync_records
 from .wire import (ROUND, FlowerResult, NodeFailure, _check_algorithm, _flat_x0, _flwr, _message, decode_vectors,
                    encode_vectors, fingerprint, payload_bytes)
 
@@ -123,6 +123,8 @@ class ServerProgram:
             self.last_round = {int(i): int(r) for i, r in resume["last_round"].items()}
             self.metrics, self.elapsed, run_key = list(resume["metrics"]), float(resume["elapsed"]), resume["run_key"]
             self.committed = self.t
+        if checkpoint:  # the records file holds exactly the rounds before this call's first (module persist)
+            rewrite_records(checkpoint, self.metrics)
         self.run_key = run_key or secrets.token_hex(8)
         self.nodes: Optional[dict] = None  # client -> Flower node id, after connect()
         self.stopped = False
@@ -202,6 +204,8 @@ class ServerProgram:
                           sent_bytes=r["sent_bytes"], recv_bytes=sum(payload_bytes(got[i].content["up"]) for i in part),
                           participants=part)
         self.metrics.append(rec)
+        if self.checkpoint:  # the history: one line a round; a checkpoint holds the state only
+            append_record(self.checkpoint, rec)
         self.t = t
         self.stopped = any(cb(t, self.state, rec) is True for cb in self.callbacks)
         if self.checkpoint and not self.stopped and (t % self.checkpoint_every == 0 or t == self.rounds):
@@ -210,11 +214,15 @@ class ServerProgram:
         return encode_vectors({"params": params}), fapp.MetricRecord(rec)
 
     def save(self, path: str) -> None:
-        """Write the server's checkpoint of the last round done (atomically)."""
+        """Write the server's checkpoint of the last round done (atomically). The round records are
+        not in it: they are appended to the records file beside the run's checkpoint, on disk first."""
+        if path == self.checkpoint:
+            sync_records(path)
+        else:  # a checkpoint elsewhere gets its own records file
+            rewrite_records(path, self.metrics)
         save_server(path, {"round": self.t, "run_key": self.run_key, "setup": self.setup, "state": self.state,
                            "rng": self.rng.get_state(), "participation": self.cs.rng_state(),
-                           "pending": self.pending, "last_round": dict(self.last_round), "metrics": self.metrics,
-                           "elapsed": self.elapsed,
+                           "pending": self.pending, "last_round": dict(self.last_round), "elapsed": self.elapsed,
                            "extra": self.checkpoint_extra() if self.checkpoint_extra is not None else {}})
         self.committed = self.t
 

@@ -14,7 +14,8 @@ installed ``fedkernels`` command).
     python -m python_algos plot results/<compare-folder> [results/<run> ...] [--formats png,pdf,svg]
     python -m python_algos algorithms                              # the algorithm table
 
-Exit status: 0 done, 1 error (message on stderr), 2 bad command line, 3 the run diverged,
+Exit status: 0 done, 1 error (message on stderr), 2 bad command line, 3 the run diverged (the
+model or f+h became NaN/Inf, or f+h rose more than 1e3 x max(|f+h at round 0|, 1) above round 0),
 128 + the signal when stopped by one: 130 Ctrl-C (SIGINT), 143 SIGTERM, 129 SIGHUP (every process
 the command started ends, the summary so far is written and the resume command printed).
 """
@@ -232,7 +233,9 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     r = p.add_command(sub, "run", help="one algorithm on one problem", description="Run one algorithm; results go to a "
-                       "folder with config.json, metrics.jsonl (per round), summary.json, checkpoint.pt, model.pt.")
+                      "folder with config.json, metrics.jsonl (per round), summary.json, checkpoint.pt, model.pt. "
+                      "A run stops as diverged (status \"diverged\", exit status 3) when its model or f+h becomes "
+                      "NaN/Inf, or f+h rises more than 1e3 x max(|f+h at round 0|, 1) above its round-0 value.")
     r.add_argument("--demo", action="store_true", help="the built-in demo comparison (as with no arguments)")
     r.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
                    "(--rounds may extend it, --checkpoint-every change when it saves; the other settings are "

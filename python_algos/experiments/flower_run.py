@@ -61,6 +61,7 @@ from ..deploy.flower_server import check_checkpoint, server_setup
 from ..deploy.local import DeploymentError, LocalDeployment, stop_signals_held
 from ..deploy.nodes import ServerClients, check_no_node_state, server_state
 from ..deploy.persist import RoundFiles, load_server
+from ..runfolder.callbacks import divergence
 from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, _remove_leftovers, _write_json
 from ..runfolder.progress import Progress
 from ..runfolder.records import save_model, summary_record, write_config, write_metrics, write_summary
@@ -253,8 +254,9 @@ def _metric_rows(prep: PreparedRun, records: list, points: RoundFiles, diverged:
             p = points.load(rec["round"])
             row.update(evaluate(p["x"].to(x0.dtype), p["normal_map"]))
         rows.append(row)
-        if "f+h" in row and not torch.isfinite(torch.tensor(row["f+h"])):
-            diverged = f"round {rec['round']}: f+h = {row['f+h']}"
+        why = divergence(initial.get("f+h"), row.get("f+h"))  # the one rule of every engine
+        if why is not None:
+            diverged = f"round {rec['round']}: {why}"
             break
     flat.bind_((x0 if final is None else final.to(x0.dtype)).clone(), torch.zeros_like(x0))
     return initial, rows, diverged

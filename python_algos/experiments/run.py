@@ -6,8 +6,9 @@
     summary = run_experiment(None, "results/my-run", resume=True, rounds=200)   # continue / extend
 
 Guarantees: every input is checked (:func:`~.prepare.prepare_run`) before a folder is created or a file
-in it changes; every file is replaced atomically except ``metrics.jsonl``, which is appended
-to and rewritten from the checkpoint on resume (rows past the checkpoint's round are dropped),
+in it changes; every file is replaced atomically except ``metrics.jsonl``, the run's history,
+which is appended to (one row a round) and cut back to the checkpoint's round on resume (a
+checkpoint holds the state of its round, not the history; rows past its round are dropped),
 so a kill at any moment leaves a folder that ``run --resume`` finishes with the bit-identical
 result of an uninterrupted run. A resume refuses a checkpoint whose settings differ from
 ``config.json`` in anything but the execution settings (``executor``, ``threads``,
@@ -22,7 +23,6 @@ which resumes on any number of processes.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import time
@@ -39,13 +39,13 @@ from .losses import loss_function
 from .prepare import PreparedRun, prepare_run
 from .tensorboard import LiveEvents, check_available, live_requested  # imports no tensorboard until used
 from .threads import apply_threads
+from ..runfolder import callbacks
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import _remove_leftovers, read_metrics
-from ..runfolder.records import (append_metrics_row, save_model, summary_record, write_config, write_metrics,
+from ..runfolder.records import (save_model, summary_record, write_config, write_metrics,
                                  write_partition, write_summary)
 from ..runfolder.folder import clear_for_fresh_run
 from ..runfolder.history import check_f_star
-from ..runfolder.progress import Progress
 from ..simulate import simulate
 
 __all__ = ["run_experiment", "execute_run", "Interrupted", "KILL_ENV"]
@@ -93,6 +93,7 @@ def _start_folder(prep: PreparedRun, log) -> None:
     """The first writes of a run (every check has passed): settings, split, and metrics from the checkpoint."""
     out_dir, cfg, fed, snap = prep.out_dir, prep.cfg, prep.fed, prep.snap
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    history = _history_of(out_dir, snap) if snap is not None else None  # read (and checked) before any write
     if not prep.resume:
         clear_for_fresh_run(out_dir, prep.replace)  # replace: nothing of the old run outlives it (events, shards, ...)
         # first: a folder with config.json can always be resumed; created exclusively unless replacing, so a run
@@ -105,7 +106,8 @@ def _start_folder(prep: PreparedRun, log) -> None:
     if not prep.resume or snap is None:
         write_partition(out_dir, fed.partition, fed.parts, fed.histograms)
     if snap is not None:
-        write_metrics(out_dir, [snap["initial"], *snap["metrics"]])  # drop the rounds after the checkpoint
+        write_metrics(out_dir, history)  # drop the rounds after the checkpoint
+        snap["metrics"] = history[1:]  # the History of the resumed run holds the whole run
         log(f"resuming {out_dir} from round {snap['round']} (checkpoint), up to round {cfg.rounds}")
     else:
         if os.path.exists(metrics_path):
@@ -114,6 +116,95 @@ def _start_folder(prep: PreparedRun, log) -> None:
             log(f"resuming {out_dir}: no checkpoint was written yet, starting from round 0")
     if prep.rewrite_config:
         write_config(out_dir, cfg.to_dict())
+
+
+def _history_of(out_dir: str, snap: dict) -> list:
+    """The rows of rounds 0..the checkpoint's round, which the resumed run continues: from metrics.jsonl
+    (the history; a checkpoint holds the state only), or, for a checkpoint of an older version that
+    held them, from the checkpoint when the file lacks them."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    rows = read_metrics(out_dir) if os.path.isfile(path) else []
+    last = int(snap["round"])
+    try:
+        return callbacks.rows_up_to(rows, last, path)
+    except ValueError:
+        if isinstance(snap.get("metrics"), list) and len(snap["metrics"]) == last:  # an older checkpoint
+            return [snap["initial"], *snap["metrics"]]
+        raise
+
+
+class _KillHooks(callbacks.Callback):
+    """Test hooks: SIGKILL this process after round ``KILL_ENV`` (its metrics row written, its
+    checkpoint not), or this rank (``launch.maybe_kill``)."""
+
+    def __init__(self, metrics: callbacks.MetricsFile):
+        self.metrics = metrics
+        self.kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
+
+    def after_round(self, t, state, row):
+        if self.kill_at and t == self.kill_at:
+            self.metrics.on_end()  # the row is in the file
+            os.kill(os.getpid(), signal.SIGKILL)
+        launch.maybe_kill(t)
+
+
+def _run_callbacks(metrics_path: Optional[str], events, label: str, progress: bool, stop, saver, every: int) -> list:
+    """The callbacks of a command-line run, in order: the row goes to metrics.jsonl (and TensorBoard)
+    first, then the display, the divergence check, the test hooks, and the checkpoint of a round that
+    every callback accepted (after the rows it continues are on disk)."""
+    metrics = callbacks.MetricsFile(metrics_path)
+    return [metrics, *([callbacks.TensorBoard(events)] if events is not None else []),
+            callbacks.ShowProgress(label, enabled=progress), stop, _KillHooks(metrics),
+            callbacks.Checkpoint(saver, every, before_save=[metrics.sync])]
+
+
+def _open_folder(prep: PreparedRun, log, main: bool):
+    """Rank 0 starts the folder (:func:`_start_folder`) and, with ``--tensorboard``, its live events
+    (returned; None without); every rank waits for it, and stops too if it failed."""
+    err, events = None, None
+    if main:
+        try:
+            if live_requested():  # --tensorboard: a missing package is found before anything is written
+                check_available()
+            _start_folder(prep, log)
+            if live_requested():  # from the rows _start_folder kept (a resume: up to the checkpoint)
+                events = LiveEvents(prep.out_dir)
+        except Exception as e:  # noqa: BLE001 - the other ranks stop too (launch.agree)
+            err = e
+    try:
+        launch.agree(err)  # ... and the folder is ready before any rank writes a checkpoint shard
+    except BaseException:
+        if events is not None:
+            events.close()
+        raise
+    return events
+
+
+def _run_rounds(prep: PreparedRun, cbs: list, eval_fn, executor: str, executor_options):
+    """The rounds of the run (:func:`~python_algos.simulate.simulate` with the run's callbacks);
+    returns (History or None, status). ``status``: ``diverged`` (the reason, or None) and ``interrupted``."""
+    cfg, snap = prep.cfg, prep.snap
+    status = {"diverged": None, "interrupted": False}
+    hist = None
+    torch.set_rng_state(prep.torch_rng)  # as if the model had just been built (a comparison builds them all first)
+    try:
+        hist = simulate(prep.algorithm, prep.model, loss_function(prep.fed.dataset.task), prep.fed.clients, cfg.rounds,
+                        regularizer=prep.reg, batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn,
+                        callbacks=cbs, metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
+                        participation=cfg.participation, clients_per_round=cfg.clients_per_round,
+                        executor=executor, executor_options=executor_options)
+        status["diverged"] = next((cb.reason for cb in cbs if isinstance(cb, callbacks.StopOnDivergence)), None)
+    except ckpt.Diverged as e:
+        status["diverged"] = str(e)
+    except KeyboardInterrupt as e:
+        status["interrupted"] = True
+        status["signum"] = getattr(e, "signum", int(signal.SIGINT))  # a Terminated names SIGTERM / SIGHUP
+    finally:
+        for cb in cbs:  # also when simulate failed before its first round; however the run ended, the
+            cb.on_end()  # TensorBoard events now equal metrics.jsonl
+    if not status["interrupted"]:  # every rank reports the same status (an interrupted peer may be gone)
+        status["diverged"] = launch.first_message(status["diverged"])
+    return hist, status
 
 
 def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optional[Callable] = None,
@@ -126,84 +217,17 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     ds = fed.dataset
     label = label or cfg.algorithm
     ckpt_path = os.path.join(out_dir, "checkpoint.pt")
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
     main = launch.is_main()  # under torchrun rank 0 alone writes the folder files and shows progress
     launch.barrier()  # every rank has checked its inputs (prepare_run) before rank 0 writes anything
-    err, events = None, None
-    if main:
-        try:
-            if live_requested():  # --tensorboard: a missing package is found before anything is written
-                check_available()
-            _start_folder(prep, log)
-            if live_requested():  # from the rows _start_folder kept (a resume: up to the checkpoint)
-                events = LiveEvents(out_dir)
-        except Exception as e:  # noqa: BLE001 - the other ranks stop too (launch.agree)
-            err = e
-    try:
-        launch.agree(err)  # ... and the folder is ready before any rank writes a checkpoint shard
-    except BaseException:
-        if events is not None:
-            events.close()
-        raise
+    events = _open_folder(prep, log, main)
     eval_fn = make_eval(ds, model, extra_eval)
-
-    status = {"diverged": None, "interrupted": False}
-    metrics_file = open(metrics_path if main else os.devnull, "a")
-    bar = Progress(cfg.rounds, initial=snap["round"] if snap else 0, desc=label, enabled=progress and main)
-    kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
-
-    def add_row(m):  # every row of metrics.jsonl goes through here
-        append_metrics_row(metrics_file, m)
-        if events is not None:
-            events.add(m)
-
-    def on_save(s):
-        if s["round"] == 0:  # the starting point, before round 1
-            add_row(s["initial"])
-
-    def per_round(t, state, m):
-        add_row(m)
-        bar.update(t, m)
-        x = algorithm.report(state, reg)
-        what = None
-        if not bool(torch.isfinite(x).all()):
-            what = "the model has NaN/Inf entries"
-        elif m.get("f+h") is not None and not math.isfinite(m["f+h"]):
-            what = f"f+h = {m['f+h']}"
-        if what:
-            status["diverged"] = f"round {t}: {what}"
-            return True
-        if kill_at and t == kill_at:
-            metrics_file.close()
-            os.kill(os.getpid(), signal.SIGKILL)
-        launch.maybe_kill(t)
-        return None
-
-    saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()}, on_save=on_save)
+    saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()})
+    cbs = _run_callbacks(os.path.join(out_dir, "metrics.jsonl") if main else None, events, label, progress and main,
+                         callbacks.StopOnDivergence(), saver, cfg.checkpoint_every)
     executor, executor_options = launch.executor_for(cfg.executor)
-    hist = None
     t0 = time.perf_counter()
     threads = apply_threads(cfg.threads, sum(p.numel() for p in model.parameters()), prep.device)
-    torch.set_rng_state(prep.torch_rng)  # as if the model had just been built (a comparison builds them all first)
-    try:
-        hist = simulate(algorithm, model, loss_function(ds.task), fed.clients, cfg.rounds, regularizer=reg,
-                        batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn, callbacks=[per_round],
-                        metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
-                        checkpoint=saver, checkpoint_every=cfg.checkpoint_every,
-                        participation=cfg.participation, clients_per_round=cfg.clients_per_round,
-                        executor=executor, executor_options=executor_options)
-    except ckpt.Diverged as e:
-        status["diverged"] = str(e)
-    except KeyboardInterrupt as e:
-        status["interrupted"] = True
-        status["signum"] = getattr(e, "signum", int(signal.SIGINT))  # a Terminated names SIGTERM / SIGHUP
-    finally:
-        bar.close()
-        metrics_file.close()
-        if events is not None:  # however the run ended, its events now equal metrics.jsonl
-            events.close()
-    if not status["interrupted"]:  # every rank reports the same status (an interrupted peer may be gone)
-        status["diverged"] = launch.first_message(status["diverged"])
+    hist, status = _run_rounds(prep, cbs, eval_fn, executor, executor_options)
     run_seconds = time.perf_counter() - t0
 
     # rank 0 wrote metrics.jsonl; another rank (maybe on another node) has the same rows in memory

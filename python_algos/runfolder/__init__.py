@@ -32,5 +32,7 @@ Modules:
 * :mod:`.checkpoint` — the checkpoint file: atomic ``torch.save``, NamedTuple states, ``Checkpointer``;
 * :mod:`.history` — a ``simulate`` result (History) as a run folder, and back;
 * :mod:`.progress` — the progress bar / periodic lines of a run;
+* :mod:`.callbacks` — the engine loop and its callbacks (checkpoint, metrics file, TensorBoard,
+  progress, divergence, time budget), shared by ``simulate`` and the command line;
 * :mod:`.faults` — the write points where crash-consistency tests kill the process.
 """

@@ -6,13 +6,14 @@
     snap = checkpoint.load("run/checkpoint.pt")               # after a crash / kill
     hist = simulate(..., resume=snap)                           # continues bit-identically
 
-A checkpoint holds the full run state that ``simulate`` hands to its ``checkpoint`` hook: the
+A checkpoint holds the run state that ``simulate`` hands to its ``checkpoint`` hook: the
 algorithm state (a NamedTuple of tensors: models, control variates, duals, trackers, counters),
 the server generator, every client generator (minibatch sampler positions), torch's global RNG,
-module buffers, the metrics so far and the elapsed time. It is written with ``torch.save`` to a
+module buffers, round 0's metrics and the elapsed time: the state of one round, O(N·d), not the
+history of the run (the metrics rows live in the run folder's append-only ``metrics.jsonl``). It is written with ``torch.save`` to a
 temporary file in the same folder, flushed to disk, then ``os.replace``-d over the previous one,
-so a kill at any moment leaves either the old or the new checkpoint, never a torn one. Ctrl-C
-during the write is held until the write is done: a KeyboardInterrupt raised inside ``torch.save``
+so a kill at any moment leaves either the old or the new checkpoint, never a torn one. Ctrl-C,
+SIGTERM and SIGHUP during the write are held until the write is done: a KeyboardInterrupt raised inside ``torch.save``
 would leave its zip writer half-finished, and torch then reports that as an unrelated error.
 
 Files are loaded with ``torch.load(weights_only=True)``: NamedTuple states are stored as plain
@@ -34,6 +35,7 @@ from typing import Any, Optional
 import torch
 
 from . import faults
+from .signals import STOP_SIGNALS
 
 __all__ = ["save", "load", "atomic_save", "encode", "decode", "Checkpointer", "Diverged", "CheckpointError", "FORMAT"]
 
@@ -80,23 +82,42 @@ def decode(obj: Any) -> Any:
     return obj
 
 
+# the signals a write holds until it is done: Ctrl-C and the stop signals (kill, a closed terminal, a
+# scheduler's time limit), which runfolder.signals turns into the same KeyboardInterrupt
+HELD_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
+
+
 @contextlib.contextmanager
-def ctrl_c_held():
-    """Hold SIGINT (Ctrl-C) while the block runs, then act on it as it would have: a write that a
-    KeyboardInterrupt cut in two would leave a broken file behind. Only the main thread can swap
-    signal handlers; elsewhere, and when SIGINT is ignored, the block runs unchanged."""
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+def stop_signals_held():
+    """Hold SIGINT, SIGTERM and SIGHUP while the block runs, then act on the first that came as it
+    would have: a write that a KeyboardInterrupt (or a default SIGTERM death) cut in two would leave
+    a broken file behind, and torch reports a half-written zip as an unrelated error. A signal with
+    a Python handler gets it called; one with the default action is sent again once the handler is
+    back (the process then ends as it would have, after the write); an ignored signal stays ignored.
+    Only the main thread can swap signal handlers; elsewhere the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    held: list = []
+    previous = {}
+    for s in HELD_SIGNALS:
+        old = signal.getsignal(s)
+        if old is signal.SIG_IGN or old is None:  # ignored, or set outside Python: left as it is
+            continue
+        previous[s] = old
+        signal.signal(s, lambda signum, frame: held.append((signum, frame)))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, old in previous.items():
+            signal.signal(s, old)
         if held:
-            previous(signal.SIGINT, held[0])  # Python's own handler raises KeyboardInterrupt here
+            signum, frame = held[0]
+            old = previous[signum]
+            if callable(old):
+                old(signum, frame)  # e.g. Python's Ctrl-C handler raises KeyboardInterrupt here
+            else:  # SIG_DFL: what the signal would have done, now that the file is whole
+                os.kill(os.getpid(), signum)
 
 
 def atomic_save(obj: Any, path: str) -> None:
@@ -105,7 +126,7 @@ def atomic_save(obj: Any, path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with ctrl_c_held():
+    with stop_signals_held():
         try:
             with open(tmp, "wb") as f:
                 torch.save(obj, f)
@@ -127,8 +148,14 @@ def atomic_save(obj: Any, path: str) -> None:
 
 
 def save(path: str, snapshot: dict, extra: Optional[dict] = None) -> None:
-    """Write a ``simulate`` snapshot (plus ``extra`` user data) atomically to ``path``."""
-    atomic_save({"format": FORMAT, "snapshot": encode(snapshot), "extra": encode(extra or {})}, path)
+    """Write a ``simulate`` snapshot (plus ``extra`` user data) atomically to ``path``.
+
+    The file holds the state of the snapshot's round, O(N·d), never the run's history: the
+    snapshot's ``metrics`` (the rows so far, which grow with the round) are left out. A run folder
+    keeps them in ``metrics.jsonl``, appended to once per round and read back on resume; writing
+    them into every checkpoint would cost O(T²/c) bytes over a run of T rounds checkpointed every c."""
+    kept = {k: v for k, v in snapshot.items() if k != "metrics"}
+    atomic_save({"format": FORMAT, "snapshot": encode(kept), "extra": encode(extra or {})}, path)
 
 
 def load(path: str, map_location="cpu") -> dict:

@@ -27,9 +27,10 @@ __all__ = ["RUN_FILES", "RUN_DIRS", "EVENTS_DIR", "RunFolderError", "RunExistsEr
 
 FLOWER_MARK = "flower.json"  # a run through a Flower deployment (run --flower): its engine and node-state key
 FLOWER_CHECKPOINT = "flower-checkpoint.pt"  # its server's checkpoint (no client state: the nodes keep theirs)
+FLOWER_RECORDS = FLOWER_CHECKPOINT + ".rounds.jsonl"  # its server's round records (deploy.persist.history_path)
 FLOWER_DIRS = ("flower-nodes", "flower-points")  # the nodes' own states; the server's recorded models
 RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.pt", "summary.json", "model.pt",
-             FLOWER_MARK, FLOWER_CHECKPOINT)
+             FLOWER_MARK, FLOWER_CHECKPOINT, FLOWER_RECORDS)
 EVENTS_DIR = "tensorboard"  # --tensorboard: the run's TensorBoard events (experiments/tensorboard.py)
 CHECKPOINT_SHARDS = "checkpoint.pt.shards"  # a checkpoint written by several processes: one file per rank
 RUN_MARKS = ("config.json", "metrics.jsonl", "checkpoint.pt", "summary.json")  # any one: the folder holds a run
