@@ -23,6 +23,17 @@ from .cli_research import _cmd_compare_seeds, _cmd_run_seeds, _events, _wants_se
 
 __all__ = ["main", "build_parser", "DEMO_ALGORITHMS"]
 
+def _replace(args) -> bool:
+    """``--replace``: only a folder the user named (``--out`` / ``--name``) is replaced; a default
+    folder is new by construction (:func:`~python_algos.runfolder.folder.claim_new_folder`)."""
+    if not getattr(args, "replace", False):
+        return False
+    if not (getattr(args, "out", None) or getattr(args, "name", None)):
+        raise ValueError("--replace: needs --out DIR or --name NAME (the folder to replace); without them every "
+                         "command writes to a new folder")
+    return True
+
+
 def cmd_run(args) -> int:
     from .config import Config
 
@@ -52,7 +63,7 @@ def cmd_run(args) -> int:
                 # Every check a rank would make (data, model, regularizers, participation, the folder),
                 # here and writing nothing: an error is then one line, not P numbered copies of it
                 # followed by torchrun's failure report. It loads the data once more; ranks load theirs.
-                prep = prepare_run(cfg, out, replace=False)
+                prep = prepare_run(cfg, out, replace=_replace(args))
                 check_world_size(len(prep.fed.parts), args.workers)
             except ValueError:  # named where raised (config.named_as): this try can go
                 raise
@@ -75,7 +86,7 @@ def cmd_run(args) -> int:
                 # torchrun restarted the job after a rank failed: continue from the last checkpoint
                 prep = prepare_run(None, out, resume=True, rounds=cfg.rounds)
             else:
-                prep = prepare_run(cfg, out, replace=False)
+                prep = prepare_run(cfg, out, replace=_replace(args))
         except ValueError:  # named where raised (config.named_as): this try can go
             raise
         h = "per parameter" if cfg.regularizers else cfg.reg
@@ -104,7 +115,7 @@ def _cmd_run_flower(args) -> int:
         else:
             cfg = Config.from_dict(_merge(args))
             out = _out_dir(args, cfg.algorithm)
-            prep = prepare_flower(cfg, out, replace=False)
+            prep = prepare_flower(cfg, out, replace=_replace(args))
     except ValueError:  # named where raised (config.named_as): this try can go
         raise
     cfg, out = prep.run.cfg, prep.run.out_dir
@@ -175,7 +186,7 @@ def cmd_compare(args) -> int:
               f"{cfg.model}, h={cfg.reg}; results -> {out}")
         try:
             summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not args.no_progress and main,
-                                            replace=False, log=say)
+                                            replace=_replace(args), log=say)
         except ValueError:  # named where raised (config.named_as): this try can go
             raise
         step = cfg.metric_step if cfg.metric_step is not None else cfg.lr * cfg.local_steps

@@ -249,6 +249,9 @@ def build_parser() -> Parser:
     r.add_argument("--round-timeout", type=_seconds, default=S, metavar="SECONDS", dest="round_timeout",
                    help="with --flower: seconds the server waits for a round's answers before it stops the run, "
                         "naming the client that did not answer (default 300; the run can then be resumed)")
+    r.add_argument("--replace", action="store_true", default=S,
+                   help="with --out or --name: replace the run already in that folder (all of it: metrics, "
+                        "checkpoints, TensorBoard events, figures); a folder holding other files is refused")
     _add_config_flags(r, single=True)
 
     c = p.add_command(sub, "compare", help="several algorithms, same split and initialization",
@@ -260,6 +263,9 @@ def build_parser() -> Parser:
     c.add_argument("--workers", type=_workers, default=S, metavar="P",
                    help="run every algorithm on P local processes (torchrun ranks, clients split between them; "
                         "see README 'Scaling out'); under torchrun, the ranks are torchrun's")
+    c.add_argument("--replace", action="store_true", default=S,
+                   help="with --out or --name: replace the comparison already in that folder (all its runs, records "
+                        "and figures); a folder holding other files is refused")
     _add_config_flags(c, single=False)
 
     w = p.add_command(sub, "sweep", help="a grid of hyper-parameters x algorithms x seeds, in parallel, resumable",

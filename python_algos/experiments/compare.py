@@ -105,8 +105,8 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
             cfg = cfg.replace(metric_step=cfg.lr * cfg.local_steps)
         if not replace and os.path.isdir(out_dir) and os.listdir(out_dir):
             raise RunExistsError(f"{out_dir} already holds files: continue a comparison there with "
-                                 f"`{compare_resume_command(out_dir)}`, or choose another --out; from Python, "
-                                 f"replace=True replaces its runs (nothing was changed)")
+                                 f"`{compare_resume_command(out_dir)}`, or choose another --out; --replace (from "
+                                 f"Python, replace=True) replaces its runs (nothing was changed)")
         if replace:  # what the replacement would delete must all be the old comparison's
             check_group_replaceable(out_dir, COMPARISON_RECORDS)
     plans = _plan_runs(cfg, algorithms, alg_opts, out_dir, resume, replace)

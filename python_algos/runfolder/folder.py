@@ -113,7 +113,7 @@ def check_fresh_start(out_dir: str, replace: bool, *, how_to_resume: str = "") -
         return
     if not replace:
         raise RunExistsError(f"{out_dir} already holds a run: continue it with `{how_to_resume}`, or choose "
-                             f"another --out; from Python, replace=True replaces it (nothing was changed)")
+                             f"another --out; --replace (from Python, replace=True) replaces it (nothing was changed)")
     foreign = foreign_entries(out_dir)
     if foreign:
         raise RunFolderError(f"{out_dir} holds a run and also {', '.join(foreign)}, which no run writes; replacing "
