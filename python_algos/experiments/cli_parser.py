@@ -229,7 +229,7 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
     g.add_argument("--seeds", type=_seeds, default=S, metavar="K",
                    help="K independent runs with seeds --seed, ..., --seed + K - 1, each in OUT/seed-<k>/, with "
                         "mean / std / min / max per round in OUT/aggregate.jsonl, tables as mean ± std and figures "
-                        "with a band (see docs/sweeps.md)")
+                        "with a band (see docs/seeds-and-sweeps.md)")
     g.add_argument("--reseed-data", action="store_true", default=S, dest="reseed_data",
                    help="with several seeds: redraw the data (samples, split, partition) with each seed; by default "
                         "every seed runs on the data of the first")
@@ -240,7 +240,7 @@ def _add_config_flags(p: argparse.ArgumentParser, single: bool) -> None:
     g.add_argument("--executor", default=S, choices=["auto", "sequential", "batched"],
                    help="how client work runs: one client after another, or all clients vectorized (default: auto)")
     g.add_argument("--threads", type=int, default=S,
-                   help="torch / fedkernels threads (default: 1 for small models, see README 'Threads')")
+                   help="torch / fedkernels threads (default: 1 for small models, see docs/executors.md 'Threads')")
     g.add_argument("--checkpoint-every", type=int, default=S, dest="checkpoint_every",
                    help="checkpoint every N rounds (default 10; 0: only at the start and the end)")
     g = p.add_argument_group("output")
@@ -265,11 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "(--rounds may extend it, --checkpoint-every change when it saves; the other settings are "
                    "taken from DIR/config.json)")
     r.add_argument("--workers", type=_workers, default=S, metavar="P",
-                   help="run on P local processes (torchrun ranks, clients split between them; see README "
-                        "'Scaling out'); under torchrun, the ranks are torchrun's")
+                   help="run on P local processes (torchrun ranks, clients split between them; see "
+                        "docs/scaling-out.md); under torchrun, the ranks are torchrun's")
     r.add_argument("--flower", action="store_true", default=S,
                    help="run through a local Flower deployment: one SuperLink and one SuperNode per client as "
-                        "processes on 127.0.0.1 (needs pip install \".[flower]\"; see README 'Deploying with Flower')")
+                        "processes on 127.0.0.1 (needs pip install \".[flower]\"; see docs/flower.md)")
     r.add_argument("--round-timeout", type=_seconds, default=S, metavar="SECONDS", dest="round_timeout",
                    help="with --flower: seconds the server waits for a round's answers before it stops the run, "
                         "naming the client that did not answer (default 300; the run can then be resumed)")
@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "others continue from their checkpoints (--rounds may extend it; other flags come from DIR)")
     c.add_argument("--workers", type=_workers, default=S, metavar="P",
                    help="run every algorithm on P local processes (torchrun ranks, clients split between them; "
-                        "see README 'Scaling out'); under torchrun, the ranks are torchrun's")
+                        "see docs/scaling-out.md); under torchrun, the ranks are torchrun's")
     _add_config_flags(c, single=False)
 
     w = sub.add_parser("sweep", help="a grid of hyper-parameters x algorithms x seeds, in parallel, resumable",
@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "seed, on --jobs worker processes; points that break an algorithm's rule are skipped and "
                        "listed. Ends with a table of every point (mean ± std over the seeds), the best point per "
                        "algorithm (--select), a heat map of 2-D grids and a figure of the best points. "
-                       "See docs/sweeps.md.")
+                       "See docs/seeds-and-sweeps.md.")
     w.add_argument("-a", "--algorithms", nargs="+", default=None, help="the algorithms (registry names)")
     w.add_argument("--grid", type=_kv_text, action="append", default=S, dest="grid_items", metavar="KEY=VALUES",
                    help="a run setting (lr, local_steps, reg_strength, ...) or a hyper-parameter (alpha, beta, ...) "
@@ -299,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "file's [grid] table holds the same")
     w.add_argument("--optuna", type=_trials, default=S, metavar="N",
                    help="instead of a grid: N trials per algorithm of a random search with Optuna's TPE sampler "
-                        "(seeded from --seed) over --space; needs pip install optuna (see docs/sweeps.md)")
+                        "(seeded from --seed) over --space; needs pip install optuna (see docs/seeds-and-sweeps.md)")
     w.add_argument("--space", type=_kv_text, action="append", default=S, dest="space_items", metavar="KEY=SPEC",
                    help="with --optuna: a key and its range: log:1e-3:1 (log-uniform), float:0:1, int:1:20, "
                         "intlog:1:64, or a list a,b,c (a choice); a config file's [space] table holds the same")
