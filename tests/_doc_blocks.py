@@ -167,8 +167,9 @@ def broken_links(path: str):
             continue
         file, _, anchor = target.partition("#")
         dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+        where, dest_name = f"{os.path.relpath(path, ROOT)}: ({target})", os.path.relpath(dest, ROOT)
         if not os.path.exists(dest):
-            bad.append(f"{os.path.relpath(path, ROOT)}: ({target}): no file {os.path.relpath(dest, ROOT)}")
+            bad.append(f"{where}: no file {dest_name}")
         elif anchor and dest.endswith(".md") and anchor not in anchors(read(dest)):
-            bad.append(f"{os.path.relpath(path, ROOT)}: ({target}): no heading #{anchor} in {os.path.relpath(dest, ROOT)}")
+            bad.append(f"{where}: no heading #{anchor} in {dest_name}")
     return bad

@@ -9,13 +9,23 @@ import os
 
 import pytest
 
-from tests._doc_blocks import ROOT, blocks, broken_links, commands, module_commands, parse_errors, read, run_python_blocks
+from tests._doc_blocks import (
+    ROOT,
+    blocks,
+    broken_links,
+    commands,
+    module_commands,
+    parse_errors,
+    read,
+    run_python_blocks,
+)
 
 README = os.path.join(ROOT, "README.md")
 
 
 def test_extractor_reads_blocks_and_skip_marks():
-    text = "x\n```python\na = 1\n```\n<!-- doc-test: skip (needs a GPU) -->\n```python\nb\n```\n  ```bash\n  ls\n  ```\n"
+    text = ("x\n```python\na = 1\n```\n<!-- doc-test: skip (needs a GPU) -->\n```python\nb\n```\n"
+            "  ```bash\n  ls\n  ```\n")
     assert blocks(text, "python") == [(1, 3, "a = 1\n", False), (2, 7, "b\n", True)]
     assert blocks(text, "bash") == [(1, 10, "ls\n", False)]
 
