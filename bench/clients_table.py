@@ -3,7 +3,7 @@
     python -m bench.clients_table                                  # default grid, ~10 min on 2 cores
     python -m bench.clients_table --models mlp --clients 100       # one cell
     python -m bench.clients_table --clients 10 100 1000 --models logreg mlp cnn   # the full grid
-    python -m bench.clients_table --readme README.md               # also refresh README's table
+    python -m bench.clients_table --readme docs/performance.md     # also refresh the table there
 
 For N clients x K = 10 local steps, batch 32, 256 MNIST-shaped samples per client, float32:
 python_algos' ``sequential`` and ``batched`` executors, a plain PyTorch FedAvg loop (deepcopy +

@@ -1,7 +1,7 @@
 """The distributed table: one process vs P processes (torch.distributed, gloo) on one machine.
 
     python -m bench.distributed_table                       # the default grid, ~2 min on 2 cores
-    python -m bench.distributed_table --readme README.md    # also refresh README's "Scaling out" table
+    python -m bench.distributed_table --readme docs/performance.md   # also refresh the table there
 
 For N = 100 MNIST-shaped clients (256 samples each) with the MLP, K = 10 local steps, batch 32,
 float32, FedAvg and FedCanon: seconds per round (median of the rounds after the first) in one

@@ -1,7 +1,7 @@
 """The Flower table: the same run in one process, with ``--workers``, and through a local Flower deployment.
 
     python -m bench.flower_table                       # ~1.5 min on 2 quiet cores
-    python -m bench.flower_table --readme README.md    # also refresh README's "Deploying with Flower" table
+    python -m bench.flower_table --readme docs/performance.md   # also refresh the table there
 
 One workload (SCAFFOLD, N = 3 clients, 2 per round, minibatches of 8, float64, sparse logistic
 regression with d = 12) through the command line three ways, each as its own ``python -m python_algos

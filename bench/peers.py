@@ -1,7 +1,7 @@
 """The peers table: one FedAvg round of our executors side by side with pfl-research's simulator.
 
     python -m bench.peers                        # ~1 min on 2 cores; pfl rows where pfl is installed
-    python -m bench.peers --readme README.md     # also refresh README's peers table
+    python -m bench.peers --readme docs/performance.md   # also refresh the peers table there
     python -m bench.peers --no-pfl               # our rows only
 
 The workload of ``bench.clients_table``: the 109,386-parameter MLP, N = 100 MNIST-shaped clients x

@@ -90,7 +90,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a few rounds, two values of lam (smoke test, seconds)")
     p.add_argument("--rounds", type=int, default=None, help="rounds per run (default 300)")
     p.add_argument("--lam", type=float, action="append", default=None,
-                   help=f"group-lasso weight on the first layer's columns (repeatable; default {' '.join(map(str, LAMS))})")
+                   help="group-lasso weight on the first layer's columns "
+                        f"(repeatable; default {' '.join(map(str, LAMS))})")
     p.add_argument("--out", default=os.path.join("results", "examples", "feature_selection"))
     args = p.parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (5 if args.quick else 300)

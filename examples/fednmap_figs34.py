@@ -67,9 +67,10 @@ def main(argv=None) -> int:
     tab_q = table([f"Q (N = {n_fixed})", "‖F_nor‖² after T (mean of seeds)"], [[k, v] for k, v in by_q.items()])
     falls_n = all(b < a for a, b in zip(list(by_n.values()), list(by_n.values())[1:]))
     falls_q = all(b < a for a, b in zip(list(by_q.values()), list(by_q.values())[1:]))
+    mono_n = 'monotonically' if falls_n else 'not monotonically'
+    mono_q = 'monotonically' if falls_q else 'not monotonically'
     outcome = (f"log-log slope of stationarity after T = {base.rounds} rounds: {slope_n:.2f} in N, {slope_q:.2f} in Q "
-               f"(-1 would be a linear speedup); stationarity falls {'monotonically' if falls_n else 'not monotonically'} "
-               f"in N and {'monotonically' if falls_q else 'not monotonically'} in Q.")
+               f"(-1 would be a linear speedup); stationarity falls {mono_n} in N and {mono_q} in Q.")
     print(tab_n)
     print(tab_q)
     print(outcome)

@@ -16,9 +16,9 @@ import os
 import sys
 
 from examples._common import parser, table, write_report
-from python_algos.experiments.plotting import DEFAULT_FORMATS, parse_formats
 from python_algos.experiments.compare import compare_experiments
 from python_algos.experiments.config import Config
+from python_algos.experiments.plotting import DEFAULT_FORMATS, parse_formats
 
 METHODS = ("fedcanon", "fedmid", "fedavg")
 

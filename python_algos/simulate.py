@@ -22,7 +22,7 @@ extra full-gradient pass over all training data:
 
 * ``f``, ``h``, ``f+h``;
 * ``grad_map_sq`` = ||G_s(x)||², G_s(x) = (x − prox_{s h}(x − s ∇f(x)))/s (M1), with
-  ``grad_map_step`` s = ``metric_step`` or the algorithm's default (FedCanon: α; see README);
+  ``grad_map_step`` s = ``metric_step`` or the algorithm's default (FedCanon: α; see docs/algorithms.md §3);
 * ``normal_map_sq`` = ||F_nor^λ(z)||², F_nor^λ(z) = ∇f(prox_{λh}(z)) + (z − prox_{λh}(z))/λ (M3),
   where the algorithm has a normal-map variable z (FedNMap: z, λ; ZA1: x̂, η_g η τ; FedDA: the
   dual z, the elapsed step) and λρ < 1; otherwise absent;

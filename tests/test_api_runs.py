@@ -113,6 +113,7 @@ def test_run_resume_refuses_an_api_run(tmp_path, capsys):
     assert folder_state(out) == before
 
 
+@pytest.mark.slow
 def test_plot_draws_an_api_run_next_to_a_cli_run(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     hist, _ = _run(rounds=3)

@@ -61,6 +61,7 @@ def test_prox_stats_counts_through_the_kernel_layer():
     assert st.evaluations == 6 and st.calls == 3 and st.seconds > 0
 
 
+@pytest.mark.slow
 @pytest.mark.bigmem
 @pytest.mark.skipif(mem_available_gib() < 10, reason="needs ~7 GiB free memory")
 def test_more_than_2_31_elements():

@@ -200,6 +200,7 @@ def cfg_dict(**kw):
     return base
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     cfg = Config.from_dict(cfg_dict())
     ref = run_experiment(cfg, str(tmp_path / "ref"), progress=False, log=lambda s: None)

@@ -83,6 +83,7 @@ def test_verdict_names_a_pair_of_identical_curves(tmp_path):
     assert line.startswith("lowest f+h: A and B (" if fa < fc else "lowest f+h: C ("), line
 
 
+@pytest.mark.slow
 def test_run_with_config_file_and_flag_override(tmp_path):
     cfg = tmp_path / "exp.toml"
     cfg.write_text('algorithm = "za1"\nrounds = 50\nlocal_steps = 2\nnum_clients = 4\nreg = "mcp"\n'
@@ -104,6 +105,7 @@ def test_run_with_config_file_and_flag_override(tmp_path):
     assert "results written to" in p.stdout and "f+h" in p.stdout
 
 
+@pytest.mark.slow
 def test_compare_then_plot(tmp_path):
     out = tmp_path / "cmp"
     p = cli("compare", "-a", "fedcanon", "scaffold", *TINY, "-T", "3", "--reg", "zero",
@@ -137,6 +139,7 @@ def test_missing_dataset_is_a_clear_error(tmp_path, capsys):
     assert err.startswith("error: MNIST: expected train-images-idx3-ubyte") and str(tmp_path) in err
 
 
+@pytest.mark.slow
 def test_json_config_resume_extension_and_bad_input(tmp_path, capsys):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"algorithm": "fedmid", "rounds": 2, "bogus_key": 1}))
@@ -188,6 +191,7 @@ def test_progress_bar_on_a_terminal():
     assert plain.getvalue().count("\n") <= 11 and "ETA" in plain.getvalue() and "round 20/20" in plain.getvalue()
 
 
+@pytest.mark.slow
 def test_per_parameter_regularizers_table_and_flag(tmp_path, capsys):
     """A [regularizers] table (group lasso on the weight's columns, no penalty on the bias) runs,
     is recorded, and resumes; --reg-param adds entries; bad entries name the flag / file and key

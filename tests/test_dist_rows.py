@@ -53,6 +53,7 @@ def test_out_of_range_dim_raises_like_torch(one_rank):
         one_rank.report(C._OpReport(lambda X: X.sum((0, -2))), C.RowsState(X), None)
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_reductions_over_client_rows_match_torch_on_two_ranks(tmp_path):
     from test_distributed import _spawn

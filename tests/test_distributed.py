@@ -66,6 +66,7 @@ def rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name", list(C.cases()))
 def test_same_model_and_metrics_as_one_process(ranks, reference, name):
     world, runs = ranks
@@ -95,6 +96,7 @@ def _ring_or_complete_rows_sent(name: str, world: int, rank: int) -> int:
     return sent
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name", list(C.cases()))
 def test_measured_communication_equals_declared_costs(ranks, name):
     from python_algos.algorithms.registry import make
@@ -118,6 +120,7 @@ def test_measured_communication_equals_declared_costs(ranks, name):
                 assert c["sent_bytes"] == c["recv_bytes"] == c["up"] * d * 8, (name, t)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("kind,world,expect", [
     ("bad-data", 2, "rank 1 of 2: client data must be non-empty with matching lengths"),
     ("too-few", 3, "2 clients cannot be split over 3 ranks"),
@@ -130,6 +133,7 @@ def test_an_error_on_one_rank_is_raised_on_every_rank_with_its_number(tmp_path, 
         assert msg.startswith("ValueError") and expect in msg, (r, msg)
 
 
+@pytest.mark.processes
 def test_inner_batched_executor_matches_one_process(tmp_path, reference):
     names = ["fedavg-mb", "scaffold-pp", "depositum-ring-mb"]
     _spawn(C.rank_main, 2, str(tmp_path), names, "batched")
@@ -139,6 +143,7 @@ def test_inner_batched_executor_matches_one_process(tmp_path, reference):
             assert rel(got["params"], reference[name]["params"]) <= 1e-12, (name, r)
 
 
+@pytest.mark.processes
 def test_inner_auto_chooses_as_one_process_with_every_client_would(tmp_path):
     """100 clients: one process picks the batched executor (>= 64 clients); so does every rank of 2,
     although each holds only 50."""
@@ -202,6 +207,7 @@ def depositum_runs(tmp_path_factory):
     return base, args
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_torchrun_cli_matches_one_process(depositum_runs):
     base, _ = depositum_runs
@@ -216,6 +222,7 @@ def test_torchrun_cli_matches_one_process(depositum_runs):
     assert sorted(os.listdir(base / "two" / "checkpoint.pt.shards")) == ["round8.rank0-of-2.pt", "round8.rank1-of-2.pt"]
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["torchrun", "--workers"])
 def test_compare_under_torchrun_matches_one_process(tmp_path, launcher):
@@ -244,6 +251,7 @@ def _folder_state(path) -> dict:
     return out
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_a_missing_shard_is_named_and_nothing_changes(depositum_runs, tmp_path, capsys):
     from python_algos.experiments.cli import main
@@ -259,6 +267,7 @@ def test_a_missing_shard_is_named_and_nothing_changes(depositum_runs, tmp_path, 
     assert _folder_state(run) == before
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.parametrize("world, bad, expect", [
     (2, ["--clients-per-round", "50"], "--clients-per-round 50"),
@@ -307,6 +316,7 @@ def test_distributed_is_not_an_executor_setting():
         Config.from_dict({"executor": "distributed"})
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_killed_rank_restarts_from_checkpoint_with_the_uninterrupted_result(depositum_runs, tmp_path):
     base, args = depositum_runs
@@ -317,6 +327,7 @@ def test_killed_rank_restarts_from_checkpoint_with_the_uninterrupted_result(depo
     assert torch.equal(_params(out), _params(base / "two"))
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_two_nodes_through_a_localhost_rendezvous(depositum_runs, tmp_path):
     base, args = depositum_runs
@@ -334,6 +345,7 @@ def test_two_nodes_through_a_localhost_rendezvous(depositum_runs, tmp_path):
     assert json.loads((tmp_path / "nodes" / "summary.json").read_text())["world_size"] == 2
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_workers_flag_and_resume_on_other_world_sizes(tmp_path):
     """``--workers 2`` for 4 rounds, then resumed to 6 rounds on 3 workers and on 1 process, and a
@@ -364,6 +376,7 @@ def test_workers_flag_and_resume_on_other_world_sizes(tmp_path):
     assert json.loads((tmp_path / "w2" / "summary.json").read_text())["world_size"] == 3
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_distributed_table_smoke(tmp_path):
     """The benchmark end to end on a tiny grid: the 2-rank model equals the one-process one and each
@@ -381,6 +394,7 @@ def test_distributed_table_smoke(tmp_path):
     assert "| FedAvg | sequential |" in out.read_text()
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_ctrl_c_under_workers_writes_the_summary_once_and_resumes_in_one_process(tmp_path):
     """Ctrl-C in a terminal reaches the launcher, torchrun and every rank: rank 0 writes the

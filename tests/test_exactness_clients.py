@@ -236,6 +236,7 @@ def test_batched_metric_pass_leaves_buffers_alone():
 
 # -- 8. bits independent of the chunk of clients per pass -----------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [None, 10], ids=["full", "minibatch"])
 def test_batched_bits_do_not_depend_on_the_chunking(batch_size):
     torch.set_num_threads(2)  # a lone matrix product may then split its work differently from a batched one

@@ -9,6 +9,7 @@ import pytest
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fedcanon_fig2", "fedcanon_fig1", "za1_fig1", "fednmap_figs34"])
 def test_example_quick(tmp_path, name, capsys):
     import importlib

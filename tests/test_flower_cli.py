@@ -139,6 +139,7 @@ def _kill_supernode(marker: str, client: int) -> None:
     raise AssertionError(f"no SuperNode of client {client} found")
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_a_killed_node_stops_the_run_and_the_resume_is_exact(tmp_path):
     """Client 1's SuperNode dies after round 1 (it takes part in rounds 2 and 3): the command fails at
@@ -188,6 +189,7 @@ def test_a_killed_node_stops_the_run_and_the_resume_is_exact(tmp_path):
     assert glob.glob(str(tmp_path / "pa-flower-*")) == []  # the deployments' folders are gone too
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_ctrl_c_ends_every_process_and_leaves_a_resumable_folder(tmp_path):
     out = tmp_path / "fl"

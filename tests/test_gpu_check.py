@@ -17,6 +17,7 @@ if str(ROOT) not in sys.path:
 from bench import gpu_check, gpu_report, gpu_workload  # noqa: E402
 
 
+@pytest.mark.slow
 def test_cpu_smoke_writes_the_report(tmp_path):
     out = tmp_path / "report.md"
     p = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--cpu-smoke", "--out", str(out)], cwd=ROOT,

@@ -47,6 +47,7 @@ def test_opcheck(i, name, args):
     torch.library.opcheck(op, args)
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()

@@ -31,6 +31,7 @@ def _runs(out):
     return sorted(os.path.join(r, "") for r, _, files in os.walk(out) if "config.json" in files)
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_sweep_equals_an_uninterrupted_one(tmp_path, monkeypatch, capsys):
     cfg = _config(tmp_path)
     ref, out = str(tmp_path / "ref"), str(tmp_path / "out")

@@ -21,7 +21,7 @@ An algorithm never touches a model, a data set or a loop over parameters. It see
   these: :class:`~python_algos.clients.SequentialClients` evaluates one client after another,
   :class:`~python_algos.clients.BatchedClients` all of them in vectorized passes. ``mean`` and
   ``broadcast`` count d-vectors per client (``clients.comm``), so the communication column of
-  the README is measured, not just declared.
+  docs/algorithms.md is measured, not just declared.
 
 **Partial participation** (docs/algorithms.md, "Partial participation").
 ``simulate(..., participation=0.5)`` or ``clients_per_round=k`` makes ``clients.participants()``

@@ -34,7 +34,7 @@ sampled clients of its own shard, as indices into its rows; a compact participan
 is that rank's slice of the global ``[k, d]`` participant stack, and ``mean(S, ids)`` divides by
 the global k. The draw is uniform, so a rank holds k·n_rank/N sampled clients on average; the
 per-round imbalance (hypergeometric) is recorded in ``participant_loads`` and discussed in the
-README ("Scaling out"). Rebalancing would change which rank computes which client, not the result.
+docs/scaling-out.md. Rebalancing would change which rank computes which client, not the result.
 
 **Metrics.** ``algorithm.report`` and ``state_metrics`` may read client stacks (DEPOSITUM reports
 the client average x̄): :meth:`report` / :meth:`state_metrics` hand them the rank's rows wrapped so

@@ -31,7 +31,7 @@ def resolve_local(executor, model: nn.Module) -> Callable[..., ClientSet]:
 
     Raises ``ValueError`` naming the valid executors, or saying why the model cannot run on the one
     asked for (``cls.unsupported(model)``; the batched executor also probes the model when built).
-    ``"auto"`` picks by a fixed rule taken from the measured clients table (README): the batched
+    ``"auto"`` picks by a fixed rule taken from the measured clients table (docs/performance.md): the batched
     executor when it can run the model and the work is launch- or overhead-bound — the model is on
     a GPU, or there are at least :data:`AUTO_MIN_CLIENTS` clients and no convolution (vmap turns a
     convolution into a grouped one, slower on CPU than one client after another) — and a pass holds

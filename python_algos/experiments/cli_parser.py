@@ -208,7 +208,7 @@ def _add_seed_flags(g) -> None:
     g.add_argument("--seeds", type=_seeds, default=S, metavar="K",
                    help="K independent runs with seeds --seed, ..., --seed + K - 1, each in OUT/seed-<k>/, with "
                         "mean / std / min / max per round in OUT/aggregate.jsonl, tables as mean ± std and figures "
-                        "with a band (see docs/sweeps.md)")
+                        "with a band (see docs/seeds-and-sweeps.md)")
     g.add_argument("--reseed-data", action="store_true", default=S, dest="reseed_data",
                    help="with several seeds: redraw the data (samples, split, partition) with each seed; by default "
                         "every seed runs on the data of the first")
@@ -241,11 +241,11 @@ def build_parser() -> Parser:
                    "(--rounds may extend it, --checkpoint-every change when it saves; the other settings are "
                    "taken from DIR/config.json)")
     r.add_argument("--workers", type=_workers, default=S, metavar="P",
-                   help="run on P local processes (torchrun ranks, clients split between them; see README "
-                        "'Scaling out'); under torchrun, the ranks are torchrun's")
+                   help="run on P local processes (torchrun ranks, clients split between them; see "
+                        "docs/scaling-out.md); under torchrun, the ranks are torchrun's")
     r.add_argument("--flower", action="store_true", default=S,
                    help="run through a local Flower deployment: one SuperLink and one SuperNode per client as "
-                        "processes on 127.0.0.1 (needs pip install \".[flower]\"; see README 'Deploying with Flower')")
+                        "processes on 127.0.0.1 (needs pip install \".[flower]\"; see docs/flower.md)")
     r.add_argument("--round-timeout", type=_seconds, default=S, metavar="SECONDS", dest="round_timeout",
                    help="with --flower: seconds the server waits for a round's answers before it stops the run, "
                         "naming the client that did not answer (default 300; the run can then be resumed)")
@@ -262,7 +262,7 @@ def build_parser() -> Parser:
                    "are kept, the others continue from their checkpoints (--rounds may extend it; other flags come from DIR)")
     c.add_argument("--workers", type=_workers, default=S, metavar="P",
                    help="run every algorithm on P local processes (torchrun ranks, clients split between them; "
-                        "see README 'Scaling out'); under torchrun, the ranks are torchrun's")
+                        "see docs/scaling-out.md); under torchrun, the ranks are torchrun's")
     c.add_argument("--replace", action="store_true", default=S,
                    help="with --out or --name: replace the comparison already in that folder (all its runs, records "
                         "and figures); a folder holding other files is refused")
@@ -273,7 +273,7 @@ def build_parser() -> Parser:
                        "seed, on --jobs worker processes; points that break an algorithm's rule are skipped and "
                        "listed. Ends with a table of every point (mean ± std over the seeds), the best point per "
                        "algorithm (--select), a heat map of 2-D grids and a figure of the best points. "
-                       "See docs/sweeps.md.")
+                       "See docs/seeds-and-sweeps.md.")
     w.add_argument("-a", "--algorithms", nargs="+", default=None, help="the algorithms (registry names)")
     w.add_argument("--grid", type=_kv_text, action="append", default=S, dest="grid_items", metavar="KEY=VALUES",
                    help="a run setting (lr, local_steps, reg_strength, ...) or a hyper-parameter (alpha, beta, ...) "
@@ -281,7 +281,7 @@ def build_parser() -> Parser:
                         "file's [grid] table holds the same")
     w.add_argument("--optuna", type=_trials, default=S, metavar="N",
                    help="instead of a grid: N trials per algorithm of a random search with Optuna's TPE sampler "
-                        "(seeded from --seed) over --space; needs pip install optuna (see docs/sweeps.md)")
+                        "(seeded from --seed) over --space; needs pip install optuna (see docs/seeds-and-sweeps.md)")
     w.add_argument("--space", type=_kv_text, action="append", default=S, dest="space_items", metavar="KEY=SPEC",
                    help="with --optuna: a key and its range: log:1e-3:1 (log-uniform), float:0:1, int:1:20, "
                         "intlog:1:64, or a list a,b,c (a choice); a config file's [space] table holds the same")

@@ -184,7 +184,7 @@ def _print_summary(summary: dict) -> None:
 # (config.setting's on_resume). A resumed run must end with the bits of the uninterrupted run, so these
 # change only what is shown or written around the rounds, or how many there are: the settings that may
 # change on resume (--rounds: extend), and the command's flags that are not settings: the output flags
-# and --workers (the clients re-cut over P processes: README "Checkpoints, resume, re-sharding").
+# and --workers (the clients re-cut over P processes: docs/scaling-out.md).
 # Refused: every other setting; those kept for another reason than the result (--executor, --threads)
 # say why (their why_kept). The refusal lists exactly this tuple.
 _FREE_ON_RESUME = ("workers", "no_progress", "formats", "no_plot", "band", "tensorboard")

@@ -414,7 +414,7 @@ class Config:
                                      why_kept="another number of threads changes how torch splits its sums and matrix "
                                               "products, so the resumed run would not end with the bits of an "
                                               "uninterrupted one",
-                                     help=f"torch / fedkernels threads (default: 1 for small models, see README "
+                                     help=f"torch / fedkernels threads (default: 1 for small models, see docs/executors.md "
                                           f"'Threads'); at most {MAX_THREADS}, more than the hardware threads of any "
                                           f"current machine (thousands of threads make OpenMP fail or crash)")
 
