@@ -404,7 +404,8 @@ def simulate(
     regularizer, k, step = _checked_inputs(algorithm, model, clients, rounds, regularizer, metrics_every,
                                            metric_step, participation, clients_per_round, progress)
     settings = None  # what a snapshot records of the run (hashes the data once: only when snapshots are used)
-    if checkpoint is not None or resume is not None:
+    takes_snapshots = checkpoint is not None or any(isinstance(cb, Checkpoint) for cb in callbacks)
+    if takes_snapshots or resume is not None:
         settings = setup_record.run_setup(model=model, loss_fn=loss_fn, clients=clients, regularizer=regularizer,
                                           batch_size=batch_size, seed=seed, clients_per_round=k,
                                           metrics_every=metrics_every, metric_step=step)

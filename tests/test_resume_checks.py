@@ -282,3 +282,17 @@ def test_an_edited_config_is_refused_naming_the_setting_its_flag_and_both_values
     err = capsys.readouterr().err
     assert words in err and "nothing was changed" in err, err
     assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
+
+
+def test_a_command_line_checkpoint_records_the_run_setup(tmp_path):
+    """`run` checkpoints through the engine's Checkpoint callback: its snapshots must carry the setup
+    record (data content hash, h at full precision, ...), or a resume could not check them."""
+    from python_algos.experiments.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", "--data-opt", "n=120", "--data-opt", "dim=6", "--data-opt", "nnz=2", "-N", "3", "-K", "2",
+                 "-T", "2", "--reg", "l1", "--reg-strength", "0.0123456789", "--out", str(out), "--no-progress",
+                 "--no-plot"]) == 0
+    setup = ckpt.load(str(out / "checkpoint.pt"))["setup"]
+    assert isinstance(setup, dict) and setup["clients"]["content"]
+    assert "0.0123456789" in setup["regularizer"]
