@@ -25,7 +25,7 @@ def show_warnings_as_the_cli() -> None:
     CLI's own formatter), each distinct one once: a script makes many runs, and each would repeat
     the same warning (Python's once-per-location memory is reset whenever a warnings filter
     changes, which every run does)."""
-    from python_algos.experiments.cli import _showwarning
+    from python_algos.experiments.cli.commands import _showwarning
 
     seen = set()
 

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from python_algos.experiments.cli_parser import build_parser
-from python_algos.experiments.cli_settings import _RESUME_OK, _RUN_RESUME_OK
+from python_algos.experiments.cli import build_parser
+from python_algos.experiments.cli.settings import _RESUME_OK, _RUN_RESUME_OK
 from python_algos.experiments.config import (EXECUTION_KEYS, RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile,
                                              named_as, resume_rule, sweepable_settings)
 

@@ -6,7 +6,7 @@
 Each field of :class:`Config` is declared with :func:`setting`: its command-line flag (and short
 alias, ``-K``), how the flag's text is read, its check (type and bounds), its help text and its
 resume rule. Everything else is derived from that declaration (:data:`SETTINGS`): the command
-line's flags (:mod:`.cli_parser`), the config-file keys (the field names), the flags a ``--resume``
+line's flags (:mod:`.cli.parser`), the config-file keys (the field names), the flags a ``--resume``
 accepts and the settings a checkpoint must match (:func:`resume_rule`), and the settings a sweep may
 vary with the checks of their flags (:func:`sweepable_settings`).
 

@@ -23,10 +23,10 @@ the command started ends, the summary so far is written and the resume command p
 from __future__ import annotations
 
 import argparse
-
 import difflib
 
-from .config import MAX_COUNT, MAX_THREADS, SETTINGS, Config, Setting
+from ..config import MAX_COUNT, MAX_THREADS, SETTINGS, Config, Setting
+from ..plotting import parse_formats  # matplotlib itself: imported when a figure is drawn
 
 DEMO_ALGORITHMS = ("fedcanon", "fedavg", "za1", "fednmap", "fedmid")
 
@@ -156,8 +156,6 @@ def _seconds(text: str) -> float:
 
 
 def _formats(text: str):
-    from .plotting import parse_formats
-
     try:
         return parse_formats(text)
     except ValueError as e:  # argparse prefixes the flag itself

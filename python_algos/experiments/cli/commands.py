@@ -1,6 +1,6 @@
 """Command line entry point: ``main`` and the subcommands ``run``, ``compare``, ``demo``, ``plot``,
-``algorithms`` (``sweep`` and several seeds: :mod:`.cli_research`). Usage, examples and exit
-status: :mod:`.cli_parser` (what ``--help`` prints)."""
+``algorithms`` (``sweep`` and several seeds: :mod:`.research`). Usage, examples and exit
+status: :mod:`.parser` (what ``--help`` prints)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,24 @@ import time
 import warnings
 from typing import Optional, Sequence
 
-from .cli_parser import DEMO_ALGORITHMS, _demo_config, build_parser
-from .cli_settings import (_RESUME_OK, _RUN_RESUME_OK, _merge, _out_dir, _print_summary, _quiet,
-                           _restarted_run, _resume_flags_check, _resume_run, user_names)
-from .config import named_as
-from .cli_settings import _compare_settings, _figure
-from .cli_research import _cmd_compare_seeds, _cmd_run_seeds, _events, _wants_seeds, cmd_sweep
+from .parser import DEMO_ALGORITHMS, _demo_config, build_parser
+from .research import _cmd_compare_seeds, _cmd_run_seeds, _events, _wants_seeds, cmd_sweep
+from .settings import (_RESUME_OK, _RUN_RESUME_OK, _compare_settings, _figure, _merge, _out_dir, _print_summary,
+                       _quiet, _restarted_run, _resume_flags_check, _resume_run, user_names)
+from .. import launch
+from ..compare import compare_experiments, comparison_table, verdict_line
+from ..config import Config, named_as
+from ..data import DataNotFoundError
+from ..device import resolve_device
+from ..flower_run import check_flower_flags, execute_flower, prepare_flower  # flwr itself: imported when a run starts
+from ..folders import default_out_dir
+from ..plotting import plot_runs  # matplotlib itself: imported when a figure is drawn
+from ..prepare import check_algorithm_names, check_world_size, prepare_run
+from ..run import Interrupted, execute_run
+from ..tensorboard import live_events  # the tensorboard package itself: imported when events are written
+from ...algorithms.registry import markdown_table
+from ...runfolder.folder import unused_claims_removed
+from ...runfolder.signals import exit_code, terminate_as_interrupt
 
 __all__ = ["main", "build_parser", "DEMO_ALGORITHMS"]
 
@@ -35,12 +47,9 @@ def _replace(args) -> bool:
 
 
 def cmd_run(args) -> int:
-    from .config import Config
-
     if args.demo:
         return cmd_demo(argparse.Namespace(rounds=getattr(args, "rounds", None), out=args.out,
                                            no_progress=args.no_progress, formats=args.formats, no_plot=args.no_plot))
-    from . import launch
 
     if getattr(args, "flower", False):
         return _cmd_run_flower(args)
@@ -55,8 +64,6 @@ def cmd_run(args) -> int:
         if args.resume:  # the ranks resume it (_resume_run), --checkpoint-every included
             _resume_flags_check(args, _RUN_RESUME_OK)
         else:  # check the settings here, and pick the folder once for every rank
-            from .prepare import check_world_size, prepare_run
-
             try:
                 cfg = Config.from_dict(_merge(args))
                 out = _out_dir(args, cfg.algorithm)
@@ -72,13 +79,10 @@ def cmd_run(args) -> int:
         return _cmd_run_seeds(args)
     main = launch.is_main()
     say = print if main else _quiet  # under torchrun rank 0 alone prints
-    from .run import execute_run
 
     if args.resume:
         summary = execute_run(_resume_run(args), progress=not args.no_progress, log=say)
     else:
-        from .prepare import prepare_run
-
         try:
             cfg = Config.from_dict(_merge(args))
             out = launch.agree_on(_out_dir(args, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
@@ -100,10 +104,6 @@ def cmd_run(args) -> int:
 
 def _cmd_run_flower(args) -> int:
     """``run --flower`` (experiments/flower_run.py): every check, then the local Flower deployment."""
-    from . import launch
-    from .config import Config
-    from .flower_run import check_flower_flags, execute_flower, prepare_flower
-
     if args.resume:
         # --workers is Flower's refusal to make (check_flower_flags), with its own reason
         _resume_flags_check(args, allowed=tuple(k for k in _RESUME_OK if k != "workers") + ("flower", "round_timeout"))
@@ -140,9 +140,6 @@ def _finish_run(summary: dict, args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from . import launch
-    from .compare import compare_experiments, comparison_table
-
     if _wants_seeds(args):
         if getattr(args, "workers", None):
             raise ValueError("--workers with several seeds: run the seeds one after another on one process each "
@@ -153,9 +150,6 @@ def cmd_compare(args) -> int:
         if args.resume:
             _resume_flags_check(args)
         else:  # check the settings here, and pick the folder once for every rank
-            from .device import resolve_device
-            from .prepare import check_algorithm_names, check_world_size
-
             try:
                 cfg, algorithms, _ = _compare_settings(args)
                 cfg.check()
@@ -205,10 +199,6 @@ def cmd_compare(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from . import launch
-    from .compare import compare_experiments, comparison_table, verdict_line
-    from .folders import default_out_dir
-
     t0 = time.perf_counter()
     cfg = _demo_config()
     if args.rounds is not None:
@@ -237,8 +227,6 @@ def cmd_demo(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from .plotting import plot_runs
-
     files = plot_runs(args.runs, out_dir=args.out, metrics=args.metrics, x_axes=args.x, title=args.title,
                       formats=args.formats, f_star=args.f_star, setup=not args.no_setup, band=args.band)
     for f in files:
@@ -247,8 +235,6 @@ def cmd_plot(args) -> int:
 
 
 def cmd_algorithms(args) -> int:
-    from ..algorithms.registry import markdown_table
-
     print(markdown_table())
     return 0
 
@@ -265,14 +251,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from . import launch
-    from .data import DataNotFoundError
 
     handler = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "demo": cmd_demo, "plot": cmd_plot,
                "algorithms": cmd_algorithms}[args.command]
-    from .run import Interrupted
-    from ..runfolder.folder import unused_claims_removed
-    from ..runfolder.signals import exit_code, terminate_as_interrupt
 
     with warnings.catch_warnings():
         warnings.showwarning = _showwarning
@@ -281,8 +262,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             live = contextlib.nullcontext()
             if getattr(args, "tensorboard", False):  # every run writes its events as it goes (experiments/tensorboard.py)
-                from .tensorboard import live_events
-
                 live = live_events()
             # SIGTERM / SIGHUP take Ctrl-C's path: the folder is closed as interrupted, children end
             # an error about a setting names it as the user gave it (the flag as typed, or the config file's key);

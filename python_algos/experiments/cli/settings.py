@@ -8,9 +8,16 @@ import os
 import re
 from typing import Sequence
 
-from .cli_parser import DEMO_ALGORITHMS, TYPED
-from .config import RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile, check_given, flag, unknown_keys_text
-from .regularizer_specs import _spec_text
+from .parser import DEMO_ALGORITHMS, TYPED
+from .. import launch
+from ..config import RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile, check_given, flag, unknown_keys_text
+from ..folders import _read_config_json, default_out_dir
+from ..plotting import plot_runs  # matplotlib itself: imported when a figure is drawn
+from ..prepare import check_algorithm_names, prepare_run
+from ..regularizer_specs import _spec_text
+from ..seeds import seed_list
+from ..tables import column_name, format_table
+from ...runfolder.files import _as_json
 
 
 def _read_config_file(path: str) -> dict:
@@ -139,8 +146,6 @@ def _swept(args, base: dict) -> set:
 
 
 def _out_dir(args, name: str) -> str:
-    from .folders import default_out_dir
-
     if args.out:
         return args.out
     if getattr(args, "name", None):
@@ -171,8 +176,6 @@ def _split_alg_opts(opts: dict, algorithms: Sequence[str]):
 
 
 def _print_summary(summary: dict) -> None:
-    from .tables import column_name, format_table
-
     f = summary["final"]
     keys = [k for k in ("f", "h", "f+h", "grad_map_sq", "normal_map_sq", "sparsity", "test_acc", "train_acc",
                         "support_f1") if k in f]
@@ -206,10 +209,6 @@ def _restarted_run(cfg, out: str) -> bool:
     """True in a job that torchrun restarted (``--max-restarts``) whose run folder this job started:
     the restarted ranks resume it instead of starting over. A folder holding a run of other
     settings (the first attempt refused it) is left alone: the fresh-run checks then refuse it again."""
-    from . import launch
-    from .folders import _read_config_json
-    from ..runfolder.files import _as_json
-
     if not (launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, "config.json"))):
         return False
     try:
@@ -248,8 +247,6 @@ def _resume_run(args):
     ``--checkpoint-every`` when given (the only setting a resume may change: it decides when the
     state is saved, never what a round computes). config.json then records the new interval, so a
     later resume keeps it."""
-    from .prepare import prepare_run
-
     _resume_flags_check(args, _RUN_RESUME_OK)
     every = getattr(args, "checkpoint_every", None)
     prep = prepare_run(None, args.resume, resume=True, rounds=getattr(args, "rounds", None))
@@ -274,8 +271,6 @@ def _compare_settings(args, seeds: bool = False):
     cfg = Config.from_dict(merged)
     # the cheap checks here, before the "comparing ..." line: a misspelt name or a bad flag is then
     # the only thing printed (compare_experiments checks the rest before it writes anything)
-    from .prepare import check_algorithm_names
-
     cfg.check()
     check_algorithm_names(algorithms)
     return cfg, algorithms, per
@@ -286,7 +281,6 @@ def _figure(folder: str, args) -> None:
     is a note, not a failure (the results are written)."""
     if getattr(args, "no_plot", False):
         return
-    from .plotting import plot_runs
 
     try:
         files = plot_runs([folder], out_dir=folder, per_metric=False, formats=args.formats,
@@ -300,8 +294,6 @@ def _figure(folder: str, args) -> None:
 
 def _seed_settings(args, extra=()):
     """(merged settings without the seed keys, the seeds, reseed_data) of a run / compare with seeds."""
-    from .seeds import seed_list
-
     merged = _merge(args, extra_keys=("seeds", "reseed_data", *extra))
     seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
     reseed = merged.pop("reseed_data", False)

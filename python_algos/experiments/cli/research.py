@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import sys
 
-from .cli_settings import _compare_settings, _figure, _seed_settings
-from .cli_settings import _merge, _out_dir, _read_config_file, _resume_flags_check, _split_alg_opts
+from .parser import _formats
+from .settings import (_compare_settings, _figure, _merge, _out_dir, _read_config_file, _resume_flags_check,
+                       _seed_settings, _split_alg_opts)
+from ..config import Config
+from ..optuna_search import parse_space, run_study  # optuna itself: imported when a study starts
+from ..plotting import plot_sweep  # matplotlib itself: imported when a figure is drawn
+from ..seeds import compare_seeds, is_seeds_folder, run_seeds, seed_list
+from ..sweep import SELECT, SweepInterrupted, parse_grid, read_sweep, run_sweep
+from ..tensorboard import check_available, write_events  # the tensorboard package: imported when events are written
 
 
 def _events(run_dirs, args) -> None:
     """--tensorboard: the runs' TensorBoard events (see experiments/tensorboard.py). A run of this command
     wrote them live, so write_events leaves them alone; a run a resume kept may have none yet."""
     if getattr(args, "tensorboard", False):
-        from .tensorboard import write_events
-
         for d in run_dirs:
             write_events(d)
         print(f"TensorBoard events: tensorboard --logdir {shlex.quote(os.path.commonpath(run_dirs))}")
@@ -24,8 +30,6 @@ def _events(run_dirs, args) -> None:
 def _wants_seeds(args) -> bool:
     """Several seeds asked for: --seeds, a --seed list, a seeds/reseed_data key of the config file, or
     --resume of a folder of seeds."""
-    from .seeds import is_seeds_folder
-
     if getattr(args, "resume", None):
         return is_seeds_folder(args.resume)
     if hasattr(args, "seeds") or isinstance(getattr(args, "seed", None), list):
@@ -43,7 +47,6 @@ def _tb_hook(args):
     see :func:`_events`)."""
     if not getattr(args, "tensorboard", False):
         return None
-    from .tensorboard import check_available, write_events
 
     check_available()
     return write_events
@@ -60,9 +63,6 @@ def _seeds_done(result: dict, args, flat) -> int:
 
 
 def _cmd_run_seeds(args) -> int:
-    from .config import Config
-    from .seeds import run_seeds
-
     hook = _tb_hook(args)
     if args.resume:
         _resume_flags_check(args)
@@ -83,8 +83,6 @@ def _cmd_run_seeds(args) -> int:
 
 
 def _cmd_compare_seeds(args) -> int:
-    from .seeds import compare_seeds
-
     hook = _tb_hook(args)
     if args.resume:
         _resume_flags_check(args)
@@ -107,10 +105,6 @@ def _cmd_compare_seeds(args) -> int:
 def _given(args, *flags) -> dict:
     """The figure flags among ``flags`` that the command line gave (argparse fills in their defaults,
     so ``args`` alone cannot tell a given ``--formats png,pdf`` from none): their parsed values."""
-    import argparse
-
-    from .cli_parser import _formats
-
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--formats", type=_formats, default=None)
     p.add_argument("--band", default=None)
@@ -124,10 +118,6 @@ _SWEEP_RESUME_OK = ("command", "resume", "jobs", "no_progress", "formats", "no_p
 
 def cmd_sweep(args) -> int:
     """`sweep` (experiments/sweep.py): the grid's runs, then the table and the figures."""
-    from .config import Config
-    from .seeds import seed_list
-    from .sweep import SELECT, SweepInterrupted, read_sweep, parse_grid, run_sweep
-
     opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
     # what the figures need: recorded in sweep.json, and on --resume taken from there unless given again
     figures = {"formats": list(args.formats), "band": getattr(args, "band", "std")}
@@ -156,8 +146,6 @@ def cmd_sweep(args) -> int:
             if space and trials is None:
                 raise ValueError("--space: only with --optuna N (the number of trials); a grid takes --grid")
             if trials is not None:
-                from .optuna_search import parse_space
-
                 if not space:
                     raise ValueError("--optuna: give the space to search with --space KEY=SPEC (e.g. --space "
                                      "alpha=log:1e-3:1), or a [space] table in --config")
@@ -192,15 +180,11 @@ def cmd_sweep(args) -> int:
                 kw.update(grid=None, space=space, trials=trials)
         select = opts["select"]  # None: f_plus_h, or on resume what the sweep (a random search) was run with
         if "space" in kw:
-            from .optuna_search import run_study
-
             result = run_study(kw.pop("cfg"), kw.pop("algorithms"), kw.pop("space"), kw.pop("trials"), kw.pop("seeds"),
                                out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
                                tensorboard=bool(getattr(args, "tensorboard", False)), figures=figures,
                                **{k: v for k, v in kw.items() if k != "grid"})
         elif kw.get("resume") and "optuna" in read_sweep(out):  # a random search: its trials continue
-            from .optuna_search import run_study
-
             result = run_study(None, None, None, None, out_dir=out, jobs=opts["jobs"] or 1, select=select,
                                resume=True, tensorboard=bool(getattr(args, "tensorboard", False)))
         else:
@@ -218,9 +202,6 @@ def cmd_sweep(args) -> int:
     if getattr(args, "tensorboard", False):
         print(f"TensorBoard events: tensorboard --logdir {shlex.quote(out)}")
     if not getattr(args, "no_plot", False):
-        from .plotting import plot_sweep
-        from .sweep import read_sweep
-
         try:
             select = result["select"]
             files = plot_sweep(out, result, read_sweep(out)["grid"], SELECT[select][0], select,
