@@ -41,7 +41,7 @@ from .tensorboard import LiveEvents, check_available, live_requested  # imports 
 from .threads import apply_threads
 from ..runfolder import callbacks
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import _remove_leftovers, read_metrics
+from ..runfolder.files import remove_leftovers, read_metrics
 from ..runfolder.records import (save_model, summary_record, write_config, write_metrics,
                                  write_partition, write_summary)
 from ..runfolder.folder import clear_for_fresh_run
@@ -101,7 +101,7 @@ def _start_folder(prep: PreparedRun, log) -> None:
         write_config(out_dir, cfg.to_dict(), exclusive=not prep.replace)
         prep.rewrite_config = False
     else:
-        _remove_leftovers(out_dir)
+        remove_leftovers(out_dir)
         launch.remove_shard_leftovers(os.path.join(out_dir, "checkpoint.pt"))
     if not prep.resume or snap is None:
         write_partition(out_dir, fed.partition, fed.parts, fed.histograms)

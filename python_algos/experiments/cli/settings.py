@@ -17,7 +17,7 @@ from ..prepare import check_algorithm_names, prepare_run
 from ..regularizer_specs import _spec_text
 from ..seeds import seed_list
 from ..tables import column_name, format_table
-from ...runfolder.files import _as_json
+from ...runfolder.files import as_json
 
 
 def _read_config_file(path: str) -> dict:
@@ -212,10 +212,10 @@ def _restarted_run(cfg, out: str) -> bool:
     if not (launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, "config.json"))):
         return False
     try:
-        saved = _as_json(_read_config_json(os.path.join(out, "config.json")).to_dict())
+        saved = as_json(_read_config_json(os.path.join(out, "config.json")).to_dict())
     except ValueError:
         return False
-    now = _as_json(cfg.to_dict())
+    now = as_json(cfg.to_dict())
     return all(saved.get(k) == now.get(k) for k in RESULT_KEYS if k != "rounds")
 
 
