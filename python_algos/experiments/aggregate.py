@@ -32,7 +32,7 @@ import re
 from typing import Dict, List, Optional, Sequence
 
 from .tables import column_name, format_number, format_table
-from ..runfolder.files import write_text_atomically, write_json, write_jsonl
+from ..runfolder.files import write_json, write_jsonl, write_text_atomically
 
 __all__ = ["stats", "aggregate_rows", "final_stats", "stats_cell", "seed_table", "write_aggregate", "seed_of",
            "group_key", "counted", "left_out", "TABLE_METRICS", "SEED_DIR"]

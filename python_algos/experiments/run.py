@@ -41,7 +41,7 @@ from .tensorboard import LiveEvents, check_available, live_requested  # imports 
 from .threads import apply_threads
 from ..runfolder import callbacks
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import remove_leftovers, read_metrics
+from ..runfolder.files import read_metrics, remove_leftovers
 from ..runfolder.records import (save_model, summary_record, write_config, write_metrics,
                                  write_partition, write_summary)
 from ..runfolder.folder import clear_for_fresh_run

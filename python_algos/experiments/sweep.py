@@ -70,7 +70,7 @@ from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .values import parse_value
 from .seeds import seed_configs
-from ..runfolder.files import RunFolderError, write_text_atomically, write_json, read_summary
+from ..runfolder.files import RunFolderError, read_summary, write_json, write_text_atomically
 from ..runfolder.progress import human_time
 from ..runfolder.signals import STOP_SIGNALS, exit_code
 

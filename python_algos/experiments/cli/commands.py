@@ -14,10 +14,10 @@ import time
 import warnings
 from typing import Optional, Sequence
 
-from .parser import DEMO_ALGORITHMS, _demo_config, build_parser
-from .research import _cmd_compare_seeds, _cmd_run_seeds, _events, _wants_seeds, cmd_sweep
-from .settings import (_RESUME_OK, _RUN_RESUME_OK, _compare_settings, _figure, _merge, _out_dir, _print_summary,
-                       _quiet, _restarted_run, _resume_flags_check, _resume_run, user_names)
+from .parser import DEMO_ALGORITHMS, build_parser, demo_config
+from .research import cmd_compare_seeds, cmd_run_seeds, cmd_sweep, wants_seeds, write_run_events
+from .settings import (RESUME_OK, RUN_RESUME_OK, check_resume_flags, compare_settings, merge_settings, output_folder,
+                       overview_figure, print_summary, quiet, restarted_run, resumed_run, user_names)
 from .. import launch
 from ..compare import compare_experiments, comparison_table, verdict_line
 from ..config import Config, named_as
@@ -56,17 +56,17 @@ def cmd_run(args) -> int:
     if getattr(args, "round_timeout", None) is not None:
         raise ValueError("--round-timeout is the Flower server's wait for a round (run --flower); without --flower "
                          "a run has no server to wait")
-    if getattr(args, "workers", None) and _wants_seeds(args):
+    if getattr(args, "workers", None) and wants_seeds(args):
         raise ValueError("--workers with several seeds: run the seeds one after another on one process each "
                          "(leave out --workers), or give one seed")
     if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
         out = None
-        if args.resume:  # the ranks resume it (_resume_run), --checkpoint-every included
-            _resume_flags_check(args, _RUN_RESUME_OK)
+        if args.resume:  # the ranks resume it (resumed_run), --checkpoint-every included
+            check_resume_flags(args, RUN_RESUME_OK)
         else:  # check the settings here, and pick the folder once for every rank
             try:
-                cfg = Config.from_dict(_merge(args))
-                out = _out_dir(args, cfg.algorithm)
+                cfg = Config.from_dict(merge_settings(args))
+                out = output_folder(args, cfg.algorithm)
                 # Every check a rank would make (data, model, regularizers, participation, the folder),
                 # here and writing nothing: an error is then one line, not P numbered copies of it
                 # followed by torchrun's failure report. It loads the data once more; ranks load theirs.
@@ -75,18 +75,18 @@ def cmd_run(args) -> int:
             except ValueError:  # named where raised (config.named_as): this try can go
                 raise
         return launch.run_workers(args.argv, args.workers, out)
-    if _wants_seeds(args):
-        return _cmd_run_seeds(args)
+    if wants_seeds(args):
+        return cmd_run_seeds(args)
     main = launch.is_main()
-    say = print if main else _quiet  # under torchrun rank 0 alone prints
+    say = print if main else quiet  # under torchrun rank 0 alone prints
 
     if args.resume:
-        summary = execute_run(_resume_run(args), progress=not args.no_progress, log=say)
+        summary = execute_run(resumed_run(args), progress=not args.no_progress, log=say)
     else:
         try:
-            cfg = Config.from_dict(_merge(args))
-            out = launch.agree_on(_out_dir(args, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
-            if launch.agree_on(main and _restarted_run(cfg, out)):
+            cfg = Config.from_dict(merge_settings(args))
+            out = launch.agree_on(output_folder(args, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
+            if launch.agree_on(main and restarted_run(cfg, out)):
                 # torchrun restarted the job after a rank failed: continue from the last checkpoint
                 prep = prepare_run(None, out, resume=True, rounds=cfg.rounds)
             else:
@@ -106,15 +106,15 @@ def _cmd_run_flower(args) -> int:
     """``run --flower`` (experiments/flower_run.py): every check, then the local Flower deployment."""
     if args.resume:
         # --workers is Flower's refusal to make (check_flower_flags), with its own reason
-        _resume_flags_check(args, allowed=tuple(k for k in _RESUME_OK if k != "workers") + ("flower", "round_timeout"))
-    check_flower_flags(workers=getattr(args, "workers", None), seeds=not args.resume and _wants_seeds(args),
+        check_resume_flags(args, allowed=tuple(k for k in RESUME_OK if k != "workers") + ("flower", "round_timeout"))
+    check_flower_flags(workers=getattr(args, "workers", None), seeds=not args.resume and wants_seeds(args),
                        demo=args.demo, distributed=launch.distributed())
     try:
         if args.resume:
             prep = prepare_flower(None, args.resume, resume=True, rounds=getattr(args, "rounds", None))
         else:
-            cfg = Config.from_dict(_merge(args))
-            out = _out_dir(args, cfg.algorithm)
+            cfg = Config.from_dict(merge_settings(args))
+            out = output_folder(args, cfg.algorithm)
             prep = prepare_flower(cfg, out, replace=_replace(args))
     except ValueError:  # named where raised (config.named_as): this try can go
         raise
@@ -127,10 +127,10 @@ def _cmd_run_flower(args) -> int:
 
 
 def _finish_run(summary: dict, args) -> int:
-    _print_summary(summary)
+    print_summary(summary)
     print(f"results written to {summary['out_dir']}")
-    _events([summary["out_dir"]], args)
-    _figure(summary["out_dir"], args)
+    write_run_events([summary["out_dir"]], args)
+    overview_figure(summary["out_dir"], args)
     if summary["status"] == "diverged":
         print(summary["message"], file=sys.stderr)
         return 3
@@ -140,30 +140,30 @@ def _finish_run(summary: dict, args) -> int:
 
 
 def cmd_compare(args) -> int:
-    if _wants_seeds(args):
+    if wants_seeds(args):
         if getattr(args, "workers", None):
             raise ValueError("--workers with several seeds: run the seeds one after another on one process each "
                              "(leave out --workers), or give one seed")
-        return _cmd_compare_seeds(args)
+        return cmd_compare_seeds(args)
     if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
         out = None
         if args.resume:
-            _resume_flags_check(args)
+            check_resume_flags(args)
         else:  # check the settings here, and pick the folder once for every rank
             try:
-                cfg, algorithms, _ = _compare_settings(args)
+                cfg, algorithms, _ = compare_settings(args)
                 cfg.check()
                 check_algorithm_names(algorithms)
                 resolve_device(cfg.device)
                 check_world_size(cfg.num_clients, args.workers)
             except ValueError:  # named where raised (config.named_as): this try can go
                 raise
-            out = _out_dir(args, "compare")
+            out = output_folder(args, "compare")
         return launch.run_workers(args.argv, args.workers, out)
     main = launch.is_main()
-    say = print if main else _quiet  # under torchrun rank 0 alone prints
+    say = print if main else quiet  # under torchrun rank 0 alone prints
     if args.resume:
-        _resume_flags_check(args)
+        check_resume_flags(args)
         out = args.resume
         say(f"resuming the comparison in {out}")
         summaries = compare_experiments(None, None, out, resume=True, rounds=getattr(args, "rounds", None),
@@ -172,10 +172,10 @@ def cmd_compare(args) -> int:
             step = json.load(f)["config"]["metric_step"]
     else:
         try:
-            cfg, algorithms, per = _compare_settings(args)
+            cfg, algorithms, per = compare_settings(args)
         except ValueError:  # named where raised (config.named_as): this try can go
             raise
-        out = launch.agree_on(_out_dir(args, "compare") if main else None, cfg.device)  # rank 0's folder
+        out = launch.agree_on(output_folder(args, "compare") if main else None, cfg.device)  # rank 0's folder
         say(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
               f"{cfg.model}, h={cfg.reg}; results -> {out}")
         try:
@@ -188,8 +188,8 @@ def cmd_compare(args) -> int:
         return 3 if any(s["status"] == "diverged" for s in summaries) else 0
     print(comparison_table(summaries, step))
     print(f"results written to {out}  (more figures: python -m python_algos plot {shlex.quote(out)})")
-    _events([s["out_dir"] for s in summaries], args)
-    _figure(out, args)
+    write_run_events([s["out_dir"] for s in summaries], args)
+    overview_figure(out, args)
     return 3 if any(s["status"] == "diverged" for s in summaries) else 0
 
 
@@ -200,11 +200,11 @@ def cmd_compare(args) -> int:
 
 def cmd_demo(args) -> int:
     t0 = time.perf_counter()
-    cfg = _demo_config()
+    cfg = demo_config()
     if args.rounds is not None:
         cfg = cfg.replace(rounds=args.rounds)
     main = launch.is_main()
-    say = print if main else _quiet  # under torchrun rank 0 alone prints
+    say = print if main else quiet  # under torchrun rank 0 alone prints
     out = launch.agree_on((args.out or default_out_dir("demo")) if main else None, cfg.device)  # rank 0's folder
     say(f"fedkernels demo: sparse logistic regression (d = 100, 10-sparse ground truth), 10 heterogeneous "
         f"clients, h = {cfg.reg_strength:g}·||x||_1, full gradients, K = {cfg.local_steps}, T = {cfg.rounds}")
@@ -218,7 +218,7 @@ def cmd_demo(args) -> int:
           "fraction of exact zeros;\nsupport F1: recovered non-zero pattern vs the ground truth. FedAvg ignores h "
           "(smooth method), so its model is dense.")
     print(f"results written to {out}  (more figures: python -m python_algos plot {shlex.quote(out)})")
-    _figure(out, args)
+    overview_figure(out, args)
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     print(verdict_line(summaries))  # the last line: what the table and the figure show, in words
     return 0
@@ -239,7 +239,7 @@ def cmd_algorithms(args) -> int:
     return 0
 
 
-def _showwarning(message, category, filename, lineno, file=None, line=None):
+def show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
 
 
@@ -256,7 +256,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                "algorithms": cmd_algorithms}[args.command]
 
     with warnings.catch_warnings():
-        warnings.showwarning = _showwarning
+        warnings.showwarning = show_warning
         if launch.rank() != 0:  # rank 0 alone reports (every rank would print the same warnings)
             warnings.simplefilter("ignore")
         try:

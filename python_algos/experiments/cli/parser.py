@@ -31,7 +31,7 @@ from ..plotting import parse_formats  # matplotlib itself: imported when a figur
 DEMO_ALGORITHMS = ("fedcanon", "fedavg", "za1", "fednmap", "fedmid")
 
 
-def _demo_config():
+def demo_config():
     # Sparse logistic regression with a known 10-sparse ground truth in R^100; 10 clients whose
     # features are shifted differently (heterogeneous f_i, one common x_true); L1; full gradients.
     return Config(algorithm="fedcanon", lr=0.1, local_steps=10, dataset="sparse_logistic",
@@ -155,7 +155,7 @@ def _seconds(text: str) -> float:
     return v
 
 
-def _formats(text: str):
+def formats_flag(text: str):
     try:
         return parse_formats(text)
     except ValueError as e:  # argparse prefixes the flag itself
@@ -163,7 +163,7 @@ def _formats(text: str):
 
 
 def _add_figure_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--formats", type=_formats, default=("png", "pdf"), metavar="png,pdf,svg",
+    p.add_argument("--formats", type=formats_flag, default=("png", "pdf"), metavar="png,pdf,svg",
                    help="figure file formats, comma-separated (default: png,pdf)")
     p.add_argument("--no-plot", action="store_true", dest="no_plot", help="do not write the figure")
     p.add_argument("--band", choices=["std", "minmax"], default="std",
@@ -316,7 +316,7 @@ def build_parser() -> Parser:
     pl.add_argument("--no-setup", action="store_true", dest="no_setup", help="leave the setup line out")
     pl.add_argument("--f-star", type=float, default=None, dest="f_star", metavar="F*",
                     help="the optimal value F*: plot the suboptimality f+h − F* (default: a run's summary.json f_star)")
-    pl.add_argument("--formats", type=_formats, default=("png", "pdf"), metavar="png,pdf,svg",
+    pl.add_argument("--formats", type=formats_flag, default=("png", "pdf"), metavar="png,pdf,svg",
                     help="file formats, comma-separated (default: png,pdf)")
     pl.add_argument("--band", choices=["std", "minmax"], default="std",
                     help="runs of several seeds (seed-<k> folders) are drawn as their mean with a shaded band: "

@@ -7,9 +7,9 @@ import os
 import shlex
 import sys
 
-from .parser import _formats
-from .settings import (_compare_settings, _figure, _merge, _out_dir, _read_config_file, _resume_flags_check,
-                       _seed_settings, _split_alg_opts)
+from .parser import formats_flag
+from .settings import (check_resume_flags, compare_settings, merge_settings, output_folder, overview_figure,
+                       read_config_file, seed_settings, split_alg_opts)
 from ..config import Config
 from ..optuna_search import parse_space, run_study  # optuna itself: imported when a study starts
 from ..plotting import plot_sweep  # matplotlib itself: imported when a figure is drawn
@@ -18,7 +18,7 @@ from ..sweep import SELECT, SweepInterrupted, parse_grid, read_sweep, run_sweep
 from ..tensorboard import check_available, write_events  # the tensorboard package: imported when events are written
 
 
-def _events(run_dirs, args) -> None:
+def write_run_events(run_dirs, args) -> None:
     """--tensorboard: the runs' TensorBoard events (see experiments/tensorboard.py). A run of this command
     wrote them live, so write_events leaves them alone; a run a resume kept may have none yet."""
     if getattr(args, "tensorboard", False):
@@ -27,7 +27,7 @@ def _events(run_dirs, args) -> None:
         print(f"TensorBoard events: tensorboard --logdir {shlex.quote(os.path.commonpath(run_dirs))}")
 
 
-def _wants_seeds(args) -> bool:
+def wants_seeds(args) -> bool:
     """Several seeds asked for: --seeds, a --seed list, a seeds/reseed_data key of the config file, or
     --resume of a folder of seeds."""
     if getattr(args, "resume", None):
@@ -35,8 +35,8 @@ def _wants_seeds(args) -> bool:
     if hasattr(args, "seeds") or isinstance(getattr(args, "seed", None), list):
         return True
     if getattr(args, "config", None):
-        keys = {k.replace("-", "_") for k in _read_config_file(args.config)}
-        return bool(keys & {"seeds"}) or isinstance(_read_config_file(args.config).get("seed"), list)
+        keys = {k.replace("-", "_") for k in read_config_file(args.config)}
+        return bool(keys & {"seeds"}) or isinstance(read_config_file(args.config).get("seed"), list)
     return False
 
 
@@ -44,7 +44,7 @@ def _wants_seeds(args) -> bool:
 
 def _tb_hook(args):
     """--tensorboard with several seeds: after each seed, its events (already written live: a no-op;
-    see :func:`_events`)."""
+    see :func:`write_run_events`)."""
     if not getattr(args, "tensorboard", False):
         return None
 
@@ -58,22 +58,22 @@ def _seeds_done(result: dict, args, flat) -> int:
     print(f"mean ± std over the seeds that completed, of {len(result['seeds'])} (seeds "
           f"{', '.join(map(str, result['seeds']))}); results "
           f"written to {out}  (per-round statistics: {os.path.join(out, 'aggregate.jsonl')})")
-    _figure(out, args)
+    overview_figure(out, args)
     return 3 if any(s.get("status") == "diverged" for s in flat) else 0
 
 
-def _cmd_run_seeds(args) -> int:
+def cmd_run_seeds(args) -> int:
     hook = _tb_hook(args)
     if args.resume:
-        _resume_flags_check(args)
+        check_resume_flags(args)
         print(f"resuming the seeds in {args.resume}")
         result = run_seeds(None, None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
                            progress=not args.no_progress, after_run=hook)
     else:
         try:
-            merged, seeds, reseed = _seed_settings(args)
+            merged, seeds, reseed = seed_settings(args)
             cfg = Config.from_dict(merged)
-            out = _out_dir(args, cfg.algorithm)
+            out = output_folder(args, cfg.algorithm)
             print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
                   f"seeds {', '.join(map(str, seeds))}{' (data redrawn per seed)' if reseed else ''}; results -> {out}")
             result = run_seeds(cfg, seeds, out, reseed_data=reseed, progress=not args.no_progress, after_run=hook)
@@ -82,17 +82,17 @@ def _cmd_run_seeds(args) -> int:
     return _seeds_done(result, args, result["summaries"])
 
 
-def _cmd_compare_seeds(args) -> int:
+def cmd_compare_seeds(args) -> int:
     hook = _tb_hook(args)
     if args.resume:
-        _resume_flags_check(args)
+        check_resume_flags(args)
         print(f"resuming the seeds in {args.resume}")
         result = compare_seeds(None, None, None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
                                progress=not args.no_progress, after_run=hook)
     else:
         try:
-            cfg, algorithms, per = _compare_settings(args, seeds=True)
-            out = _out_dir(args, "compare")
+            cfg, algorithms, per = compare_settings(args, seeds=True)
+            out = output_folder(args, "compare")
             print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
                   f"{cfg.model}, seeds {', '.join(map(str, args.seed_list))}; results -> {out}")
             result = compare_seeds(cfg, algorithms, args.seed_list, out, alg_opts=per, reseed_data=args.reseed,
@@ -106,7 +106,7 @@ def _given(args, *flags) -> dict:
     """The figure flags among ``flags`` that the command line gave (argparse fills in their defaults,
     so ``args`` alone cannot tell a given ``--formats png,pdf`` from none): their parsed values."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--formats", type=_formats, default=None)
+    p.add_argument("--formats", type=formats_flag, default=None)
     p.add_argument("--band", default=None)
     known, _ = p.parse_known_args([a for a in (getattr(args, "argv", None) or []) if a != "--"])
     return {k: v for k, v in vars(known).items() if v is not None and "--" + k in flags}
@@ -123,15 +123,15 @@ def cmd_sweep(args) -> int:
     figures = {"formats": list(args.formats), "band": getattr(args, "band", "std")}
     try:
         if args.resume:
-            _resume_flags_check(args, _SWEEP_RESUME_OK, "the sweep's")
+            check_resume_flags(args, _SWEEP_RESUME_OK, "the sweep's")
             out = args.resume
             kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
             given = _given(args, "--formats", "--band")
             figures = {**figures, **(read_sweep(out).get("figures") or {}), **given}
             print(f"resuming the sweep in {out}")
         else:
-            merged = _merge(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs", "optuna",
-                                              "space"))
+            merged = merge_settings(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs",
+                                                     "optuna", "space"))
             grid = merged.pop("grid", None) or {}
             if not isinstance(grid, dict):
                 raise ValueError(f"{args.config}: grid must be a table of KEY = [values] or \"log:LOW:HIGH:COUNT\"")
@@ -168,9 +168,9 @@ def cmd_sweep(args) -> int:
                 merged.pop(k, None)
             if seeds:
                 merged["seed"] = seeds[0]
-            per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+            per = split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
             cfg = Config.from_dict(merged)
-            out = _out_dir(args, "sweep")
+            out = output_folder(args, "sweep")
             over = (' x '.join(f'{k} ({len(v)})' for k, v in grid.items()) if trials is None else
                     f"{', '.join(space)} ({trials} Optuna trials)")
             print(f"sweep of {', '.join(algorithms)} over {over} on {cfg.dataset} ({cfg.partition}, "
