@@ -25,7 +25,7 @@ import fedkernels as fk
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import seeds
 from ..runfolder.setup_record import check_same_setup
-from ..simulate import _clients_per_round
+from ..simulate import checked_clients_per_round
 from ..runfolder.records import metrics_row
 from .exchange import check_replies, collect, handshake
 from .nodes import ServerClients, receives, scalars, server_state
@@ -48,7 +48,7 @@ def server_setup(algorithm, regularizer, seed, batch_size, num_clients, x0, *, c
     """The server's record of its run, kept in every checkpoint: what server and nodes share (the
     handshake's :func:`~.wire.fingerprint`: algorithm, hyper-parameters, h exactly, seed, batch size,
     N, dtype, x0) and the participation (k clients per round, as ``simulate`` takes it; None: all)."""
-    k = _clients_per_round(algorithm, int(num_clients), participation, clients_per_round)
+    k = checked_clients_per_round(algorithm, int(num_clients), participation, clients_per_round)
     return {**fingerprint(algorithm, regularizer, seed, batch_size, num_clients, x0),
             "clients_per_round": None if k is None else int(k)}
 
@@ -101,7 +101,7 @@ class ServerProgram:
         algorithm.validate(regularizer)
         self.algorithm, self.model_fn, self.regularizer = algorithm, model_fn, regularizer
         self.rounds, self.n = int(rounds), int(num_clients)
-        self.k = _clients_per_round(algorithm, self.n, participation, clients_per_round)
+        self.k = checked_clients_per_round(algorithm, self.n, participation, clients_per_round)
         self.round_timeout, self.connect_timeout = float(round_timeout), float(connect_timeout)
         self.callbacks, self.checkpoint, self.checkpoint_every = list(callbacks), checkpoint, checkpoint_every
         self.checkpoint_extra = checkpoint_extra

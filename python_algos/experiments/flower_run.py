@@ -53,7 +53,7 @@ from .flower_app import ROUNDS_FILE, STATUS_FILE
 from .folders import resume_command
 from .losses import loss_function
 from .prepare import PreparedRun, check_recorded_config, check_rounds_reach, prepare_run
-from .run import Interrupted, _start_folder
+from .run import Interrupted, start_folder
 from .tensorboard import live_requested, write_events
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients import resolve_executor
@@ -267,7 +267,7 @@ def _start(fp: PreparedFlower, log) -> None:
     resume drops what the rounds after its checkpoint left (they are redone)."""
     prep, out_dir = fp.run, fp.run.out_dir
     if not prep.resume:
-        _start_folder(prep, log)  # config.json first, partition.json; a replaced run's files and folders go
+        start_folder(prep, log)  # config.json first, partition.json; a replaced run's files and folders go
         write_json(os.path.join(out_dir, FLOWER_MARK), {"engine": "flower", "run_key": fp.run_key})
         return
     remove_leftovers(out_dir)

@@ -48,7 +48,7 @@ from ..runfolder.folder import clear_for_fresh_run
 from ..runfolder.history import check_f_star
 from ..simulate import simulate
 
-__all__ = ["run_experiment", "execute_run", "Interrupted", "KILL_ENV"]
+__all__ = ["run_experiment", "execute_run", "Interrupted", "KILL_ENV", "start_folder"]
 
 KILL_ENV = "_FEDKERNELS_TEST_KILL_AT_ROUND"  # test hook: SIGKILL the process after this round
 
@@ -89,7 +89,7 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     return execute_run(prep, progress=progress, extra_eval=extra_eval, label=label, log=log, f_star=f_star)
 
 
-def _start_folder(prep: PreparedRun, log) -> None:
+def start_folder(prep: PreparedRun, log) -> None:
     """The first writes of a run (every check has passed): settings, split, and metrics from the checkpoint."""
     out_dir, cfg, fed, snap = prep.out_dir, prep.cfg, prep.fed, prep.snap
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
@@ -159,15 +159,15 @@ def _run_callbacks(metrics_path: Optional[str], events, label: str, progress: bo
 
 
 def _open_folder(prep: PreparedRun, log, main: bool):
-    """Rank 0 starts the folder (:func:`_start_folder`) and, with ``--tensorboard``, its live events
+    """Rank 0 starts the folder (:func:`start_folder`) and, with ``--tensorboard``, its live events
     (returned; None without); every rank waits for it, and stops too if it failed."""
     err, events = None, None
     if main:
         try:
             if live_requested():  # --tensorboard: a missing package is found before anything is written
                 check_available()
-            _start_folder(prep, log)
-            if live_requested():  # from the rows _start_folder kept (a resume: up to the checkpoint)
+            start_folder(prep, log)
+            if live_requested():  # from the rows start_folder kept (a resume: up to the checkpoint)
                 events = LiveEvents(prep.out_dir)
         except Exception as e:  # noqa: BLE001 - the other ranks stop too (launch.agree)
             err = e

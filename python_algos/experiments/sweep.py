@@ -394,7 +394,7 @@ def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict
     """One point: ``{"algorithm", "point", "name", "config": Config | None, "skip": reason | None}``;
     a point whose settings or algorithm break a rule has ``config = None`` and the rule in ``skip``.
     The point's keys are sweep keys (:func:`key_meaning`)."""
-    from .build import _build_regularizer, _hparam_error, build_algorithm
+    from .build import build_algorithm, build_run_regularizer, hparam_error
 
     meant = {k: key_meaning(k, algorithm) for k in point}
     opts = dict((alg_opts or {}).get(algorithm, {}))
@@ -409,9 +409,9 @@ def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 try:
-                    alg.validate(_build_regularizer(c, None))
+                    alg.validate(build_run_regularizer(c, None))
                 except ValueError as e:
-                    raise _hparam_error(c, alg.name, e) from None
+                    raise hparam_error(c, alg.name, e) from None
         entry["config"] = c
     except (ValueError, TypeError) as e:
         entry["skip"] = str(e)

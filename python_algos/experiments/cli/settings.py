@@ -11,10 +11,10 @@ from typing import Sequence
 from .parser import DEMO_ALGORITHMS, TYPED
 from .. import launch
 from ..config import RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile, check_given, flag, unknown_keys_text
-from ..folders import _read_config_json, default_out_dir
+from ..folders import default_out_dir, read_config_json
 from ..plotting import plot_runs  # matplotlib itself: imported when a figure is drawn
 from ..prepare import check_algorithm_names, prepare_run
-from ..regularizer_specs import _spec_text
+from ..regularizer_specs import spec_text
 from ..seeds import seed_list
 from ..tables import column_name, format_table
 from ...runfolder.files import as_json
@@ -129,7 +129,7 @@ def merge_settings(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> 
     if "partition" not in _swept(args, base):  # a sweep over partitions uses eta in some points
         check_given(base)
     if base.get("regularizers") and any(k in base for k in ("reg", "reg_opts")):
-        given = " ".join(_spec_text(k, v) for k, v in base["regularizers"].items())
+        given = " ".join(spec_text(k, v) for k, v in base["regularizers"].items())
         raise ConfigError("regularizers", given,
                           "give --reg (one penalty for the whole model) or --reg-param / a [regularizers] table (one "
                           "per parameter), not both; a '*' pattern gives the remaining parameters a default")
@@ -212,7 +212,7 @@ def restarted_run(cfg, out: str) -> bool:
     if not (launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, "config.json"))):
         return False
     try:
-        saved = as_json(_read_config_json(os.path.join(out, "config.json")).to_dict())
+        saved = as_json(read_config_json(os.path.join(out, "config.json")).to_dict())
     except ValueError:
         return False
     now = as_json(cfg.to_dict())
