@@ -354,10 +354,10 @@ def _running_stats_issue(model: nn.Module, world: int) -> str:
     batch statistics from every rank, in client order."""
     if world <= 1:
         return ""
-    from .batched import _STATEFUL_NORMS
+    from .batched import STATEFUL_NORMS
 
     for name, m in model.named_modules():
-        if isinstance(m, _STATEFUL_NORMS) and m.track_running_stats and m.training:
+        if isinstance(m, STATEFUL_NORMS) and m.track_running_stats and m.training:
             return (f"module {name or 'model'!r} ({type(m).__name__}) updates running statistics in every forward "
                     f"pass; split over {world} processes each would hold statistics of its own clients only, and the "
                     f"saved model (rank 0's) would differ from a one-process run: use GroupNorm / LayerNorm, "

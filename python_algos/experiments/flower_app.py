@@ -31,7 +31,7 @@ import os
 
 import torch
 
-from ..deploy.flower import (_flwr, handle_hello, handle_round, load_server_checkpoint, run_server, save_result,
+from ..deploy.flower import (flwr_modules, handle_hello, handle_round, load_server_checkpoint, run_server, save_result,
                              write_error)
 from ..deploy.persist import RoundFiles
 
@@ -122,7 +122,7 @@ def _client_load(s):
 
 
 def _make_apps():
-    _, fclient, fserver = _flwr()
+    _, fclient, fserver = flwr_modules()
     server, client = fserver.ServerApp(), fclient.ClientApp()
     server.main()(server_main)
 
