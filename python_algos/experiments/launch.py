@@ -284,7 +284,7 @@ class ShardedCheckpointer(ckpt.Checkpointer):
         r, world = rank(), world_size()
         lo, hi = process_group.bounds(self.num_clients, world)[r]
         t = int(snapshot["round"])
-        bad = ckpt._nonfinite(snapshot["state"])
+        bad = ckpt.nonfinite_entry(snapshot["state"])
         if process_group.any_rank(bad is not None):  # every rank stops, the last good checkpoint stays
             raise ckpt.Diverged(f"round {t}: the algorithm state field {bad or '(on another rank)'} holds NaN/Inf")
         state = snapshot["state"]
