@@ -9,8 +9,17 @@ import pytest
 
 from python_algos.experiments.cli import build_parser
 from python_algos.experiments.cli.settings import RESUME_OK, RUN_RESUME_OK
-from python_algos.experiments.config import (EXECUTION_KEYS, RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile,
-                                             named_as, resume_rule, sweepable_settings)
+from python_algos.experiments.config import (
+    EXECUTION_KEYS,
+    RESULT_KEYS,
+    SETTINGS,
+    Config,
+    ConfigError,
+    FromFile,
+    named_as,
+    resume_rule,
+    sweepable_settings,
+)
 
 # one valid text per setting, for its flag (the tables: one KEY=VALUE entry)
 VALID = {"algorithm": "fedavg", "lr": "0.25", "local_steps": "3", "alg_opts": "alpha=0.5", "dataset": "synthetic",

@@ -14,10 +14,9 @@ import time
 import warnings
 from typing import Optional, Sequence
 
-from .parser import DEMO_ALGORITHMS, build_parser, demo_config
-from .research import cmd_compare_seeds, cmd_run_seeds, cmd_sweep, wants_seeds, write_run_events
-from .settings import (RESUME_OK, RUN_RESUME_OK, check_resume_flags, compare_settings, merge_settings, output_folder,
-                       overview_figure, print_summary, quiet, restarted_run, resumed_run, user_names)
+from ...algorithms.registry import markdown_table
+from ...runfolder.folder import unused_claims_removed
+from ...runfolder.signals import exit_code, terminate_as_interrupt
 from .. import launch
 from ..compare import compare_experiments, comparison_table, verdict_line
 from ..config import Config, named_as
@@ -29,9 +28,22 @@ from ..plotting import plot_runs  # matplotlib itself: imported when a figure is
 from ..prepare import check_algorithm_names, check_world_size, prepare_run
 from ..run import Interrupted, execute_run
 from ..tensorboard import live_events  # the tensorboard package itself: imported when events are written
-from ...algorithms.registry import markdown_table
-from ...runfolder.folder import unused_claims_removed
-from ...runfolder.signals import exit_code, terminate_as_interrupt
+from .parser import DEMO_ALGORITHMS, build_parser, demo_config
+from .research import cmd_compare_seeds, cmd_run_seeds, cmd_sweep, wants_seeds, write_run_events
+from .settings import (
+    RESUME_OK,
+    RUN_RESUME_OK,
+    check_resume_flags,
+    compare_settings,
+    merge_settings,
+    output_folder,
+    overview_figure,
+    print_summary,
+    quiet,
+    restarted_run,
+    resumed_run,
+    user_names,
+)
 
 __all__ = ["main", "build_parser", "DEMO_ALGORITHMS"]
 
@@ -261,7 +273,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             warnings.simplefilter("ignore")
         try:
             live = contextlib.nullcontext()
-            if getattr(args, "tensorboard", False):  # every run writes its events as it goes (experiments/tensorboard.py)
+            if getattr(args, "tensorboard", False):  # every run writes its events as it goes (../tensorboard.py)
                 live = live_events()
             # SIGTERM / SIGHUP take Ctrl-C's path: the folder is closed as interrupted, children end
             # an error about a setting names it as the user gave it (the flag as typed, or the config file's key);

@@ -7,15 +7,23 @@ import os
 import shlex
 import sys
 
-from .parser import formats_flag
-from .settings import (check_resume_flags, compare_settings, merge_settings, output_folder, overview_figure,
-                       read_config_file, seed_settings, split_alg_opts)
 from ..config import Config
 from ..optuna_search import parse_space, run_study  # optuna itself: imported when a study starts
 from ..plotting import plot_sweep  # matplotlib itself: imported when a figure is drawn
 from ..seeds import compare_seeds, is_seeds_folder, run_seeds, seed_list
 from ..sweep import SELECT, SweepInterrupted, parse_grid, read_sweep, run_sweep
 from ..tensorboard import check_available, write_events  # the tensorboard package: imported when events are written
+from .parser import formats_flag
+from .settings import (
+    check_resume_flags,
+    compare_settings,
+    merge_settings,
+    output_folder,
+    overview_figure,
+    read_config_file,
+    seed_settings,
+    split_alg_opts,
+)
 
 
 def write_run_events(run_dirs, args) -> None:

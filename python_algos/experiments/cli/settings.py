@@ -8,7 +8,7 @@ import os
 import re
 from typing import Sequence
 
-from .parser import DEMO_ALGORITHMS, TYPED
+from ...runfolder.files import as_json
 from .. import launch
 from ..config import RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile, check_given, flag, unknown_keys_text
 from ..folders import default_out_dir, read_config_json
@@ -17,7 +17,7 @@ from ..prepare import check_algorithm_names, prepare_run
 from ..regularizer_specs import spec_text
 from ..seeds import seed_list
 from ..tables import column_name, format_table
-from ...runfolder.files import as_json
+from .parser import DEMO_ALGORITHMS, TYPED
 
 
 def read_config_file(path: str) -> dict:
