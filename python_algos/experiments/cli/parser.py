@@ -257,8 +257,8 @@ def build_parser() -> Parser:
                        "per algorithm plus comparison.md.")
     c.add_argument("-a", "--algorithms", nargs="+", default=None, help=f"default: {' '.join(DEMO_ALGORITHMS)}")
     c.add_argument("--resume", metavar="DIR", help="finish the comparison in DIR: finished runs (completed or "
-                   "diverged) are kept, the others continue from their checkpoints (--rounds may extend it; other flags come "
-                   "from DIR)")
+                   "diverged) are kept, the others continue from their checkpoints (--rounds may extend it; other "
+                   "flags come from DIR)")
     c.add_argument("--workers", type=_workers, default=S, metavar="P",
                    help="run every algorithm on P local processes (torchrun ranks, clients split between them; "
                         "see README 'Scaling out'); under torchrun, the ranks are torchrun's")
