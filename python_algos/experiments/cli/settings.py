@@ -40,7 +40,7 @@ def read_config_file(path: str) -> dict:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
     if ext == ".toml":
         try:
-            import tomllib
+            import tomllib  # here, not at the top: tomli stands in for it on Python < 3.11
         except ImportError:  # Python < 3.11
             try:
                 import tomli as tomllib
@@ -52,7 +52,7 @@ def read_config_file(path: str) -> dict:
             raise ValueError(f"{path}, {_toml_error_text(e)}") from None
     elif ext in (".yaml", ".yml"):
         try:
-            import yaml
+            import yaml  # here, not at the top: pyyaml is optional (only a .yaml config needs it)
         except ImportError:
             raise SystemExit("reading YAML needs `pip install pyyaml` (or use a .toml / .json config)") from None
         try:
