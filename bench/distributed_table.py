@@ -112,7 +112,7 @@ def _launch(world: int, job: dict, log) -> list:
     """Run ``job`` on ``world`` spawned ranks (0: one plain process); returns each rank's results."""
     import torch.multiprocessing as mp
 
-    from python_algos.clients._dist import bounds  # noqa: F401  (fail here, not in the children)
+    from python_algos.clients.process_group import bounds  # noqa: F401  (fail here, not in the children)
     import socket
 
     with socket.socket() as s:

@@ -25,14 +25,14 @@ def show_warnings_as_the_cli() -> None:
     CLI's own formatter), each distinct one once: a script makes many runs, and each would repeat
     the same warning (Python's once-per-location memory is reset whenever a warnings filter
     changes, which every run does)."""
-    from python_algos.experiments.cli import _showwarning
+    from python_algos.experiments.cli.commands import show_warning
 
     seen = set()
 
     def show(message, category, filename, lineno, file=None, line=None):
         if (category, str(message)) not in seen:
             seen.add((category, str(message)))
-            _showwarning(message, category, filename, lineno, file, line)
+            show_warning(message, category, filename, lineno, file, line)
 
     warnings.showwarning = show
 

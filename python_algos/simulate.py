@@ -54,7 +54,7 @@ from .runfolder.history import load_history, save_history
 from .runfolder.callbacks import Checkpoint, RunView, ShowProgress, as_callbacks, run_rounds
 from .runfolder.records import metrics_row
 
-__all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity"]
+__all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity", "checked_clients_per_round"]
 
 
 @dataclasses.dataclass
@@ -257,7 +257,7 @@ def _check_one_dtype(model: nn.Module) -> None:
                          f"model.to({widest}) (or another one dtype) first")
 
 
-def _clients_per_round(algorithm: Algorithm, n: int, participation, clients_per_round) -> Optional[int]:
+def checked_clients_per_round(algorithm: Algorithm, n: int, participation, clients_per_round) -> Optional[int]:
     """k clients per round (None: all), checked against what the algorithm supports."""
     if participation is not None and clients_per_round is not None:
         raise ValueError("give participation (a fraction) or clients_per_round (a count), not both")
@@ -448,7 +448,7 @@ def _checked_inputs(algorithm, model, clients, rounds, regularizer, metrics_ever
         regularizer = fk.PerParameter(model, regularizer)
     _check_group_lasso(regularizer, model)
     algorithm.validate(regularizer)
-    k = _clients_per_round(algorithm, len(clients), participation, clients_per_round)
+    k = checked_clients_per_round(algorithm, len(clients), participation, clients_per_round)
     step = float(metric_step) if metric_step is not None else float(algorithm.metric_step())
     if not step > 0:
         raise ValueError(f"metric_step must be > 0, got {step}")

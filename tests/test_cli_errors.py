@@ -159,14 +159,14 @@ def test_a_saved_run_with_an_ignored_partition_setting_still_resumes(tmp_path, c
 
 def test_a_sweep_over_partitions_may_set_eta(tmp_path, capsys):
     """--eta with --grid partition=iid,dirichlet applies to the dirichlet points: not refused here."""
-    from python_algos.experiments.cli_settings import _merge
-    from python_algos.experiments.cli_parser import build_parser
+    from python_algos.experiments.cli import build_parser
+    from python_algos.experiments.cli.settings import merge_settings
 
     args = build_parser().parse_args(["sweep", "-a", "fedcanon", "--eta", "0.1", "--grid", "partition=iid,dirichlet"])
-    assert _merge(args, extra_keys=("algorithms",))["eta"] == 0.1
+    assert merge_settings(args, extra_keys=("algorithms",))["eta"] == 0.1
     args = build_parser().parse_args(["sweep", "-a", "fedcanon", "--eta", "0.1", "--grid", "lr=0.1,0.2"])
     with pytest.raises(ValueError, match=r"--eta 0.1: applies only to --partition dirichlet"):
-        _merge(args, extra_keys=("algorithms",))
+        merge_settings(args, extra_keys=("algorithms",))
 
 
 # --- 14: config-file errors ----------------------------------------------------------------------------- #

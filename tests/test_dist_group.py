@@ -9,11 +9,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from python_algos.clients import _dist
+from python_algos.clients import process_group
 
 
 @pytest.mark.parametrize("device,backend", [("cuda", "nccl"), ("cpu", "gloo")])
-@pytest.mark.parametrize("timeout,env,want", [(7.0, None, 7.0), (None, "11", 11.0), (None, None, _dist.DEFAULT_TIMEOUT)])
+@pytest.mark.parametrize("timeout,env,want",
+                         [(7.0, None, 7.0), (None, "11", 11.0), (None, None, process_group.DEFAULT_TIMEOUT)])
 def test_every_backend_gets_the_bounded_timeout(monkeypatch, device, backend, timeout, env, want):
     seen = {}
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
@@ -22,14 +23,14 @@ def test_every_backend_gets_the_bounded_timeout(monkeypatch, device, backend, ti
     monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: seen.update(backend=backend, **kw))
     monkeypatch.delenv("RANK", raising=False)
     if env is None:
-        monkeypatch.delenv(_dist.TIMEOUT_ENV, raising=False)
+        monkeypatch.delenv(process_group.TIMEOUT_ENV, raising=False)
     else:
-        monkeypatch.setenv(_dist.TIMEOUT_ENV, env)
-    _dist.ensure_group(torch.device(device), timeout)
+        monkeypatch.setenv(process_group.TIMEOUT_ENV, env)
+    process_group.ensure_group(torch.device(device), timeout)
     assert seen["backend"] == backend
     assert seen["timeout"] == datetime.timedelta(seconds=want)
 
 
 def test_a_bad_timeout_is_refused():
     with pytest.raises(ValueError, match="timeout must be > 0"):
-        _dist.timeout_seconds(0)
+        process_group.timeout_seconds(0)

@@ -84,7 +84,7 @@ def test_same_model_and_metrics_as_one_process(ranks, reference, name):
 def _ring_or_complete_rows_sent(name: str, world: int, rank: int) -> int:
     """Rows rank ``rank`` sends per gossip (x or y), from the graph alone: client i goes once to
     every other rank holding a neighbour of i."""
-    from python_algos.clients._dist import bounds
+    from python_algos.clients.process_group import bounds
 
     b = bounds(C.N, world)
     owner = lambda i: next(q for q, (lo, hi) in enumerate(b) if lo <= i < hi)  # noqa: E731

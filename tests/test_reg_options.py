@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import fedkernels as fk
-from python_algos.experiments.build import _build_regularizer, build_per_parameter
+from python_algos.experiments.build import build_per_parameter, build_run_regularizer
 from python_algos.experiments.cli import main
 from python_algos.experiments.config import Config
 from python_algos.runfolder import checkpoint as ckpt
@@ -95,7 +95,7 @@ def test_zero_takes_any_strength_and_is_no_regularizer():
     (dict(reg="scad", reg_strength=0.3, reg_opts={"a": 5}), fk.SCAD(0.3, 5.0)),
 ])
 def test_the_run_regularizer_is_the_one_the_options_name(cfg, want):
-    got = _build_regularizer(Config(**cfg), None)
+    got = build_run_regularizer(Config(**cfg), None)
     assert type(got) is type(want) and repr(got) == repr(want)
 
 

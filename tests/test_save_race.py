@@ -129,7 +129,7 @@ def test_failed_swap_puts_the_old_run_back(tmp_path, monkeypatch, exchange):
             raise OSError(5, "I/O error (injected)", b)
         return False
 
-    monkeypatch.setattr(hmod, "_exchange", no_exchange, raising=False)
+    monkeypatch.setattr(hmod, "exchange_paths", no_exchange, raising=False)
     with pytest.raises(OSError, match="injected"):
         hist(8).save(path, overwrite=True)
     is_exactly(path, 7)

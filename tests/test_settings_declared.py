@@ -7,10 +7,19 @@ import dataclasses
 
 import pytest
 
-from python_algos.experiments.cli_parser import build_parser
-from python_algos.experiments.cli_settings import _RESUME_OK, _RUN_RESUME_OK
-from python_algos.experiments.config import (EXECUTION_KEYS, RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile,
-                                             named_as, resume_rule, sweepable_settings)
+from python_algos.experiments.cli import build_parser
+from python_algos.experiments.cli.settings import RESUME_OK, RUN_RESUME_OK
+from python_algos.experiments.config import (
+    EXECUTION_KEYS,
+    RESULT_KEYS,
+    SETTINGS,
+    Config,
+    ConfigError,
+    FromFile,
+    named_as,
+    resume_rule,
+    sweepable_settings,
+)
 
 # one valid text per setting, for its flag (the tables: one KEY=VALUE entry)
 VALID = {"algorithm": "fedavg", "lr": "0.25", "local_steps": "3", "alg_opts": "alpha=0.5", "dataset": "synthetic",
@@ -48,8 +57,8 @@ def test_each_spelling_of_each_flag_sets_its_field_in_every_command(name):
 
 def test_resume_rules_derive_the_allow_lists_and_the_checkpoint_keys():
     assert [k for k in SETTINGS if resume_rule(k) == "may_change"] == ["rounds"]
-    assert "rounds" in _RESUME_OK and "checkpoint_every" not in _RESUME_OK
-    assert set(_RUN_RESUME_OK) - set(_RESUME_OK) == {"checkpoint_every"}
+    assert "rounds" in RESUME_OK and "checkpoint_every" not in RESUME_OK
+    assert set(RUN_RESUME_OK) - set(RESUME_OK) == {"checkpoint_every"}
     assert set(EXECUTION_KEYS) == {"rounds", "checkpoint_every", "executor", "threads"}
     assert set(RESULT_KEYS) == set(SETTINGS) - set(EXECUTION_KEYS)
     for k in ("executor", "threads"):  # refused on resume with their reason

@@ -12,7 +12,7 @@ import torch
 from python_algos.experiments.cli import main
 from python_algos.experiments.config import Config, ConfigError
 from python_algos.experiments.data import federate, load_dataset
-from python_algos.experiments.data.split import _split
+from python_algos.experiments.data.split import train_test_indices
 from python_algos.experiments.build import prepare_data
 
 sk = pytest.importorskip("sklearn.datasets")
@@ -27,7 +27,7 @@ def test_matches_sklearn_standardized_on_the_training_split(name):
     loader, task, classes = TASKS[name]
     b = getattr(sk, loader)()
     ds = load_dataset(f"sklearn:{name}", seed=3, test_fraction=0.25)
-    tr, te = _split(len(b.target), 0.25, 3)
+    tr, te = train_test_indices(len(b.target), 0.25, 3)
     X = b.data.astype(np.float64)
     mu, sd = X[tr].mean(0), X[tr].std(0)
     Z = (X - mu) / np.where(sd > 0, sd, 1)

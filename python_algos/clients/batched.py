@@ -76,9 +76,9 @@ from .data import TensorData, client_data
 from .probe import check_clients
 from .separable import coupling, side_effect_free
 
-__all__ = ["BatchedClients", "default_memory_budget"]
+__all__ = ["BatchedClients", "default_memory_budget", "STATEFUL_NORMS"]
 
-_STATEFUL_NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
+STATEFUL_NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
 
 
 def default_memory_budget(device: torch.device) -> int:
@@ -207,7 +207,7 @@ class BatchedClients(ClientSet):
     @classmethod
     def unsupported(cls, model) -> str:
         for name, m in model.named_modules():
-            if isinstance(m, _STATEFUL_NORMS) and m.track_running_stats and m.training:
+            if isinstance(m, STATEFUL_NORMS) and m.track_running_stats and m.training:
                 return (f"module {name or 'model'!r} ({type(m).__name__}) updates running statistics in every "
                         f"forward pass, which would need per-client buffers; use GroupNorm / LayerNorm, "
                         f"track_running_stats=False, or executor='sequential'")

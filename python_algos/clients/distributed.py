@@ -48,8 +48,8 @@ gossip rows sent to and received from other ranks. The metric pass is counted ap
 (``metric_bytes``).
 
 Errors: a construction error on any rank (bad data in its shard, too few clients) is raised on
-every rank with that rank's number and message (:func:`._dist.agree`); see :mod:`._dist` for the
-timeouts of a peer that stops answering.
+every rank with that rank's number and message (:func:`.process_group.agree`); see
+:mod:`.process_group` for the timeouts of a peer that stops answering.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from torch import nn
 
 import fedkernels as fk
 
-from . import _dist
+from . import process_group
 from .base import ClientSet
 from .registry import LOCAL_EXECUTORS, resolve_local
 
@@ -93,7 +93,7 @@ class DistributedClients(ClientSet):
     def unsupported(cls, model) -> str:
         if not dist.is_available():
             return "torch.distributed is not available in this torch build"
-        return _running_stats_issue(model, _dist.world_size())
+        return _running_stats_issue(model, process_group.world_size())
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, *, inner: str = "auto",
@@ -106,11 +106,11 @@ class DistributedClients(ClientSet):
             raise ValueError(f"inner (the executor of each rank's clients) must be one of {names}, got {inner!r}")
         first = next(iter(model.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
-        self.group = _dist.ensure_group(device, timeout)
+        self.group = process_group.ensure_group(device, timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         n = len(data)
         self.num_clients = n
-        self.bounds = _dist.bounds(n, self.world_size)
+        self.bounds = process_group.bounds(n, self.world_size)
         self.lo, self.hi = self.bounds[self.rank]
         self.rows = self.hi - self.lo
         self.metric_bytes = 0
@@ -134,7 +134,7 @@ class DistributedClients(ClientSet):
                              first_client=self.lo, **opts)
         except Exception as e:  # noqa: BLE001 - re-raised on every rank by agree()
             err = e
-        _dist.agree(err)
+        process_group.agree(err)
         self.inner_executor = self.inner.executor
         self.flat, self.dim = self.inner.flat, self.inner.dim
         self.dtype, self.device = self.inner.dtype, self.inner.device
@@ -292,7 +292,7 @@ class DistributedClients(ClientSet):
         if not hasattr(state, "_replace"):
             yield state
             return
-        wrap = {k: getattr(state, k).as_subclass(_ClientRows) for k in _dist.client_fields(state, self.rows)}
+        wrap = {k: getattr(state, k).as_subclass(_ClientRows) for k in process_group.client_fields(state, self.rows)}
         token = _ClientRows.context.get()
         _ClientRows.context.set((self.rows, self.num_clients, self))
         try:
@@ -315,7 +315,7 @@ class DistributedClients(ClientSet):
         return row
 
     def any_rank(self, flag: bool) -> bool:
-        return _dist.any_rank(flag, self.device if self.device.type == "cuda" else torch.device("cpu"))
+        return process_group.any_rank(flag, self.device if self.device.type == "cuda" else torch.device("cpu"))
 
     def check_replicas(self, x: torch.Tensor, what: str = "the model") -> None:
         """Raise if ``x`` (a replicated [d] vector) differs between ranks (a checksum of its bytes)."""
@@ -354,10 +354,10 @@ def _running_stats_issue(model: nn.Module, world: int) -> str:
     batch statistics from every rank, in client order."""
     if world <= 1:
         return ""
-    from .batched import _STATEFUL_NORMS
+    from .batched import STATEFUL_NORMS
 
     for name, m in model.named_modules():
-        if isinstance(m, _STATEFUL_NORMS) and m.track_running_stats and m.training:
+        if isinstance(m, STATEFUL_NORMS) and m.track_running_stats and m.training:
             return (f"module {name or 'model'!r} ({type(m).__name__}) updates running statistics in every forward "
                     f"pass; split over {world} processes each would hold statistics of its own clients only, and the "
                     f"saved model (rank 0's) would differ from a one-process run: use GroupNorm / LayerNorm, "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 
-from .wire import HELLO, NodeFailure, _flwr, _message
+from .wire import HELLO, NodeFailure, flwr_modules, new_message
 
 __all__ = ["handshake", "collect", "check_replies", "POLL"]
 
@@ -65,7 +65,7 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
     More than N nodes may be listed: a node that was killed stays "online" at the SuperLink until its
     heartbeats are missed (about a minute), while the restarted node has joined. The handshake asks
     them all and goes on as soon as one node of every client has answered."""
-    fapp, _, _ = _flwr()
+    fapp, _, _ = flwr_modules()
     deadline = time.monotonic() + connect_timeout
     while True:
         node_ids = sorted(int(i) for i in grid.get_node_ids())
@@ -77,7 +77,7 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
         time.sleep(0.2)
     content = lambda: fapp.RecordDict({"config": fapp.ConfigRecord({"fingerprint": json.dumps(fp),
                                                                       "restore": json.dumps(restore)})})
-    waiting = dict(zip(node_ids, grid.push_messages([_message(content(), nid, HELLO, 0) for nid in node_ids])))
+    waiting = dict(zip(node_ids, grid.push_messages([new_message(content(), nid, HELLO, 0) for nid in node_ids])))
     wait = max(timeout, connect_timeout)
     nodes, errors, until = {}, [], time.monotonic() + wait
     while waiting and len(nodes) + len(errors) < n:

@@ -11,7 +11,7 @@ import fedkernels as fk
 from ..algorithms.base import ServerClientAlgorithm
 from .nodes import NodeClients, check_no_node_state, node_round, node_state, receives, save_node
 from .persist import NodeStore
-from .wire import NODE_KEY, _check_algorithm, _flat_x0, _flwr, decode_vectors, encode_vectors, fingerprint
+from .wire import NODE_KEY, check_algorithm, decode_vectors, encode_vectors, fingerprint, flat_x0, flwr_modules
 
 __all__ = ["client_app", "handle_hello", "handle_round"]
 
@@ -27,13 +27,13 @@ def _client_id(context) -> int:
 def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size, load_data=None):
     """The node's answer to the handshake: its client id and its settings' fingerprint (after checking,
     on a few of its samples from ``load_data``, that the model keeps no state outside its parameters)."""
-    fapp, _, _ = _flwr()
+    fapp, _, _ = flwr_modules()
     server = json.loads(msg.content["config"]["fingerprint"])
     cid = _client_id(context)
     if "num-partitions" in context.node_config and int(context.node_config["num-partitions"]) != server["num_clients"]:
         raise ValueError(f"client {cid}: num-partitions={context.node_config['num-partitions']} in its node config, "
                          f"the server runs num_clients={server['num_clients']}")
-    model, x0 = _flat_x0(model_fn)
+    model, x0 = flat_x0(model_fn)
     if load_data is not None:
         check_no_node_state(model, load_data(cid, context), f"client {cid}")
     fp = fingerprint(algorithm, regularizer, seed, batch_size, server["num_clients"], x0)
@@ -74,7 +74,7 @@ def _restore_node(context, cid: int, restore: dict) -> None:
 
 def handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, seed, batch_size):
     """One round on a client node (see the module docstring); its state lives in ``context.state``."""
-    fapp, _, _ = _flwr()
+    fapp, _, _ = flwr_modules()
     plan = json.loads(msg.content["config"]["plan"])
     vecs = decode_vectors(msg.content["vectors"])
     cid = _client_id(context)
@@ -104,8 +104,8 @@ def client_app(algorithm: ServerClientAlgorithm, model_fn: Callable, loss_fn: Ca
     data (an ``(X, y)`` pair or a ``Dataset``; ``client_id`` is the node config's ``partition-id``);
     ``model_fn``, ``algorithm``, ``regularizer``, ``seed`` and ``batch_size`` must be the server's
     (checked at the handshake)."""
-    _check_algorithm(algorithm)
-    _, fclient, _ = _flwr()
+    check_algorithm(algorithm)
+    _, fclient, _ = flwr_modules()
     app = fclient.ClientApp()
 
     @app.query("hello")

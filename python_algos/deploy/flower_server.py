@@ -25,13 +25,13 @@ import fedkernels as fk
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import seeds
 from ..runfolder.setup_record import check_same_setup
-from ..simulate import _clients_per_round
+from ..simulate import checked_clients_per_round
 from ..runfolder.records import metrics_row
 from .exchange import check_replies, collect, handshake
 from .nodes import ServerClients, receives, scalars, server_state
 from .persist import append_record, load_server, rewrite_records, save_server, sync_records
-from .wire import (ROUND, FlowerResult, NodeFailure, _check_algorithm, _flat_x0, _flwr, _message, decode_vectors,
-                   encode_vectors, fingerprint, payload_bytes)
+from .wire import (ROUND, FlowerResult, NodeFailure, check_algorithm, decode_vectors, encode_vectors, fingerprint,
+                   flat_x0, flwr_modules, new_message, payload_bytes)
 
 __all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint", "server_setup", "check_checkpoint",
            "SERVER_LABELS"]
@@ -48,7 +48,7 @@ def server_setup(algorithm, regularizer, seed, batch_size, num_clients, x0, *, c
     """The server's record of its run, kept in every checkpoint: what server and nodes share (the
     handshake's :func:`~.wire.fingerprint`: algorithm, hyper-parameters, h exactly, seed, batch size,
     N, dtype, x0) and the participation (k clients per round, as ``simulate`` takes it; None: all)."""
-    k = _clients_per_round(algorithm, int(num_clients), participation, clients_per_round)
+    k = checked_clients_per_round(algorithm, int(num_clients), participation, clients_per_round)
     return {**fingerprint(algorithm, regularizer, seed, batch_size, num_clients, x0),
             "clients_per_round": None if k is None else int(k)}
 
@@ -87,7 +87,7 @@ class ServerProgram:
                  round_timeout: float = 300.0, connect_timeout: float = 120.0, callbacks: Sequence[Callable] = (),
                  checkpoint: Optional[str] = None, checkpoint_every: int = 1, resume: Optional[dict] = None,
                  checkpoint_extra: Optional[Callable[[], dict]] = None, run_key: Optional[str] = None):
-        _check_algorithm(algorithm)
+        check_algorithm(algorithm)
         if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
             raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
         if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
@@ -101,11 +101,11 @@ class ServerProgram:
         algorithm.validate(regularizer)
         self.algorithm, self.model_fn, self.regularizer = algorithm, model_fn, regularizer
         self.rounds, self.n = int(rounds), int(num_clients)
-        self.k = _clients_per_round(algorithm, self.n, participation, clients_per_round)
+        self.k = checked_clients_per_round(algorithm, self.n, participation, clients_per_round)
         self.round_timeout, self.connect_timeout = float(round_timeout), float(connect_timeout)
         self.callbacks, self.checkpoint, self.checkpoint_every = list(callbacks), checkpoint, checkpoint_every
         self.checkpoint_extra = checkpoint_extra
-        _, x0 = _flat_x0(model_fn)
+        _, x0 = flat_x0(model_fn)
         self.dtype = x0.dtype
         self.cs = ServerClients(self.n, x0.numel(), x0.dtype, x0.device)
         self.cs.set_participation(self.k, seed)  # simulate's participant draw
@@ -161,14 +161,14 @@ class ServerProgram:
         for i in part:
             content = _round_content(self.state, down, self.pending.get(i), head)
             sent_bytes += payload_bytes(content["vectors"])
-            out.append(_message(content, self.nodes[i], ROUND, t))
+            out.append(new_message(content, self.nodes[i], ROUND, t))
         self._round = {"t": t, "t0": t0, "ids": ids, "part": part, "down": down, "sent_bytes": sent_bytes}
         return out
 
     def aggregate_train(self, server_round, replies, waited: Optional[str] = None):
         """Average the participants' uploads and run the server update; returns (the reported model
         as an ``ArrayRecord`` named "params", the round's record as a ``MetricRecord``)."""
-        fapp, _, _ = _flwr()
+        fapp, _, _ = flwr_modules()
         if self._round is None:
             return None, None
         r, self._round = self._round, None
@@ -276,7 +276,7 @@ def _round_content(state, down: dict, recv: Optional[dict], head: dict):
     round starts from (``down:``), a vector equal to one already sent travelling once; the plan
     (JSON) maps names to keys and carries the round counters, the non-tensor round settings and
     ``head`` (round, run key, the server's last checkpoint round, N)."""
-    fapp, _, _ = _flwr()
+    fapp, _, _ = flwr_modules()
     vectors, plan = {}, {"recv": None, "down": {}, "settings": {}, "scalars": scalars(state), **head}
     if recv is not None:
         plan["recv"] = {}
@@ -307,8 +307,8 @@ def server_app(algorithm: ServerClientAlgorithm, model_fn: Callable, *, on_resul
                **settings):
     """A Flower ``ServerApp`` running :func:`run_server` with these settings; ``on_result(result,
     context)`` receives the :class:`FlowerResult` (e.g. to write the run folder)."""
-    _check_algorithm(algorithm)
-    _, _, fserver = _flwr()
+    check_algorithm(algorithm)
+    _, _, fserver = flwr_modules()
     app = fserver.ServerApp()
 
     @app.main()

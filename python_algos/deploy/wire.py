@@ -20,7 +20,8 @@ from ..algorithms.base import ServerClientAlgorithm
 from ..runfolder.setup_record import describe_regularizer
 
 __all__ = ["INSTALL", "HELLO", "ROUND", "NODE_KEY", "NodeFailure", "FlowerResult", "encode_vectors", "decode_vectors",
-           "payload_bytes", "fingerprint", "save_result", "write_error", "ERROR_FILE"]
+           "payload_bytes", "fingerprint", "save_result", "write_error", "ERROR_FILE",
+           "flwr_modules", "check_algorithm", "flat_x0", "new_message"]
 
 INSTALL = 'pip install ".[flower]"  (flwr==1.41.0)'
 HELLO, ROUND = "query.hello", "train.round"
@@ -28,7 +29,7 @@ NODE_KEY = "python_algos.node"  # context.state record of a client node
 ERROR_FILE = "error.txt"  # written by a ServerApp that stopped on an error, beside where result.pt would be
 
 
-def _flwr():
+def flwr_modules():
     """The Flower modules, imported on first use (an optional dependency)."""
     try:
         import flwr.app as fapp
@@ -57,7 +58,7 @@ class FlowerResult:
 
 def encode_vectors(vectors: dict):
     """Named tensors -> a Flower ``ArrayRecord`` (numpy arrays, exact bytes: float64 stays float64)."""
-    fapp, _, _ = _flwr()
+    fapp, _, _ = flwr_modules()
     return fapp.ArrayRecord({k: fapp.Array(np.ascontiguousarray(v.detach().cpu().numpy()))
                              for k, v in vectors.items()})
 
@@ -81,14 +82,14 @@ def fingerprint(alg, reg, seed, batch_size, num_clients, x0) -> dict:
             "x0_sha256": hashlib.sha256(x0.detach().cpu().contiguous().numpy().tobytes()).hexdigest()}
 
 
-def _check_algorithm(algorithm) -> None:
+def check_algorithm(algorithm) -> None:
     if not isinstance(algorithm, ServerClientAlgorithm):
         raise TypeError(f"algorithm must be a server–client python_algos algorithm (a ServerClientAlgorithm), got "
                         f"{type(algorithm).__name__}" + (": DEPOSITUM is peer-to-peer, it has no server to deploy"
                                                           if getattr(algorithm, "name", "") == "DEPOSITUM" else ""))
 
 
-def _flat_x0(model_fn: Callable) -> tuple:
+def flat_x0(model_fn: Callable) -> tuple:
     model = model_fn()
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model_fn must return an nn.Module, got {type(model).__name__}")
@@ -96,8 +97,8 @@ def _flat_x0(model_fn: Callable) -> tuple:
     return model, flat.params.detach().clone()
 
 
-def _message(content, node_id: int, kind: str, t: int):
-    fapp, _, _ = _flwr()
+def new_message(content, node_id: int, kind: str, t: int):
+    fapp, _, _ = flwr_modules()
     return fapp.Message(content, int(node_id), kind, group_id=str(t))
 
 

@@ -32,7 +32,7 @@ import re
 from typing import Dict, List, Optional, Sequence
 
 from .tables import column_name, format_number, format_table
-from ..runfolder.files import _atomic_text, _write_json, _write_jsonl
+from ..runfolder.files import write_json, write_jsonl, write_text_atomically
 
 __all__ = ["stats", "aggregate_rows", "final_stats", "stats_cell", "seed_table", "write_aggregate", "seed_of",
            "group_key", "counted", "left_out", "TABLE_METRICS", "SEED_DIR"]
@@ -166,10 +166,10 @@ def write_aggregate(out_dir: str, groups: Sequence[dict], metric_step: Optional[
                               "counted": len(keep), "left_out": left_out(g),
                               "final": final_stats([g["summaries"][i] for i in keep])}
     table = seed_table(groups, metric_step)
-    _write_jsonl(os.path.join(out_dir, "aggregate.jsonl"), lines)
-    _write_json(os.path.join(out_dir, "aggregate.json"), {"std": "sample (n - 1)", "counted": COUNTED,
+    write_jsonl(os.path.join(out_dir, "aggregate.jsonl"), lines)
+    write_json(os.path.join(out_dir, "aggregate.json"), {"std": "sample (n - 1)", "counted": COUNTED,
                                                           "groups": record})
-    _atomic_text(os.path.join(out_dir, "aggregate.md"), table + "\n")
+    write_text_atomically(os.path.join(out_dir, "aggregate.md"), table + "\n")
     return table
 
 

@@ -16,15 +16,16 @@ from torch import nn
 
 import fedkernels as fk
 
-from .config import Config, ConfigError, _show
+from .config import Config, ConfigError, show_value
 from .data import FederatedData, federate, load_dataset
 from .device import resolve_device
 from .models import build_model as _build_model
-from .regularizer_specs import (OPTIONS, STRENGTH_NAMES, _spec_text, build_param_regularizer, build_regularizer,
+from .regularizer_specs import (OPTIONS, STRENGTH_NAMES, build_param_regularizer, build_regularizer, spec_text,
                                 unknown_options)
 from ..algorithms.registry import ALGORITHMS, build
 
-__all__ = ["prepare_data", "build_model", "build_algorithm", "build_per_parameter"]
+__all__ = ["prepare_data", "build_model", "build_algorithm", "build_per_parameter", "build_run_regularizer",
+           "hparam_error"]
 
 
 def _opts_text(opts: dict) -> str:
@@ -69,7 +70,7 @@ def build_model(cfg: Config, ds) -> nn.Module:
     return model.to(device=resolve_device(cfg.device), dtype=getattr(torch, cfg.dtype))
 
 
-def _hparam_error(cfg: Config, alg_name: str, e: Exception) -> ValueError:
+def hparam_error(cfg: Config, alg_name: str, e: Exception) -> ValueError:
     """``e`` (raised by an algorithm about one of its hyper-parameters) in terms of the flags that set it:
     ``--alg-opt KEY=VALUE`` when the user gave that key, else the ``--lr`` / ``--local-steps`` mapping."""
     msg = str(e)
@@ -91,7 +92,7 @@ def build_algorithm(cfg: Config):
         # read cfg.local_steps, so a second value here would record one K while the algorithm ran another
         raise ValueError(f"--alg-opt {_opts_text({'local_steps': cfg.alg_opts['local_steps']})}: the number of "
                          f"local steps is a run setting; give it with -K/--local-steps "
-                         f"(-K {_show(cfg.alg_opts['local_steps'])})")
+                         f"(-K {show_value(cfg.alg_opts['local_steps'])})")
     unknown = [k for k in cfg.alg_opts if k not in names]
     if unknown:
         own = [n for n in names if n != "local_steps"]
@@ -101,7 +102,7 @@ def build_algorithm(cfg: Config):
     try:
         return build(cfg.algorithm, cfg.lr, cfg.local_steps, cfg.alg_opts)
     except (ValueError, TypeError) as e:
-        raise _hparam_error(cfg, entry.cls.name, e) from None
+        raise hparam_error(cfg, entry.cls.name, e) from None
 
 
 def build_per_parameter(table: dict, model: nn.Module, default_strength: float = 0.0) -> fk.PerParameter:
@@ -111,15 +112,15 @@ def build_per_parameter(table: dict, model: nn.Module, default_strength: float =
         try:
             mapping[pattern] = build_param_regularizer(spec, default_strength)
         except (ValueError, TypeError) as e:
-            raise ConfigError("regularizers", _spec_text(pattern, spec), str(e)) from None
+            raise ConfigError("regularizers", spec_text(pattern, spec), str(e)) from None
     try:
         return fk.PerParameter(model, mapping)
     except (ValueError, TypeError) as e:
-        text = next((_spec_text(p, s) for p, s in table.items() if repr(p) in str(e)), None)
+        text = next((spec_text(p, s) for p, s in table.items() if repr(p) in str(e)), None)
         raise ConfigError("regularizers", text if text is not None else table, str(e)) from None
 
 
-def _build_regularizer(cfg: Config, model: nn.Module) -> fk.Regularizer:
+def build_run_regularizer(cfg: Config, model: nn.Module) -> fk.Regularizer:
     if cfg.regularizers:
         return build_per_parameter(cfg.regularizers, model, cfg.reg_strength)
     return _flag_regularizer(cfg.reg, cfg.reg_strength, cfg.reg_opts)

@@ -19,7 +19,7 @@ from .build import prepare_data
 from .prepare import check_algorithm_names, prepare_run
 from .run import Interrupted, execute_run
 from .tables import column_name, format_table
-from ..runfolder.files import RunExistsError, RunFolderError, _atomic_text, _write_json, read_summary
+from ..runfolder.files import RunExistsError, RunFolderError, read_summary, write_json, write_text_atomically
 from ..runfolder.folder import check_group_replaceable, clear_group
 
 __all__ = ["compare_experiments", "comparison_table", "format_table", "finished_run", "kept_message", "verdict_line",
@@ -120,7 +120,7 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
 
     def write_record(summaries):
         if main:
-            _write_json(os.path.join(out_dir, "comparison.json"), {**record, "runs": summaries})
+            write_json(os.path.join(out_dir, "comparison.json"), {**record, "runs": summaries})
 
     write_record([])
     summaries = []
@@ -140,7 +140,8 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
             log(summaries[-1]["message"])
     write_record(summaries)
     if main:
-        _atomic_text(os.path.join(out_dir, "comparison.md"), comparison_table(summaries, cfg.metric_step) + "\n")
+        write_text_atomically(os.path.join(out_dir, "comparison.md"),
+                              comparison_table(summaries, cfg.metric_step) + "\n")
     return summaries
 
 

@@ -6,7 +6,7 @@
 Each field of :class:`Config` is declared with :func:`setting`: its command-line flag (and short
 alias, ``-K``), how the flag's text is read, its check (type and bounds), its help text and its
 resume rule. Everything else is derived from that declaration (:data:`SETTINGS`): the command
-line's flags (:mod:`.cli_parser`), the config-file keys (the field names), the flags a ``--resume``
+line's flags (:mod:`.cli.parser`), the config-file keys (the field names), the flags a ``--resume``
 accepts and the settings a checkpoint must match (:func:`resume_rule`), and the settings a sweep may
 vary with the checks of their flags (:func:`sweepable_settings`).
 
@@ -36,7 +36,7 @@ from .values import parse_batch, parse_float, parse_int, parse_option, parse_reg
 
 __all__ = ["Config", "ConfigError", "Setting", "SETTINGS", "setting", "flag", "named_as", "FromFile",
            "check_given", "resume_rule", "sweepable_settings", "RESULT_KEYS", "EXECUTION_KEYS", "MAX_THREADS",
-           "MAX_SEED", "MAX_COUNT"]
+           "MAX_SEED", "MAX_COUNT", "show_value"]
 
 # Bounds of the integer settings. A count (rounds, local steps, clients, samples per batch, ...) above
 # 2**31 - 1 would overflow the 32-bit sizes of torch's and OpenMP's loops and would not finish anyway;
@@ -153,7 +153,7 @@ class ConfigError(ValueError):
         if isinstance(name, FromFile):
             super().__init__(self._file_text(name.path))
         else:
-            super().__init__(f"{flag_text or f'{name or flag(key)} {_show(value)}'}: {rule}")
+            super().__init__(f"{flag_text or f'{name or flag(key)} {show_value(value)}'}: {rule}")
 
     def _file_text(self, path: str) -> str:
         """Worded for a value from config file ``path``. A string given for a key that takes no string
@@ -163,7 +163,7 @@ class ConfigError(ValueError):
         # option tables (reg_opts = {...}) are shown as the KEY=VALUE text the error rendered: no quotes
         text_key = (self.key == "regularizers" or self.key.endswith("_opts")
                     or "str" in str(_field_types().get(self.key, "")))
-        shown = repr(self.value) if isinstance(self.value, str) and not text_key else _show(self.value)
+        shown = repr(self.value) if isinstance(self.value, str) and not text_key else show_value(self.value)
         return f"{path}: {self.key} = {shown}: {self.rule}"
 
     def in_file(self, path: str) -> "ConfigError":
@@ -184,7 +184,7 @@ def flag(key: str) -> str:
     return s.flag if s is not None else "--" + key.replace("_", "-")
 
 
-def _show(value) -> str:
+def show_value(value) -> str:
     """A value as the user typed it (strings unquoted unless empty or odd, floats in %g)."""
     if isinstance(value, bool):
         return str(value).lower()
@@ -281,7 +281,7 @@ def _reg_table(v):
         if spec is None or isinstance(spec, str):
             continue
         if not isinstance(spec, dict) or not isinstance(spec.get("reg"), str):
-            return (f'{k} = {_show(spec)}: each entry must be a regularizer name ("none", "l1", ...) or a table '
+            return (f'{k} = {show_value(spec)}: each entry must be a regularizer name ("none", "l1", ...) or a table '
                     f'with a "reg" name and its options, e.g. {{reg = "group_lasso", lam = 1e-2, groups = "cols"}}')
         if not all(isinstance(o, str) for o in spec):
             return f"{k}: option names must be strings"
@@ -445,7 +445,7 @@ class Config:
         bad = check_data_options(self.dataset, self.data_opts)
         if bad is not None:
             key, rule = bad
-            raise ConfigError("data_opts", f"{key}={_show(self.data_opts[key])}", rule)
+            raise ConfigError("data_opts", f"{key}={show_value(self.data_opts[key])}", rule)
         if not math.isfinite(self.lr * self.local_steps):
             # lr·K is the default step s of the stationarity metric and the step of several algorithms
             # (FedCanon's alpha, FedNMap's lam, ...): an infinite one fails inside a kernel, naming no flag

@@ -31,7 +31,7 @@ import os
 
 import torch
 
-from ..deploy.flower import (_flwr, handle_hello, handle_round, load_server_checkpoint, run_server, save_result,
+from ..deploy.flower import (flwr_modules, handle_hello, handle_round, load_server_checkpoint, run_server, save_result,
                              write_error)
 from ..deploy.persist import RoundFiles
 
@@ -46,19 +46,19 @@ def load_setup(path: str, threads: int = 1) -> dict:
     """The run's pieces from the Config at ``path``: data split, model builder, loss, algorithm, h."""
     if path in _CACHE:
         return _CACHE[path]
-    from .build import _build_regularizer, build_algorithm, build_model, prepare_data
-    from .folders import _read_config_json
+    from .build import build_algorithm, build_model, build_run_regularizer, prepare_data
+    from .folders import read_config_json
     from .losses import loss_function
 
     torch.set_num_threads(max(1, int(threads)))  # N nodes + the server share the machine
-    cfg = _read_config_json(path)
+    cfg = read_config_json(path)
     fed = prepare_data(cfg)
 
     def model_fn():
         return build_model(cfg, fed.dataset)  # seeded: the same parameters in every process
 
     setup = {"cfg": cfg, "fed": fed, "model_fn": model_fn, "loss": loss_function(fed.dataset.task),
-             "algorithm": build_algorithm(cfg), "regularizer": _build_regularizer(cfg, model_fn())}
+             "algorithm": build_algorithm(cfg), "regularizer": build_run_regularizer(cfg, model_fn())}
     _CACHE[path] = setup
     return setup
 
@@ -122,7 +122,7 @@ def _client_load(s):
 
 
 def _make_apps():
-    _, fclient, fserver = _flwr()
+    _, fclient, fserver = flwr_modules()
     server, client = fserver.ServerApp(), fclient.ClientApp()
     server.main()(server_main)
 

@@ -53,7 +53,7 @@ from .flower_app import ROUNDS_FILE, STATUS_FILE
 from .folders import resume_command
 from .losses import loss_function
 from .prepare import PreparedRun, check_recorded_config, check_rounds_reach, prepare_run
-from .run import Interrupted, _start_folder
+from .run import Interrupted, start_folder
 from .tensorboard import live_requested, write_events
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients import resolve_executor
@@ -62,7 +62,7 @@ from ..deploy.local import DeploymentError, LocalDeployment, stop_signals_held
 from ..deploy.nodes import ServerClients, check_no_node_state, server_state
 from ..deploy.persist import RoundFiles, load_server
 from ..runfolder.callbacks import divergence
-from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, _remove_leftovers, _write_json
+from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, remove_leftovers, write_json
 from ..runfolder.progress import Progress
 from ..runfolder.records import save_model, summary_record, write_config, write_metrics, write_summary
 from ..simulate import objective_metrics
@@ -267,10 +267,10 @@ def _start(fp: PreparedFlower, log) -> None:
     resume drops what the rounds after its checkpoint left (they are redone)."""
     prep, out_dir = fp.run, fp.run.out_dir
     if not prep.resume:
-        _start_folder(prep, log)  # config.json first, partition.json; a replaced run's files and folders go
-        _write_json(os.path.join(out_dir, FLOWER_MARK), {"engine": "flower", "run_key": fp.run_key})
+        start_folder(prep, log)  # config.json first, partition.json; a replaced run's files and folders go
+        write_json(os.path.join(out_dir, FLOWER_MARK), {"engine": "flower", "run_key": fp.run_key})
         return
-    _remove_leftovers(out_dir)
+    remove_leftovers(out_dir)
     r = int(fp.snap["round"]) if fp.snap is not None else 0
     RoundFiles(os.path.join(out_dir, POINTS_DIR)).drop_after(r)
     if prep.rewrite_config:

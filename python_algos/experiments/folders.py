@@ -11,7 +11,7 @@ from .config import Config, ConfigError
 from ..runfolder.files import RunFolderError
 from ..runfolder.folder import claim_new_folder
 
-__all__ = ["default_out_dir", "resume_command", "compare_resume_command"]
+__all__ = ["default_out_dir", "resume_command", "compare_resume_command", "read_config_json"]
 
 
 def default_out_dir(name: str, root: str = "results") -> str:
@@ -21,7 +21,7 @@ def default_out_dir(name: str, root: str = "results") -> str:
     return claim_new_folder(root, name)
 
 
-def _read_config_json(path: str) -> Config:
+def read_config_json(path: str) -> Config:
     try:
         with open(path) as f:
             d = json.load(f)

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..clients import _dist
+from ..clients import process_group
 from ..runfolder import checkpoint as ckpt
 
 __all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "agree", "barrier", "restarting",
@@ -43,12 +43,12 @@ __all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "
 
 KILL_RANK_ENV = "_FEDKERNELS_TEST_KILL_RANK_AT"  # test hook "RANK:ROUND": SIGKILL that rank after that round (first attempt)
 
-rank, world_size, is_main = _dist.rank, _dist.world_size, _dist.is_main
+rank, world_size, is_main = process_group.rank, process_group.world_size, process_group.is_main
 
 
 def distributed() -> bool:
     """True in a rank started by torchrun (the run uses the distributed executor)."""
-    return _dist.under_launcher()
+    return process_group.under_launcher()
 
 
 def restarting() -> bool:
@@ -64,7 +64,7 @@ def join(device: str = "cpu") -> None:
         resolve_device(device)  # --device cuda without a GPU: the flag's error, not one from set_device
         dev = torch.device("cuda") if str(device).startswith("cuda") or (
             device == "auto" and torch.cuda.is_available()) else torch.device("cpu")
-        _dist.ensure_group(dev)
+        process_group.ensure_group(dev)
 
 
 def agree_on(value, device: str = "cpu"):
@@ -90,7 +90,7 @@ def barrier() -> None:
 def agree(error: Optional[BaseException]) -> None:
     """Raise on every rank if any rank passes an exception (under torchrun); else raise ``error`` if given."""
     if distributed():
-        _dist.agree(error)
+        process_group.agree(error)
     elif error is not None:
         raise error
 
@@ -268,8 +268,8 @@ def _shard_name(t: int, r: int, world: int) -> str:
 
 def _stack_fields(state, rows: int) -> list:
     """Fields of a NamedTuple state that are client stacks: those its class declares per-client
-    (``client_fields``; see :func:`python_algos.clients._dist.client_fields`)."""
-    return _dist.client_fields(state, rows)
+    (``client_fields``; see :func:`python_algos.clients.process_group.client_fields`)."""
+    return process_group.client_fields(state, rows)
 
 
 class ShardedCheckpointer(ckpt.Checkpointer):
@@ -282,10 +282,10 @@ class ShardedCheckpointer(ckpt.Checkpointer):
 
     def __call__(self, snapshot: dict) -> None:
         r, world = rank(), world_size()
-        lo, hi = _dist.bounds(self.num_clients, world)[r]
+        lo, hi = process_group.bounds(self.num_clients, world)[r]
         t = int(snapshot["round"])
-        bad = ckpt._nonfinite(snapshot["state"])
-        if _dist.any_rank(bad is not None):  # every rank stops, the last good checkpoint stays
+        bad = ckpt.nonfinite_entry(snapshot["state"])
+        if process_group.any_rank(bad is not None):  # every rank stops, the last good checkpoint stays
             raise ckpt.Diverged(f"round {t}: the algorithm state field {bad or '(on another rank)'} holds NaN/Inf")
         state = snapshot["state"]
         fields = _stack_fields(state, hi - lo)
@@ -299,14 +299,14 @@ class ShardedCheckpointer(ckpt.Checkpointer):
                              os.path.join(_shard_dir(self.path), names[r]))
         except Exception as e:  # noqa: BLE001 - every rank learns of it through agree()
             err = e
-        _dist.agree(err)  # every shard is on disk before the manifest names them
+        process_group.agree(err)  # every shard is on disk before the manifest names them
         if r == 0:
             try:
                 snap = dict(snapshot)
                 snap["state"] = state._replace(**{k: None for k in fields}) if fields else state
                 snap["client_rng"] = {k: v for k, v in rng.items() if k not in per_client}
                 snap["shards"] = {"world_size": world, "num_clients": self.num_clients, "files": names,
-                                  "fields": fields, "bounds": _dist.bounds(self.num_clients, world)}
+                                  "fields": fields, "bounds": process_group.bounds(self.num_clients, world)}
                 ckpt.save(self.path, snap, self.extra)
                 # older shards (this run's previous checkpoint, or a run resumed here with another
                 # world size): no rank writes before the agree() below, so nothing new is deleted
@@ -318,7 +318,7 @@ class ShardedCheckpointer(ckpt.Checkpointer):
                             pass
             except Exception as e:  # noqa: BLE001
                 err = e
-        _dist.agree(err)
+        process_group.agree(err)
         self.last_round = t
         if self.on_save is not None:
             self.on_save(snapshot)
@@ -372,7 +372,7 @@ def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu") -> d
     snap = dict(snap)
     info = snap.pop("shards", None)
     n = int(num_clients)
-    lo, hi = _dist.bounds(n, world_size())[rank()] if distributed() else (0, n)
+    lo, hi = process_group.bounds(n, world_size())[rank()] if distributed() else (0, n)
     if info is None:  # one process wrote it: stacks hold all N rows
         fields = _stack_fields(snap["state"], n) if (lo, hi) != (0, n) else []
         if fields:

@@ -38,7 +38,7 @@ from .seeds import seed_configs
 from .sweep import (SELECT, SWEEP_FILE, SweepInterrupted, Workers, finished_run, point_name, run_status, check_keys,
                     check_one_step, check_swept_settings, keys_of, parse_keyed, plan_point, summarize,
                     sweep_metric_step)
-from ..runfolder.files import RunFolderError, _write_json
+from ..runfolder.files import RunFolderError, write_json
 
 __all__ = ["parse_space", "parse_space_spec", "run_study", "STUDY_FILE", "INSTALL"]
 
@@ -271,7 +271,7 @@ def _start_study(cfg: Config, algorithms, space: dict, trials: int, seeds: list,
             prepare_run(base["config"], os.path.join(out_dir, a, "check"), replace=False)
             break
     os.makedirs(out_dir, exist_ok=True)
-    _write_json(os.path.join(out_dir, SWEEP_FILE), {
+    write_json(os.path.join(out_dir, SWEEP_FILE), {
         "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": {}, "space": space, "optuna": trials,
         **record, "seeds": seeds, "reseed_data": reseed_data, "alg_opts": alg_opts or {}})
     return cfg

@@ -18,17 +18,17 @@ from torch import nn
 import fedkernels as fk
 
 from . import launch
-from .build import _build_regularizer, _hparam_error, build_algorithm, build_model, prepare_data
+from .build import build_algorithm, build_model, build_run_regularizer, hparam_error, prepare_data
 from .config import RESULT_KEYS, Config, ConfigError, flag
 from .data import FederatedData
 from .device import resolve_device
-from .folders import _read_config_json, resume_command
+from .folders import read_config_json, resume_command
 from ..algorithms.registry import ALGORITHMS
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, RunFolderError, as_json
 from ..runfolder.folder import check_fresh_start
 from ..runfolder.setup_record import check_same_setup, describe_regularizer
-from ..simulate import _clients_per_round
+from ..simulate import checked_clients_per_round
 
 __all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size", "check_rounds_reach",
            "check_recorded_config"]
@@ -131,7 +131,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
         if flower and not ran_flower:
             raise RunFolderError(f"{out_dir} ran in this process, not through Flower: continue it without --flower, "
                                  f"with `{resume_command(out_dir)}`; nothing was changed")
-        cfg = _read_config_json(cfg_path)
+        cfg = read_config_json(cfg_path)
         if rounds is not None:
             if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
                 raise ConfigError("rounds", rounds, "must be an integer >= 0")
@@ -155,15 +155,15 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     model = build_model(cfg, fed.dataset)
     torch_rng = torch.get_rng_state()
     algorithm = build_algorithm(cfg)
-    reg = _build_regularizer(cfg, model)
+    reg = build_run_regularizer(cfg, model)
     with warnings.catch_warnings():  # simulate validates again and warns once
         warnings.simplefilter("ignore")
         try:
             algorithm.validate(reg)
         except ValueError as e:
-            raise _hparam_error(cfg, algorithm.name, e) from None
+            raise hparam_error(cfg, algorithm.name, e) from None
     try:
-        _clients_per_round(algorithm, len(fed.parts), cfg.participation, cfg.clients_per_round)
+        checked_clients_per_round(algorithm, len(fed.parts), cfg.participation, cfg.clients_per_round)
     except ValueError as e:
         key = "participation" if cfg.participation is not None else "clients_per_round"
         raise ConfigError(key, getattr(cfg, key), str(e)) from None

@@ -32,7 +32,7 @@ from typing import Optional
 import fedkernels as fk
 
 __all__ = ["REGULARIZERS", "PARAM_REGULARIZERS", "STRENGTH_NAMES", "OPTIONS", "build_regularizer",
-           "build_param_regularizer", "unknown_options"]
+           "build_param_regularizer", "unknown_options", "spec_text"]
 
 
 REGULARIZERS = ("zero", "l1", "elastic_net", "mcp", "scad", "box", "nonneg", "l2ball")
@@ -94,7 +94,7 @@ def build_regularizer(name: str, strength: float = 0.0, **opts) -> fk.Regularize
     return fk.GroupLasso(strength, o["groups"])
 
 
-def _spec_text(pattern: str, spec) -> str:
+def spec_text(pattern: str, spec) -> str:
     """An entry as --reg-param spells it: PATTERN=NAME[,KEY=VALUE...]."""
     if not isinstance(spec, dict):
         return f"{pattern}={spec if spec is not None else 'none'}"

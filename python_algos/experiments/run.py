@@ -41,14 +41,14 @@ from .tensorboard import LiveEvents, check_available, live_requested  # imports 
 from .threads import apply_threads
 from ..runfolder import callbacks
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import _remove_leftovers, read_metrics
+from ..runfolder.files import read_metrics, remove_leftovers
 from ..runfolder.records import (save_model, summary_record, write_config, write_metrics,
                                  write_partition, write_summary)
 from ..runfolder.folder import clear_for_fresh_run
 from ..runfolder.history import check_f_star
 from ..simulate import simulate
 
-__all__ = ["run_experiment", "execute_run", "Interrupted", "KILL_ENV"]
+__all__ = ["run_experiment", "execute_run", "Interrupted", "KILL_ENV", "start_folder"]
 
 KILL_ENV = "_FEDKERNELS_TEST_KILL_AT_ROUND"  # test hook: SIGKILL the process after this round
 
@@ -89,7 +89,7 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     return execute_run(prep, progress=progress, extra_eval=extra_eval, label=label, log=log, f_star=f_star)
 
 
-def _start_folder(prep: PreparedRun, log) -> None:
+def start_folder(prep: PreparedRun, log) -> None:
     """The first writes of a run (every check has passed): settings, split, and metrics from the checkpoint."""
     out_dir, cfg, fed, snap = prep.out_dir, prep.cfg, prep.fed, prep.snap
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
@@ -101,7 +101,7 @@ def _start_folder(prep: PreparedRun, log) -> None:
         write_config(out_dir, cfg.to_dict(), exclusive=not prep.replace)
         prep.rewrite_config = False
     else:
-        _remove_leftovers(out_dir)
+        remove_leftovers(out_dir)
         launch.remove_shard_leftovers(os.path.join(out_dir, "checkpoint.pt"))
     if not prep.resume or snap is None:
         write_partition(out_dir, fed.partition, fed.parts, fed.histograms)
@@ -159,15 +159,15 @@ def _run_callbacks(metrics_path: Optional[str], events, label: str, progress: bo
 
 
 def _open_folder(prep: PreparedRun, log, main: bool):
-    """Rank 0 starts the folder (:func:`_start_folder`) and, with ``--tensorboard``, its live events
+    """Rank 0 starts the folder (:func:`start_folder`) and, with ``--tensorboard``, its live events
     (returned; None without); every rank waits for it, and stops too if it failed."""
     err, events = None, None
     if main:
         try:
             if live_requested():  # --tensorboard: a missing package is found before anything is written
                 check_available()
-            _start_folder(prep, log)
-            if live_requested():  # from the rows _start_folder kept (a resume: up to the checkpoint)
+            start_folder(prep, log)
+            if live_requested():  # from the rows start_folder kept (a resume: up to the checkpoint)
                 events = LiveEvents(prep.out_dir)
         except Exception as e:  # noqa: BLE001 - the other ranks stop too (launch.agree)
             err = e

@@ -27,7 +27,7 @@ from typing import Callable, List, Optional, Sequence
 
 from .aggregate import SEED_DIR, write_aggregate
 from .config import Config, ConfigError
-from ..runfolder.files import RunFolderError, _write_json, read_metrics
+from ..runfolder.files import RunFolderError, read_metrics, write_json
 
 __all__ = ["parse_seed_list", "seed_list", "seed_configs", "run_seeds", "compare_seeds", "is_seeds_folder",
            "read_seeds", "SEEDS_FILE"]
@@ -145,7 +145,7 @@ def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: st
         else:
             plans.append((d, prepare_run(c, d, replace=resume)))  # resume: a seed that never wrote its settings
     os.makedirs(out_dir, exist_ok=True)
-    _write_json(os.path.join(out_dir, SEEDS_FILE), {"kind": "run", "config": cfg.to_dict(), "seeds": list(seeds),
+    write_json(os.path.join(out_dir, SEEDS_FILE), {"kind": "run", "config": cfg.to_dict(), "seeds": list(seeds),
                                                     "reseed_data": reseed_data})
     summaries = []
     for d, plan in plans:
@@ -212,7 +212,7 @@ def compare_seeds(cfg: Optional[Config], algorithms: Optional[Sequence[str]], se
         if errors:
             raise ValueError("; ".join(errors) + " (nothing was written)")
     os.makedirs(out_dir, exist_ok=True)
-    _write_json(os.path.join(out_dir, SEEDS_FILE), {"kind": "compare", "config": cfg.to_dict(), "seeds": list(seeds),
+    write_json(os.path.join(out_dir, SEEDS_FILE), {"kind": "compare", "config": cfg.to_dict(), "seeds": list(seeds),
                                                     "reseed_data": reseed_data, "algorithms": list(algorithms),
                                                     "alg_opts": alg_opts})
     per_seed = []

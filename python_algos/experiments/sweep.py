@@ -70,7 +70,7 @@ from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .values import parse_value
 from .seeds import seed_configs
-from ..runfolder.files import RunFolderError, _atomic_text, _write_json, read_summary
+from ..runfolder.files import RunFolderError, read_summary, write_json, write_text_atomically
 from ..runfolder.progress import human_time
 from ..runfolder.signals import STOP_SIGNALS, exit_code
 
@@ -394,7 +394,7 @@ def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict
     """One point: ``{"algorithm", "point", "name", "config": Config | None, "skip": reason | None}``;
     a point whose settings or algorithm break a rule has ``config = None`` and the rule in ``skip``.
     The point's keys are sweep keys (:func:`key_meaning`)."""
-    from .build import _build_regularizer, _hparam_error, build_algorithm
+    from .build import build_algorithm, build_run_regularizer, hparam_error
 
     meant = {k: key_meaning(k, algorithm) for k in point}
     opts = dict((alg_opts or {}).get(algorithm, {}))
@@ -409,9 +409,9 @@ def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 try:
-                    alg.validate(_build_regularizer(c, None))
+                    alg.validate(build_run_regularizer(c, None))
                 except ValueError as e:
-                    raise _hparam_error(c, alg.name, e) from None
+                    raise hparam_error(c, alg.name, e) from None
         entry["config"] = c
     except (ValueError, TypeError) as e:
         entry["skip"] = str(e)
@@ -612,7 +612,7 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
 
         prepare_run(Config.from_dict(tasks[0]["config"]), tasks[0]["dir"], replace=False)
         os.makedirs(out_dir, exist_ok=True)
-        _write_json(os.path.join(out_dir, SWEEP_FILE), {
+        write_json(os.path.join(out_dir, SWEEP_FILE), {
             "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": grid, "seeds": seeds,
             "reseed_data": reseed_data, "alg_opts": alg_opts or {}, "select": select, "figures": figures or {}})
     todo = [t for t in tasks if finished_run(t["dir"], t["config"]["rounds"]) is None]
@@ -921,11 +921,11 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
     if interrupted:
         text += ["", f"interrupted: resume with `python -m python_algos sweep --resume {shlex.quote(out_dir)}`"]
     table_text = "\n".join(text)
-    _write_json(os.path.join(out_dir, "summary.json"), {
+    write_json(os.path.join(out_dir, "summary.json"), {
         "status": "interrupted" if interrupted else "completed", "select": select, "seeds": list(seeds),
         "metric_step": step,
         "points": points, "skipped": skipped, "best": best, "failed": dict(failed or {}), **(extra or {})})
-    _atomic_text(os.path.join(out_dir, "summary.md"), table_text + "\n")
+    write_text_atomically(os.path.join(out_dir, "summary.md"), table_text + "\n")
     return {"table": table_text, "points": points, "best": best, "skipped": skipped, "select": select,
             "metric_step": step, "failed": dict(failed or {})}
 

@@ -37,7 +37,8 @@ import torch
 from . import faults
 from .signals import STOP_SIGNALS
 
-__all__ = ["save", "load", "atomic_save", "encode", "decode", "Checkpointer", "Diverged", "CheckpointError", "FORMAT"]
+__all__ = ["save", "load", "atomic_save", "encode", "decode", "Checkpointer", "Diverged", "CheckpointError", "FORMAT",
+           "nonfinite_entry"]
 
 FORMAT = 1
 _NT = "__namedtuple__"
@@ -192,19 +193,19 @@ def saved_round(path: str) -> Optional[int]:
         return None
 
 
-def _nonfinite(obj) -> Optional[str]:
+def nonfinite_entry(obj) -> Optional[str]:
     """Name of the first non-finite tensor field in a (nested) state, or None."""
     if isinstance(obj, torch.Tensor):
         return None if (not obj.is_floating_point() or bool(torch.isfinite(obj).all())) else "tensor"
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         for k, v in obj._asdict().items():
-            bad = _nonfinite(v)
+            bad = nonfinite_entry(v)
             if bad:
                 return k
         return None
     if isinstance(obj, (list, tuple)):
         for v in obj:
-            bad = _nonfinite(v)
+            bad = nonfinite_entry(v)
             if bad:
                 return bad
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -227,7 +228,7 @@ class Checkpointer:
         self.last_round: Optional[int] = None
 
     def __call__(self, snapshot: dict) -> None:
-        bad = _nonfinite(snapshot["state"])
+        bad = nonfinite_entry(snapshot["state"])
         if bad:
             raise Diverged(f"round {snapshot['round']}: the algorithm state field {bad!r} holds NaN/Inf")
         save(self.path, snapshot, self.extra)

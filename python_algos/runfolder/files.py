@@ -23,7 +23,9 @@ import torch
 
 from . import faults
 
-__all__ = ["RUN_FILES", "RUN_DIRS", "EVENTS_DIR", "RunFolderError", "RunExistsError", "read_metrics", "holds_run"]
+__all__ = ["RUN_FILES", "RUN_DIRS", "EVENTS_DIR", "RunFolderError", "RunExistsError", "read_metrics", "holds_run",
+           "as_json", "write_json", "write_jsonl", "create_json", "write_text_atomically", "append_row",
+           "remove_leftovers", "exchange_paths"]
 
 FLOWER_MARK = "flower.json"  # a run through a Flower deployment (run --flower): its engine and node-state key
 FLOWER_CHECKPOINT = "flower-checkpoint.pt"  # its server's checkpoint (no client state: the nodes keep theirs)
@@ -64,7 +66,7 @@ def _clean(v):
     return v
 
 
-def _atomic_text(path: str, text: str) -> None:
+def write_text_atomically(path: str, text: str) -> None:
     """Write ``text`` to a temp file next to ``path``, then rename it over ``path``: a kill leaves the
     old file or the new one (and at worst a ``*.tmp-<pid>`` file, removed by the next resume)."""
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -76,11 +78,11 @@ def _atomic_text(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _write_json(path: str, obj) -> None:
-    _atomic_text(path, json.dumps(_clean(obj), indent=2) + "\n")
+def write_json(path: str, obj) -> None:
+    write_text_atomically(path, json.dumps(_clean(obj), indent=2) + "\n")
 
 
-def _create_json(path: str, obj) -> None:
+def create_json(path: str, obj) -> None:
     """Write ``path`` only if no file of that name exists, atomically: the complete file is linked into
     place (``link(2)`` fails on an existing name), so of several writers exactly one succeeds and the
     others raise ``FileExistsError``, changing nothing. Where the file system has no hard links, an
@@ -108,11 +110,11 @@ def _create_json(path: str, obj) -> None:
             os.remove(tmp)
 
 
-def _write_jsonl(path: str, rows: Sequence[dict]) -> None:
-    _atomic_text(path, "".join(json.dumps(_clean(r)) + "\n" for r in rows))
+def write_jsonl(path: str, rows: Sequence[dict]) -> None:
+    write_text_atomically(path, "".join(json.dumps(_clean(r)) + "\n" for r in rows))
 
 
-def _append_row(f, row: dict) -> None:
+def append_row(f, row: dict) -> None:
     """Append one metrics line. A kill mid-line leaves a torn last line: :func:`read_metrics` skips it
     and a resume rewrites the file from the checkpoint."""
     line = json.dumps(_clean(row)) + "\n"
@@ -150,7 +152,7 @@ def holds_run(out_dir: str) -> bool:
     return any(os.path.exists(os.path.join(out_dir, f)) for f in RUN_MARKS)
 
 
-def _remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:
+def remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:
     """Temp files of writes a kill interrupted, plus the run files in ``also``."""
     for f in os.listdir(out_dir):
         if ".tmp-" in f or f in also:
@@ -166,16 +168,11 @@ def as_json(v):
     return json.loads(json.dumps(_clean(v)))
 
 
-_as_json = as_json  # the names other modules imported before they were public (until their callers are merged)
-_holds_run = holds_run
-
-
-
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 _renameat2 = []  # [libc's renameat2, or None], looked up once
 
 
-def _exchange(a: str, b: str) -> bool:
+def exchange_paths(a: str, b: str) -> bool:
     """Swap the two existing paths ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``), so
     neither name is ever missing, not even if the process is killed. ``False`` where the system or the
     file system cannot (then nothing happened and the caller swaps with two renames)."""

@@ -36,7 +36,7 @@ from typing import Optional
 
 import torch
 
-from .files import RunExistsError, RunFolderError, _exchange, holds_run, read_metrics
+from .files import RunExistsError, RunFolderError, exchange_paths, holds_run, read_metrics
 from .folder import foreign_entries
 from .records import (API_MARK, api_config_record, load_model, save_model, summary_record, write_config,
                       write_metrics, write_summary)
@@ -100,9 +100,9 @@ def _publish(tmp: str, path: str, overwrite: bool) -> None:
                 f"(if torch.distributed.get_rank() == 0: hist.save(path))") from None
     if not _replaceable(path):  # files appeared there after the check: never replace them
         raise FileExistsError(_not_a_run(path))
-    if _exchange(tmp, path):  # tmp now holds the old run, which the caller removes with tmp
+    if exchange_paths(tmp, path):  # tmp now holds the old run, which the caller removes with tmp
         if os.path.isdir(tmp) and os.listdir(tmp) and not _replaceable(tmp):  # swapped in meanwhile: put it back
-            _exchange(tmp, path)
+            exchange_paths(tmp, path)
             raise FileExistsError(_not_a_run(path))
         return
     old = tmp + ".old"

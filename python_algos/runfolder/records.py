@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from . import checkpoint as ckpt
-from .files import RunExistsError, _append_row, _create_json, _write_json, _write_jsonl
+from .files import RunExistsError, append_row, create_json, write_json, write_jsonl
 
 __all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "write_config",
            "api_config_record", "write_partition", "metrics_row", "write_metrics", "append_metrics_row", "final_row",
@@ -49,10 +49,10 @@ def write_config(out_dir: str, settings: Mapping[str, Any], *, exclusive: bool =
     both start: the second is refused instead of clearing the first's files."""
     path = os.path.join(out_dir, CONFIG)
     if not exclusive:
-        _write_json(path, dict(settings))
+        write_json(path, dict(settings))
         return
     try:
-        _create_json(path, dict(settings))
+        create_json(path, dict(settings))
     except FileExistsError:
         raise RunExistsError(f"{out_dir}: another command started a run in this folder after this one had checked "
                              f"it; that run was left alone and this one did not start: choose another --out") from None
@@ -67,7 +67,7 @@ def api_config_record(algorithm: str, hparams: dict, executor: str, setup: Mappi
 
 def write_partition(out_dir: str, partition: str, parts: Sequence, histograms=None) -> None:
     """``out_dir/partition.json``: how the data was split (client sizes, per-client label histograms)."""
-    _write_json(os.path.join(out_dir, PARTITION), {
+    write_json(os.path.join(out_dir, PARTITION), {
         "partition": partition, "num_clients": len(parts), "sizes": [len(p) for p in parts],
         "label_histograms": histograms.tolist() if histograms is not None else None})
 
@@ -97,13 +97,13 @@ def metrics_row(round_: int, *, wall_time: float, elapsed: float, prox_time: flo
 
 def write_metrics(out_dir: str, rows: Sequence[dict]) -> None:
     """``out_dir/metrics.jsonl`` replaced by ``rows`` (round 0 first), atomically."""
-    _write_jsonl(os.path.join(out_dir, METRICS), rows)
+    write_jsonl(os.path.join(out_dir, METRICS), rows)
 
 
 def append_metrics_row(f, row: dict) -> None:
     """One more row on the open (``"a"``) ``metrics.jsonl`` file ``f``; a kill mid-line leaves a torn
     last line, which :func:`~.files.read_metrics` skips."""
-    _append_row(f, row)
+    append_row(f, row)
 
 
 # --------------------------------------------------------------------------- summary.json
@@ -150,7 +150,7 @@ def summary_record(*, label: str, algorithm: str, hparams: dict, status: str, ro
 
 def write_summary(out_dir: str, summary: Mapping[str, Any]) -> None:
     """``out_dir/summary.json``, atomically (written last: a folder with a summary is closed)."""
-    _write_json(os.path.join(out_dir, SUMMARY), dict(summary))
+    write_json(os.path.join(out_dir, SUMMARY), dict(summary))
 
 
 # --------------------------------------------------------------------------- model.pt

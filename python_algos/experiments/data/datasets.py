@@ -42,7 +42,7 @@ from . import loaders, partitions, synthetic
 from .sklearn_data import PREFIX as SKLEARN_PREFIX
 from .sklearn_data import SKLEARN, load_sklearn
 from .options import data_options
-from .split import _split
+from .split import train_test_indices
 
 __all__ = ["Dataset", "FederatedData", "DATASETS", "BUILTIN", "load_dataset", "federate"]
 
@@ -119,7 +119,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
     if key in ("sparse_logistic", "sparse_linear"):
         task = "logistic" if key == "sparse_logistic" else "linear"
         X, y, x_true, groups = synthetic.sparse_regression(task=task, seed=seed, **opts)
-        X, y, Xt, yt, g = _take(X, y, groups, *_split(X.shape[0], test_fraction, seed))
+        X, y, Xt, yt, g = _take(X, y, groups, *train_test_indices(X.shape[0], test_fraction, seed))
         desc = ", ".join(f"{k}={v}" for k, v in opts.items())
         return Dataset(key, X, y, Xt, yt, "binary" if task == "logistic" else "regression",
                        2 if task == "logistic" else 0, groups=g, x_true=x_true,
@@ -127,12 +127,12 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
     if key == "synthetic":
         opts = {"alpha": 1.0, "beta": 1.0, **opts}
         X, y, groups = synthetic.fedprox_synthetic(seed=seed, **opts)
-        X, y, Xt, yt, g = _take(X, y, groups, *_split(X.shape[0], test_fraction, seed))
+        X, y, Xt, yt, g = _take(X, y, groups, *train_test_indices(X.shape[0], test_fraction, seed))
         return Dataset(key, X, y, Xt, yt, "multiclass", opts.get("num_classes", 10), groups=g,
                        source=f"built-in generator FedProx synthetic(alpha={opts['alpha']}, beta={opts['beta']})")
     if key == "image_like":
         X, y = synthetic.image_like(seed=seed, **opts)
-        X, y, Xt, yt, _ = _take(X, y, None, *_split(X.shape[0], test_fraction, seed))
+        X, y, Xt, yt, _ = _take(X, y, None, *train_test_indices(X.shape[0], test_fraction, seed))
         return Dataset(key, X, y, Xt, yt, "multiclass", opts.get("num_classes", 10),
                        source="built-in generator image_like")
 
@@ -175,7 +175,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
     else:
         y, yt, task, C = yraw.float(), (ytraw.float() if ytraw is not None else None), "regression", 0
     if Xt is None:
-        X, y, Xt, yt, _ = _take(X, y, None, *_split(X.shape[0], test_fraction, seed))
+        X, y, Xt, yt, _ = _take(X, y, None, *train_test_indices(X.shape[0], test_fraction, seed))
     return Dataset("libsvm", X, y, Xt, yt, task, C, source=f"LIBSVM file {path}")
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .split import _split  # the same seeded train/test split as the built-in generators
+from .split import train_test_indices  # the same seeded train/test split as the built-in generators
 
 __all__ = ["SKLEARN", "SKLEARN_TASKS", "load_sklearn"]
 
@@ -60,7 +60,7 @@ def load_sklearn(name: str, seed: int = 0, test_fraction: float = 0.2, standardi
     bunch = getattr(_sklearn_datasets(), loader)()
     X = np.asarray(bunch.data, dtype=np.float64)
     y = np.asarray(bunch.target)
-    tr, te = _split(X.shape[0], test_fraction, seed)
+    tr, te = train_test_indices(X.shape[0], test_fraction, seed)
     if standardize:
         mu, sd = X[tr].mean(0), X[tr].std(0)
         X = (X - mu) / np.where(sd > 0, sd, 1.0)  # constant pixels of digits keep value 0

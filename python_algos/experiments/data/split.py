@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["_split"]
+__all__ = ["train_test_indices"]
 
 
-def _split(n: int, test_fraction: float, seed: int):
+def train_test_indices(n: int, test_fraction: float, seed: int):
     if not 0 <= test_fraction < 1:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
     perm = np.random.default_rng([seed, 7]).permutation(n)

@@ -1,6 +1,6 @@
 """Command line entry point: ``main`` and the subcommands ``run``, ``compare``, ``demo``, ``plot``,
-``algorithms`` (``sweep`` and several seeds: :mod:`.cli_research`). Usage, examples and exit
-status: :mod:`.cli_parser` (what ``--help`` prints)."""
+``algorithms`` (``sweep`` and several seeds: :mod:`.research`). Usage, examples and exit
+status: :mod:`.parser` (what ``--help`` prints)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,36 @@ import time
 import warnings
 from typing import Optional, Sequence
 
-from .cli_parser import DEMO_ALGORITHMS, _demo_config, build_parser
-from .cli_settings import (_RESUME_OK, _RUN_RESUME_OK, _merge, _out_dir, _print_summary, _quiet,
-                           _restarted_run, _resume_flags_check, _resume_run, user_names)
-from .config import named_as
-from .cli_settings import _compare_settings, _figure
-from .cli_research import _cmd_compare_seeds, _cmd_run_seeds, _events, _wants_seeds, cmd_sweep
+from ...algorithms.registry import markdown_table
+from ...runfolder.folder import unused_claims_removed
+from ...runfolder.signals import exit_code, terminate_as_interrupt
+from .. import launch
+from ..compare import compare_experiments, comparison_table, verdict_line
+from ..config import Config, named_as
+from ..data import DataNotFoundError
+from ..device import resolve_device
+from ..flower_run import check_flower_flags, execute_flower, prepare_flower  # flwr itself: imported when a run starts
+from ..folders import default_out_dir
+from ..plotting import plot_runs  # matplotlib itself: imported when a figure is drawn
+from ..prepare import check_algorithm_names, check_world_size, prepare_run
+from ..run import Interrupted, execute_run
+from ..tensorboard import live_events  # the tensorboard package itself: imported when events are written
+from .parser import DEMO_ALGORITHMS, build_parser, demo_config
+from .research import cmd_compare_seeds, cmd_run_seeds, cmd_sweep, wants_seeds, write_run_events
+from .settings import (
+    RESUME_OK,
+    RUN_RESUME_OK,
+    check_resume_flags,
+    compare_settings,
+    merge_settings,
+    output_folder,
+    overview_figure,
+    print_summary,
+    quiet,
+    restarted_run,
+    resumed_run,
+    user_names,
+)
 
 __all__ = ["main", "build_parser", "DEMO_ALGORITHMS"]
 
@@ -35,31 +59,26 @@ def _replace(args) -> bool:
 
 
 def cmd_run(args) -> int:
-    from .config import Config
-
     if args.demo:
         return cmd_demo(argparse.Namespace(rounds=getattr(args, "rounds", None), out=args.out,
                                            no_progress=args.no_progress, formats=args.formats, no_plot=args.no_plot))
-    from . import launch
 
     if getattr(args, "flower", False):
         return _cmd_run_flower(args)
     if getattr(args, "round_timeout", None) is not None:
         raise ValueError("--round-timeout is the Flower server's wait for a round (run --flower); without --flower "
                          "a run has no server to wait")
-    if getattr(args, "workers", None) and _wants_seeds(args):
+    if getattr(args, "workers", None) and wants_seeds(args):
         raise ValueError("--workers with several seeds: run the seeds one after another on one process each "
                          "(leave out --workers), or give one seed")
     if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
         out = None
-        if args.resume:  # the ranks resume it (_resume_run), --checkpoint-every included
-            _resume_flags_check(args, _RUN_RESUME_OK)
+        if args.resume:  # the ranks resume it (resumed_run), --checkpoint-every included
+            check_resume_flags(args, RUN_RESUME_OK)
         else:  # check the settings here, and pick the folder once for every rank
-            from .prepare import check_world_size, prepare_run
-
             try:
-                cfg = Config.from_dict(_merge(args))
-                out = _out_dir(args, cfg.algorithm)
+                cfg = Config.from_dict(merge_settings(args))
+                out = output_folder(args, cfg.algorithm)
                 # Every check a rank would make (data, model, regularizers, participation, the folder),
                 # here and writing nothing: an error is then one line, not P numbered copies of it
                 # followed by torchrun's failure report. It loads the data once more; ranks load theirs.
@@ -68,21 +87,18 @@ def cmd_run(args) -> int:
             except ValueError:  # named where raised (config.named_as): this try can go
                 raise
         return launch.run_workers(args.argv, args.workers, out)
-    if _wants_seeds(args):
-        return _cmd_run_seeds(args)
+    if wants_seeds(args):
+        return cmd_run_seeds(args)
     main = launch.is_main()
-    say = print if main else _quiet  # under torchrun rank 0 alone prints
-    from .run import execute_run
+    say = print if main else quiet  # under torchrun rank 0 alone prints
 
     if args.resume:
-        summary = execute_run(_resume_run(args), progress=not args.no_progress, log=say)
+        summary = execute_run(resumed_run(args), progress=not args.no_progress, log=say)
     else:
-        from .prepare import prepare_run
-
         try:
-            cfg = Config.from_dict(_merge(args))
-            out = launch.agree_on(_out_dir(args, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
-            if launch.agree_on(main and _restarted_run(cfg, out)):
+            cfg = Config.from_dict(merge_settings(args))
+            out = launch.agree_on(output_folder(args, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
+            if launch.agree_on(main and restarted_run(cfg, out)):
                 # torchrun restarted the job after a rank failed: continue from the last checkpoint
                 prep = prepare_run(None, out, resume=True, rounds=cfg.rounds)
             else:
@@ -100,21 +116,17 @@ def cmd_run(args) -> int:
 
 def _cmd_run_flower(args) -> int:
     """``run --flower`` (experiments/flower_run.py): every check, then the local Flower deployment."""
-    from . import launch
-    from .config import Config
-    from .flower_run import check_flower_flags, execute_flower, prepare_flower
-
     if args.resume:
         # --workers is Flower's refusal to make (check_flower_flags), with its own reason
-        _resume_flags_check(args, allowed=tuple(k for k in _RESUME_OK if k != "workers") + ("flower", "round_timeout"))
-    check_flower_flags(workers=getattr(args, "workers", None), seeds=not args.resume and _wants_seeds(args),
+        check_resume_flags(args, allowed=tuple(k for k in RESUME_OK if k != "workers") + ("flower", "round_timeout"))
+    check_flower_flags(workers=getattr(args, "workers", None), seeds=not args.resume and wants_seeds(args),
                        demo=args.demo, distributed=launch.distributed())
     try:
         if args.resume:
             prep = prepare_flower(None, args.resume, resume=True, rounds=getattr(args, "rounds", None))
         else:
-            cfg = Config.from_dict(_merge(args))
-            out = _out_dir(args, cfg.algorithm)
+            cfg = Config.from_dict(merge_settings(args))
+            out = output_folder(args, cfg.algorithm)
             prep = prepare_flower(cfg, out, replace=_replace(args))
     except ValueError:  # named where raised (config.named_as): this try can go
         raise
@@ -127,10 +139,10 @@ def _cmd_run_flower(args) -> int:
 
 
 def _finish_run(summary: dict, args) -> int:
-    _print_summary(summary)
+    print_summary(summary)
     print(f"results written to {summary['out_dir']}")
-    _events([summary["out_dir"]], args)
-    _figure(summary["out_dir"], args)
+    write_run_events([summary["out_dir"]], args)
+    overview_figure(summary["out_dir"], args)
     if summary["status"] == "diverged":
         print(summary["message"], file=sys.stderr)
         return 3
@@ -140,36 +152,30 @@ def _finish_run(summary: dict, args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from . import launch
-    from .compare import compare_experiments, comparison_table
-
-    if _wants_seeds(args):
+    if wants_seeds(args):
         if getattr(args, "workers", None):
             raise ValueError("--workers with several seeds: run the seeds one after another on one process each "
                              "(leave out --workers), or give one seed")
-        return _cmd_compare_seeds(args)
+        return cmd_compare_seeds(args)
     if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
         out = None
         if args.resume:
-            _resume_flags_check(args)
+            check_resume_flags(args)
         else:  # check the settings here, and pick the folder once for every rank
-            from .device import resolve_device
-            from .prepare import check_algorithm_names, check_world_size
-
             try:
-                cfg, algorithms, _ = _compare_settings(args)
+                cfg, algorithms, _ = compare_settings(args)
                 cfg.check()
                 check_algorithm_names(algorithms)
                 resolve_device(cfg.device)
                 check_world_size(cfg.num_clients, args.workers)
             except ValueError:  # named where raised (config.named_as): this try can go
                 raise
-            out = _out_dir(args, "compare")
+            out = output_folder(args, "compare")
         return launch.run_workers(args.argv, args.workers, out)
     main = launch.is_main()
-    say = print if main else _quiet  # under torchrun rank 0 alone prints
+    say = print if main else quiet  # under torchrun rank 0 alone prints
     if args.resume:
-        _resume_flags_check(args)
+        check_resume_flags(args)
         out = args.resume
         say(f"resuming the comparison in {out}")
         summaries = compare_experiments(None, None, out, resume=True, rounds=getattr(args, "rounds", None),
@@ -178,10 +184,10 @@ def cmd_compare(args) -> int:
             step = json.load(f)["config"]["metric_step"]
     else:
         try:
-            cfg, algorithms, per = _compare_settings(args)
+            cfg, algorithms, per = compare_settings(args)
         except ValueError:  # named where raised (config.named_as): this try can go
             raise
-        out = launch.agree_on(_out_dir(args, "compare") if main else None, cfg.device)  # rank 0's folder
+        out = launch.agree_on(output_folder(args, "compare") if main else None, cfg.device)  # rank 0's folder
         say(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
               f"{cfg.model}, h={cfg.reg}; results -> {out}")
         try:
@@ -194,8 +200,8 @@ def cmd_compare(args) -> int:
         return 3 if any(s["status"] == "diverged" for s in summaries) else 0
     print(comparison_table(summaries, step))
     print(f"results written to {out}  (more figures: python -m python_algos plot {shlex.quote(out)})")
-    _events([s["out_dir"] for s in summaries], args)
-    _figure(out, args)
+    write_run_events([s["out_dir"] for s in summaries], args)
+    overview_figure(out, args)
     return 3 if any(s["status"] == "diverged" for s in summaries) else 0
 
 
@@ -205,16 +211,12 @@ def cmd_compare(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from . import launch
-    from .compare import compare_experiments, comparison_table, verdict_line
-    from .folders import default_out_dir
-
     t0 = time.perf_counter()
-    cfg = _demo_config()
+    cfg = demo_config()
     if args.rounds is not None:
         cfg = cfg.replace(rounds=args.rounds)
     main = launch.is_main()
-    say = print if main else _quiet  # under torchrun rank 0 alone prints
+    say = print if main else quiet  # under torchrun rank 0 alone prints
     out = launch.agree_on((args.out or default_out_dir("demo")) if main else None, cfg.device)  # rank 0's folder
     say(f"fedkernels demo: sparse logistic regression (d = 100, 10-sparse ground truth), 10 heterogeneous "
         f"clients, h = {cfg.reg_strength:g}·||x||_1, full gradients, K = {cfg.local_steps}, T = {cfg.rounds}")
@@ -228,7 +230,7 @@ def cmd_demo(args) -> int:
           "fraction of exact zeros;\nsupport F1: recovered non-zero pattern vs the ground truth. FedAvg ignores h "
           "(smooth method), so its model is dense.")
     print(f"results written to {out}  (more figures: python -m python_algos plot {shlex.quote(out)})")
-    _figure(out, args)
+    overview_figure(out, args)
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     print(verdict_line(summaries))  # the last line: what the table and the figure show, in words
     return 0
@@ -237,8 +239,6 @@ def cmd_demo(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from .plotting import plot_runs
-
     files = plot_runs(args.runs, out_dir=args.out, metrics=args.metrics, x_axes=args.x, title=args.title,
                       formats=args.formats, f_star=args.f_star, setup=not args.no_setup, band=args.band)
     for f in files:
@@ -247,13 +247,11 @@ def cmd_plot(args) -> int:
 
 
 def cmd_algorithms(args) -> int:
-    from ..algorithms.registry import markdown_table
-
     print(markdown_table())
     return 0
 
 
-def _showwarning(message, category, filename, lineno, file=None, line=None):
+def show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
 
 
@@ -265,24 +263,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from . import launch
-    from .data import DataNotFoundError
 
     handler = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "demo": cmd_demo, "plot": cmd_plot,
                "algorithms": cmd_algorithms}[args.command]
-    from .run import Interrupted
-    from ..runfolder.folder import unused_claims_removed
-    from ..runfolder.signals import exit_code, terminate_as_interrupt
 
     with warnings.catch_warnings():
-        warnings.showwarning = _showwarning
+        warnings.showwarning = show_warning
         if launch.rank() != 0:  # rank 0 alone reports (every rank would print the same warnings)
             warnings.simplefilter("ignore")
         try:
             live = contextlib.nullcontext()
-            if getattr(args, "tensorboard", False):  # every run writes its events as it goes (experiments/tensorboard.py)
-                from .tensorboard import live_events
-
+            if getattr(args, "tensorboard", False):  # every run writes its events as it goes (../tensorboard.py)
                 live = live_events()
             # SIGTERM / SIGHUP take Ctrl-C's path: the folder is closed as interrupted, children end
             # an error about a setting names it as the user gave it (the flag as typed, or the config file's key);

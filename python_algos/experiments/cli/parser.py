@@ -23,15 +23,15 @@ the command started ends, the summary so far is written and the resume command p
 from __future__ import annotations
 
 import argparse
-
 import difflib
 
-from .config import MAX_COUNT, MAX_THREADS, SETTINGS, Config, Setting
+from ..config import MAX_COUNT, MAX_THREADS, SETTINGS, Config, Setting
+from ..plotting import parse_formats  # matplotlib itself: imported when a figure is drawn
 
 DEMO_ALGORITHMS = ("fedcanon", "fedavg", "za1", "fednmap", "fedmid")
 
 
-def _demo_config():
+def demo_config():
     # Sparse logistic regression with a known 10-sparse ground truth in R^100; 10 clients whose
     # features are shifted differently (heterogeneous f_i, one common x_true); L1; full gradients.
     return Config(algorithm="fedcanon", lr=0.1, local_steps=10, dataset="sparse_logistic",
@@ -155,9 +155,7 @@ def _seconds(text: str) -> float:
     return v
 
 
-def _formats(text: str):
-    from .plotting import parse_formats
-
+def formats_flag(text: str):
     try:
         return parse_formats(text)
     except ValueError as e:  # argparse prefixes the flag itself
@@ -165,7 +163,7 @@ def _formats(text: str):
 
 
 def _add_figure_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--formats", type=_formats, default=("png", "pdf"), metavar="png,pdf,svg",
+    p.add_argument("--formats", type=formats_flag, default=("png", "pdf"), metavar="png,pdf,svg",
                    help="figure file formats, comma-separated (default: png,pdf)")
     p.add_argument("--no-plot", action="store_true", dest="no_plot", help="do not write the figure")
     p.add_argument("--band", choices=["std", "minmax"], default="std",
@@ -258,8 +256,9 @@ def build_parser() -> Parser:
                        description="Run several algorithms on the same data split and initial model; one folder "
                        "per algorithm plus comparison.md.")
     c.add_argument("-a", "--algorithms", nargs="+", default=None, help=f"default: {' '.join(DEMO_ALGORITHMS)}")
-    c.add_argument("--resume", metavar="DIR", help="finish the comparison in DIR: finished runs (completed or diverged) "
-                   "are kept, the others continue from their checkpoints (--rounds may extend it; other flags come from DIR)")
+    c.add_argument("--resume", metavar="DIR", help="finish the comparison in DIR: finished runs (completed or "
+                   "diverged) are kept, the others continue from their checkpoints (--rounds may extend it; other "
+                   "flags come from DIR)")
     c.add_argument("--workers", type=_workers, default=S, metavar="P",
                    help="run every algorithm on P local processes (torchrun ranks, clients split between them; "
                         "see docs/scaling-out.md); under torchrun, the ranks are torchrun's")
@@ -318,7 +317,7 @@ def build_parser() -> Parser:
     pl.add_argument("--no-setup", action="store_true", dest="no_setup", help="leave the setup line out")
     pl.add_argument("--f-star", type=float, default=None, dest="f_star", metavar="F*",
                     help="the optimal value F*: plot the suboptimality f+h − F* (default: a run's summary.json f_star)")
-    pl.add_argument("--formats", type=_formats, default=("png", "pdf"), metavar="png,pdf,svg",
+    pl.add_argument("--formats", type=formats_flag, default=("png", "pdf"), metavar="png,pdf,svg",
                     help="file formats, comma-separated (default: png,pdf)")
     pl.add_argument("--band", choices=["std", "minmax"], default="std",
                     help="runs of several seeds (seed-<k> folders) are drawn as their mean with a shaded band: "

@@ -8,12 +8,19 @@ import os
 import re
 from typing import Sequence
 
-from .cli_parser import DEMO_ALGORITHMS, TYPED
-from .config import RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile, check_given, flag, unknown_keys_text
-from .regularizer_specs import _spec_text
+from ...runfolder.files import as_json
+from .. import launch
+from ..config import RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile, check_given, flag, unknown_keys_text
+from ..folders import default_out_dir, read_config_json
+from ..plotting import plot_runs  # matplotlib itself: imported when a figure is drawn
+from ..prepare import check_algorithm_names, prepare_run
+from ..regularizer_specs import spec_text
+from ..seeds import seed_list
+from ..tables import column_name, format_table
+from .parser import DEMO_ALGORITHMS, TYPED
 
 
-def _read_config_file(path: str) -> dict:
+def read_config_file(path: str) -> dict:
     """The mapping in a TOML / YAML / JSON file; a syntax error is one line naming the file and line."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".toml", ".yaml", ".yml", ".json"):
@@ -33,7 +40,7 @@ def _read_config_file(path: str) -> dict:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
     if ext == ".toml":
         try:
-            import tomllib
+            import tomllib  # here, not at the top: tomli stands in for it on Python < 3.11
         except ImportError:  # Python < 3.11
             try:
                 import tomli as tomllib
@@ -45,7 +52,7 @@ def _read_config_file(path: str) -> dict:
             raise ValueError(f"{path}, {_toml_error_text(e)}") from None
     elif ext in (".yaml", ".yml"):
         try:
-            import yaml
+            import yaml  # here, not at the top: pyyaml is optional (only a .yaml config needs it)
         except ImportError:
             raise SystemExit("reading YAML needs `pip install pyyaml` (or use a .toml / .json config)") from None
         try:
@@ -87,7 +94,7 @@ _DICT_KEYS = tuple(k for k, s in SETTINGS.items() if s.options)  # tables: a fla
 def user_names(args) -> dict:
     """How the user named each setting: the flag as typed (``{"local_steps": "-K"}``, filled while
     the flags were parsed), and :class:`~.config.FromFile` for the config file's keys (added by
-    :func:`_merge` once it has read the file). The command line runs inside
+    :func:`merge_settings` once it has read the file). The command line runs inside
     ``config.named_as(user_names(args))``, so an error about a setting names it so."""
     names = getattr(args, TYPED, None)
     if names is None:
@@ -96,10 +103,10 @@ def user_names(args) -> dict:
     return names
 
 
-def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
+def merge_settings(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
     """Config file values, overridden by the flags given on the command line. The file's keys are
     added to :func:`user_names` (an error about one of them names the file and key)."""
-    base = _read_config_file(args.config) if getattr(args, "config", None) else {}
+    base = read_config_file(args.config) if getattr(args, "config", None) else {}
     base = {k.replace("-", "_"): v for k, v in base.items()}
     in_file = set(base)
     names = set(SETTINGS) | set(extra_keys)
@@ -122,7 +129,7 @@ def _merge(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
     if "partition" not in _swept(args, base):  # a sweep over partitions uses eta in some points
         check_given(base)
     if base.get("regularizers") and any(k in base for k in ("reg", "reg_opts")):
-        given = " ".join(_spec_text(k, v) for k, v in base["regularizers"].items())
+        given = " ".join(spec_text(k, v) for k, v in base["regularizers"].items())
         raise ConfigError("regularizers", given,
                           "give --reg (one penalty for the whole model) or --reg-param / a [regularizers] table (one "
                           "per parameter), not both; a '*' pattern gives the remaining parameters a default")
@@ -138,9 +145,7 @@ def _swept(args, base: dict) -> set:
     return keys
 
 
-def _out_dir(args, name: str) -> str:
-    from .folders import default_out_dir
-
+def output_folder(args, name: str) -> str:
     if args.out:
         return args.out
     if getattr(args, "name", None):
@@ -148,7 +153,7 @@ def _out_dir(args, name: str) -> str:
     return default_out_dir(name)
 
 
-def _split_alg_opts(opts: dict, algorithms: Sequence[str]):
+def split_alg_opts(opts: dict, algorithms: Sequence[str]):
     """compare: {ALG: {...}} / 'ALG.KEY' entries go to one algorithm, plain keys to all."""
     common, per = {}, {a: {} for a in algorithms}
     for k, v in opts.items():
@@ -170,9 +175,7 @@ def _split_alg_opts(opts: dict, algorithms: Sequence[str]):
 # --------------------------------------------------------------------------- #
 
 
-def _print_summary(summary: dict) -> None:
-    from .tables import column_name, format_table
-
+def print_summary(summary: dict) -> None:
     f = summary["final"]
     keys = [k for k in ("f", "h", "f+h", "grad_map_sq", "normal_map_sq", "sparsity", "test_acc", "train_acc",
                         "support_f1") if k in f]
@@ -188,39 +191,35 @@ def _print_summary(summary: dict) -> None:
 # Refused: every other setting; those kept for another reason than the result (--executor, --threads)
 # say why (their why_kept). The refusal lists exactly this tuple.
 _FREE_ON_RESUME = ("workers", "no_progress", "formats", "no_plot", "band", "tensorboard")
-_RESUME_OK = tuple(k for k, s in SETTINGS.items() if s.on_resume == "may_change") + _FREE_ON_RESUME
+RESUME_OK = tuple(k for k, s in SETTINGS.items() if s.on_resume == "may_change") + _FREE_ON_RESUME
 # `run --resume` (one run, in this process or its torchrun ranks) may also change the settings whose rule is
 # run_may_change (--checkpoint-every: a checkpoint only reads the state; tests/test_resume_checks.py proves
 # the bits equal). A comparison, seeds or Flower resume keeps the folder's (they do not pass it on).
-_RUN_RESUME_OK = _RESUME_OK + tuple(k for k, s in SETTINGS.items() if s.on_resume == "run_may_change")
+RUN_RESUME_OK = RESUME_OK + tuple(k for k, s in SETTINGS.items() if s.on_resume == "run_may_change")
 # argparse destinations that are not settings: present in every namespace (or refused on their own
 # when given, like --out), never listed as accepted.
 _NOT_SETTINGS = ("command", "demo", "resume", "argv", "out", "name", "config", "algorithms", TYPED)
 
 
-def _quiet(_text: str) -> None:
+def quiet(_text: str) -> None:
     pass
 
 
-def _restarted_run(cfg, out: str) -> bool:
+def restarted_run(cfg, out: str) -> bool:
     """True in a job that torchrun restarted (``--max-restarts``) whose run folder this job started:
     the restarted ranks resume it instead of starting over. A folder holding a run of other
     settings (the first attempt refused it) is left alone: the fresh-run checks then refuse it again."""
-    from . import launch
-    from .folders import _read_config_json
-    from ..runfolder.files import _as_json
-
     if not (launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, "config.json"))):
         return False
     try:
-        saved = _as_json(_read_config_json(os.path.join(out, "config.json")).to_dict())
+        saved = as_json(read_config_json(os.path.join(out, "config.json")).to_dict())
     except ValueError:
         return False
-    now = _as_json(cfg.to_dict())
+    now = as_json(cfg.to_dict())
     return all(saved.get(k) == now.get(k) for k in RESULT_KEYS if k != "rounds")
 
 
-def _resume_flags_check(args, allowed: Sequence[str] = _RESUME_OK, whose: str = "its") -> None:
+def check_resume_flags(args, allowed: Sequence[str] = RESUME_OK, whose: str = "its") -> None:
     """With --resume, the settings come from the folder: refuse every other flag given, with a
     ``ValueError`` (printed as ``error: ...``) that lists the accepted flags, derived from ``allowed``
     (argparse destinations; :data:`_NOT_SETTINGS` among them are ignored), so the list cannot drift
@@ -243,14 +242,12 @@ def _flag(dest: str) -> str:
     return flag(dest) if dest in SETTINGS else "--" + dest.replace("_", "-")
 
 
-def _resume_run(args):
+def resumed_run(args):
     """``run --resume DIR`` checked and prepared (writes nothing): the folder's run, with
     ``--checkpoint-every`` when given (the only setting a resume may change: it decides when the
     state is saved, never what a round computes). config.json then records the new interval, so a
     later resume keeps it."""
-    from .prepare import prepare_run
-
-    _resume_flags_check(args, _RUN_RESUME_OK)
+    check_resume_flags(args, RUN_RESUME_OK)
     every = getattr(args, "checkpoint_every", None)
     prep = prepare_run(None, args.resume, resume=True, rounds=getattr(args, "rounds", None))
     if every is not None and every != prep.cfg.checkpoint_every:
@@ -260,33 +257,30 @@ def _resume_run(args):
     return prep
 
 
-def _compare_settings(args, seeds: bool = False):
+def compare_settings(args, seeds: bool = False):
     """(the shared Config, the algorithm names, each algorithm's own options) of a ``compare``,
     checked (values, algorithm names). ``seeds=True``: also read the seeds (into ``args.seed_list``
     and ``args.reseed``)."""
     if seeds:
-        merged, args.seed_list, args.reseed = _seed_settings(args, extra=("algorithms",))
+        merged, args.seed_list, args.reseed = seed_settings(args, extra=("algorithms",))
     else:
-        merged = _merge(args, extra_keys=("algorithms",))
+        merged = merge_settings(args, extra_keys=("algorithms",))
     algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
     merged.pop("algorithms", None)
-    per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+    per = split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
     cfg = Config.from_dict(merged)
     # the cheap checks here, before the "comparing ..." line: a misspelt name or a bad flag is then
     # the only thing printed (compare_experiments checks the rest before it writes anything)
-    from .prepare import check_algorithm_names
-
     cfg.check()
     check_algorithm_names(algorithms)
     return cfg, algorithms, per
 
 
-def _figure(folder: str, args) -> None:
+def overview_figure(folder: str, args) -> None:
     """The run's / comparison's overview figure in its folder, and its path; a missing matplotlib
     is a note, not a failure (the results are written)."""
     if getattr(args, "no_plot", False):
         return
-    from .plotting import plot_runs
 
     try:
         files = plot_runs([folder], out_dir=folder, per_metric=False, formats=args.formats,
@@ -298,11 +292,9 @@ def _figure(folder: str, args) -> None:
         print(f"figure: {f}")
 
 
-def _seed_settings(args, extra=()):
+def seed_settings(args, extra=()):
     """(merged settings without the seed keys, the seeds, reseed_data) of a run / compare with seeds."""
-    from .seeds import seed_list
-
-    merged = _merge(args, extra_keys=("seeds", "reseed_data", *extra))
+    merged = merge_settings(args, extra_keys=("seeds", "reseed_data", *extra))
     seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
     reseed = merged.pop("reseed_data", False)
     if not isinstance(reseed, bool):

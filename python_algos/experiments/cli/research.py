@@ -2,37 +2,49 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import sys
 
-from .cli_settings import _compare_settings, _figure, _seed_settings
-from .cli_settings import _merge, _out_dir, _read_config_file, _resume_flags_check, _split_alg_opts
+from ..config import Config
+from ..optuna_search import parse_space, run_study  # optuna itself: imported when a study starts
+from ..plotting import plot_sweep  # matplotlib itself: imported when a figure is drawn
+from ..seeds import compare_seeds, is_seeds_folder, run_seeds, seed_list
+from ..sweep import SELECT, SweepInterrupted, parse_grid, read_sweep, run_sweep
+from ..tensorboard import check_available, write_events  # the tensorboard package: imported when events are written
+from .parser import formats_flag
+from .settings import (
+    check_resume_flags,
+    compare_settings,
+    merge_settings,
+    output_folder,
+    overview_figure,
+    read_config_file,
+    seed_settings,
+    split_alg_opts,
+)
 
 
-def _events(run_dirs, args) -> None:
+def write_run_events(run_dirs, args) -> None:
     """--tensorboard: the runs' TensorBoard events (see experiments/tensorboard.py). A run of this command
     wrote them live, so write_events leaves them alone; a run a resume kept may have none yet."""
     if getattr(args, "tensorboard", False):
-        from .tensorboard import write_events
-
         for d in run_dirs:
             write_events(d)
         print(f"TensorBoard events: tensorboard --logdir {shlex.quote(os.path.commonpath(run_dirs))}")
 
 
-def _wants_seeds(args) -> bool:
+def wants_seeds(args) -> bool:
     """Several seeds asked for: --seeds, a --seed list, a seeds/reseed_data key of the config file, or
     --resume of a folder of seeds."""
-    from .seeds import is_seeds_folder
-
     if getattr(args, "resume", None):
         return is_seeds_folder(args.resume)
     if hasattr(args, "seeds") or isinstance(getattr(args, "seed", None), list):
         return True
     if getattr(args, "config", None):
-        keys = {k.replace("-", "_") for k in _read_config_file(args.config)}
-        return bool(keys & {"seeds"}) or isinstance(_read_config_file(args.config).get("seed"), list)
+        keys = {k.replace("-", "_") for k in read_config_file(args.config)}
+        return bool(keys & {"seeds"}) or isinstance(read_config_file(args.config).get("seed"), list)
     return False
 
 
@@ -40,10 +52,9 @@ def _wants_seeds(args) -> bool:
 
 def _tb_hook(args):
     """--tensorboard with several seeds: after each seed, its events (already written live: a no-op;
-    see :func:`_events`)."""
+    see :func:`write_run_events`)."""
     if not getattr(args, "tensorboard", False):
         return None
-    from .tensorboard import check_available, write_events
 
     check_available()
     return write_events
@@ -55,25 +66,22 @@ def _seeds_done(result: dict, args, flat) -> int:
     print(f"mean ± std over the seeds that completed, of {len(result['seeds'])} (seeds "
           f"{', '.join(map(str, result['seeds']))}); results "
           f"written to {out}  (per-round statistics: {os.path.join(out, 'aggregate.jsonl')})")
-    _figure(out, args)
+    overview_figure(out, args)
     return 3 if any(s.get("status") == "diverged" for s in flat) else 0
 
 
-def _cmd_run_seeds(args) -> int:
-    from .config import Config
-    from .seeds import run_seeds
-
+def cmd_run_seeds(args) -> int:
     hook = _tb_hook(args)
     if args.resume:
-        _resume_flags_check(args)
+        check_resume_flags(args)
         print(f"resuming the seeds in {args.resume}")
         result = run_seeds(None, None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
                            progress=not args.no_progress, after_run=hook)
     else:
         try:
-            merged, seeds, reseed = _seed_settings(args)
+            merged, seeds, reseed = seed_settings(args)
             cfg = Config.from_dict(merged)
-            out = _out_dir(args, cfg.algorithm)
+            out = output_folder(args, cfg.algorithm)
             print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
                   f"seeds {', '.join(map(str, seeds))}{' (data redrawn per seed)' if reseed else ''}; results -> {out}")
             result = run_seeds(cfg, seeds, out, reseed_data=reseed, progress=not args.no_progress, after_run=hook)
@@ -82,19 +90,17 @@ def _cmd_run_seeds(args) -> int:
     return _seeds_done(result, args, result["summaries"])
 
 
-def _cmd_compare_seeds(args) -> int:
-    from .seeds import compare_seeds
-
+def cmd_compare_seeds(args) -> int:
     hook = _tb_hook(args)
     if args.resume:
-        _resume_flags_check(args)
+        check_resume_flags(args)
         print(f"resuming the seeds in {args.resume}")
         result = compare_seeds(None, None, None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
                                progress=not args.no_progress, after_run=hook)
     else:
         try:
-            cfg, algorithms, per = _compare_settings(args, seeds=True)
-            out = _out_dir(args, "compare")
+            cfg, algorithms, per = compare_settings(args, seeds=True)
+            out = output_folder(args, "compare")
             print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
                   f"{cfg.model}, seeds {', '.join(map(str, args.seed_list))}; results -> {out}")
             result = compare_seeds(cfg, algorithms, args.seed_list, out, alg_opts=per, reseed_data=args.reseed,
@@ -107,12 +113,8 @@ def _cmd_compare_seeds(args) -> int:
 def _given(args, *flags) -> dict:
     """The figure flags among ``flags`` that the command line gave (argparse fills in their defaults,
     so ``args`` alone cannot tell a given ``--formats png,pdf`` from none): their parsed values."""
-    import argparse
-
-    from .cli_parser import _formats
-
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--formats", type=_formats, default=None)
+    p.add_argument("--formats", type=formats_flag, default=None)
     p.add_argument("--band", default=None)
     known, _ = p.parse_known_args([a for a in (getattr(args, "argv", None) or []) if a != "--"])
     return {k: v for k, v in vars(known).items() if v is not None and "--" + k in flags}
@@ -124,24 +126,20 @@ _SWEEP_RESUME_OK = ("command", "resume", "jobs", "no_progress", "formats", "no_p
 
 def cmd_sweep(args) -> int:
     """`sweep` (experiments/sweep.py): the grid's runs, then the table and the figures."""
-    from .config import Config
-    from .seeds import seed_list
-    from .sweep import SELECT, SweepInterrupted, read_sweep, parse_grid, run_sweep
-
     opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
     # what the figures need: recorded in sweep.json, and on --resume taken from there unless given again
     figures = {"formats": list(args.formats), "band": getattr(args, "band", "std")}
     try:
         if args.resume:
-            _resume_flags_check(args, _SWEEP_RESUME_OK, "the sweep's")
+            check_resume_flags(args, _SWEEP_RESUME_OK, "the sweep's")
             out = args.resume
             kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
             given = _given(args, "--formats", "--band")
             figures = {**figures, **(read_sweep(out).get("figures") or {}), **given}
             print(f"resuming the sweep in {out}")
         else:
-            merged = _merge(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs", "optuna",
-                                              "space"))
+            merged = merge_settings(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs",
+                                                     "optuna", "space"))
             grid = merged.pop("grid", None) or {}
             if not isinstance(grid, dict):
                 raise ValueError(f"{args.config}: grid must be a table of KEY = [values] or \"log:LOW:HIGH:COUNT\"")
@@ -156,8 +154,6 @@ def cmd_sweep(args) -> int:
             if space and trials is None:
                 raise ValueError("--space: only with --optuna N (the number of trials); a grid takes --grid")
             if trials is not None:
-                from .optuna_search import parse_space
-
                 if not space:
                     raise ValueError("--optuna: give the space to search with --space KEY=SPEC (e.g. --space "
                                      "alpha=log:1e-3:1), or a [space] table in --config")
@@ -180,9 +176,9 @@ def cmd_sweep(args) -> int:
                 merged.pop(k, None)
             if seeds:
                 merged["seed"] = seeds[0]
-            per = _split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+            per = split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
             cfg = Config.from_dict(merged)
-            out = _out_dir(args, "sweep")
+            out = output_folder(args, "sweep")
             over = (' x '.join(f'{k} ({len(v)})' for k, v in grid.items()) if trials is None else
                     f"{', '.join(space)} ({trials} Optuna trials)")
             print(f"sweep of {', '.join(algorithms)} over {over} on {cfg.dataset} ({cfg.partition}, "
@@ -192,15 +188,11 @@ def cmd_sweep(args) -> int:
                 kw.update(grid=None, space=space, trials=trials)
         select = opts["select"]  # None: f_plus_h, or on resume what the sweep (a random search) was run with
         if "space" in kw:
-            from .optuna_search import run_study
-
             result = run_study(kw.pop("cfg"), kw.pop("algorithms"), kw.pop("space"), kw.pop("trials"), kw.pop("seeds"),
                                out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
                                tensorboard=bool(getattr(args, "tensorboard", False)), figures=figures,
                                **{k: v for k, v in kw.items() if k != "grid"})
         elif kw.get("resume") and "optuna" in read_sweep(out):  # a random search: its trials continue
-            from .optuna_search import run_study
-
             result = run_study(None, None, None, None, out_dir=out, jobs=opts["jobs"] or 1, select=select,
                                resume=True, tensorboard=bool(getattr(args, "tensorboard", False)))
         else:
@@ -218,9 +210,6 @@ def cmd_sweep(args) -> int:
     if getattr(args, "tensorboard", False):
         print(f"TensorBoard events: tensorboard --logdir {shlex.quote(out)}")
     if not getattr(args, "no_plot", False):
-        from .plotting import plot_sweep
-        from .sweep import read_sweep
-
         try:
             select = result["select"]
             files = plot_sweep(out, result, read_sweep(out)["grid"], SELECT[select][0], select,
