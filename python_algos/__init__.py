@@ -22,11 +22,41 @@ cycle crosses them, checked by tests/test_layers.py):
                     rounds=100, regularizer=fk.SCAD(1e-3))
 """
 
-from .algorithms import (ALGORITHMS, DEPOSITUM, SCAFFNEW, SCAFFOLD, ZA1, Algorithm, Costs, DEPOSITUMState,
-                         FedADMM, FedADMMState, FedAvg, FedAvgState, FedCanon, FedCanonII, FedCanonIIState,
-                         FedCanonState, FedDA, FedDAState, FedDR, FedDRState, FedMiD, FedMiDState, FedNMap,
-                         FedNMapState, FedProx, FedProxState, ProxFedAvg, ProxFedAvgState, SCAFFNEWState,
-                         SCAFFOLDState, ZA1State, make, topology)
+from .algorithms import (
+                         ALGORITHMS,
+                         DEPOSITUM,
+                         SCAFFNEW,
+                         SCAFFOLD,
+                         ZA1,
+                         Algorithm,
+                         Costs,
+                         DEPOSITUMState,
+                         FedADMM,
+                         FedADMMState,
+                         FedAvg,
+                         FedAvgState,
+                         FedCanon,
+                         FedCanonII,
+                         FedCanonIIState,
+                         FedCanonState,
+                         FedDA,
+                         FedDAState,
+                         FedDR,
+                         FedDRState,
+                         FedMiD,
+                         FedMiDState,
+                         FedNMap,
+                         FedNMapState,
+                         FedProx,
+                         FedProxState,
+                         ProxFedAvg,
+                         ProxFedAvgState,
+                         SCAFFNEWState,
+                         SCAFFOLDState,
+                         ZA1State,
+                         make,
+                         topology,
+)
 from .clients import ClientSet, CommCounter, DistributedClients, SequentialClients
 from .simulate import History, simulate
 

@@ -45,13 +45,13 @@ from torch import nn
 
 import fedkernels as fk
 
-from .runfolder import setup_record
 from .algorithms.base import Algorithm
 from .algorithms.steps import prox
 from .clients import EXECUTORS, ClientSet, resolve_executor
 from .clients.base import seeds
-from .runfolder.history import load_history, save_history
+from .runfolder import setup_record
 from .runfolder.callbacks import Checkpoint, RunView, ShowProgress, as_callbacks, run_rounds
+from .runfolder.history import load_history, save_history
 from .runfolder.records import metrics_row
 
 __all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity", "checked_clients_per_round"]

@@ -11,13 +11,13 @@ import os
 
 import pytest
 import torch
+from test_run_folders import folder_state, quiet, tiny
 
 import fedkernels as fk
 from python_algos import FedCanon, FedMiD, History, simulate
 from python_algos.experiments.cli import main
 from python_algos.experiments.run import run_experiment
 from python_algos.runfolder.files import read_metrics
-from test_run_folders import folder_state, quiet, tiny
 
 
 def _problem(dtype=torch.float64):

@@ -1,15 +1,14 @@
 """Build facts, the tables shared between Python and C++, threads, profiling counters, and int64
 indexing beyond 2^31 elements."""
 
-import math
 
 import pytest
 import torch
+from conftest import mem_available_gib
 
 import fedkernels as fk
 from fedkernels import _C
 from fedkernels._backend import DTYPE_CODES, KIND_CODES
-from conftest import mem_available_gib
 
 
 def test_backend_info_keys():

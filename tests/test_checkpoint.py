@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 import fedkernels as fk
-from python_algos.runfolder import checkpoint as ckpt
 from python_algos import simulate
+from python_algos.algorithms.registry import ALGORITHMS, make
 from python_algos.experiments.config import Config
 from python_algos.experiments.run import KILL_ENV, run_experiment
+from python_algos.runfolder import checkpoint as ckpt
 from python_algos.runfolder.files import read_metrics
-from python_algos.algorithms.registry import ALGORITHMS, make
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -68,9 +68,10 @@ def _check_verdict(line, out):
 def test_verdict_names_a_pair_of_identical_curves(tmp_path):
     """Two runs of one config are the same trajectory: the verdict line says they coincide, and
     names them both where they tie for the lowest f+h."""
+    from test_run_folders import quiet, tiny
+
     from python_algos.experiments.compare import verdict_line
     from python_algos.experiments.run import run_experiment
-    from test_run_folders import quiet, tiny
 
     sums = [run_experiment(tiny(**kw), str(tmp_path / label), label=label, progress=False, log=quiet)
             for label, kw in (("a", {}), ("b", {}), ("c", {"algorithm": "fedmid"}))]

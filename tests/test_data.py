@@ -9,9 +9,20 @@ import numpy as np
 import pytest
 import torch
 
-from python_algos.experiments.data import (DataNotFoundError, fedprox_synthetic, image_like, load_a9a, load_cifar10,
-                               load_dataset, load_femnist, load_libsvm, load_mnist, read_idx, sparse_regression,
-                               federate)
+from python_algos.experiments.data import (
+    DataNotFoundError,
+    federate,
+    fedprox_synthetic,
+    image_like,
+    load_a9a,
+    load_cifar10,
+    load_dataset,
+    load_femnist,
+    load_libsvm,
+    load_mnist,
+    read_idx,
+    sparse_regression,
+)
 
 
 def write_idx(path, array, gz=False):

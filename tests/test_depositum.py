@@ -13,12 +13,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _problems import LeastSquares, soft
 
 import fedkernels as fk
 import python_algos as pa
 from python_algos.algorithms import topology as topo
-
-from _problems import LeastSquares, soft
 
 KAPPA = 0.3
 

@@ -7,11 +7,10 @@ and 2 ranks spawned as under torchrun (slow)."""
 
 from __future__ import annotations
 
+import _dist_cases as C
 import pytest
 import torch
 import torch.distributed as dist
-
-import _dist_cases as C
 
 
 def _check(results: dict, d: int) -> None:

@@ -19,10 +19,9 @@ import signal
 import subprocess
 import sys
 
+import _dist_cases as C
 import pytest
 import torch
-
-import _dist_cases as C
 from _signals import sigint_as_in_a_terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,13 +10,13 @@ import os
 
 import pytest
 import torch
+from test_run_folders import quiet, tiny
 
 import fedkernels as fk
 from python_algos import FedCanon, simulate
 from python_algos.experiments.cli import main
 from python_algos.experiments.run import run_experiment
 from python_algos.runfolder.files import read_metrics
-from test_run_folders import quiet, tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 pytest.importorskip("matplotlib")

@@ -17,15 +17,15 @@ import torch
 
 flwr = pytest.importorskip("flwr", reason='Flower is not installed: pip install ".[flower]"')
 
-import fedkernels as fk  # noqa: E402
-import python_algos as pa  # noqa: E402
+from _problems import LeastSquares  # noqa: E402
 from flwr.app import Context, Error, RecordDict  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+import fedkernels as fk  # noqa: E402
+import python_algos as pa  # noqa: E402
 from python_algos.algorithms.registry import make  # noqa: E402
 from python_algos.deploy import flower as pf  # noqa: E402
-
-from _problems import LeastSquares  # noqa: E402
 
 SEED, ROUNDS, BATCH, REG, N = 11, 4, 5, fk.L1(0.05), 4
 

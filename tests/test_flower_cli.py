@@ -22,11 +22,11 @@ import torch
 
 pytest.importorskip("flwr", reason='Flower is not installed: pip install ".[flower]"')
 
+from _signals import sigint_as_in_a_terminal  # noqa: E402
+
 from python_algos.experiments import flower_run  # noqa: E402
 from python_algos.experiments.cli import main  # noqa: E402
 from python_algos.simulate import History  # noqa: E402
-
-from _signals import sigint_as_in_a_terminal  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ["--dataset", "sparse_logistic", "--data-opt", "n=240", "--data-opt", "dim=12", "-N", "3", "-T", "2", "-B", "8",

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import sys
-import tomllib
 import warnings
 
 import pytest
+import tomllib
 import torch
 
 pytest.importorskip("flwr", reason='Flower is not installed: pip install ".[flower]"')

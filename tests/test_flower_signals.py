@@ -21,9 +21,9 @@ import pytest
 
 pytest.importorskip("flwr", reason='Flower is not installed: pip install ".[flower]"')
 
-from python_algos.experiments.cli import main  # noqa: E402
-
 from _signals import sigint_as_in_a_terminal  # noqa: E402
+
+from python_algos.experiments.cli import main  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROUNDS = 40

@@ -3,9 +3,9 @@ _reference.py), on 1-D buffers and [N, d] stacks with row-broadcast operands, ev
 
 import pytest
 import torch
+from _reference import prox as ref_prox
 
 import fedkernels as fk
-from _reference import prox as ref_prox
 
 PENALTIES = [
     ("zero", 0.0, 0.0), ("l1", 0.3, 0.0), ("elastic_net", 0.3, 0.5), ("mcp", 0.5, 1.5),

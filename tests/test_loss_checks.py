@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-import fedkernels as fk
 import python_algos as pa
 from python_algos.algorithms.registry import make
 from python_algos.clients import BatchedClients, SequentialClients

@@ -15,10 +15,10 @@ import os
 import sys
 
 import pytest
+from test_run_folders import TINY, folder_state
 
 from python_algos.experiments.cli import main
 from python_algos.experiments.sweep import STOP_AFTER_ENV
-from test_run_folders import TINY, folder_state
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

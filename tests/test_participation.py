@@ -12,12 +12,11 @@ import warnings
 
 import pytest
 import torch
+from _problems import LeastSquares, soft
 
 import fedkernels as fk
 import python_algos as pa
 from python_algos.algorithms.registry import ALGORITHMS, make
-
-from _problems import LeastSquares, soft
 
 KAPPA = 0.3
 N = 6

@@ -8,7 +8,15 @@ import torch
 
 pytestmark = pytest.mark.filterwarnings("ignore:Dirichlet partition:UserWarning")
 
-from python_algos.experiments.data import by_group, dirichlet, federate, iid, label_histograms, label_shards, load_dataset
+from python_algos.experiments.data import (
+    by_group,
+    dirichlet,
+    federate,
+    iid,
+    label_histograms,
+    label_shards,
+    load_dataset,
+)
 
 LABELS = np.repeat(np.arange(10), 100)  # 1000 samples, 10 balanced classes
 np.random.default_rng(0).shuffle(LABELS)

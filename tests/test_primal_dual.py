@@ -13,11 +13,10 @@ import warnings
 
 import pytest
 import torch
+from _problems import LeastSquares, soft
 
 import fedkernels as fk
 import python_algos as pa
-
-from _problems import LeastSquares, soft
 
 KAPPA = 0.3
 

@@ -16,14 +16,13 @@ import warnings
 
 import pytest
 import torch
+from _problems import LeastSquares
 
 import fedkernels as fk
 import python_algos as pa
 from python_algos.algorithms.base import ServerClientAlgorithm
 from python_algos.algorithms.registry import ALGORITHMS, make
 from python_algos.clients.base import seeds
-
-from _problems import LeastSquares
 
 VARIANTS = [(name, {}) for name in ALGORITHMS if name != "depositum"] + [
     ("fednmap", {"downlink": "z"}), ("fednmap", {"c_update_at": "round_end"}),

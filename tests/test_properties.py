@@ -11,13 +11,12 @@ FK_PROPERTY_RANDOM=1 explore further.
 
 import os
 
-import pytest
 import torch
+from _reference import prox as ref_prox
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fedkernels as fk
-from _reference import prox as ref_prox
 
 PROFILE = settings(
     max_examples=int(os.environ.get("FK_PROPERTY_EXAMPLES", "100")),

@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from _reference import brute_force_prox, objective
 
 import fedkernels as fk
-from _reference import brute_force_prox, objective
 
 V = torch.linspace(-6, 6, 601, dtype=torch.float64)
 

@@ -8,7 +8,6 @@ import json
 import os
 
 import pytest
-import torch
 from torch import nn
 
 import fedkernels as fk

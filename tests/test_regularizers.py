@@ -5,10 +5,10 @@ import math
 
 import pytest
 import torch
-
-import fedkernels as fk
 from _reference import penalty
 from conftest import REGULARIZERS
+
+import fedkernels as fk
 
 KINDS = {
     "zero": ("zero", 0.0, 0.0), "l1": ("l1", 0.3, 0.0), "elastic_net": ("elastic_net", 0.3, 0.5),

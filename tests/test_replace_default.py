@@ -4,12 +4,13 @@ and leave every byte of it as it was; ``replace=True`` replaces it. Ground truth
 sha256 of every file before the call."""
 
 import pytest
+from test_run_folders import folder_state as run_folder_state
+from test_run_folders import quiet
 
 from python_algos.experiments.compare import compare_experiments
 from python_algos.experiments.config import Config
 from python_algos.experiments.run import run_experiment
 from python_algos.runfolder.files import RunExistsError, RunFolderError, read_metrics
-from test_run_folders import folder_state as run_folder_state, quiet
 
 TINY = dict(algorithm="fedcanon", dataset="sparse_logistic", data_opts={"n": 80, "dim": 6, "nnz": 2},
             num_clients=3, lr=0.1, local_steps=2, rounds=2, batch_size=None, reg="l1", reg_strength=0.01,

@@ -12,9 +12,9 @@ from torch import nn
 
 import fedkernels as fk
 from python_algos import simulate
-from python_algos.runfolder import setup_record as sc
 from python_algos.algorithms.registry import ALGORITHMS, make
 from python_algos.runfolder import checkpoint as ckpt
+from python_algos.runfolder import setup_record as sc
 
 LOSS = nn.functional.cross_entropy
 

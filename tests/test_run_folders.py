@@ -16,13 +16,12 @@ import time
 
 import pytest
 import torch
+from _signals import sigint_as_in_a_terminal
 
 from python_algos.experiments.cli import main
 from python_algos.experiments.config import Config
 from python_algos.experiments.run import run_experiment
 from python_algos.runfolder.files import read_metrics
-
-from _signals import sigint_as_in_a_terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(algorithm="fedcanon", dataset="sparse_logistic", data_opts={"n": 160, "dim": 8, "nnz": 3},
@@ -282,8 +281,8 @@ def test_ctrl_c_writes_summary_and_prints_the_resume_command(tmp_path):
 def test_ctrl_c_between_the_checkpoint_rename_and_its_bookkeeping(tmp_path, monkeypatch, reference):
     """Ctrl-C landing right after a new checkpoint.pt was renamed into place, before the run noted
     it: the summary must name the checkpoint on disk (round 4), where a resume starts, not round 2."""
-    from python_algos.runfolder import checkpoint as ckpt
     from python_algos.experiments.run import Interrupted
+    from python_algos.runfolder import checkpoint as ckpt
 
     real_save = ckpt.save
 

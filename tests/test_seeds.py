@@ -10,11 +10,11 @@ import os
 import numpy as np
 import pytest
 import torch
+from test_run_folders import TINY, folder_state, params_of, quiet, tiny
 
 from python_algos.experiments.cli import main
 from python_algos.experiments.run import run_experiment
 from python_algos.runfolder.files import read_metrics
-from test_run_folders import TINY, folder_state, params_of, quiet, tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -15,12 +15,12 @@ import os
 
 import numpy as np
 import pytest
+from test_run_folders import TINY, folder_state, quiet, tiny
 
 from python_algos.experiments.aggregate import write_aggregate
 from python_algos.experiments.cli import main
 from python_algos.experiments.run import run_experiment
 from python_algos.runfolder.files import read_metrics, read_summary
-from test_run_folders import TINY, folder_state, quiet, tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -51,7 +51,7 @@ def test_each_spelling_of_each_flag_sets_its_field_in_every_command(name):
             if want is None:
                 want = s.parse(VALID[name])
             assert got == want, (command, spelling)
-            assert getattr(args, "typed_flags")[name] == spelling  # the flag as typed, for its errors
+            assert args.typed_flags[name] == spelling  # the flag as typed, for its errors
             assert s.rule_broken(dict(got) if s.options else got) is None
 
 

@@ -14,11 +14,10 @@ import time
 
 import pytest
 import torch
-
-from python_algos.experiments.cli import main
+from _signals import sigint_as_in_a_terminal
 from test_run_folders import TINY, env_for_subprocess, params_of
 
-from _signals import sigint_as_in_a_terminal
+from python_algos.experiments.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -10,10 +10,10 @@ import os
 
 import pytest
 import torch
+from test_run_folders import TINY, folder_state, params_of
 
 from python_algos.experiments.cli import main
 from python_algos.experiments.sweep import STOP_AFTER_ENV, parse_grid, parse_grid_values
-from test_run_folders import TINY, folder_state, params_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -15,10 +15,10 @@ import os
 
 import pytest
 import torch
+from test_run_folders import TINY, params_of
 
 from python_algos.experiments.cli import main
 from python_algos.experiments.sweep import parse_grid_values
-from test_run_folders import TINY, params_of
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("one_torch_thread")]
 

@@ -12,11 +12,11 @@ import os
 
 import pytest
 import torch
-
 from _reference import prox
+from test_run_folders import TINY, params_of
+
 from python_algos.experiments.cli import main
 from python_algos.experiments.sweep import STOP_AFTER_ENV
-from test_run_folders import TINY, params_of
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

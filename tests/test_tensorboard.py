@@ -10,14 +10,14 @@ import sys
 
 import numpy as np
 import pytest
+from test_run_folders import TINY
 
-from python_algos.runfolder import callbacks as callbacks_module
 from python_algos.experiments import tensorboard as tb
 from python_algos.experiments.cli import main
 from python_algos.experiments.tensorboard import tag_of
+from python_algos.runfolder import callbacks as callbacks_module
 from python_algos.runfolder.files import read_metrics
 from python_algos.runfolder.progress import Progress
-from test_run_folders import TINY
 
 pytest.importorskip("tensorboard", reason="pip install tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402

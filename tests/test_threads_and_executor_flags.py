@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-import python_algos as pa
 from python_algos.experiments.cli import main
 from python_algos.experiments.threads import SMALL_MODEL, choose_threads
 

@@ -25,8 +25,8 @@ from typing import Callable
 from torch import nn
 
 from .base import ClientSet, CommCounter, client_generators, seeds
-from .data import ClientData, DatasetData, LoaderData, TensorData, client_data
 from .batched import BatchedClients
+from .data import ClientData, DatasetData, LoaderData, TensorData, client_data
 from .distributed import DistributedClients
 from .registry import AUTO_MIN_CLIENTS, AUTO_MIN_CLIENTS_PER_PASS, LOCAL_EXECUTORS, resolve_local
 from .sequential import SequentialClients

@@ -31,8 +31,21 @@ from __future__ import annotations
 from .exchange import POLL
 from .flower_client import client_app, handle_hello, handle_round
 from .flower_server import ServerProgram, load_server_checkpoint, run_server, server_app
-from .wire import (HELLO, INSTALL, NODE_KEY, ROUND, FlowerResult, NodeFailure, decode_vectors, encode_vectors,
-                   fingerprint, flwr_modules, payload_bytes, save_result, write_error)
+from .wire import (
+    HELLO,
+    INSTALL,
+    NODE_KEY,
+    ROUND,
+    FlowerResult,
+    NodeFailure,
+    decode_vectors,
+    encode_vectors,
+    fingerprint,
+    flwr_modules,
+    payload_bytes,
+    save_result,
+    write_error,
+)
 
 __all__ = ["server_app", "client_app", "run_server", "ServerProgram", "AlgorithmStrategy", "load_server_checkpoint",
            "handle_round", "handle_hello", "FlowerResult", "NodeFailure", "encode_vectors", "decode_vectors", "payload_bytes", "fingerprint",

@@ -24,14 +24,25 @@ import fedkernels as fk
 
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import seeds
+from ..runfolder.records import metrics_row
 from ..runfolder.setup_record import check_same_setup
 from ..simulate import checked_clients_per_round
-from ..runfolder.records import metrics_row
 from .exchange import check_replies, collect, handshake
 from .nodes import ServerClients, receives, scalars, server_state
 from .persist import append_record, load_server, rewrite_records, save_server, sync_records
-from .wire import (ROUND, FlowerResult, NodeFailure, check_algorithm, decode_vectors, encode_vectors, fingerprint,
-                   flat_x0, flwr_modules, new_message, payload_bytes)
+from .wire import (
+    ROUND,
+    FlowerResult,
+    NodeFailure,
+    check_algorithm,
+    decode_vectors,
+    encode_vectors,
+    fingerprint,
+    flat_x0,
+    flwr_modules,
+    new_message,
+    payload_bytes,
+)
 
 __all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint", "server_setup", "check_checkpoint",
            "SERVER_LABELS"]

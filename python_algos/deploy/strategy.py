@@ -47,8 +47,9 @@ class AlgorithmStrategy(ServerProgram, Strategy):
         return None
 
     def summary(self) -> None:
-        from flwr.common.logger import log
         from logging import INFO
+
+        from flwr.common.logger import log
 
         log(INFO, "\t├── %s %s, h = %r", self.algorithm.name, self.algorithm.hparams(), self.regularizer)
         log(INFO, "\t└── %d clients, %s per round, rounds %d..%d", self.n, self.k or "all", self.t + 1, self.rounds)

@@ -31,8 +31,8 @@ import os
 import re
 from typing import Dict, List, Optional, Sequence
 
-from .tables import column_name, format_number, format_table
 from ..runfolder.files import write_json, write_jsonl, write_text_atomically
+from .tables import column_name, format_number, format_table
 
 __all__ = ["stats", "aggregate_rows", "final_stats", "stats_cell", "seed_table", "write_aggregate", "seed_of",
            "group_key", "counted", "left_out", "TABLE_METRICS", "SEED_DIR"]

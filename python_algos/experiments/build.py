@@ -16,13 +16,19 @@ from torch import nn
 
 import fedkernels as fk
 
+from ..algorithms.registry import ALGORITHMS, build
 from .config import Config, ConfigError, show_value
 from .data import FederatedData, federate, load_dataset
 from .device import resolve_device
 from .models import build_model as _build_model
-from .regularizer_specs import (OPTIONS, STRENGTH_NAMES, build_param_regularizer, build_regularizer, spec_text,
-                                unknown_options)
-from ..algorithms.registry import ALGORITHMS, build
+from .regularizer_specs import (
+    OPTIONS,
+    STRENGTH_NAMES,
+    build_param_regularizer,
+    build_regularizer,
+    spec_text,
+    unknown_options,
+)
 
 __all__ = ["prepare_data", "build_model", "build_algorithm", "build_per_parameter", "build_run_regularizer",
            "hparam_error"]

@@ -12,15 +12,15 @@ import math
 import os
 from typing import Callable, Optional, Sequence
 
+from ..runfolder.files import RunExistsError, RunFolderError, read_summary, write_json, write_text_atomically
+from ..runfolder.folder import check_group_replaceable, clear_group
 from . import launch
+from .build import prepare_data
 from .config import Config
 from .folders import compare_resume_command, resume_command
-from .build import prepare_data
 from .prepare import check_algorithm_names, prepare_run
 from .run import Interrupted, execute_run
 from .tables import column_name, format_table
-from ..runfolder.files import RunExistsError, RunFolderError, read_summary, write_json, write_text_atomically
-from ..runfolder.folder import check_group_replaceable, clear_group
 
 __all__ = ["compare_experiments", "comparison_table", "format_table", "finished_run", "kept_message", "verdict_line",
            "coinciding"]

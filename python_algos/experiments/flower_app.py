@@ -31,8 +31,15 @@ import os
 
 import torch
 
-from ..deploy.flower import (flwr_modules, handle_hello, handle_round, load_server_checkpoint, run_server, save_result,
-                             write_error)
+from ..deploy.flower import (
+    flwr_modules,
+    handle_hello,
+    handle_round,
+    load_server_checkpoint,
+    run_server,
+    save_result,
+    write_error,
+)
 from ..deploy.persist import RoundFiles
 
 __all__ = ["clientapp", "serverapp", "load_setup", "STATUS_FILE", "ROUNDS_FILE"]

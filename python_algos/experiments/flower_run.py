@@ -47,14 +47,6 @@ import torch
 
 import fedkernels as fk
 
-from .config import ConfigError
-from .evaluation import make_eval
-from .flower_app import ROUNDS_FILE, STATUS_FILE
-from .folders import resume_command
-from .losses import loss_function
-from .prepare import PreparedRun, check_recorded_config, check_rounds_reach, prepare_run
-from .run import Interrupted, start_folder
-from .tensorboard import live_requested, write_events
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients import resolve_executor
 from ..deploy.flower_server import check_checkpoint, server_setup
@@ -66,6 +58,14 @@ from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, remov
 from ..runfolder.progress import Progress
 from ..runfolder.records import save_model, summary_record, write_config, write_metrics, write_summary
 from ..simulate import objective_metrics
+from .config import ConfigError
+from .evaluation import make_eval
+from .flower_app import ROUNDS_FILE, STATUS_FILE
+from .folders import resume_command
+from .losses import loss_function
+from .prepare import PreparedRun, check_recorded_config, check_rounds_reach, prepare_run
+from .run import Interrupted, start_folder
+from .tensorboard import live_requested, write_events
 
 __all__ = ["check_flower_flags", "prepare_flower", "execute_flower", "PreparedFlower", "FlowerRunFailed",
            "flower_resume_command", "ROUND_TIMEOUT", "CONNECT_TIMEOUT"]

@@ -7,9 +7,9 @@ import json
 import os
 import shlex
 
-from .config import Config, ConfigError
 from ..runfolder.files import RunFolderError
 from ..runfolder.folder import claim_new_folder
+from .config import Config, ConfigError
 
 __all__ = ["default_out_dir", "resume_command", "compare_resume_command", "read_config_json"]
 

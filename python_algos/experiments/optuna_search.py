@@ -32,13 +32,27 @@ import signal
 import threading
 from typing import Callable, Dict, Optional, Sequence
 
+from ..runfolder.files import RunFolderError, write_json
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
-from .sweep import (SELECT, SWEEP_FILE, SweepInterrupted, Workers, finished_run, point_name, run_status, check_keys,
-                    check_one_step, check_swept_settings, keys_of, parse_keyed, plan_point, summarize,
-                    sweep_metric_step)
-from ..runfolder.files import RunFolderError, write_json
+from .sweep import (
+    SELECT,
+    SWEEP_FILE,
+    SweepInterrupted,
+    Workers,
+    check_keys,
+    check_one_step,
+    check_swept_settings,
+    finished_run,
+    keys_of,
+    parse_keyed,
+    plan_point,
+    point_name,
+    run_status,
+    summarize,
+    sweep_metric_step,
+)
 
 __all__ = ["parse_space", "parse_space_spec", "run_study", "STUDY_FILE", "INSTALL"]
 

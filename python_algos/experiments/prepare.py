@@ -17,18 +17,18 @@ from torch import nn
 
 import fedkernels as fk
 
-from . import launch
-from .build import build_algorithm, build_model, build_run_regularizer, hparam_error, prepare_data
-from .config import RESULT_KEYS, Config, ConfigError, flag
-from .data import FederatedData
-from .device import resolve_device
-from .folders import read_config_json, resume_command
 from ..algorithms.registry import ALGORITHMS
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, RunFolderError, as_json
 from ..runfolder.folder import check_fresh_start
 from ..runfolder.setup_record import check_same_setup, describe_regularizer
 from ..simulate import checked_clients_per_round
+from . import launch
+from .build import build_algorithm, build_model, build_run_regularizer, hparam_error, prepare_data
+from .config import RESULT_KEYS, Config, ConfigError, flag
+from .data import FederatedData
+from .device import resolve_device
+from .folders import read_config_json, resume_command
 
 __all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size", "check_rounds_reach",
            "check_recorded_config"]

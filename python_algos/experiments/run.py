@@ -30,6 +30,13 @@ from typing import Callable, Optional
 
 import torch
 
+from ..runfolder import callbacks
+from ..runfolder import checkpoint as ckpt
+from ..runfolder.files import read_metrics, remove_leftovers
+from ..runfolder.folder import clear_for_fresh_run
+from ..runfolder.history import check_f_star
+from ..runfolder.records import save_model, summary_record, write_config, write_metrics, write_partition, write_summary
+from ..simulate import simulate
 from . import launch
 from .config import Config
 from .data import FederatedData
@@ -39,14 +46,6 @@ from .losses import loss_function
 from .prepare import PreparedRun, prepare_run
 from .tensorboard import LiveEvents, check_available, live_requested  # imports no tensorboard until used
 from .threads import apply_threads
-from ..runfolder import callbacks
-from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import read_metrics, remove_leftovers
-from ..runfolder.records import (save_model, summary_record, write_config, write_metrics,
-                                 write_partition, write_summary)
-from ..runfolder.folder import clear_for_fresh_run
-from ..runfolder.history import check_f_star
-from ..simulate import simulate
 
 __all__ = ["run_experiment", "execute_run", "Interrupted", "KILL_ENV", "start_folder"]
 

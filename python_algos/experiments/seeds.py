@@ -25,9 +25,9 @@ import os
 import shlex
 from typing import Callable, List, Optional, Sequence
 
+from ..runfolder.files import RunFolderError, read_metrics, write_json
 from .aggregate import SEED_DIR, write_aggregate
 from .config import Config, ConfigError
-from ..runfolder.files import RunFolderError, read_metrics, write_json
 
 __all__ = ["parse_seed_list", "seed_list", "seed_configs", "run_seeds", "compare_seeds", "is_seeds_folder",
            "read_seeds", "SEEDS_FILE"]

@@ -66,13 +66,13 @@ import time
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .aggregate import SEED_DIR, final_stats, stats_cell
-from .config import Config
-from .values import parse_value
-from .seeds import seed_configs
 from ..runfolder.files import RunFolderError, read_summary, write_json, write_text_atomically
 from ..runfolder.progress import human_time
 from ..runfolder.signals import STOP_SIGNALS, exit_code
+from .aggregate import SEED_DIR, final_stats, stats_cell
+from .config import Config
+from .seeds import seed_configs
+from .values import parse_value
 
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
            "STOP_AFTER_ENV", "KILL_POINT_ENV", "SWEEP_FILE", "sweep_metric_step", "key_meaning", "check_keys",

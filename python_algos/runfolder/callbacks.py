@@ -36,8 +36,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .records import append_metrics_row
 from .progress import Progress
+from .records import append_metrics_row
 
 __all__ = ["Callback", "RunView", "run_rounds", "as_callbacks", "Checkpoint", "MetricsFile", "TensorBoard",
            "ShowProgress", "StopOnDivergence", "TimeBudget", "FunctionCallback", "DIVERGENCE_FACTOR",

@@ -24,9 +24,9 @@ what the folder holds. It refuses a folder where model.pt cannot be paired with 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
-import errno
 import os
 import shlex
 import shutil
@@ -38,8 +38,16 @@ import torch
 
 from .files import RunExistsError, RunFolderError, exchange_paths, holds_run, read_metrics
 from .folder import foreign_entries
-from .records import (API_MARK, api_config_record, load_model, save_model, summary_record, write_config,
-                      write_metrics, write_summary)
+from .records import (
+    API_MARK,
+    api_config_record,
+    load_model,
+    save_model,
+    summary_record,
+    write_config,
+    write_metrics,
+    write_summary,
+)
 
 __all__ = ["save_history", "load_history", "API_MARK"]
 

@@ -9,8 +9,7 @@ for the splits.
 """
 
 from .datasets import BUILTIN, DATASETS, Dataset, FederatedData, federate, load_dataset
-from .loaders import (DataNotFoundError, load_a9a, load_cifar10, load_femnist, load_libsvm, load_mnist,
-                      read_idx)
+from .loaders import DataNotFoundError, load_a9a, load_cifar10, load_femnist, load_libsvm, load_mnist, read_idx
 from .options import DATA_OPTIONS, check_data_options, data_options
 from .partitions import PARTITIONS, by_group, dirichlet, iid, label_histograms, label_shards
 from .synthetic import fedprox_synthetic, image_like, sparse_regression

@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 from . import loaders, partitions, synthetic
+from .options import data_options
 from .sklearn_data import PREFIX as SKLEARN_PREFIX
 from .sklearn_data import SKLEARN, load_sklearn
-from .options import data_options
 from .split import train_test_indices
 
 __all__ = ["Dataset", "FederatedData", "DATASETS", "BUILTIN", "load_dataset", "federate"]
