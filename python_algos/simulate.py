@@ -306,7 +306,8 @@ def simulate(
     """Run ``rounds`` rounds of ``algorithm`` from the model's current parameters.
 
     Args:
-        algorithm: an :class:`~python_algos.algorithms.Algorithm` (e.g. ``FedCanon(alpha=.., beta=.., local_steps=..)``).
+        algorithm: an :class:`~python_algos.algorithms.Algorithm` (e.g.
+            ``FedCanon(alpha=.., beta=.., local_steps=..)``).
         model: the ``nn.Module``. Its trainable parameters become views of flat buffers
             (``fk.FlatParams``); on return the model holds ``History.params``. They must share one
             dtype (one flat buffer holds them): a model mixing float32 and float64 parameters raises
@@ -529,7 +530,8 @@ class _Run:
             state = self.algorithm.round(state, cs, self.regularizer, self.rng)
         wall = time.perf_counter() - t0
         self.elapsed += wall
-        row = metrics_row(t, wall_time=wall, elapsed=self.elapsed, prox_time=stats.seconds, prox_evals=stats.evaluations,
+        row = metrics_row(t, wall_time=wall, elapsed=self.elapsed, prox_time=stats.seconds,
+                          prox_evals=stats.evaluations,
                           grad_time=cs.grad_seconds - g_sec, grad_evals=cs.grad_evals - g_n,
                           fwd_bwd_time=cs.fwd_bwd_seconds - fb_sec, up=cs.comm.up - up, down=cs.comm.down - down,
                           sent_bytes=cs.comm.sent_bytes - sent if cs.measures_bytes else None,
@@ -563,7 +565,8 @@ class _Run:
             cs.check_replicas(params)
         self.flat.bind_(params.clone(), torch.zeros_like(params))
         setup = {**self.setup, "dim": int(params.numel()), "dtype": str(params.dtype).replace("torch.", "")}
-        setup = {k: setup[k] for k in ("regularizer", "rounds", "seed", "batch_size", "num_clients", "clients_per_round",
+        setup = {k: setup[k] for k in ("regularizer", "rounds", "seed", "batch_size", "num_clients",
+                                       "clients_per_round",
                                        "dim", "dtype", "metrics_every", "metric_step")}  # the order History.save writes
         return History(params=params, metrics=self.metrics, initial=self.initial, algorithm=alg.name,
                        hparams=alg.hparams(), state=state, executor=getattr(cs, "executor", type(cs).__name__),

@@ -24,7 +24,8 @@ import fedkernels as fk
 from ..clients.base import ClientSet
 from .steps import put_rows_, rows_
 
-__all__ = ["Algorithm", "ServerClientAlgorithm", "Messages", "Costs", "positive", "positive_int", "one_of", "check_prox_step"]
+__all__ = ["Algorithm", "ServerClientAlgorithm", "Messages", "Costs", "positive", "positive_int", "one_of",
+           "check_prox_step"]
 
 
 class Costs(NamedTuple):

@@ -122,7 +122,8 @@ class DEPOSITUM(Algorithm):
         super().validate(reg)
         what = "alpha (prox step)" if self.prox_step == "alpha" else "alpha*gamma (prox step)"
         check_prox_step(self.name, reg, self.step, what,
-                        "alpha < 1/rho, or alpha*gamma < 1/rho with prox_step='alpha*gamma' (docs/algorithms.md §4.5/§7.4)")
+                        "alpha < 1/rho, or alpha*gamma < 1/rho with prox_step='alpha*gamma' "
+                        "(docs/algorithms.md §4.5/§7.4)")
 
     def graph(self, num_clients: int) -> topo.Topology:
         """The topology on ``num_clients`` nodes."""

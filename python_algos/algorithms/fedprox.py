@@ -63,7 +63,8 @@ class FedProx(ServerClientAlgorithm):
     def __post_init__(self):
         positive("lr_local", self.lr_local)
         positive_int("local_steps", self.local_steps)
-        if isinstance(self.mu, bool) or not isinstance(self.mu, (int, float)) or not math.isfinite(self.mu) or self.mu < 0:
+        if (isinstance(self.mu, bool) or not isinstance(self.mu, (int, float)) or not math.isfinite(self.mu)
+                or self.mu < 0):
             raise ValueError(f"mu must be a finite number >= 0, got {self.mu!r}")
         if not isinstance(self.server_prox, bool):
             raise ValueError(f"server_prox must be a bool, got {self.server_prox!r}")

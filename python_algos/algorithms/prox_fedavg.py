@@ -57,7 +57,8 @@ class ProxFedAvg(ServerClientAlgorithm):
 
     def validate(self, reg):
         super().validate(reg)
-        rule = "beta < 1/rho and alpha < 1/rho (unique, Lipschitz client and server prox; docs/algorithms.md §5.2, §1.3)"
+        rule = ("beta < 1/rho and alpha < 1/rho (unique, Lipschitz client and server prox; "
+                "docs/algorithms.md §5.2, §1.3)")
         check_prox_step(self.name, reg, self.beta, "beta (client prox step)", rule)
         check_prox_step(self.name, reg, self.alpha, "alpha (server prox step)", rule)
 

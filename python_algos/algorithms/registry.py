@@ -82,7 +82,8 @@ def build(name: str, lr: float, local_steps: int, overrides: dict) -> Algorithm:
 def markdown_table() -> str:
     """The README's algorithm table, built from the declared costs (which the tests check)."""
     rows = [
-        "| name | algorithm | section (docs/algorithms.md) | status | prox / round: clients (total) | prox / round: server | up | down | reports | switches |",
+        "| name | algorithm | section (docs/algorithms.md) | status | prox / round: clients (total) "
+        "| prox / round: server | up | down | reports | switches |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, e in ALGORITHMS.items():

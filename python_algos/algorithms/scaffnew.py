@@ -82,7 +82,8 @@ class SCAFFNEW(ServerClientAlgorithm):
         return self.lr / self.p
 
     def init(self, x0, clients):
-        return SCAFFNEWState(x=clients.new_stack(x0), e=clients.new_stack(), xbar=clients.new_vector(x0), t=0, iterations=0)
+        return SCAFFNEWState(x=clients.new_stack(x0), e=clients.new_stack(), xbar=clients.new_vector(x0), t=0,
+                             iterations=0)
 
     def messages(self):
         return Messages(up=("x",), down=("xbar",))

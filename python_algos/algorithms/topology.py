@@ -117,7 +117,8 @@ class Topology:
         return hash((self.name, self.W.tobytes()))
 
     def __repr__(self):
-        return f"Topology({self.name!r}, N={self.num_nodes}, mean_degree={self.mean_degree:g}, lambda_W={self.lambda_w:.4f})"
+        return (f"Topology({self.name!r}, N={self.num_nodes}, mean_degree={self.mean_degree:g}, "
+                f"lambda_W={self.lambda_w:.4f})")
 
 
 # --------------------------------------------------------------------------- validation
@@ -146,7 +147,8 @@ def _validate(W: np.ndarray, name: str) -> None:
     np.fill_diagonal(adj, False)
     comps = _components(adj)
     if len(comps) > 1:
-        shown = "; ".join(str(sorted(c)) if len(c) <= 8 else f"{len(c)} nodes starting {sorted(c)[:4]}" for c in comps[:4])
+        shown = "; ".join(str(sorted(c)) if len(c) <= 8 else f"{len(c)} nodes starting {sorted(c)[:4]}"
+                          for c in comps[:4])
         raise ValueError(f"{where}: the graph must be connected, but it has {len(comps)} components: {shown}"
                          f"{' ...' if len(comps) > 4 else ''}")
 

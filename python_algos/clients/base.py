@@ -129,7 +129,8 @@ class ClientSet(abc.ABC):
         return self.rows if ids is None else int(ids.numel())
 
     # -- aggregation ------------------------------------------------------------------
-    def mean(self, S: torch.Tensor, ids: Optional[torch.Tensor] = None, *, divisor: Optional[int] = None) -> torch.Tensor:
+    def mean(self, S: torch.Tensor, ids: Optional[torch.Tensor] = None, *,
+             divisor: Optional[int] = None) -> torch.Tensor:
         """Uplink of one d-vector per (participating) client and their uniform average
         ``(1/n) sum_j S[j]`` over the n rows of S, or ``(1/divisor) sum_j S[j]`` (e.g. divisor = N
         with a participant stack: the server's update of an average over all clients)."""

@@ -217,7 +217,8 @@ class BatchedClients(ClientSet):
     def _params(self, rows: torch.Tensor) -> dict:
         """Per-parameter views ``[c, *shape]`` of a ``[c, d]`` block of client rows (no copy)."""
         c = rows.shape[0]
-        return {n: rows[:, a:b].view(c, *s) for n, s, a, b in zip(self._names, self._shapes, self._bounds, self._bounds[1:])}
+        return {n: rows[:, a:b].view(c, *s)
+                for n, s, a, b in zip(self._names, self._shapes, self._bounds, self._bounds[1:])}
 
     def _client_loss(self, params, xb, yb, scale):
         out = functional_call(self.model, {**self._consts, **params}, (xb,))
@@ -263,7 +264,8 @@ class BatchedClients(ClientSet):
     def budget_rows(self, batch: int) -> int:
         """Clients of ``batch`` samples whose pass the memory budget holds (0: not even one)."""
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        per_client = 3 * batch * self._sample_bytes + 4 * self.dim * itemsize + batch * self.X_all[:1].numel() * self.X_all.element_size()
+        per_client = (3 * batch * self._sample_bytes + 4 * self.dim * itemsize
+                      + batch * self.X_all[:1].numel() * self.X_all.element_size())
         return int(self.memory_budget // per_client)
 
     def padded_length(self, length: int, longest: int) -> int:
@@ -383,7 +385,8 @@ class BatchedClients(ClientSet):
         t1 = time.perf_counter()
         with torch.enable_grad():
             if w is None:
-                grads, vals = self._vgrad_same(self._params(rows), xb, yb, torch.ones(k, dtype=self.dtype, device=self.device))
+                ones = torch.ones(k, dtype=self.dtype, device=self.device)
+                grads, vals = self._vgrad_same(self._params(rows), xb, yb, ones)
             else:
                 grads, vals = self._vgrad_masked(self._params(rows), xb, yb, w)
         fb = time.perf_counter() - t1

@@ -37,7 +37,8 @@ def resolve_local(executor, model: nn.Module) -> Callable[..., ClientSet]:
     convolution into a grouped one, slower on CPU than one client after another) — and a pass holds
     at least :data:`AUTO_MIN_CLIENTS_PER_PASS` clients (``BatchedClients.clients_per_pass``: the
     memory budget's clients per pass, and, when samples are coupled, the clients sharing a batch
-    length) — otherwise the sequential one. A rule, not a timing: timings vary from run to run, and two executors differ in
+    length) — otherwise the sequential one. A rule, not a timing: timings vary from run to run, and
+    two executors differ in
     floating-point summation order, so a timed choice would make identical commands give different
     bits. ``clients.auto_reason`` says why the choice was made."""
     names = ", ".join(["auto", *LOCAL_EXECUTORS])

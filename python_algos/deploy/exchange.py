@@ -75,8 +75,11 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
             raise NodeFailure(f"only {len(node_ids)} of num_clients={n} client nodes connected within "
                               f"connect_timeout={connect_timeout:g} s")
         time.sleep(0.2)
-    content = lambda: fapp.RecordDict({"config": fapp.ConfigRecord({"fingerprint": json.dumps(fp),
-                                                                      "restore": json.dumps(restore)})})
+
+    def content():
+        config = {"fingerprint": json.dumps(fp), "restore": json.dumps(restore)}
+        return fapp.RecordDict({"config": fapp.ConfigRecord(config)})
+
     waiting = dict(zip(node_ids, grid.push_messages([new_message(content(), nid, HELLO, 0) for nid in node_ids])))
     wait = max(timeout, connect_timeout)
     nodes, errors, until = {}, [], time.monotonic() + wait

@@ -47,9 +47,13 @@ from .wire import (
     write_error,
 )
 
-__all__ = ["server_app", "client_app", "run_server", "ServerProgram", "AlgorithmStrategy", "load_server_checkpoint",
-           "handle_round", "handle_hello", "FlowerResult", "NodeFailure", "encode_vectors", "decode_vectors", "payload_bytes", "fingerprint",
-           "save_result", "write_error", "INSTALL", "HELLO", "ROUND", "NODE_KEY", "POLL", "flwr_modules"]
+__all__ = [
+    "server_app", "client_app", "run_server", "ServerProgram",
+    "AlgorithmStrategy",  # noqa: F822 -- provided lazily by the module __getattr__ below (needs Flower)
+    "load_server_checkpoint", "handle_round", "handle_hello", "FlowerResult", "NodeFailure",
+    "encode_vectors", "decode_vectors", "payload_bytes", "fingerprint", "save_result", "write_error",
+    "INSTALL", "HELLO", "ROUND", "NODE_KEY", "POLL", "flwr_modules",
+]
 
 
 def __getattr__(name):  # the Strategy subclass needs Flower at import: loaded on first use

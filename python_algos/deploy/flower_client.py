@@ -84,7 +84,10 @@ def handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regulari
     x0 = clients.flat.params.detach().clone()
     saved = decode_vectors(context.state[NODE_KEY]) if NODE_KEY in context.state else None
     state, names = node_state(algorithm, x0, clients, saved, plan["scalars"])
-    cast = lambda v: v.to(dtype=clients.dtype, device=clients.device)
+
+    def cast(v):
+        return v.to(dtype=clients.dtype, device=clients.device)
+
     recv = None if plan["recv"] is None else {n: cast(vecs[key]) for n, key in plan["recv"].items()}
     down = {n: cast(vecs[key]).clone() for n, key in plan["down"].items()}
     down.update(plan["settings"])

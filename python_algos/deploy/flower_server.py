@@ -81,7 +81,8 @@ class ServerProgram:
     handshake refuses a node whose initial parameters differ). ``callbacks``: ``cb(t, state, record)``
     after every round; one returning True stops the run. ``round_timeout``: seconds :func:`run_server`
     waits for a round's replies; ``connect_timeout``: seconds it waits for the nodes to connect, and
-    at least that long for their answers to the handshake (each node's first ClientApp start). A client that failed, answered with an error or did not answer
+    at least that long for their answers to the handshake (each node's first ClientApp start). A
+    client that failed, answered with an error or did not answer
     raises :class:`NodeFailure` naming it (and its Flower node).
 
     ``checkpoint``: a file the server's snapshot is written to (atomically) after every
@@ -270,7 +271,8 @@ def _restore(snap: dict, setup: dict, state, rng, cs, rounds):
     if set(snap["participation"]) != set(cs.rng_state()):  # an older checkpoint, whose setup lacks k
         raise ValueError("resume: the checkpoint was written with " + ("all clients taking part" if not
                          snap["participation"] else "a sampled subset of clients per round") + ", this run has " +
-                         ("a sampled subset" if cs.rng_state() else "all clients") + " (participation/clients_per_round)")
+                         ("a sampled subset" if cs.rng_state() else "all clients") +
+                         " (participation/clients_per_round)")
     rng.set_state(snap["rng"])
     cs.set_rng_state(snap["participation"])
     return saved, int(snap["round"])

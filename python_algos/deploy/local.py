@@ -134,7 +134,8 @@ class LocalDeployment:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.procs[name].poll() is not None:
-                raise DeploymentError(f"the {name} exited at start (code {self.procs[name].returncode}):\n{self.log(name)}")
+                raise DeploymentError(f"the {name} exited at start (code {self.procs[name].returncode}):\n"
+                                      f"{self.log(name)}")
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     return

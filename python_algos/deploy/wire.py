@@ -77,7 +77,8 @@ def fingerprint(alg, reg, seed, batch_size, num_clients, x0) -> dict:
     """The settings server and nodes must share, compared at the handshake (h exactly: its class and
     parameters at full precision, not ``repr``'s 6 digits)."""
     return {"algorithm": alg.name, "hparams": json.dumps(alg.hparams(), sort_keys=True, default=repr),
-            "regularizer": describe_regularizer(reg), "seed": int(seed), "batch_size": batch_size, "num_clients": int(num_clients),
+            "regularizer": describe_regularizer(reg), "seed": int(seed), "batch_size": batch_size,
+            "num_clients": int(num_clients),
             "dim": int(x0.numel()), "dtype": str(x0.dtype).replace("torch.", ""),
             "x0_sha256": hashlib.sha256(x0.detach().cpu().contiguous().numpy().tobytes()).hexdigest()}
 

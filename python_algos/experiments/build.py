@@ -52,8 +52,10 @@ def prepare_data(cfg: Config) -> FederatedData:
     if cfg.partition == "natural" and ds.groups is not None:
         groups = int(torch.unique(torch.as_tensor(ds.groups)).numel())
         if groups != cfg.num_clients:
-            fix = {"sparse_logistic": "num_groups", "sparse_linear": "num_groups", "synthetic": "num_clients"}.get(ds.name)
-            also = f", or have the generator make {cfg.num_clients} groups: --data-opt {fix}={cfg.num_clients}" if fix else ""
+            fix = {"sparse_logistic": "num_groups", "sparse_linear": "num_groups",
+                   "synthetic": "num_clients"}.get(ds.name)
+            also = (f", or have the generator make {cfg.num_clients} groups: --data-opt {fix}={cfg.num_clients}"
+                    if fix else "")
             raise ConfigError("num_clients", cfg.num_clients,
                               f"--partition natural makes one client per group of the data, and {ds.name} has "
                               f"{groups} group(s): use -N {groups}{also}")

@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import math
 import numbers
+import types
 from typing import Callable, Dict, Iterator, Mapping, Optional
 
 from ..algorithms.registry import ALGORITHMS
@@ -126,7 +127,8 @@ class FromFile:
     path: str
 
 
-_NAMES: contextvars.ContextVar[Mapping] = contextvars.ContextVar("setting_names", default={})
+_NO_NAMES: Mapping = types.MappingProxyType({})  # read-only: the default is shared by every context
+_NAMES: contextvars.ContextVar[Mapping] = contextvars.ContextVar("setting_names", default=_NO_NAMES)
 
 
 @contextlib.contextmanager
@@ -414,7 +416,8 @@ class Config:
                                      why_kept="another number of threads changes how torch splits its sums and matrix "
                                               "products, so the resumed run would not end with the bits of an "
                                               "uninterrupted one",
-                                     help=f"torch / fedkernels threads (default: 1 for small models, see docs/executors.md "
+                                     help=f"torch / fedkernels threads (default: 1 for small models, see "
+                                          f"docs/executors.md "
                                           f"'Threads'); at most {MAX_THREADS}, more than the hardware threads of any "
                                           f"current machine (thousands of threads make OpenMP fail or crash)")
 

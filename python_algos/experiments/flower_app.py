@@ -42,7 +42,11 @@ from ..deploy.flower import (
 )
 from ..deploy.persist import RoundFiles
 
-__all__ = ["clientapp", "serverapp", "load_setup", "STATUS_FILE", "ROUNDS_FILE"]
+__all__ = [
+    "clientapp",  # noqa: F822 -- built on first use by the module __getattr__ below (needs Flower)
+    "serverapp",  # noqa: F822 -- likewise
+    "load_setup", "STATUS_FILE", "ROUNDS_FILE",
+]
 
 STATUS_FILE = "status.pt"
 ROUNDS_FILE = "rounds.jsonl"  # one line per round as it ends (the parent command's progress display)

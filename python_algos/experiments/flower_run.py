@@ -340,7 +340,8 @@ def _deploy(fp: PreparedFlower, log, wait: float, progress: bool) -> _Outcome:
             log(f"flower: a SuperLink and {n} SuperNodes on 127.0.0.1 (logs in {dep.dir} while it runs)")
             try:
                 run = dep.start_run(app, {"checkpoint": os.path.join(out_dir, FLOWER_CHECKPOINT),
-                                          "resume": fp.snap is not None, "points-dir": os.path.join(out_dir, POINTS_DIR),
+                                          "resume": fp.snap is not None,
+                                          "points-dir": os.path.join(out_dir, POINTS_DIR),
                                           "run-key": fp.run_key, "recorded-config": recorded})
                 shown.follow(os.path.join(run.result_dir, ROUNDS_FILE))
                 got.result = run.wait(CONNECT_TIMEOUT + 60 + wait * max(cfg.rounds, 1), poll=shown)

@@ -41,7 +41,8 @@ __all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "
            "load_checkpoint", "local_rows", "remove_shards", "remove_shard_leftovers", "maybe_kill",
            "KILL_RANK_ENV", "finish", "leave_interrupted", "first_message"]
 
-KILL_RANK_ENV = "_FEDKERNELS_TEST_KILL_RANK_AT"  # test hook "RANK:ROUND": SIGKILL that rank after that round (first attempt)
+# test hook "RANK:ROUND": SIGKILL that rank after that round (first attempt)
+KILL_RANK_ENV = "_FEDKERNELS_TEST_KILL_RANK_AT"
 
 rank, world_size, is_main = process_group.rank, process_group.world_size, process_group.is_main
 

@@ -296,7 +296,7 @@ def _recorded_steps(out_dir: str) -> list:
     from ..runfolder.files import read_summary
 
     steps = []
-    for folder, dirs, files in os.walk(out_dir):
+    for folder, _dirs, files in os.walk(out_dir):
         if "summary.json" in files and folder != out_dir:
             step = ((read_summary(folder) or {}).get("final") or {}).get("grad_map_step")
             if isinstance(step, (int, float)):

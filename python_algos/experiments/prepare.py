@@ -170,7 +170,8 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     if cfg.metric_step is None and not algorithm.metric_step() > 0:
         raise ConfigError("metric_step", cfg.metric_step, f"{algorithm.name}'s default step is not > 0; give one")
     recorded = ((snap or {}).get("setup") or {}).get("regularizer")
-    if isinstance(recorded, str) and recorded != describe_regularizer(reg):  # e.g. a version that read options otherwise
+    # differs e.g. when written by a version that read the options otherwise
+    if isinstance(recorded, str) and recorded != describe_regularizer(reg):
         raise RunFolderError(f"{ckpt_path} was written with the regularizer {recorded}, but config.json's settings "
                              f"now give {describe_regularizer(reg)}; resuming would change h mid-run, so nothing was "
                              f"changed: start these settings in a new folder")

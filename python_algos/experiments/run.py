@@ -76,7 +76,8 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
     A fresh run into a folder that already holds a run raises :class:`~python_algos.runfolder.files.RunExistsError`
     (nothing is touched) unless ``replace=True``, which first deletes everything of that run (its files,
     checkpoint shards, ``tensorboard/`` events, figures), and refuses a folder that also holds files no
-    run writes. ``extra_eval(params) -> dict`` adds metrics (e.g. distance to a known solution). A NaN/Inf loss or model stops the run
+    run writes. ``extra_eval(params) -> dict`` adds metrics (e.g. distance to a known solution). A
+    NaN/Inf loss or model stops the run
     with status ``"diverged"``; the checkpoint of the last good round is kept. Ctrl-C writes the
     summary so far (status ``"interrupted"``) and raises :class:`Interrupted`. ``f_star``: the problem's
     optimal value F*, when the caller knows it; recorded in summary.json, where ``plot`` finds it
@@ -257,7 +258,8 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     if status["diverged"]:
         keep = (f"the last good checkpoint (round {saver.last_round}) is kept in {ckpt_path}"
                 if saver.last_round is not None else
-                (f"{ckpt_path} keeps the checkpoint it had" if os.path.exists(ckpt_path) else "no checkpoint was written"))
+                (f"{ckpt_path} keeps the checkpoint it had" if os.path.exists(ckpt_path)
+                 else "no checkpoint was written"))
         summary["message"] = (f"{label} diverged at {status['diverged']}; the run was stopped and {keep}. "
                               f"Lower the step size (--lr, currently {cfg.lr:g}) or the local steps.")
     elif main:

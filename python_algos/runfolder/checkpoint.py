@@ -10,7 +10,8 @@ A checkpoint holds the run state that ``simulate`` hands to its ``checkpoint`` h
 algorithm state (a NamedTuple of tensors: models, control variates, duals, trackers, counters),
 the server generator, every client generator (minibatch sampler positions), torch's global RNG,
 module buffers, round 0's metrics and the elapsed time: the state of one round, O(N·d), not the
-history of the run (the metrics rows live in the run folder's append-only ``metrics.jsonl``). It is written with ``torch.save`` to a
+history of the run (the metrics rows live in the run folder's append-only ``metrics.jsonl``). It
+is written with ``torch.save`` to a
 temporary file in the same folder, flushed to disk, then ``os.replace``-d over the previous one,
 so a kill at any moment leaves either the old or the new checkpoint, never a torn one. Ctrl-C,
 SIGTERM and SIGHUP during the write are held until the write is done: a KeyboardInterrupt raised inside ``torch.save``

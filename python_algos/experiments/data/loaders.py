@@ -75,7 +75,8 @@ def _find(data_dir: str, subdirs: Iterable[str], names: Sequence[str]) -> tuple[
 
 def _check_dir(data_dir) -> str:
     if data_dir is None:
-        raise DataNotFoundError("no data directory given: pass --data-dir DIR (or data_dir=) pointing at the dataset files")
+        raise DataNotFoundError("no data directory given: pass --data-dir DIR (or data_dir=) pointing at the "
+                                "dataset files")
     return os.path.abspath(os.path.expanduser(str(data_dir)))
 
 

@@ -65,7 +65,8 @@ def fedprox_synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 
         xs.append(x)
         ys.append(np.argmax(x @ W + b, axis=1))  # argmax of softmax = argmax of the logits
         gs.append(np.full(counts[k], k))
-    return (torch.from_numpy(np.concatenate(xs).astype(np.float32)), torch.from_numpy(np.concatenate(ys).astype(np.int64)),
+    return (torch.from_numpy(np.concatenate(xs).astype(np.float32)),
+            torch.from_numpy(np.concatenate(ys).astype(np.int64)),
             torch.from_numpy(np.concatenate(gs).astype(np.int64)))
 
 

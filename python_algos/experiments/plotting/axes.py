@@ -95,7 +95,7 @@ def line_plot(ax, runs: list, metric: str, x: str = "round") -> bool:
         ax.plot(xs, ys, linestyle=LINE_STYLES[i % len(LINE_STYLES)], marker=MARKERS[i % len(MARKERS)],
                 color=f"C{i % 10}", markevery=((i * every) // n, every), markersize=5, linewidth=1.5, label=label)
     ys_all = [y for d in drawn for y in d[3]]
-    for i, run, xs, ys, key in drawn:
+    for i, run, _xs, _ys, key in drawn:
         if run.get("band_rows"):
             bx, lo, hi = band_series(run, key, x)
             if bx:
