@@ -156,7 +156,7 @@ def test_simulate_argument_errors():
 
 def test_registry_table_lists_every_algorithm():
     table = pa.algorithms.registry.markdown_table()
-    for name, entry in ALGORITHMS.items():
+    for name in ALGORITHMS:
         assert f"`{name}`" in table
     assert len(ALGORITHMS) == 14
 

@@ -213,7 +213,7 @@ def assert_matches(got_list, want_list, exact, what):
             # would show as ~3e-8)
             tol = max(4 * torch.finfo(want.dtype).eps, 1e-10)
             torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol,
-                                       msg=lambda m: f"{what} output {i}: {m}")
+                                       msg=lambda m, i=i: f"{what} output {i}: {m}")
 
 
 DEVICES = [
@@ -265,8 +265,14 @@ def test_special_values_match_cpu_backend(dtype, device):
     dev = _device_of(device)
     for name, (step, p1, p2) in PROX.items():
         kind = _kind(name)
-        for label, fn in (("prox_", lambda x, g: fk.raw.prox_(x, kind, step, p1, p2)),
-                          ("prox_grad_step_", lambda x, g: fk.raw.prox_grad_step_(x, g, 0.5, kind, step, p1, p2))):
+
+        def prox(x, g, kind=kind, step=step, p1=p1, p2=p2):
+            return fk.raw.prox_(x, kind, step, p1, p2)
+
+        def prox_grad_step(x, g, kind=kind, step=step, p1=p1, p2=p2):
+            return fk.raw.prox_grad_step_(x, g, 0.5, kind, step, p1, p2)
+
+        for label, fn in (("prox_", prox), ("prox_grad_step_", prox_grad_step)):
             want = fn(vals.clone(), g)
             x = vals.clone().to(dev)
             if device == "emulated":

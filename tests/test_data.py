@@ -221,8 +221,11 @@ def test_fedprox_synthetic():
     counts = torch.bincount(gd)
     assert counts.min() >= 50 and counts.max() <= 2000 and len(set(counts.tolist())) > 1
     # beta drives the spread of the clients' feature means
-    spread = lambda b: torch.stack([fedprox_synthetic(0, b, 10, samples=100, seed=0)[0][k * 100:(k + 1) * 100].mean(0)
-                                    for k in range(10)]).std(0).mean()
+
+    def spread(b):
+        X = fedprox_synthetic(0, b, 10, samples=100, seed=0)[0]
+        return torch.stack([X[k * 100:(k + 1) * 100].mean(0) for k in range(10)]).std(0).mean()
+
     assert spread(5.0) > 3 * spread(0.0)
     ds = load_dataset("synthetic", alpha=0.5, beta=0.5, num_clients=6, samples=30)
     assert ds.groups.unique().numel() == 6 and ds.X.shape[0] + ds.X_test.shape[0] == 180

@@ -35,8 +35,10 @@ def x_star(problem):
     return problem.solution(KAPPA)
 
 
-def run(problem, alg, rounds, reg=fk.L1(KAPPA), fast=False, **kw):
+def run(problem, alg, rounds, reg=None, fast=False, **kw):
     """simulate(); returns (History, [x̄ after every round])."""
+    if reg is None:
+        reg = fk.L1(KAPPA)
     reports = []
     cb = lambda t, state, m: reports.append(alg.report(state, reg).clone())  # noqa: E731
     if fast:

@@ -49,8 +49,10 @@ def net(dtype=torch.float64, seed=1):
     return nn.Sequential(nn.Linear(FEATURES, 8), nn.Tanh(), nn.Linear(8, CLASSES)).to(dtype)
 
 
-def run(key, executor, batch_size, dtype=torch.float64, participation=None, reg=fk.L1(0.01), model=None,
+def run(key, executor, batch_size, dtype=torch.float64, participation=None, reg=None, model=None,
         data=None, **opts):
+    if reg is None:
+        reg = fk.L1(0.01)
     alg = make(key, lr=0.05, local_steps=3)
     reports = []
     cb = lambda t, s, m: reports.append(alg.report(s, reg).clone())  # noqa: E731

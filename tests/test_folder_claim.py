@@ -107,7 +107,7 @@ def test_two_run_commands_in_one_second_keep_two_complete_runs(tmp_path):
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in (1, 2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     folders = [os.path.join(tmp_path, _folder_of(out)) for out, _ in outs]
     assert folders[0] != folders[1]

@@ -35,8 +35,10 @@ def problem():
     return LeastSquares(n=N)
 
 
-def run(problem, alg, rounds, reg=fk.L1(KAPPA), fast=True, **kw):
+def run(problem, alg, rounds, reg=None, fast=True, **kw):
     """simulate(); returns (History, reports after every round, the client set)."""
+    if reg is None:
+        reg = fk.L1(KAPPA)
     made, reports = [], []
 
     def backend(*a, **k):

@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-pytestmark = pytest.mark.filterwarnings("ignore:Dirichlet partition:UserWarning")
-
 from python_algos.experiments.data import (
     by_group,
     dirichlet,
@@ -17,6 +15,8 @@ from python_algos.experiments.data import (
     label_shards,
     load_dataset,
 )
+
+pytestmark = pytest.mark.filterwarnings("ignore:Dirichlet partition:UserWarning")
 
 LABELS = np.repeat(np.arange(10), 100)  # 1000 samples, 10 balanced classes
 np.random.default_rng(0).shuffle(LABELS)

@@ -39,8 +39,10 @@ def x_star(problem):
     return problem.solution(KAPPA)
 
 
-def run(problem, alg, rounds, reg=fk.L1(KAPPA), fast=True, **kw):
-    reports, states = [], []
+def run(problem, alg, rounds, reg=None, fast=True, **kw):
+    if reg is None:
+        reg = fk.L1(KAPPA)
+    reports = []
 
     def cb(t, state, m):
         reports.append(alg.report(state, reg).clone())

@@ -484,7 +484,7 @@ def test_algorithm_reference_covers_every_algorithm_and_every_cited_section():
 
     doc = open(os.path.join(ROOT, "docs", "algorithms.md")).read()
     sections = set(re.findall(r"^#+ (§[\d.]+)", doc, flags=re.M))
-    for key, entry in ALGORITHMS.items():
+    for key in ALGORITHMS:
         alg = make(key, lr=0.01, local_steps=2)
         cited = re.findall(r"§[\d.]+", alg.spec)
         assert cited and set(cited) <= sections, (key, alg.spec)
