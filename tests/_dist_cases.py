@@ -174,8 +174,10 @@ def row_ops_refused() -> dict:
         "amax0": lambda X: X.amax(0), "norm": lambda X: X.norm(), "norm-dim0": lambda X: X.norm(2, 0),
         "max": lambda X: X.max(), "max0": lambda X: X.max(dim=0), "cumsum0": lambda X: X.cumsum(0),
         "t": lambda X: X.t(), "T": lambda X: X.T, "std0": lambda X: X.std(0), "sort0": lambda X: X.sort(0),
-        "vector_norm": lambda X: torch.linalg.vector_norm(X), "vec@X": lambda X: torch.ones(X.shape[0], dtype=X.dtype)[: X.shape[0]] @ X,
-        "transpose01": lambda X: X.transpose(0, 1), "prod0": lambda X: X.prod(0), "float": lambda X: float(X[:1].sum(1)),
+        "vector_norm": lambda X: torch.linalg.vector_norm(X),
+        "vec@X": lambda X: torch.ones(X.shape[0], dtype=X.dtype)[: X.shape[0]] @ X,
+        "transpose01": lambda X: X.transpose(0, 1), "prod0": lambda X: X.prod(0),
+        "float": lambda X: float(X[:1].sum(1)),
     }
 
 

@@ -33,13 +33,15 @@ def test_integer_and_non_tensor_inputs():
 
 def test_mixed_dtypes():
     x, g = f64(10), torch.randn(10)
-    raises_untouched(TypeError, "g has dtype torch.float32 but x has torch.float64", lambda: fk.raw.cv_step_(x, g, f64(10), 0.1), x)
+    raises_untouched(TypeError, "g has dtype torch.float32 but x has torch.float64",
+                     lambda: fk.raw.cv_step_(x, g, f64(10), 0.1), x)
 
 
 def test_mixed_devices():
     x = f64(10)
     g = torch.empty(10, dtype=torch.float64, device="meta")
-    raises_untouched(ValueError, "g is on meta but x is on cpu", lambda: fk.raw.prox_grad_step_(x, g, 0.1, "l1", 0.1, 1.0), x)
+    raises_untouched(ValueError, "g is on meta but x is on cpu",
+                     lambda: fk.raw.prox_grad_step_(x, g, 0.1, "l1", 0.1, 1.0), x)
 
 
 def test_unsupported_device():
@@ -110,7 +112,8 @@ def test_bad_regularizer_parameters(make, match):
 def test_raw_penalty_parameters_checked():
     x = f64(10)
     raises_untouched(ValueError, "gamma must be > 0", lambda: fk.raw.prox_(x, "mcp", 1.0, 1.0, 0.0), x)
-    raises_untouched(ValueError, "a must be > 2", lambda: fk.raw.prox_grad_step_(x, x.clone(), 0.1, "scad", 1.0, 1.0, 2.0), x)
+    raises_untouched(ValueError, "a must be > 2",
+                     lambda: fk.raw.prox_grad_step_(x, x.clone(), 0.1, "scad", 1.0, 1.0, 2.0), x)
     raises_untouched(ValueError, "lo must be <= hi", lambda: fk.raw.prox_(x, "box", 1.0, 1.0, -1.0), x)
     raises_untouched(ValueError, "kind must be one of", lambda: fk.raw.prox_(x, "lasso", 1.0, 1.0), x)
 
@@ -120,7 +123,8 @@ def test_fused_scalar_rules():
     raises_untouched(ValueError, "beta must be > 0", lambda: fk.raw.normalized_delta_(x, z, 0.0, 5), x)
     raises_untouched(ValueError, "K must be >= 1", lambda: fk.raw.normalized_delta_(x, z, 0.1, 0), x)
     raises_untouched(TypeError, "K must be an int", lambda: fk.raw.normalized_delta_(x, z, 0.1, 2.5), x)
-    raises_untouched(ValueError, "lam must be > 0", lambda: fk.raw.normal_map_step_(x, z, f64(10), f64(10), 0.1, 0.0, "l1", 0.0, 0.1), x, z)
+    raises_untouched(ValueError, "lam must be > 0",
+                     lambda: fk.raw.normal_map_step_(x, z, f64(10), f64(10), 0.1, 0.0, "l1", 0.0, 0.1), x, z)
     m = f64(10)
     raises_untouched(ValueError, r"beta must be in \[0, 1\)",
                      lambda: fk.raw.depositum_step_(x, m, f64(10), 0.1, 1.0, "l1", 0.1, 0.1), x, m)
@@ -130,7 +134,8 @@ def test_fused_scalar_rules():
 
 def test_aliasing_written_buffers_rejected():
     z = f64(10)
-    raises_untouched(ValueError, "z and x share memory", lambda: fk.raw.normal_map_step_(z, z, f64(10), f64(10), 0.1, 1.0, "l1", 1.0, 0.1), z)
+    raises_untouched(ValueError, "z and x share memory",
+                     lambda: fk.raw.normal_map_step_(z, z, f64(10), f64(10), 0.1, 1.0, "l1", 1.0, 0.1), z)
     buf = f64(20)
     raises_untouched(ValueError, "zhat and z share memory",
                      lambda: fk.raw.za1_step_(buf[:10], buf[5:15], f64(10), f64(10), 0.1, "l1", 0.1, 0.1), buf)

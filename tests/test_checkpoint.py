@@ -183,7 +183,8 @@ def test_resume_with_partial_participation(tmp_path, name):
     """The participant sampler's generator is part of the checkpoint too."""
     clients = tiny_problem(n_clients=4)
     run = dict(loss_fn=nn.functional.cross_entropy, clients=clients, rounds=5, batch_size=7, seed=1,
-               clients_per_round=2, regularizer=fk.L1(0.01) if make(name, lr=0.05, local_steps=2).composite else fk.Zero())
+               clients_per_round=2,
+               regularizer=fk.L1(0.01) if make(name, lr=0.05, local_steps=2).composite else fk.Zero())
     alg = make(name, lr=0.05, local_steps=2)
     full = simulate(alg, tiny_model(), **run)
     saver = ckpt.Checkpointer(tmp_path / "ck.pt")

@@ -165,7 +165,8 @@ def test_json_config_resume_extension_and_bad_input(tmp_path, capsys):
 def test_yaml_config(tmp_path):
     pytest.importorskip("yaml")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("algorithm: fednmap\nrounds: 1\nlocal_steps: 1\nnum_clients: 2\ndata_opts: {n: 40, dim: 4, nnz: 1}\n")
+    cfg.write_text("algorithm: fednmap\nrounds: 1\nlocal_steps: 1\nnum_clients: 2\n"
+                   "data_opts: {n: 40, dim: 4, nnz: 1}\n")
     assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
 
 
@@ -223,7 +224,8 @@ def test_per_parameter_regularizers_table_and_flag(tmp_path, capsys):
     for flags, message in bad:
         target = tmp_path / "bad"
         assert main(["run", "-a", "fedmid", "-T", "1", "--model", "linear", "--data-opt", "n=90",
-                     "--data-opt", "dim=6", "--data-opt", "nnz=2", *flags, "--out", str(target), "--no-progress"]) == 1, flags
+                     "--data-opt", "dim=6", "--data-opt", "nnz=2", *flags, "--out", str(target),
+                     "--no-progress"]) == 1, flags
         assert message in capsys.readouterr().err, flags
         assert not target.exists()
     cfg.write_text('algorithm = "fedmid"\nrounds = 1\n[regularizers]\n"*" = {reg = "scad", lam = 0.1, a = 1.5}\n')

@@ -111,7 +111,8 @@ def test_build_model_checks_options_from_python_too():
     assert count_parameters(build_model("mlp", (10,), 3, hidden=16)) == 10 * 16 + 16 + 16 * 3 + 3
     assert count_parameters(build_model("mlp", (10,), 3, hidden=[16, 4])) == 10 * 16 + 16 + 16 * 4 + 4 + 4 * 3 + 3
     assert count_parameters(build_model("cnn", (1, 8, 8), 2, channels=[2, 3], hidden=5, kernel_size=3, padding=1,
-                                        pool_padding=0)) == (9 * 2 + 2) + (18 * 3 + 3) + (3 * 2 * 2 * 5 + 5) + (5 * 2 + 2)
+                                        pool_padding=0)) == ((9 * 2 + 2) + (18 * 3 + 3) + (3 * 2 * 2 * 5 + 5)
+                                                             + (5 * 2 + 2))
 
 
 # --- 9: partition settings the partition does not use --------------------------------------------------- #

@@ -104,7 +104,8 @@ def _prox_cases():
         yield Case(f"prox_/{name}", lambda api, T, k=kind, s=step, a=p1, b=p2: [api.prox_(T["x"], k, s, a, b)])
         yield Case(f"prox/{name}", lambda api, T, k=kind, s=step, a=p1, b=p2: [api.prox(T["x_t"], k, s, a, b)])
         yield Case(f"prox_grad_step_/{name}",
-                   lambda api, T, k=kind, s=step, a=p1, b=p2: [api.prox_grad_step_(T["x"], T["g_row"], 0.3, k, s, a, b)])
+                   lambda api, T, k=kind, s=step, a=p1, b=p2:
+                   [api.prox_grad_step_(T["x"], T["g_row"], 0.3, k, s, a, b)])
     for name in ("l1", "mcp_hard", "scad_large", "box"):
         step, p1, p2 = PROX[name]
         kind = _kind(name)

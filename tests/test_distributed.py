@@ -171,9 +171,10 @@ def test_unsupported_inner_executor_is_rejected():
 # The command line under torchrun (real subprocesses)
 # --------------------------------------------------------------------------- #
 
+# a pinned executor: "auto" may pick another one per process, which changes the last bits
 CLI = ["run", "--dataset", "synthetic", "-N", "7", "--model", "mlp", "--model-opt", "hidden=[8]", "--dtype",
        "float64", "-B", "8", "--lr", "0.05", "-K", "3", "--checkpoint-every", "2", "--executor", "sequential",
-       "--no-progress", "--no-plot"]  # a pinned executor: "auto" may pick another one per process, which changes the last bits
+       "--no-progress", "--no-plot"]
 
 
 def _env(**extra):

@@ -76,7 +76,8 @@ def _loader_cases():
         "SubsetRandomSampler": ([DataLoader(ds, batch_size=3, sampler=SubsetRandomSampler(i.tolist(),
                                  generator=torch.Generator().manual_seed(k))) for k, i in enumerate(SUBSETS)],
                                 [(X[i], y[i]) for i in SUBSETS]),
-        "SequentialSampler+drop_last": ([DataLoader(seq10, batch_size=4, sampler=SequentialSampler(seq10), drop_last=True),
+        "SequentialSampler+drop_last": ([DataLoader(seq10, batch_size=4, sampler=SequentialSampler(seq10),
+                                                    drop_last=True),
                                          DataLoader(ds, batch_size=7, drop_last=True)],
                                         [(X[:8], y[:8]), (X[:35], y[:35])]),
         "custom Sampler without __len__": ([DataLoader(ds, batch_size=5, sampler=EveryOther(40))],
@@ -136,7 +137,8 @@ COUPLED = {
 def test_batched_equals_sequential_when_samples_are_coupled(case, batch_size):
     model, loss = COUPLED[case]
     clients = data([3, 30, 300])
-    if case == "reduction='sum'" and batch_size is not None:  # refused: minibatches of a sum (python_algos.clients.probe)
+    # refused: minibatches of a sum (python_algos.clients.probe)
+    if case == "reduction='sum'" and batch_size is not None:
         for executor in ("sequential", "batched"):
             with pytest.raises(ValueError, match="loss_fn is not the mean of per-sample losses"):
                 sim(clients, batch_size=batch_size, model=model(), loss=loss, rounds=2, executor=executor)

@@ -299,7 +299,8 @@ def test_setup_line_of_a_sweep_names_the_hyper_parameters_it_set_not_the_unused_
     out = str(tmp_path / "sweep")
     run_sweep(tiny(rounds=1), ["fedcanon"], {"alpha": [0.01, 0.05], "beta": [0.02]}, [0], out_dir=out, log=quiet)
     runs = plotting.group_seeds([plotting.load_run(p) for p in plotting.find_runs(
-        [os.path.join(out, "fedcanon", "alpha=0.01,beta=0.02"), os.path.join(out, "fedcanon", "alpha=0.05,beta=0.02")])])
+        [os.path.join(out, "fedcanon", "alpha=0.01,beta=0.02"),
+         os.path.join(out, "fedcanon", "alpha=0.05,beta=0.02")])])
     used = [_alg_hparams(m["path"]) for r in runs for m in r["members"]]
     assert [(h["alpha"], h["beta"], h["local_steps"]) for h in used] == [(0.01, 0.02, 2), (0.05, 0.02, 2)]
     line = plotting.setup_line(runs)

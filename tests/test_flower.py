@@ -175,7 +175,8 @@ def test_a_node_that_fails_is_named(problem):
 def test_a_node_with_other_settings_is_refused_at_the_handshake(problem):
     app = pf.client_app(_alg("za1"), problem.model, problem.loss, lambda i, c: problem.data[i], regularizer=REG,
                         seed=SEED + 1, batch_size=BATCH)
-    with pytest.raises(ValueError, match=r"client \d \(node \d+\) runs other settings than the server: seed: server 11"):
+    with pytest.raises(ValueError,
+                       match=r"client \d \(node \d+\) runs other settings than the server: seed: server 11"):
         pf.run_server(LocalGrid(app, N), _alg("za1"), problem.model, regularizer=REG, rounds=2, num_clients=N,
                       seed=SEED, batch_size=BATCH)
 
@@ -255,7 +256,8 @@ def test_a_model_with_node_local_state_is_refused_at_the_handshake(problem, laye
     app = pf.client_app(alg, model_fn, loss, lambda i, c: problem.data[i], regularizer=REG, seed=SEED,
                         batch_size=BATCH)
     grid = LocalGrid(app, N)
-    with pytest.raises(pf.NodeFailure, match="the handshake: node \\d+: ValueError: client \\d: a training pass " + words +
+    with pytest.raises(pf.NodeFailure,
+                       match="the handshake: node \\d+: ValueError: client \\d: a training pass " + words +
                        r".*return it in eval mode from model_fn"):
         pf.run_server(grid, alg, model_fn, regularizer=REG, rounds=2, num_clients=N, seed=SEED, batch_size=BATCH)
     assert [m.metadata.message_type for m in grid.sent] == [pf.HELLO] * N  # no round was sent

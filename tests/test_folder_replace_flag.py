@@ -11,7 +11,8 @@ import pytest
 
 from python_algos.experiments.cli import main
 
-TINY = ["--data-opt", "n=120", "--data-opt", "dim=6", "--data-opt", "nnz=2", "-N", "3", "-K", "2", "--rounds", "2", "--no-plot",
+TINY = ["--data-opt", "n=120", "--data-opt", "dim=6", "--data-opt", "nnz=2", "-N", "3", "-K", "2", "--rounds", "2",
+        "--no-plot",
         "--no-progress"]
 
 

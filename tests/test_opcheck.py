@@ -41,7 +41,8 @@ def test_every_registered_op_has_samples():
     assert registered == set(OPS)
 
 
-@pytest.mark.parametrize("i,name,args", [(i, n, a) for i, (n, a) in enumerate(samples())], ids=lambda v: str(v) if isinstance(v, (int, str)) else "")
+@pytest.mark.parametrize("i,name,args", [(i, n, a) for i, (n, a) in enumerate(samples())],
+                         ids=lambda v: str(v) if isinstance(v, (int, str)) else "")
 def test_opcheck(i, name, args):
     op = getattr(torch.ops.fedkernels, name).default
     torch.library.opcheck(op, args)

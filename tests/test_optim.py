@@ -103,7 +103,8 @@ def test_flat_params_get_one_call_per_group():
 def test_per_group_regularizer_and_none():
     X, y = data(torch.float64)
     ref = make_model(torch.float64)
-    reference(ref, X, y, 0.2, None, per_group=lambda i: (lambda p, lr: scad_prox(p, lr, 0.1, 3.7)) if i % 2 == 0 else None,
+    reference(ref, X, y, 0.2, None,
+              per_group=lambda i: (lambda p, lr: scad_prox(p, lr, 0.1, 3.7)) if i % 2 == 0 else None,
               momentum=0.9)
     model = make_model(torch.float64)
     weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
@@ -261,7 +262,8 @@ def test_add_param_group_with_a_mapping_works_like_the_constructor(which):
 @pytest.mark.parametrize("which", ["proxsgd", "proximal"])
 def test_added_group_takes_the_default_mapping(which):
     dtype = torch.float64
-    ref = _two_stage_reference(dtype, 0.1, lambda n: (lambda p, lr: soft(p, lr * 0.2)) if n.endswith("weight") else None)
+    ref = _two_stage_reference(dtype, 0.1,
+                               lambda n: (lambda p, lr: soft(p, lr * 0.2)) if n.endswith("weight") else None)
     model = make_model(dtype)
     first = [(f"0.{n}", p) for n, p in model[0].named_parameters()]
     mapping = {"*.weight": fk.L1(0.2), "*.bias": None}

@@ -70,7 +70,9 @@ def threads(n):
 
 
 def bits(t):
-    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32 if t.element_size() == 4 else torch.int64)
+    if t.element_size() == 2:
+        return t.view(torch.int16)
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int64)
 
 
 SHAPES = [(40_001,), (3, 20_000), (2, 2 * CHUNK + 7), (64, 700)]

@@ -33,7 +33,8 @@ def refused(tmp_path, capsys, *flags) -> str:
     (["--reg", "scad", "--reg-opt", "gamma=3", "--reg-opt", "b=1"],
      "error: --reg-opt gamma=3 --reg-opt b=1: scad has no option gamma, b; its options: a"),
     (["--reg", "l1", "--reg-opt", "gamma=2"], "error: --reg-opt gamma=2: l1 has no option gamma; it takes no options"),
-    (["--reg", "box", "--reg-opt", "radius=2"], "error: --reg-opt radius=2: box has no option radius; its options: lo, hi"),
+    (["--reg", "box", "--reg-opt", "radius=2"],
+     "error: --reg-opt radius=2: box has no option radius; its options: lo, hi"),
     (["--reg", "l2ball", "--reg-opt", "strength=3"],
      "error: --reg-opt strength=3: l2ball has no option strength; its options: radius"),
 ])

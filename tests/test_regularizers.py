@@ -116,7 +116,8 @@ def test_fast_path_equals_registered_op_path(name):
     y = x.clone()
     reg.prox_(y, 0.8, fast=True)
     assert torch.equal(y, reg.prox(x, 0.8))
-    for extra in (fk.Box(-torch.ones(300, dtype=torch.float64), torch.ones(300, dtype=torch.float64)), fk.L2Ball(2.0), 0.5 * reg):
+    box = fk.Box(-torch.ones(300, dtype=torch.float64), torch.ones(300, dtype=torch.float64))
+    for extra in (box, fk.L2Ball(2.0), 0.5 * reg):
         assert torch.equal(extra.prox(x, 0.8, fast=True), extra.prox(x, 0.8))
 
 

@@ -87,7 +87,8 @@ def test_stationarity_refused_on_a_sweep_whose_points_differ_in_s(tmp_path, caps
     shutil.rmtree(os.path.join(out, "fedcanon"))
     assert main(["sweep", "--resume", out, "--no-progress", "--no-plot"]) == 0
     assert "‖G_s‖² (s: each point its own)" in capsys.readouterr().out
-    steps = [_summary(os.path.join(out, "fedcanon", p, "seed-0"))["final"]["grad_map_step"] for p in ("lr=0.05", "lr=0.2")]
+    steps = [_summary(os.path.join(out, "fedcanon", p, "seed-0"))["final"]["grad_map_step"]
+             for p in ("lr=0.05", "lr=0.2")]
     assert steps == pytest.approx([0.1, 0.4])
     before = open(os.path.join(out, "summary.md")).read()
     assert main(["sweep", "--resume", out, "--select", "stationarity", "--no-progress", "--no-plot"]) == 1
