@@ -1,7 +1,7 @@
 """The sweep's heat map as a reader sees it: every number legible on its cell (black on light
 cells, white on dark ones, by the cell colour's luminance), and a title in words ("training
 objective f + h"), not the --select key (`f_plus_h`). The sweep's table uses the metric names that
-plotting.style.TABLE_NAMES gives every table.
+experiments.tables.METRIC_COLUMNS names the metrics in every table.
 
 Ground truth: the WCAG 2 relative luminance of the colours, computed here by hand from their sRGB
 values; viridis' two ends (dark purple, bright yellow)."""
@@ -12,7 +12,7 @@ pytest.importorskip("matplotlib")
 
 from python_algos.experiments.plotting import heatmaps  # noqa: E402
 from python_algos.experiments.plotting.heatmaps import plot_sweep, text_colour  # noqa: E402
-from python_algos.experiments.plotting.style import TABLE_NAMES, table_name  # noqa: E402
+from python_algos.experiments.tables import METRIC_COLUMNS, column_name  # noqa: E402
 
 
 def test_text_is_white_on_a_dark_cell_and_black_on_a_light_one():
@@ -59,5 +59,5 @@ def test_the_heat_map_numbers_read_on_every_cell_and_the_title_is_in_words(tmp_p
 
 
 def test_the_table_names_are_one_mapping():
-    assert table_name("test_acc") == TABLE_NAMES["test_acc"] == "test acc"
-    assert table_name("unknown_metric") == "unknown_metric"
+    assert column_name("test_acc") == METRIC_COLUMNS["test_acc"] == "test acc"
+    assert column_name("unknown_metric") == "unknown_metric"

@@ -72,6 +72,7 @@ from ..runfolder.signals import STOP_SIGNALS, exit_code
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
+from .tables import column_name
 from .values import parse_value
 
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
@@ -896,9 +897,7 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
             best[a] = {"point": b["point"], "name": b["name"], "dir": b["dir"], metric: b["final"][metric]}
     keys = [k for k in ("f+h", "grad_map_sq", "sparsity", "test_acc") if any(k in p["final"] for p in points)]
     step = _one_step(points)
-    from .plotting.style import table_name
-
-    names = {k: table_name(k) for k in (*keys, "grad_map_sq")}
+    names = {k: column_name(k) for k in (*keys, "grad_map_sq")}
     names["grad_map_sq"] += (f" (s={step:g})" if step is not None else " (s: each point its own)"
                              if any("grad_map_step" in p["final"] for p in points) else "")
     rows = []

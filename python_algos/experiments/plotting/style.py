@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 __all__ = ["FORMATS", "DEFAULT_FORMATS", "parse_formats", "pyplot", "RC", "TITLES", "LOG_METRICS", "UNIT_METRICS",
-           "MARKERS", "LINE_STYLES", "TABLE_NAMES", "table_name"]
+           "MARKERS", "LINE_STYLES"]
 
 FORMATS = ("png", "pdf", "svg")
 DEFAULT_FORMATS = ("png", "pdf")
@@ -33,24 +33,7 @@ TITLES = {
     "test_loss": "test loss",
     "train_loss": "training loss",
 }
-# A metric's name in a table's header (plain text: tables are Markdown): the same words in every
-# table (sweeps, seeds, comparisons). ``table_name`` falls back to the key itself.
-TABLE_NAMES = {
-    "f+h": "f+h",
-    "grad_map_sq": "‖G_s‖²",
-    "normal_map_sq": "‖F_nor‖²",
-    "sparsity": "sparsity",
-    "test_acc": "test acc",
-    "train_acc": "train acc",
-    "support_f1": "support F1",
-}
-
-
-def table_name(key: str) -> str:
-    """The header of metric ``key`` in a table (:data:`TABLE_NAMES`)."""
-    return TABLE_NAMES.get(key, key)
-
-
+# (a metric's name in a table's header: experiments/tables.py, METRIC_COLUMNS, one mapping for every table)
 LOG_METRICS = {"f+h", "suboptimality", "f", "grad_map_sq", "normal_map_sq", "stationarity", "dist_to_truth",
                "dist_to_opt", "test_loss", "train_loss"}
 UNIT_METRICS = {"sparsity", "hoyer", "test_acc", "train_acc", "accuracy", "support_f1"}  # fractions in [0, 1]
