@@ -223,13 +223,8 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
     _add_figure_flags(g)
 
 
-def build_parser() -> Parser:
-    p = Parser(prog="fedkernels", description="Composite federated learning experiments "
-                                "(python_algos on fedkernels). No arguments: run the built-in demo.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Examples:\n" + __doc__.split("\n\n")[1])
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-
+def _add_run_command(p: Parser, sub) -> None:
+    """``run``: one algorithm on one problem (its own flags, then the settings' flags)."""
     r = p.add_command(sub, "run", help="one algorithm on one problem", description="Run one algorithm; results go to a "
                       "folder with config.json, metrics.jsonl (per round), summary.json, checkpoint.pt, model.pt. "
                       "A run stops as diverged (status \"diverged\", exit status 3) when its model or f+h becomes "
@@ -252,6 +247,9 @@ def build_parser() -> Parser:
                         "checkpoints, TensorBoard events, figures); a folder holding other files is refused")
     _add_config_flags(r, single=True)
 
+
+def _add_compare_command(p: Parser, sub) -> None:
+    """``compare``: several algorithms on the same split and initial model."""
     c = p.add_command(sub, "compare", help="several algorithms, same split and initialization",
                        description="Run several algorithms on the same data split and initial model; one folder "
                        "per algorithm plus comparison.md.")
@@ -267,6 +265,9 @@ def build_parser() -> Parser:
                         "and figures); a folder holding other files is refused")
     _add_config_flags(c, single=False)
 
+
+def _add_sweep_command(p: Parser, sub) -> None:
+    """``sweep``: a grid or a random search over settings and hyper-parameters."""
     w = p.add_command(sub, "sweep", help="a grid of hyper-parameters x algorithms x seeds, in parallel, resumable",
                        description="Run every point of a grid (--grid KEY=VALUES, repeatable) for each algorithm and "
                        "seed, on --jobs worker processes; points that break an algorithm's rule are skipped and "
@@ -297,12 +298,18 @@ def build_parser() -> Parser:
                    "given with --resume wins for this resume")
     _add_config_flags(w, single=False)
 
+
+def _add_demo_command(p: Parser, sub) -> None:
+    """``demo``: the built-in comparison (also what no arguments run)."""
     d = p.add_command(sub, "demo", help="the built-in demo (same as no arguments)")
     d.add_argument("-T", "--rounds", action=SettingAction, setting=SETTINGS["rounds"], default=None)
     d.add_argument("--out")
     d.add_argument("--no-progress", action="store_true")
     _add_figure_flags(d)
 
+
+def _add_plot_command(p: Parser, sub) -> None:
+    """``plot``: the figures of run, comparison and seed folders."""
     pl = p.add_command(sub, "plot", help="figures of runs / comparisons (PNG, PDF, SVG)",
                         description="Loss (or suboptimality), accuracy, stationarity and sparsity vs rounds and vs "
                         "wall time; several runs overlaid, with a setup line (algorithms, data, partition, N, model, "
@@ -323,5 +330,17 @@ def build_parser() -> Parser:
                     help="runs of several seeds (seed-<k> folders) are drawn as their mean with a shaded band: "
                          "mean ± std (default) or min to max")
 
+
+def build_parser() -> Parser:
+    p = Parser(prog="fedkernels", description="Composite federated learning experiments "
+                                "(python_algos on fedkernels). No arguments: run the built-in demo.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Examples:\n" + __doc__.split("\n\n")[1])
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run_command(p, sub)
+    _add_compare_command(p, sub)
+    _add_sweep_command(p, sub)
+    _add_demo_command(p, sub)
+    _add_plot_command(p, sub)
     p.add_command(sub, "algorithms", help="print the algorithm table (declared per-round costs)")
     return p

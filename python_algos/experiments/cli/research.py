@@ -124,87 +124,82 @@ _SWEEP_RESUME_OK = ("command", "resume", "jobs", "no_progress", "formats", "no_p
                     "argv", "algorithms", "out", "name", "config")
 
 
-def cmd_sweep(args) -> int:
-    """`sweep` (experiments/sweep.py): the grid's runs, then the table and the figures."""
-    opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
-    # what the figures need: recorded in sweep.json, and on --resume taken from there unless given again
-    figures = {"formats": list(args.formats), "band": getattr(args, "band", "std")}
-    try:
-        if args.resume:
-            check_resume_flags(args, _SWEEP_RESUME_OK, "the sweep's")
-            out = args.resume
-            kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
-            given = _given(args, "--formats", "--band")
-            figures = {**figures, **(read_sweep(out).get("figures") or {}), **given}
-            print(f"resuming the sweep in {out}")
-        else:
-            merged = merge_settings(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs",
-                                                     "optuna", "space"))
-            grid = merged.pop("grid", None) or {}
-            if not isinstance(grid, dict):
-                raise ValueError(f"{args.config}: grid must be a table of KEY = [values] or \"log:LOW:HIGH:COUNT\"")
-            grid = {**grid, **dict(getattr(args, "grid_items", []))}
-            trials, space = merged.pop("optuna", None), merged.pop("space", None) or {}
-            if not isinstance(space, dict):
-                raise ValueError(f"{args.config}: space must be a table of KEY = \"log:LOW:HIGH\" (or float:, int:, "
-                                 f"intlog:) or KEY = [choices]")
-            space = {**space, **dict(getattr(args, "space_items", []))}
-            if trials is not None and grid:
-                raise ValueError("--optuna and --grid: give one (a random search over --space, or a grid)")
-            if space and trials is None:
-                raise ValueError("--space: only with --optuna N (the number of trials); a grid takes --grid")
-            if trials is not None:
-                if not space:
-                    raise ValueError("--optuna: give the space to search with --space KEY=SPEC (e.g. --space "
-                                     "alpha=log:1e-3:1), or a [space] table in --config")
-                space = parse_space(space)
-            elif not grid:
-                raise ValueError("--grid: give at least one KEY=VALUES (e.g. --grid alpha=0.01,0.1), or a [grid] "
-                                 "table in --config")
-            else:
-                grid = parse_grid(grid)
-            algorithms = args.algorithms or merged.pop("algorithms", None)
-            merged.pop("algorithms", None)
-            if not algorithms:
-                raise ValueError("-a/--algorithms: give the algorithm(s) to sweep (see `python -m python_algos "
-                                 "algorithms`)")
-            seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
-            reseed = merged.pop("reseed_data", False)
-            for k in ("jobs", "select"):
-                if opts[k] is None:
-                    opts[k] = merged.pop(k, None)
-                merged.pop(k, None)
-            if seeds:
-                merged["seed"] = seeds[0]
-            per = split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
-            cfg = Config.from_dict(merged)
-            out = output_folder(args, "sweep")
-            over = (' x '.join(f'{k} ({len(v)})' for k, v in grid.items()) if trials is None else
-                    f"{', '.join(space)} ({trials} Optuna trials)")
-            print(f"sweep of {', '.join(algorithms)} over {over} on {cfg.dataset} ({cfg.partition}, "
-                  f"N={cfg.num_clients}), {cfg.model}; results -> {out}")
-            kw = dict(cfg=cfg, algorithms=algorithms, grid=grid, seeds=seeds, alg_opts=per, reseed_data=bool(reseed))
-            if trials is not None:
-                kw.update(grid=None, space=space, trials=trials)
-        select = opts["select"]  # None: f_plus_h, or on resume what the sweep (a random search) was run with
-        if "space" in kw:
-            result = run_study(kw.pop("cfg"), kw.pop("algorithms"), kw.pop("space"), kw.pop("trials"), kw.pop("seeds"),
-                               out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
-                               tensorboard=bool(getattr(args, "tensorboard", False)), figures=figures,
-                               **{k: v for k, v in kw.items() if k != "grid"})
-        elif kw.get("resume") and "optuna" in read_sweep(out):  # a random search: its trials continue
-            result = run_study(None, None, None, None, out_dir=out, jobs=opts["jobs"] or 1, select=select,
-                               resume=True, tensorboard=bool(getattr(args, "tensorboard", False)))
-        else:
-            result = run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select,
-                               tensorboard=bool(getattr(args, "tensorboard", False)),
-                               progress=not args.no_progress, figures=None if kw.get("resume") else figures, **kw)
-    except SweepInterrupted as e:
-        print(e.table)
-        print(f"\ninterrupted: resume with: {e.resume_command}", file=sys.stderr)
-        return e.exit_code  # 130 after Ctrl-C, 128 + the signal after SIGTERM / SIGHUP
-    except ValueError:  # named where raised (config.named_as): this try can go
-        raise
+def _grid_and_space(args, merged: dict) -> tuple:
+    """(grid, trials, space) of a new sweep, from the flags and the config file: exactly one of a
+    grid (--grid) and a random search (--optuna N over --space), each parsed and checked."""
+    grid = merged.pop("grid", None) or {}
+    if not isinstance(grid, dict):
+        raise ValueError(f"{args.config}: grid must be a table of KEY = [values] or \"log:LOW:HIGH:COUNT\"")
+    grid = {**grid, **dict(getattr(args, "grid_items", []))}
+    trials, space = merged.pop("optuna", None), merged.pop("space", None) or {}
+    if not isinstance(space, dict):
+        raise ValueError(f"{args.config}: space must be a table of KEY = \"log:LOW:HIGH\" (or float:, int:, "
+                         f"intlog:) or KEY = [choices]")
+    space = {**space, **dict(getattr(args, "space_items", []))}
+    if trials is not None and grid:
+        raise ValueError("--optuna and --grid: give one (a random search over --space, or a grid)")
+    if space and trials is None:
+        raise ValueError("--space: only with --optuna N (the number of trials); a grid takes --grid")
+    if trials is not None:
+        if not space:
+            raise ValueError("--optuna: give the space to search with --space KEY=SPEC (e.g. --space "
+                             "alpha=log:1e-3:1), or a [space] table in --config")
+        return grid, trials, parse_space(space)
+    if not grid:
+        raise ValueError("--grid: give at least one KEY=VALUES (e.g. --grid alpha=0.01,0.1), or a [grid] "
+                         "table in --config")
+    return parse_grid(grid), trials, space
+
+
+def _new_sweep(args, opts: dict) -> tuple:
+    """(out, keyword arguments of run_sweep / run_study) of a new sweep; fills ``opts`` (jobs, select)
+    from the config file where the flags left them unset."""
+    merged = merge_settings(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs",
+                                             "optuna", "space"))
+    grid, trials, space = _grid_and_space(args, merged)
+    algorithms = args.algorithms or merged.pop("algorithms", None)
+    merged.pop("algorithms", None)
+    if not algorithms:
+        raise ValueError("-a/--algorithms: give the algorithm(s) to sweep (see `python -m python_algos "
+                         "algorithms`)")
+    seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
+    reseed = merged.pop("reseed_data", False)
+    for k in ("jobs", "select"):
+        if opts[k] is None:
+            opts[k] = merged.pop(k, None)
+        merged.pop(k, None)
+    if seeds:
+        merged["seed"] = seeds[0]
+    per = split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+    cfg = Config.from_dict(merged)
+    out = output_folder(args, "sweep")
+    over = (' x '.join(f'{k} ({len(v)})' for k, v in grid.items()) if trials is None else
+            f"{', '.join(space)} ({trials} Optuna trials)")
+    print(f"sweep of {', '.join(algorithms)} over {over} on {cfg.dataset} ({cfg.partition}, "
+          f"N={cfg.num_clients}), {cfg.model}; results -> {out}")
+    kw = dict(cfg=cfg, algorithms=algorithms, grid=grid, seeds=seeds, alg_opts=per, reseed_data=bool(reseed))
+    if trials is not None:
+        kw.update(grid=None, space=space, trials=trials)
+    return out, kw
+
+
+def _run_points(args, out: str, kw: dict, opts: dict, figures: dict) -> dict:
+    """The sweep's runs: a random search (new or resumed) or a grid; returns its result."""
+    select = opts["select"]  # None: f_plus_h, or on resume what the sweep (a random search) was run with
+    tensorboard = bool(getattr(args, "tensorboard", False))
+    if "space" in kw:
+        return run_study(kw.pop("cfg"), kw.pop("algorithms"), kw.pop("space"), kw.pop("trials"), kw.pop("seeds"),
+                         out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
+                         tensorboard=tensorboard, figures=figures, **{k: v for k, v in kw.items() if k != "grid"})
+    if kw.get("resume") and "optuna" in read_sweep(out):  # a random search: its trials continue
+        return run_study(None, None, None, None, out_dir=out, jobs=opts["jobs"] or 1, select=select,
+                         resume=True, tensorboard=tensorboard)
+    return run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select, tensorboard=tensorboard,
+                     progress=not args.no_progress, figures=None if kw.get("resume") else figures, **kw)
+
+
+def _report_sweep(args, out: str, result: dict, figures: dict) -> int:
+    """The table, the figures and the exit status of a finished sweep."""
     print(result["table"])
     print(f"results written to {out}")
     if getattr(args, "tensorboard", False):
@@ -224,3 +219,25 @@ def cmd_sweep(args) -> int:
               f"`python -m python_algos sweep --resume {shlex.quote(out)}`", file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_sweep(args) -> int:
+    """`sweep` (experiments/sweep.py): the grid's runs, then the table and the figures."""
+    opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
+    # what the figures need: recorded in sweep.json, and on --resume taken from there unless given again
+    figures = {"formats": list(args.formats), "band": getattr(args, "band", "std")}
+    if args.resume:
+        check_resume_flags(args, _SWEEP_RESUME_OK, "the sweep's")
+        out = args.resume
+        kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
+        figures = {**figures, **(read_sweep(out).get("figures") or {}), **_given(args, "--formats", "--band")}
+        print(f"resuming the sweep in {out}")
+    else:
+        out, kw = _new_sweep(args, opts)
+    try:
+        result = _run_points(args, out, kw, opts, figures)
+    except SweepInterrupted as e:
+        print(e.table)
+        print(f"\ninterrupted: resume with: {e.resume_command}", file=sys.stderr)
+        return e.exit_code  # 130 after Ctrl-C, 128 + the signal after SIGTERM / SIGHUP
+    return _report_sweep(args, out, result, figures)
