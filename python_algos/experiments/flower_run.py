@@ -57,6 +57,7 @@ from ..runfolder.callbacks import divergence
 from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, remove_leftovers, write_json
 from ..runfolder.progress import Progress
 from ..runfolder.records import save_model, summary_record, write_config, write_metrics, write_summary
+from ..runfolder.signals import signal_of
 from ..simulate import objective_metrics
 from .config import ConfigError
 from .evaluation import make_eval
@@ -393,7 +394,7 @@ def _close_folder(fp: PreparedFlower, got: _Outcome, label: str) -> dict:
     if got.interrupted is not None:
         summary["message"] = f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; {where}"
         write_summary(out_dir, summary)
-        raise Interrupted(summary) from got.interrupted  # the signal's exit status (runfolder.signals.exit_code)
+        raise Interrupted(summary, signal_of(got.interrupted)) from got.interrupted  # exit status: 128 + it
     if got.failure is not None:
         summary["message"] = (f"{label} stopped in the Flower deployment: {got.failure}\nThe folder holds the run up "
                               f"to round {summary['rounds_done']}; {where} (each node restores its own state from "

@@ -15,7 +15,7 @@ import signal
 import threading
 from typing import Iterator
 
-__all__ = ["Terminated", "terminate_as_interrupt", "STOP_SIGNALS", "exit_code"]
+__all__ = ["Terminated", "terminate_as_interrupt", "STOP_SIGNALS", "exit_code", "signal_of"]
 
 # the signals that stop a command; SIGINT keeps Python's own handler (KeyboardInterrupt)
 STOP_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
@@ -29,16 +29,21 @@ class Terminated(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
 
 
-def exit_code(exc: BaseException) -> int:
-    """The shell's exit status for a command stopped by ``exc``: 128 + the signal's number. The signal
-    is the one ``exc`` kept (``signum``: a :class:`Terminated`, or an exception that recorded it) or
-    that of the :class:`Terminated` it was raised from (``raise Interrupted(...) from stop``)."""
+def signal_of(exc: BaseException) -> int:
+    """The signal that stopped a command with ``exc``: the one ``exc`` kept (``signum``: a
+    :class:`Terminated`, or an exception that recorded it), else that of the exception it was raised
+    from (``raise Interrupted(...) from stop``), else SIGINT (Ctrl-C, Python's KeyboardInterrupt)."""
     while exc is not None:
         signum = getattr(exc, "signum", None)
         if signum is not None:
-            return 128 + int(signum)
+            return int(signum)
         exc = exc.__cause__
-    return 128 + int(signal.SIGINT)
+    return int(signal.SIGINT)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The shell's exit status for a command stopped by ``exc``: 128 + :func:`signal_of`."""
+    return 128 + signal_of(exc)
 
 
 def _raise(signum, _frame):
