@@ -68,7 +68,7 @@ class Workload:
         params = sum(p.numel() for p in make_model(self.model).parameters())
         who = (f"{self.cohort} of {self.clients:,} clients sampled per round" if self.cohort < self.clients
                else f"{self.clients:,} clients")
-        return (f"{self.name}: {self.model} ({params:,} parameters), {who}, {self.samples} samples each, "
+        return (f"workload {self.name}: {self.model} ({params:,} parameters), {who}, {self.samples} samples each, "
                 f"K = {self.K} local steps of batch {self.batch}")
 
 

@@ -39,6 +39,8 @@ RESNET18_NUMEL = 11_689_512
 SCAD = (0.1, 1e-3, 3.7)  # step, lam, a (bench.reference.DEFAULT_PARAMS)
 PROX_PARAMS = {"l1": (0.1, 1e-3, 0.0), "mcp": (0.1, 1e-3, 3.0), "scad": SCAD}
 FAST_ENOUGH = 90.0  # % of the probe every dispatched op should reach
+STATS = {"median": statistics.median, "min": min}
+STAT_WORDS = {"median": "median", "min": "fastest"}
 
 
 @dataclasses.dataclass
@@ -99,8 +101,9 @@ def _with_isa(isa: str, call: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
-def measure_op(op: Op, numel: int, dtype: torch.dtype, variants: Sequence[str], rounds: int) -> Dict[str, float]:
-    """Median seconds of the probe and of ``op`` in each variant, alternated call by call."""
+def measure_op(op: Op, numel: int, dtype: torch.dtype, variants: Sequence[str], rounds: int,
+               stat: Callable[[List[float]], float] = statistics.median) -> Dict[str, float]:
+    """``stat`` (median) of the seconds of the probe and of ``op`` in each variant, alternated call by call."""
     src = _sources(op, numel, dtype)
     live = {k: torch.empty_like(v) for k, v in src.items()}
 
@@ -121,7 +124,7 @@ def measure_op(op: Op, numel: int, dtype: torch.dtype, variants: Sequence[str], 
                 samples[k].append(_timed(fill, fn))
     finally:
         _C.set_cpu_isa("auto")
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return {k: stat(v) for k, v in samples.items()}
 
 
 def percent_of_probe(op: Op, times: Dict[str, float]) -> Dict[str, float]:
@@ -142,13 +145,13 @@ def run(args) -> dict:
         for op in ops():
             if args.ops and not any(s in op.name for s in args.ops):
                 continue
-            times = measure_op(op, args.numel, dtype, variants, args.rounds)
+            times = measure_op(op, args.numel, dtype, variants, args.rounds, STATS[args.stat])
             rows.append({"op": op.name, "threads": used, "moved_per_elem": op.moved, "seconds": times,
                          "percent": percent_of_probe(op, times)})
             print(f"  {used} thr  {op.name:22s} " + "  ".join(f"{k} {v:5.0f}%" for k, v in rows[-1]["percent"].items()),
                   flush=True)
     return {"machine": info, "loadavg_after": list(os.getloadavg()), "cpu_busy_after": cpu_busy(1.0),
-            "dtype": args.dtype, "numel": args.numel, "rounds": args.rounds, "variants": variants,
+            "dtype": args.dtype, "numel": args.numel, "rounds": args.rounds, "stat": args.stat, "variants": variants,
             "picked": picked, "rows": rows}
 
 
@@ -177,7 +180,8 @@ def render_markdown(res: dict) -> str:
     lines = [
         f"Machine: {machine_line(res['machine'])}. CPU flags: {', '.join(res['machine']['cpu_flags']) or 'none of note'}.",
         _load_line(res),
-        f"{res['dtype']}, {res['numel']:,} values per buffer, median of {res['rounds']} calls alternated call by call, "
+        f"{res['dtype']}, {res['numel']:,} values per buffer, {STAT_WORDS[res['stat']]} of {res['rounds']} calls alternated "
+        "call by call, "
         f"buffers refilled before every call. Cells: % of the in-place probe's bandwidth (x.mul_(1.0)); "
         f"* = the variant the dispatcher picks here ({picked}).",
         "",
@@ -214,6 +218,8 @@ def parse_args(argv: Optional[Sequence[str]] = None):
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     ap.add_argument("--numel", type=int, default=RESNET18_NUMEL, help="values per buffer (default: ResNet-18's 11,689,512)")
     ap.add_argument("--rounds", type=int, default=30, help="calls per op and variant (default 30); the median is shown")
+    ap.add_argument("--stat", choices=sorted(STATS), default="median",
+                    help="median (default) or min: the fastest call, for a machine shared with other jobs")
     ap.add_argument("--ops", nargs="+", default=None, help="only ops whose name contains one of these (e.g. prox cv_step)")
     ap.add_argument("--baseline", action="store_true", help="also time the SSE2 baseline variant")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
