@@ -8,7 +8,10 @@ For each op and thread count, the probe (torch's in-place ``x.mul_(1.0)`` over t
 buffer: one read and one write per value, a prox's traffic) and the op in every variant this CPU
 runs (``fedkernels._C.set_cpu_isa``) are called in turn, call by call, ``--rounds`` times; before
 every call each buffer is refilled with the same random values (untimed), so every call reads the
-same data from the same memory state. A cell is the op's bandwidth (bytes it reads and writes
+same data; then (unless ``--warm``) a scratch buffer twice the last-level cache is written, so that
+every call, probe and op alike, starts with its buffers in DRAM. (Without it the probe would find
+two thirds of its one 47 MB buffer still in a 32 MB L3 after the refill, and an op with 3 or 4
+buffers far less of its data: the probe would be favoured.) A cell is the op's bandwidth (bytes it reads and writes
 over its median time) as a percentage of the probe's (8 bytes per float32 value over its median
 time): 100 % = as fast as torch streams the same memory. The variant the dispatcher picks in this
 process (``backend_info()["cpu_isa"]``, ``FEDKERNELS_CPU_ISA`` overrides it) is marked with ``*``.
@@ -33,7 +36,7 @@ import torch
 import fedkernels as fk
 from fedkernels._backend import _C
 
-from .bandwidth import cpu_busy, machine_info, machine_line, set_threads
+from .bandwidth import cache_sizes, cpu_busy, machine_info, machine_line, set_threads
 
 RESNET18_NUMEL = 11_689_512
 SCAD = (0.1, 1e-3, 3.7)  # step, lam, a (bench.reference.DEFAULT_PARAMS)
@@ -86,6 +89,21 @@ def _sources(op: Op, numel: int, dtype: torch.dtype) -> Dict[str, torch.Tensor]:
     return out
 
 
+def _llc_bytes() -> int:
+    """The last-level cache's size (sysfs), 32 MiB where it cannot be read."""
+    sizes = cache_sizes()
+    last = sizes.get("L3") or sizes.get("L2") or "32768K"
+    return int(last.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(last[-1], 1)
+
+
+def evictor(enabled: bool) -> Callable[[], None]:
+    """A function that pushes every buffer out of the caches (writes 2x the LLC), or does nothing."""
+    if not enabled:
+        return lambda: None
+    scratch = torch.empty(2 * _llc_bytes() // 4, dtype=torch.float32)
+    return lambda: scratch.fill_(1.0)
+
+
 def _timed(fill: Callable[[], None], fn: Callable[[], object]) -> float:
     fill()
     t0 = time.perf_counter()
@@ -102,7 +120,8 @@ def _with_isa(isa: str, call: Callable[[], object]) -> Callable[[], object]:
 
 
 def measure_op(op: Op, numel: int, dtype: torch.dtype, variants: Sequence[str], rounds: int,
-               stat: Callable[[List[float]], float] = statistics.median) -> Dict[str, float]:
+               stat: Callable[[List[float]], float] = statistics.median, evict: Callable[[], None] = lambda: None
+               ) -> Dict[str, float]:
     """``stat`` (median) of the seconds of the probe and of ``op`` in each variant, alternated call by call."""
     src = _sources(op, numel, dtype)
     live = {k: torch.empty_like(v) for k, v in src.items()}
@@ -110,6 +129,7 @@ def measure_op(op: Op, numel: int, dtype: torch.dtype, variants: Sequence[str], 
     def fill():
         for k, v in src.items():
             live[k].copy_(v)
+        evict()
 
     first = live[op.buffers[0]]
     fns = {"probe": lambda: first.mul_(1.0)}
@@ -139,19 +159,20 @@ def run(args) -> dict:
         variants = [v for v in variants if v != "baseline"] or variants
     picked = fk.backend_info()["cpu_isa"]
     info = machine_info()
+    evict = evictor(not args.warm)
     rows = []
     for threads in args.threads:
         used = set_threads(threads)
         for op in ops():
             if args.ops and not any(s in op.name for s in args.ops):
                 continue
-            times = measure_op(op, args.numel, dtype, variants, args.rounds, STATS[args.stat])
+            times = measure_op(op, args.numel, dtype, variants, args.rounds, STATS[args.stat], evict)
             rows.append({"op": op.name, "threads": used, "moved_per_elem": op.moved, "seconds": times,
                          "percent": percent_of_probe(op, times)})
             print(f"  {used} thr  {op.name:22s} " + "  ".join(f"{k} {v:5.0f}%" for k, v in rows[-1]["percent"].items()),
                   flush=True)
     return {"machine": info, "loadavg_after": list(os.getloadavg()), "cpu_busy_after": cpu_busy(1.0),
-            "dtype": args.dtype, "numel": args.numel, "rounds": args.rounds, "stat": args.stat, "variants": variants,
+            "dtype": args.dtype, "numel": args.numel, "rounds": args.rounds, "stat": args.stat, "warm": args.warm, "variants": variants,
             "picked": picked, "rows": rows}
 
 
@@ -181,8 +202,8 @@ def render_markdown(res: dict) -> str:
         f"Machine: {machine_line(res['machine'])}. CPU flags: {', '.join(res['machine']['cpu_flags']) or 'none of note'}.",
         _load_line(res),
         f"{res['dtype']}, {res['numel']:,} values per buffer, {STAT_WORDS[res['stat']]} of {res['rounds']} calls alternated "
-        "call by call, "
-        f"buffers refilled before every call. Cells: % of the in-place probe's bandwidth (x.mul_(1.0)); "
+        f"call by call, buffers refilled before every call{' (caches left warm)' if res.get('warm') else ', then evicted from the caches'}. "
+        f"Cells: % of the in-place probe's bandwidth (x.mul_(1.0)); "
         f"* = the variant the dispatcher picks here ({picked}).",
         "",
         "| op (values moved per element) | " + " | ".join(head) + " |",
@@ -220,6 +241,8 @@ def parse_args(argv: Optional[Sequence[str]] = None):
     ap.add_argument("--rounds", type=int, default=30, help="calls per op and variant (default 30); the median is shown")
     ap.add_argument("--stat", choices=sorted(STATS), default="median",
                     help="median (default) or min: the fastest call, for a machine shared with other jobs")
+    ap.add_argument("--warm", action="store_true",
+                    help="do not evict the caches after each refill (the probe then finds part of its buffer in L3)")
     ap.add_argument("--ops", nargs="+", default=None, help="only ops whose name contains one of these (e.g. prox cv_step)")
     ap.add_argument("--baseline", action="store_true", help="also time the SSE2 baseline variant")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
