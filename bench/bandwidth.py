@@ -34,6 +34,7 @@ __all__ = [
     "machine_info",
     "machine_line",
     "cpu_busy",
+    "cache_sizes",
     "set_threads",
 ]
 
@@ -232,6 +233,11 @@ def _cache_sizes() -> dict:
         if level and size and typ and typ.strip() != "Instruction":
             out[f"L{level.strip()}"] = size.strip()
     return out
+
+
+def cache_sizes() -> dict:
+    """Data cache sizes by level as sysfs writes them, e.g. {"L1": "32K", "L2": "1024K", "L3": "32768K"}."""
+    return _cache_sizes()
 
 
 def _mem_total_gib() -> Optional[float]:

@@ -69,3 +69,41 @@ def test_pfl_fedavg_is_plain_fedavg(tmp_path):
     ref = peers.fedavg_in_order(make_clients(3, 64), batch=32, rounds=2, lr=0.01)
     assert len(res["round_s"]) == 2 and res["world_size"] == 1
     assert float((got - ref).norm() / ref.norm()) < 1e-5
+
+
+def test_a_failing_peer_is_retried_once_then_shown_with_its_reason(monkeypatch):
+    calls = []
+
+    def fail(module, procs, w, args, extra=()):
+        calls.append(module)
+        raise RuntimeError(f"`{module}` exited 1:\nConnectionError: gloo rendezvous timed out ({len(calls)})")
+
+    monkeypatch.setattr(peers, "_launch", fail)
+    monkeypatch.setattr(peers, "pfl_available", lambda: True)
+    monkeypatch.setattr(peers, "distributed_available", lambda: False)
+    args = peers.argparse.Namespace(no_pfl=False, procs=2, rounds=1, lr=0.01)
+    w = peers.WORKLOADS["cross-device"]
+    notes = []
+    rows = peers._launched_rows(w, [], None, args, notes, lambda s: None)
+    assert calls == ["bench.pfl_fedavg"] * 4  # 1 and 2 processes, each tried twice
+    assert [r["s_per_round"] for r in rows] == [None, None]
+    assert "attempt 1: ConnectionError: gloo rendezvous timed out (1)" in rows[0]["failure"]
+    assert "attempt 2: ConnectionError: gloo rendezvous timed out (2)" in rows[0]["failure"]
+    line = peers._table_row(rows[1], None, 1.0)
+    assert line.startswith("| pfl on 2 processes (torchrun, gloo) | 2 | failed |") and "(4)" in line
+
+
+def test_cross_device_workload_shape_and_flags(capsys, tmp_path):
+    def parse(workload):
+        return peers.workload_from_args(peers.argparse.Namespace(
+            workload=workload, clients=None, samples=None, batch=None, K=None, cohort=None))
+
+    w = parse("cross-device")
+    assert (w.model, w.clients, w.cohort, w.samples, w.K, w.batch) == ("logreg", 1000, 100, 32, 5, 8)
+    assert sum(p.numel() for p in peers.make_model(w.model).parameters()) <= 10_000
+    assert parse("mlp").K == 256 // 32  # one local epoch, what pfl runs
+    out = tmp_path / "t.md"
+    with pytest.raises(SystemExit):
+        peers.main(["--workload", "cross-device", "--cohort", "2000", "--out", str(out)])
+    assert "--cohort (2000) must be at most --clients (1000)" in capsys.readouterr().err
+    assert not out.exists()

@@ -226,8 +226,9 @@ def test_prox_table_smoke(tmp_path):
     cpu = data["devices"]["cpu"]
     assert cpu["models"][0]["model"] == "mlp"
     assert set(cpu["models"][0]["fk_flat"]) == set(R.KINDS)
-    assert data["targets"]
+    assert data["limits"]
     md = (tmp_path / "prox_table.md").read_text()
     assert "| MLP |" in md
+    assert "Against this machine's limit" in md and "issue" not in md.lower()
     text = readme.read_text()
     assert "old" not in text and "| MLP |" in text and text.endswith("tail\n")

@@ -14,6 +14,7 @@ client step, x N x K) at the batched-matmul rate measured in the same run.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 import time
 from typing import Callable, Dict, List, Optional
@@ -25,7 +26,7 @@ from torch import nn
 import python_algos as pa
 from python_algos.experiments.models import CNN, MLP
 
-__all__ = ["MODELS", "make_model", "make_clients", "time_executor", "time_plain_loop", "flops_per_step",
+__all__ = ["MODELS", "Workload", "WORKLOADS", "make_model", "make_clients", "time_executor", "time_plain_loop", "flops_per_step",
            "bmm_rate", "ALGORITHMS"]
 
 IN_SHAPE = (1, 28, 28)  # MNIST-shaped inputs (784 features)
@@ -47,6 +48,36 @@ MODELS: Dict[str, Callable[[], nn.Module]] = {"logreg": LogReg, "mlp": MLP, "cnn
 ALGORITHMS: Dict[str, Callable[[float, int], pa.Algorithm]] = {
     "FedAvg": lambda lr, K: pa.FedAvg(lr_local=lr, local_steps=K),
     "FedCanon": lambda lr, K: pa.FedCanon(alpha=lr * K, beta=lr, local_steps=K),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One FedAvg round's shape: ``cohort`` of ``clients`` clients train, each K steps of ``batch``
+    of its ``samples`` samples (MNIST-shaped, ``make_clients``), on ``model``."""
+
+    name: str
+    model: str
+    clients: int
+    samples: int
+    batch: int
+    K: int
+    cohort: int
+
+    def describe(self) -> str:
+        params = sum(p.numel() for p in make_model(self.model).parameters())
+        who = (f"{self.cohort} of {self.clients:,} clients sampled per round" if self.cohort < self.clients
+               else f"{self.clients:,} clients")
+        return (f"workload {self.name}: {self.model} ({params:,} parameters), {who}, {self.samples} samples each, "
+                f"K = {self.K} local steps of batch {self.batch}")
+
+
+# The peers table's two workloads: silo-like (few clients with much data and a 109 k-parameter MLP,
+# one local epoch, bound by arithmetic) and cross-device (many clients, few samples each, a small
+# model: bound by per-client overhead).
+WORKLOADS = {
+    "mlp": Workload("mlp", "mlp", clients=100, samples=256, batch=32, K=8, cohort=100),
+    "cross-device": Workload("cross-device", "logreg", clients=1000, samples=32, batch=8, K=5, cohort=100),
 }
 
 
@@ -73,13 +104,14 @@ def _sync(device) -> None:
 
 
 def time_executor(model_name: str, algorithm: str, clients, executor: str, *, K: int = 10, batch: int = 32,
-                  rounds: int = 2, lr: float = 0.01, device="cpu") -> dict:
+                  rounds: int = 2, lr: float = 0.01, device="cpu", clients_per_round: Optional[int] = None) -> dict:
     """Seconds per round (median of the rounds after the first, which pays first-call costs) of
-    ``algorithm`` on ``executor``; also the forward/backward share."""
+    ``algorithm`` on ``executor``; also the forward/backward share. ``clients_per_round``: the
+    cohort sampled each round (None: every client)."""
     model = make_model(model_name, device)
     alg = ALGORITHMS[algorithm](lr, K)
     hist = pa.simulate(alg, model, F.cross_entropy, clients, rounds, batch_size=batch, metrics_every=0,
-                       executor=executor)
+                       executor=executor, clients_per_round=clients_per_round)
     _sync(device)
     rows = hist.metrics[1:] if len(hist.metrics) > 1 else hist.metrics
     return {"s_per_round": statistics.median(r["wall_time"] for r in rows),

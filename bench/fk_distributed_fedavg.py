@@ -26,6 +26,9 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--inner", default="sequential", choices=["sequential", "batched"])
+    p.add_argument("--model", default="mlp", help="a bench.clients model (mlp, logreg, cnn)")
+    p.add_argument("--steps", type=int, default=None, help="local steps per round (default: samples / batch)")
+    p.add_argument("--cohort", type=int, default=None, help="clients per round (default: all)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -37,10 +40,11 @@ def main(argv=None) -> None:
     from .clients import make_clients, make_model
 
     fk.set_num_threads(1)
-    K = args.samples // args.batch  # one local epoch, as pfl
-    hist = pa.simulate(pa.FedAvg(lr_local=args.lr, local_steps=K), make_model("mlp"), F.cross_entropy,
+    K = args.steps or args.samples // args.batch  # default: one local epoch, as pfl
+    hist = pa.simulate(pa.FedAvg(lr_local=args.lr, local_steps=K), make_model(args.model), F.cross_entropy,
                        make_clients(args.clients, args.samples), args.rounds, batch_size=args.batch,
-                       metrics_every=0, executor="distributed", executor_options={"inner": args.inner})
+                       metrics_every=0, executor="distributed", executor_options={"inner": args.inner},
+                       clients_per_round=args.cohort)
     if int(os.environ.get("RANK", "0")) == 0:
         res = {"round_s": [r["wall_time"] for r in hist.metrics], "params": hist.params.tolist(),
                "threads": torch.get_num_threads(), "inner": args.inner}

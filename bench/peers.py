@@ -2,12 +2,22 @@
 
     python -m bench.peers                        # ~1 min on 2 cores; pfl rows where pfl is installed
     python -m bench.peers --readme docs/performance.md   # also refresh the peers table there
+                                                         # (cross-device: the block "peers-cross-device-table")
     python -m bench.peers --no-pfl               # our rows only
+    python -m bench.peers --workload cross-device   # 1,000 clients, 100 per round, logistic regression
 
-The workload of ``bench.clients_table``: the 109,386-parameter MLP, N = 100 MNIST-shaped clients x
-256 samples, FedAvg with local SGD (lr ``--lr``), batch 32, float32, 1 torch thread per process.
-pfl's local loop walks a client's data once per epoch and stops there, so every contender runs one
-local epoch: K = 256 / 32 = 8 steps per client and round. Contenders, timed in one run:
+Workloads (``bench.clients.WORKLOADS``), FedAvg with local SGD (lr ``--lr``), float32, 1 torch thread
+per process:
+
+* ``mlp`` (default): the workload of ``bench.clients_table``, the 109,386-parameter MLP, N = 100
+  MNIST-shaped clients x 256 samples, batch 32. pfl's local loop walks a client's data once per
+  epoch and stops there, so every contender runs one local epoch: K = 256 / 32 = 8 steps. Bound by
+  arithmetic.
+* ``cross-device``: 1,000 clients x 32 samples, 100 sampled per round, logistic regression (7,850
+  parameters), K = 5 local steps of batch 8 (pfl walks each sampled user's 32 samples and again its
+  first 8). Bound by per-client overhead, where a simulator earns its keep.
+
+Contenders, timed in one run:
 
 * fedkernels ``sequential`` and ``batched`` executors (``python_algos.simulate``), one process;
 * the plain PyTorch loop of ``bench.clients`` (``copy.deepcopy(model)`` + ``torch.optim.SGD`` per client);
@@ -16,7 +26,10 @@ local epoch: K = 256 / 32 = 8 steps per client and round. Contenders, timed in o
 * fedkernels on 2 processes (``executor="distributed"`` under ``torchrun``) where this checkout has it.
 
 Each reports the median seconds per round over ``--rounds`` rounds after one untimed warm-up round
-(pfl's warm-up round also evaluates). The training loss over all clients' data after the last round
+(pfl's warm-up round also evaluates). The FLOP floor column is the round's forward+backward FLOPs
+(torch's flop counter on one client step, x clients per round x K) at ``torch.bmm``'s rate measured in
+the same run (as ``bench.clients_table``), divided by the process count for the multi-process rows.
+A launched run that fails is retried once; a second failure is a row with its reason. The training loss over all clients' data after the last round
 shows that the contenders did comparable work: the same model, data, start and lr, but different
 minibatches (python_algos draws random batches, pfl walks the data in order), so losses agree
 closely, not bitwise. pfl is never a dependency of fedkernels: without it the pfl rows are left out
@@ -26,6 +39,7 @@ and the script says how to install it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -41,7 +55,7 @@ import torch.nn.functional as F
 import fedkernels as fk
 
 from .bandwidth import machine_info, machine_line
-from .clients import make_clients, make_model, time_executor, time_plain_loop
+from .clients import WORKLOADS, Workload, bmm_rate, flops_per_step, make_clients, make_model, time_executor, time_plain_loop
 from .readme_block import markers, publish
 
 README_BEGIN, README_END = markers("peers-table")
@@ -71,21 +85,21 @@ def uptime() -> str:
 
 
 @torch.no_grad()
-def training_loss(params: torch.Tensor, clients) -> float:
-    """Mean cross-entropy over every sample of every client of the MLP with flat ``params``."""
-    model = make_model("mlp")
+def training_loss(params: torch.Tensor, clients, model_name: str = "mlp") -> float:
+    """Mean cross-entropy over every sample of every client of ``model_name`` with flat ``params``."""
+    model = make_model(model_name)
     torch.nn.utils.vector_to_parameters(params.to(torch.float32), model.parameters())
     total = sum(F.cross_entropy(model(X), y, reduction="sum").item() for X, y in clients)
     return total / sum(len(y) for _, y in clients)
 
 
-def fedavg_in_order(clients, *, batch: int, rounds: int, lr: float) -> torch.Tensor:
+def fedavg_in_order(clients, *, batch: int, rounds: int, lr: float, model_name: str = "mlp") -> torch.Tensor:
     """FedAvg as a plain PyTorch loop that walks each client's data in order, one epoch per round
     (deepcopy + SGD per client; x <- mean of the local models): what pfl's FedAvg computes, written
     independently of pfl, to check that its rows did the same work."""
     import copy
 
-    model = make_model("mlp")
+    model = make_model(model_name)
     for _ in range(rounds):
         total = [torch.zeros_like(q) for q in model.parameters()]
         for X, y in clients:
@@ -108,19 +122,19 @@ def _rel_dev(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.to(ref.dtype) - ref).norm() / ref.norm())
 
 
-def _workload_args(args) -> List[str]:
-    return ["--clients", str(args.clients), "--samples", str(args.samples), "--batch", str(args.batch),
-            "--rounds", str(args.rounds + 1), "--lr", str(args.lr)]
+def _workload_args(w: Workload, args) -> List[str]:
+    return ["--clients", str(w.clients), "--samples", str(w.samples), "--batch", str(w.batch), "--steps", str(w.K),
+            "--cohort", str(w.cohort), "--model", w.model, "--rounds", str(args.rounds + 1), "--lr", str(args.lr)]
 
 
-def _launch(module: str, procs: int, args, log, extra=()) -> dict:
+def _launch(module: str, procs: int, w: Workload, args, extra=()) -> dict:
     """Run ``python -m module`` in one process (``procs`` 1) or ``procs`` ranks under torchrun; the
     rank-0 result file it writes."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         launcher = [] if procs == 1 else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                                           str(procs)]
-        cmd = [sys.executable, *launcher, "-m", module, *_workload_args(args), *extra, "--out", out]
+        cmd = [sys.executable, *launcher, "-m", module, *_workload_args(w, args), *extra, "--out", out]
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([REPO_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -131,91 +145,151 @@ def _launch(module: str, procs: int, args, log, extra=()) -> dict:
             return json.load(f)
 
 
-def _row(name: str, procs: int, s_per_round: float, params: torch.Tensor, clients, ref_name: str,
-         ref: torch.Tensor, **extra) -> dict:
-    return {"name": name, "procs": procs, "s_per_round": s_per_round, "loss": training_loss(params, clients),
-            "reference": ref_name, "rel_dev": _rel_dev(params, ref), **extra}
+def _row(name: str, procs: int, s_per_round: float, params: torch.Tensor, clients, model_name: str, ref_name: str,
+         ref: Optional[torch.Tensor], **extra) -> dict:
+    return {"name": name, "procs": procs, "s_per_round": s_per_round, "loss": training_loss(params, clients, model_name),
+            "reference": ref_name, "rel_dev": None if ref is None else _rel_dev(params, ref), **extra}
 
 
-def run(args, log=print) -> dict:
-    torch.set_num_threads(1)
-    fk.set_num_threads(1)
-    up_before = uptime()
-    info = machine_info()
-    clients = make_clients(args.clients, args.samples)
-    K = args.samples // args.batch  # one local epoch: what pfl's local loop runs
-    rows, notes = [], []
-    common = dict(K=K, batch=args.batch, rounds=args.rounds + 1, lr=args.lr)
-    seq = None
+def _failed_row(name: str, procs: int, reason: str) -> dict:
+    return {"name": name, "procs": procs, "s_per_round": None, "failure": reason}
+
+
+def _launch_retrying(module: str, procs: int, w: Workload, args, extra, log):
+    """The run's result, or (None, reason) after a failure and one retry."""
+    reasons = []
+    for attempt in (1, 2):
+        try:
+            return _launch(module, procs, w, args, extra), None
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            reasons.append(f"attempt {attempt}: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}")
+            log(f"{module} on {procs} process(es) failed (attempt {attempt}): {e}")
+    return None, "; ".join(reasons)
+
+
+def workload_from_args(args) -> Workload:
+    """--workload's shape, with --clients / --samples / --batch / -K / --cohort where given."""
+    w = WORKLOADS[args.workload]
+    given = {k: getattr(args, k) for k in ("clients", "samples", "batch", "K", "cohort") if getattr(args, k) is not None}
+    if args.workload == "mlp" and "K" not in given:  # one local epoch, what pfl's loop runs
+        given["K"] = given.get("samples", w.samples) // given.get("batch", w.batch)
+    if args.workload == "mlp" and "cohort" not in given:
+        given["cohort"] = given.get("clients", w.clients)
+    return dataclasses.replace(w, **given)
+
+
+def _in_process_rows(w: Workload, clients, args, log):
+    """fedkernels sequential and batched, and (full participation only) the plain PyTorch loop."""
+    rows, seq = [], None
+    common = dict(K=w.K, batch=w.batch, rounds=args.rounds + 1, lr=args.lr)
+    cohort = w.cohort if w.cohort < w.clients else None
     for ex in ("sequential", "batched"):
-        r = time_executor("mlp", "FedAvg", clients, ex, **common)
+        r = time_executor(w.model, "FedAvg", clients, ex, clients_per_round=cohort, **common)
         seq = r["params"] if seq is None else seq
-        rows.append(_row(f"fedkernels {ex}", 1, r["s_per_round"], r["params"], clients, "sequential", seq))
+        rows.append(_row(f"fedkernels {ex}", 1, r["s_per_round"], r["params"], clients, w.model, "sequential", seq))
         log(f"fedkernels {ex}: {r['s_per_round']:.3f} s/round")
-    r = time_plain_loop("mlp", clients, **common)
-    rows.append(_row("plain PyTorch loop (deepcopy + SGD)", 1, r["s_per_round"], r["params"], clients,
-                     "sequential", seq))
-    log(f"plain loop: {r['s_per_round']:.3f} s/round")
+    if cohort is None:  # the plain loop trains every client
+        r = time_plain_loop(w.model, clients, **common)
+        rows.append(_row("plain PyTorch loop (deepcopy + SGD)", 1, r["s_per_round"], r["params"], clients, w.model,
+                         "sequential", seq))
+        log(f"plain loop: {r['s_per_round']:.3f} s/round")
+    return rows, seq
 
-    launches = []
+
+def _launches(w: Workload, args, notes, log) -> list:
+    out = []
     if args.no_pfl:
         notes.append("pfl rows skipped (`--no-pfl`).")
     elif not pfl_available():
         notes.append(PFL_INSTALL)
         log(PFL_INSTALL)
     else:
-        launches += [("pfl", "bench.pfl_fedavg", 1, ()), ("pfl", "bench.pfl_fedavg", args.procs, ())]
-        in_order = fedavg_in_order(clients, batch=args.batch, rounds=args.rounds + 1, lr=args.lr)
+        out += [("pfl", "bench.pfl_fedavg", 1, ()), ("pfl", "bench.pfl_fedavg", args.procs, ())]
     if distributed_available():
         for inner in ("sequential", "batched"):  # the executor each rank runs its clients with
-            launches.append((f"fedkernels {inner}", "bench.fk_distributed_fedavg", args.procs, ("--inner", inner)))
+            out.append((f"fedkernels {inner}", "bench.fk_distributed_fedavg", args.procs, ("--inner", inner)))
     else:
         notes.append("fedkernels on several processes: not in this checkout (no `executor=\"distributed\"`), "
                      "row left out.")
-    for label, module, procs, extra in launches:
-        try:
-            res = _launch(module, procs, args, log, extra)
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-            notes.append(f"{label} on {procs} process(es) failed: {e}")
-            log(notes[-1])
+    return out
+
+
+def _launched_rows(w: Workload, clients, seq, args, notes, log) -> list:
+    rows, in_order = [], None
+    for label, module, procs, extra in _launches(w, args, notes, log):
+        where = " in one process" if procs == 1 else f" on {procs} processes (torchrun, gloo)"
+        res, reason = _launch_retrying(module, procs, w, args, extra, log)
+        if res is None:
+            rows.append(_failed_row(label + where, procs, reason))
             continue
-        timed = res["round_s"][1:]
-        name = f"pfl {res['pfl_version']}" if label == "pfl" else label
-        name += " in one process" if procs == 1 else f" on {procs} processes (torchrun, gloo)"
-        ref_name, ref = ("in-order loop", in_order) if label == "pfl" else ("sequential", seq)
-        rows.append(_row(name, procs, statistics.median(timed), torch.tensor(res["params"]), clients, ref_name,
-                         ref, threads=res.get("threads")))
+        name = (f"pfl {res['pfl_version']}" if label == "pfl" else label) + where
+        if label == "pfl":
+            if in_order is None and w.cohort == w.clients:  # pfl's sampler picks its own cohorts otherwise
+                in_order = fedavg_in_order(clients, batch=w.batch, rounds=args.rounds + 1, lr=args.lr,
+                                           model_name=w.model)
+            ref_name, ref = ("in-order loop", in_order) if w.cohort == w.clients else ("–", None)
+        else:
+            ref_name, ref = ("sequential", seq)
+        rows.append(_row(name, procs, statistics.median(res["round_s"][1:]), torch.tensor(res["params"]), clients,
+                         w.model, ref_name, ref, threads=res.get("threads")))
         log(f"{name}: {rows[-1]['s_per_round']:.3f} s/round")
-    start_loss = training_loss(torch.nn.utils.parameters_to_vector(make_model("mlp").parameters()), clients)
+    return rows
+
+
+def run(args, log=print) -> dict:
+    torch.set_num_threads(1)
+    fk.set_num_threads(1)
+    w = workload_from_args(args)
+    up_before = uptime()
+    info = machine_info()
+    rate = bmm_rate("cpu")
+    floor = w.cohort * w.K * flops_per_step(w.model, w.batch) / rate
+    log(f"{w.describe()}; FLOP floor {floor:.4f} s/round at {rate / 1e9:.1f} GFLOP/s")
+    clients = make_clients(w.clients, w.samples)
+    notes = []
+    rows, seq = _in_process_rows(w, clients, args, log)
+    rows += _launched_rows(w, clients, seq, args, notes, log)
+    start_loss = training_loss(torch.nn.utils.parameters_to_vector(make_model(w.model).parameters()), clients, w.model)
     return {"machine": info, "uptime_before": up_before, "uptime_after": uptime(), "threads": 1,
-            "clients": args.clients, "samples": args.samples, "batch": args.batch, "K": K,
+            "workload": dataclasses.asdict(w), "description": w.describe(), "bmm_gflops": rate / 1e9,
+            "flop_floor_s": floor, "clients": w.clients, "samples": w.samples, "batch": w.batch, "K": w.K,
             "rounds": args.rounds, "lr": args.lr, "start_loss": start_loss, "rows": rows, "notes": notes,
             "load_after": list(os.getloadavg())}
+
+
+def _table_row(r: dict, ref: Optional[float], floor: float) -> str:
+    if r["s_per_round"] is None:
+        return f"| {r['name']} | {r['procs']} | failed | – | – | – | {r['failure']} |"
+    ratio = "–" if ref is None else f"{r['s_per_round'] / ref:.2f}×"
+    over_floor = f"{r['s_per_round'] / (floor / r['procs']):.1f}×"
+    dev = "–" if r["name"] == "fedkernels sequential" or r["rel_dev"] is None else f"{r['rel_dev']:.1e} ({r['reference']})"
+    return f"| {r['name']} | {r['procs']} | {r['s_per_round']:.3f} | {ratio} | {over_floor} | {r['loss']:.4f} | {dev} |"
 
 
 def render_markdown(res: dict) -> str:
     m = res["machine"]
     ref = next((r["s_per_round"] for r in res["rows"] if r["name"] == "fedkernels batched"), None)
+    floor = res["flop_floor_s"]
     lines = [
-        f"FedAvg, MLP (109,386 parameters), {res['clients']} clients x {res['samples']} samples, one local epoch "
-        f"(K = {res['K']} steps of batch {res['batch']}), lr {res['lr']}, float32, 1 torch thread per process; "
+        f"FedAvg, {res['description']}, lr {res['lr']}, float32, 1 torch thread per process; "
         f"median of {res['rounds']} rounds after a warm-up round. {machine_line(m)}. "
         f"`uptime` before: {res['uptime_before']}; after: {res['uptime_after']}; {m['date']}. "
-        "`python -m bench.peers`.",
+        f"`python -m bench.peers --workload {res['workload']['name']}`.",
         "",
-        f"| contender | processes | s / round | × fedkernels batched | training loss after {res['rounds'] + 1} rounds "
-        "| final model vs reference (rel. dev.) |",
-        "|---|---:|---:|---:|---:|---|",
+        f"FLOP floor: {floor:.4f} s per round on one process (the round's forward+backward FLOPs at `torch.bmm`'s "
+        f"{res['bmm_gflops']:.1f} GFLOP/s measured in this run; half that on 2 processes).",
+        "",
+        f"| contender | processes | s / round | × fedkernels batched | × FLOP floor | training loss after "
+        f"{res['rounds'] + 1} rounds | final model vs reference (rel. dev.) |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
-    for r in res["rows"]:
-        ratio = "–" if ref is None else f"{r['s_per_round'] / ref:.2f}×"
-        dev = "–" if r["name"] == "fedkernels sequential" else f"{r['rel_dev']:.1e} ({r['reference']})"
-        lines.append(f"| {r['name']} | {r['procs']} | {r['s_per_round']:.3f} | {ratio} | {r['loss']:.4f} | {dev} |")
+    lines += [_table_row(r, ref, floor) for r in res["rows"]]
     lines += ["", f"Training loss: mean cross-entropy over all {res['clients'] * res['samples']:,} samples "
                   f"(start: {res['start_loss']:.4f}). python_algos and the plain loop draw the same random "
                   "minibatches (reference: the sequential executor's final model); pfl walks each client's data in "
                   "order, so its loss is close to ours but not equal, and its reference is a plain PyTorch FedAvg "
-                  "loop that walks the data in order the same way (in `bench/peers.py`, independent of pfl). "
+                  "loop that walks the data in order the same way (in `bench/peers.py`, independent of pfl; "
+                  "with a sampled cohort pfl's sampler draws other clients than ours, so there is none). "
                   "Rel. dev.: ‖x − x_ref‖ / ‖x_ref‖ of the final models, float32."]
     if res["notes"]:
         lines += [""] + [f"* {n}" for n in res["notes"]]
@@ -224,32 +298,48 @@ def render_markdown(res: dict) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
-    p.add_argument("--clients", type=int, default=100)
-    p.add_argument("--samples", type=int, default=256, help="samples per client (one local epoch = samples / batch steps)")
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp",
+                   help="mlp: 100 clients x 256 samples, one local epoch; cross-device: 1,000 clients x 32 samples, "
+                        "100 per round, logistic regression, K = 5 steps of batch 8")
+    p.add_argument("--clients", type=int, default=None, help="clients (default: the workload's)")
+    p.add_argument("--samples", type=int, default=None, help="samples per client (default: the workload's)")
+    p.add_argument("--batch", type=int, default=None, help="local batch size (default: the workload's)")
+    p.add_argument("-K", type=int, default=None, help="local steps (default: the workload's; mlp: one epoch)")
+    p.add_argument("--cohort", type=int, default=None, help="clients sampled per round (default: the workload's)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds, after one warm-up round")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--procs", type=int, default=2, help="processes of the multi-process rows")
     p.add_argument("--no-pfl", action="store_true", help="leave out the pfl rows")
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed for each launched run")
-    p.add_argument("--out", default="bench/results/peers_table.md")
+    p.add_argument("--out", default=None, help="markdown file (default: bench/results/peers_table[_<workload>].md)")
     p.add_argument("--readme", default=None, help="also replace the peers table block in this file")
     args = p.parse_args(argv)
+    _check_args(p, args)
+    args.out = args.out or ("bench/results/peers_table.md" if args.workload == "mlp"
+                            else f"bench/results/peers_table_{args.workload}.md")
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    res = run(args, log)
+    md = render_markdown(res)
+    begin, end = (README_BEGIN, README_END) if args.workload == "mlp" else markers(f"peers-{args.workload}-table")
+    publish(md, res, args.out, args.readme, begin, end)
+
+
+def _check_args(p: argparse.ArgumentParser, args) -> None:
     for flag, v, lo in (("--clients", args.clients, 1), ("--samples", args.samples, 1), ("--batch", args.batch, 1),
-                        ("--rounds", args.rounds, 1), ("--procs", args.procs, 2)):
-        if v < lo:
+                        ("-K", args.K, 1), ("--cohort", args.cohort, 1), ("--rounds", args.rounds, 1),
+                        ("--procs", args.procs, 2)):
+        if v is not None and v < lo:
             p.error(f"{flag} must be at least {lo}, got {v}")
-    if args.samples % args.batch:
-        p.error(f"--samples ({args.samples}) must be a multiple of --batch ({args.batch}): every contender "
+    w = workload_from_args(args)
+    if w.cohort > w.clients:
+        p.error(f"--cohort ({w.cohort}) must be at most --clients ({w.clients})")
+    if args.workload == "mlp" and w.samples % w.batch:
+        p.error(f"--samples ({w.samples}) must be a multiple of --batch ({w.batch}): every contender "
                 "runs one whole local epoch")
     if not args.lr > 0:
         p.error(f"--lr must be positive, got {args.lr}")
     if args.readme and not os.path.isfile(args.readme):
         p.error(f"--readme {args.readme}: no such file")
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    res = run(args, log)
-    md = render_markdown(res)
-    publish(md, res, args.out, args.readme, README_BEGIN, README_END)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ CPU) and gives each rank every ``world_size``-th user of the cohort; the server 
 all-reduce, so every round ends in step on all ranks. Rank 0 writes ``--out``: seconds of each
 round (from pfl's own end-of-round callback) and the final model as a flat list.
 
-Same work as python_algos' FedAvg: the MLP of ``bench.clients`` (same seed, so the same start),
-``bench.clients.make_clients`` data, local ``torch.optim.SGD`` with ``--lr``, server step SGD with
-lr 1 on the averaged model difference (x <- mean of the local models). pfl walks each user's data
-in order in batches of ``--batch``: one local epoch, 256 / 32 = 8 steps per client and round.
+Same work as python_algos' FedAvg: the ``--model`` of ``bench.clients`` (same seed, so the same
+start), ``bench.clients.make_clients`` data, local ``torch.optim.SGD`` with ``--lr``, server step SGD
+with lr 1 on the averaged model difference (x <- mean of the local models), ``--cohort`` users
+sampled per round by pfl's sampler. pfl walks a user's data in order, one epoch per round, so each
+user's dataset is its first ``--steps`` x ``--batch`` samples, taken cyclically (the mlp workload: its
+256 samples, 8 steps of 32; cross-device: its 32 samples and again its first 8, 5 steps of 8).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from torch import nn
 THREADS = 1  # per process, as every row of the peers table
 
 
-class PflMLP(nn.Module):
-    """bench.clients' MLP with the ``loss`` and ``metrics`` methods pfl's PyTorchModel requires."""
+class PflModel(nn.Module):
+    """A bench.clients model with the ``loss`` and ``metrics`` methods pfl's PyTorchModel requires."""
 
     def __init__(self, net: nn.Module):
         super().__init__()
@@ -58,6 +60,9 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--model", default="mlp", help="a bench.clients model (mlp, logreg, cnn)")
+    p.add_argument("--steps", type=int, default=None, help="local steps per round (default: samples / batch)")
+    p.add_argument("--cohort", type=int, default=None, help="users per round (default: all)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -78,10 +83,12 @@ def main(argv=None) -> None:
     from .clients import make_clients, make_model
 
     data = make_clients(args.clients, args.samples)
+    steps = args.steps or args.samples // args.batch
+    walk = torch.arange(steps * args.batch) % args.samples  # one in-order epoch = `steps` batches
     users = list(range(args.clients))
-    fed = FederatedDataset(lambda u: Dataset(raw_data=list(data[u]), user_id=u),
+    fed = FederatedDataset(lambda u: Dataset(raw_data=[data[u][0][walk], data[u][1][walk]], user_id=u),
                            get_user_sampler("minimize_reuse", users))
-    module = PflMLP(make_model("mlp"))
+    module = PflModel(make_model(args.model))
     model = PyTorchModel(module, local_optimizer_create=torch.optim.SGD,
                          central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0))
 
@@ -99,7 +106,7 @@ def main(argv=None) -> None:
     FederatedAveraging().run(
         algorithm_params=NNAlgorithmParams(central_num_iterations=args.rounds,
                                            evaluation_frequency=args.rounds + 1,  # round 0 only (untimed)
-                                           train_cohort_size=args.clients, val_cohort_size=0),
+                                           train_cohort_size=args.cohort or args.clients, val_cohort_size=0),
         backend=SimulatedBackend(training_data=fed, val_data=fed),
         model=model,
         model_train_params=NNTrainHyperParams(local_learning_rate=args.lr, local_num_epochs=1,

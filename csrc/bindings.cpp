@@ -204,6 +204,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_cpu_isa", &cpu_set_isa, "test hook: force a CPU kernel variant ('auto' = detected)");
   m.def("cpu_isa", &cpu_isa);
   m.def("cpu_isa_variants", &cpu_isa_variants);
+  m.def("cpu_isa_source", &cpu_isa_source,
+        "why this variant: 'detected', 'FEDKERNELS_CPU_ISA' (the environment variable) or 'set_cpu_isa'");
+  m.def("cpu_column_share", [](int64_t cols, int thread, int threads) {
+    if (cols < 0 || threads < 1 || thread < 0 || thread >= threads)
+      throw std::invalid_argument("need cols >= 0 and 0 <= thread < threads");
+    const ColumnShare s = cpu_column_share(cols, thread, threads);
+    return std::make_tuple(s.begin, s.end);
+  }, "the columns [begin, end) one thread of a CPU elementwise pass takes");
+  m.def("cpu_only_by_request", []() {
+#if defined(FK_CPU_ONLY_REQUESTED)
+    return true;
+#else
+    return false;
+#endif
+  }, "True if the build skipped CUDA because FEDKERNELS_CPU_ONLY=1 asked it to");
   m.def("cpu_splits_rows", &cpu_split_rows,
         "True if the CPU kernels give each thread whole rows of a [rows, cols] block");
   m.def("device_guard_trace", [](int current, int target, std::vector<int> with_context) {

@@ -101,6 +101,7 @@ int cpu_get_num_threads();
 std::string cpu_simd_description();
 // The CPU kernel variant in use, the variants this CPU can run, and a test hook forcing one.
 std::string cpu_isa();
+std::string cpu_isa_source();  // "detected", "FEDKERNELS_CPU_ISA" or "set_cpu_isa"
 std::string cpu_isa_variants();
 void cpu_set_isa(const std::string& name);
 

@@ -49,6 +49,9 @@ def _load_extension():
 
 
 _C = _load_extension()
+# A bad FEDKERNELS_CPU_ISA is reported at import (ValueError naming the variable and the variants
+# this CPU runs), not at the first kernel call.
+_C.cpu_isa()
 
 __all__ = ["backend_info", "set_num_threads", "get_num_threads", "emulate_cuda"]
 
@@ -191,6 +194,9 @@ def backend_info() -> dict:
     """What this build of fedkernels can do on this machine.
 
     Keys: ``cpu_threads``, ``simd`` (instruction sets the CPU kernels were compiled for),
+    ``cpu_isa`` (the CPU kernel variant in use), ``cpu_isa_source`` (``"detected"``: the best one
+    this CPU runs; ``"FEDKERNELS_CPU_ISA"``: that environment variable, read once per process, chose
+    it; ``"set_cpu_isa"``: a test forced it), ``cpu_isa_variants`` (the variants this CPU runs),
     ``cuda_compiled``, ``cuda_archs`` (list of SM versions), ``cuda_runtime`` (the CUDA toolkit
     the kernels were built with; its runtime is linked statically), ``cuda_available`` (fedkernels
     can run on a GPU here), ``cuda_device_count``, ``cuda_error`` (why not, in plain words, if
@@ -202,12 +208,18 @@ def backend_info() -> dict:
     runtime = _C.cuda_runtime_version() or None
     if compiled:
         count, error = _cuda_status(runtime)
+    elif _C.cpu_only_by_request():
+        count, error = 0, ("fedkernels was built without CUDA support: the build was CPU-only by request "
+                           "(FEDKERNELS_CPU_ONLY=1 at install time)")
     else:
         count, error = 0, "fedkernels was built without CUDA support (no CUDA compiler at install time)"
     archs = [a for a in _C.cuda_archs().split(",") if a] if compiled else []
     return {
         "cpu_threads": _C.get_num_threads(),
         "simd": _C.simd(),
+        "cpu_isa": _C.cpu_isa(),
+        "cpu_isa_source": _C.cpu_isa_source(),
+        "cpu_isa_variants": _C.cpu_isa_variants().split(","),
         "cuda_compiled": compiled,
         "cuda_archs": archs,
         "cuda_runtime": runtime,

@@ -13,13 +13,22 @@ from fedkernels._backend import DTYPE_CODES, KIND_CODES
 
 def test_backend_info_keys():
     info = fk.backend_info()
-    for key in ("cpu_threads", "simd", "cuda_compiled", "cuda_archs", "cuda_available", "cuda_error"):
+    for key in ("cpu_threads", "simd", "cpu_isa", "cpu_isa_source", "cpu_isa_variants", "cuda_compiled", "cuda_archs",
+                "cuda_available", "cuda_error"):
         assert key in info
     assert info["cpu_threads"] >= 1
     if info["cuda_compiled"]:
         assert info["cuda_archs"] and all(a.isdigit() for a in info["cuda_archs"])
     if not info["cuda_available"]:
         assert isinstance(info["cuda_error"], str) and info["cuda_error"]
+
+
+@pytest.mark.skipif(not _C.cpu_only_by_request(), reason="this build was not made with FEDKERNELS_CPU_ONLY=1")
+def test_backend_info_says_a_cpu_only_build_was_requested():
+    # not "no CUDA compiler at install time": nvcc may well have been on PATH
+    error = fk.backend_info()["cuda_error"]
+    assert "CPU-only by request" in error and "FEDKERNELS_CPU_ONLY=1" in error
+    assert "no CUDA compiler" not in error
 
 
 def test_kind_table_agrees_with_cpp_planner():

@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -28,18 +29,55 @@ Isa detect_isa() {
   return Isa::kBaseline;
 }
 
+const char* isa_name(Isa i) {
+  return i == Isa::kAvx512 ? "avx512" : (i == Isa::kAvx2 ? "avx2" : "baseline");
+}
+
+// The variants this CPU runs, best last ("baseline,avx2,avx512").
+std::string usable_variants() {
+  const Isa best = detect_isa();
+  std::string out = "baseline";
+  if (best == Isa::kAvx2 || best == Isa::kAvx512) out += ",avx2";
+  if (best == Isa::kAvx512) out += ",avx512";
+  return out;
+}
+
+// `name` as an Isa, or -1 for "auto"; `what` names the setting in the error (a variant this CPU
+// cannot run would die of SIGILL, so it is refused here).
+int parse_isa(const std::string& name, const std::string& what) {
+  if (name == "auto") return -1;
+  const std::string usable = "," + usable_variants() + ",";
+  if (usable.find("," + name + ",") == std::string::npos)
+    throw std::invalid_argument(what + " must be 'auto' or a variant this CPU runs (" + usable_variants() +
+                                "), got '" + name + "'");
+  return name == "avx512" ? static_cast<int>(Isa::kAvx512)
+                          : (name == "avx2" ? static_cast<int>(Isa::kAvx2) : static_cast<int>(Isa::kBaseline));
+}
+
+constexpr const char* kIsaEnv = "FEDKERNELS_CPU_ISA";
+
+// The process's variant, fixed at the first kernel call: FEDKERNELS_CPU_ISA when set (and not
+// "auto"), else the best the CPU runs. A bad value throws at every call (the static stays unset).
+struct IsaChoice {
+  Isa isa;
+  const char* source;
+};
+const IsaChoice& process_isa() {
+  static const IsaChoice chosen = [] {
+    const char* env = std::getenv(kIsaEnv);
+    const int forced = env && *env ? parse_isa(env, std::string("the environment variable ") + kIsaEnv) : -1;
+    return forced < 0 ? IsaChoice{detect_isa(), "detected"} : IsaChoice{static_cast<Isa>(forced), kIsaEnv};
+  }();
+  return chosen;
+}
+
 // Tests force a variant (_C.set_cpu_isa) to check that every variant gives the same bits; -1 =
-// the detected one.
+// the process's own (process_isa).
 std::atomic<int> g_isa_override{-1};
 
 Isa isa() {
-  static const Isa chosen = detect_isa();
   const int forced = g_isa_override.load(std::memory_order_relaxed);
-  return forced < 0 ? chosen : static_cast<Isa>(forced);
-}
-
-const char* isa_name(Isa i) {
-  return i == Isa::kAvx512 ? "avx512" : (i == Isa::kAvx2 ? "avx2" : "baseline");
+  return forced < 0 ? process_isa().isa : static_cast<Isa>(forced);
 }
 
 }  // namespace
@@ -70,27 +108,13 @@ FK_DEFINE_DISPATCH(group_lasso_factors, GroupSumSqArgs, unused, false)
 
 std::string cpu_isa() { return isa_name(isa()); }
 
-std::string cpu_isa_variants() {
-  const Isa best = detect_isa();
-  std::string out = "baseline";
-  if (best == Isa::kAvx2 || best == Isa::kAvx512) out += ",avx2";
-  if (best == Isa::kAvx512) out += ",avx512";
-  return out;
+std::string cpu_isa_source() {
+  return g_isa_override.load() >= 0 ? "set_cpu_isa" : process_isa().source;
 }
 
-void cpu_set_isa(const std::string& name) {
-  if (name == "auto") {
-    g_isa_override.store(-1);
-    return;
-  }
-  const std::string usable = "," + cpu_isa_variants() + ",";
-  if (usable.find("," + name + ",") == std::string::npos)
-    throw std::invalid_argument("isa must be 'auto' or one this CPU runs (" + cpu_isa_variants() +
-                                "), got '" + name + "'");
-  g_isa_override.store(name == "avx512" ? static_cast<int>(Isa::kAvx512)
-                                        : (name == "avx2" ? static_cast<int>(Isa::kAvx2)
-                                                          : static_cast<int>(Isa::kBaseline)));
-}
+std::string cpu_isa_variants() { return usable_variants(); }
+
+void cpu_set_isa(const std::string& name) { g_isa_override.store(parse_isa(name, "isa")); }
 
 void cpu_set_num_threads(int n) { g_num_threads.store(n < 0 ? 0 : n); }
 int cpu_get_num_threads() {

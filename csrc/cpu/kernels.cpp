@@ -37,9 +37,10 @@ void cpu_for_each(const Op& op, int64_t rows, int64_t cols) {
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     const Op local = op;  // a private copy: its scalars cannot alias the buffers being written
+    const ColumnShare share = cpu_column_share(cols, omp_get_thread_num(), omp_get_num_threads());
     for (int64_t r = 0; r < rows; ++r) {
-#pragma omp for simd schedule(static) nowait
-      for (int64_t j = 0; j < cols; ++j) local(r, j);
+#pragma omp simd
+      for (int64_t j = share.begin; j < share.end; ++j) local(r, j);
     }
   }
 }
