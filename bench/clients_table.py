@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 

@@ -55,7 +55,16 @@ import torch.nn.functional as F
 import fedkernels as fk
 
 from .bandwidth import machine_info, machine_line
-from .clients import WORKLOADS, Workload, bmm_rate, flops_per_step, make_clients, make_model, time_executor, time_plain_loop
+from .clients import (
+    WORKLOADS,
+    Workload,
+    bmm_rate,
+    flops_per_step,
+    make_clients,
+    make_model,
+    time_executor,
+    time_plain_loop,
+)
 from .readme_block import markers, publish
 
 README_BEGIN, README_END = markers("peers-table")

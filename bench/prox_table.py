@@ -564,7 +564,7 @@ def render_markdown(results: dict) -> str:
         if d.get("overhead"):
             ov = d["overhead"]
             n1, n2 = (str(v) for v in ov["sizes"])
-            L.append(f"**Per-call time of the prox entry points** (L1, µs per call; median):")
+            L.append("**Per-call time of the prox entry points** (L1, µs per call; median):")
             L.append("")
             L.append(f"| Path | 1 element | {int(n2):,} elements (MLP) |")
             L.append("|---|---:|---:|")

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ._backend import _C
 from . import _validate as V
-from ._backend import DTYPE_CODES, backend_for
+from ._backend import _C, DTYPE_CODES, backend_for
 from .profiling import run_counted
 
 # Bumps autograd's version counter of tensors written here, as torch's own in-place ops do: a
