@@ -101,7 +101,8 @@ def _machine(m: dict) -> List[str]:
         if "error" in fk:
             lines.append(f"fedkernels: {fk['error']}")
         else:
-            lines.append(f"fedkernels: CUDA compiled {fk.get('cuda_compiled')} (archs {','.join(fk.get('cuda_archs') or []) or '–'}, "
+            lines.append(f"fedkernels: CUDA compiled {fk.get('cuda_compiled')} (archs "
+                         f"{','.join(fk.get('cuda_archs') or []) or '–'}, "
                          f"runtime {fk.get('cuda_runtime')}), {fk.get('cuda_device_count')} device(s) usable"
                          + (f" ({fk.get('cuda_error')})" if not fk.get("cuda_available") else "")
                          + f"; CPU SIMD {fk.get('simd')}")
@@ -147,8 +148,8 @@ def _roofline(roof: dict) -> List[str]:
     hbm = roof["hbm_copy"]
     out = ["", "## Ops against the copy bandwidth", "",
            f"Device {roof.get('device_name', roof['device'])}. Copy of {hbm['buffers_mib']:.0f} MiB (src + dst, beyond "
-           f"L2): **{hbm['gbps']:.0f} GB/s** read + write (best round {hbm['gbps_best']:.0f}). Each op runs on one flat "
-           f"vector of the model's parameter count (input {'x'.join(map(str, roof['input']))}), every operand "
+           f"L2): **{hbm['gbps']:.0f} GB/s** read + write (best round {hbm['gbps_best']:.0f}). Each op runs on one "
+           f"flat vector of the model's parameter count (input {'x'.join(map(str, roof['input']))}), every operand "
            f"full-sized; GB/s counts every vector read and written. Median of {roof['rounds']} round-robin samples, "
            + ("CUDA events around a CUDA graph of back-to-back calls (eager: the same calls launched from Python)."
               if roof["device"].startswith("cuda") else "time.perf_counter around back-to-back calls (CPU).")
@@ -188,8 +189,10 @@ def _roofline(roof: dict) -> List[str]:
 
 def _clients(cl: dict) -> List[str]:
     out = ["", "## Batched vs sequential client executor", "",
-           f"{cl['clients']} clients x {cl['samples']} samples, MLP ({cl['params']:,} parameters), {cl.get('algorithm', 'FedAvg')} K = "
-           f"{cl['local_steps']}, batch {cl['batch']}, {cl['rounds']} timed rounds after one warm-up, on {cl['device']}.", "",
+           f"{cl['clients']} clients x {cl['samples']} samples, MLP ({cl['params']:,} parameters), "
+           f"{cl.get('algorithm', 'FedAvg')} K = "
+           f"{cl['local_steps']}, batch {cl['batch']}, {cl['rounds']} timed rounds after one warm-up, on "
+           f"{cl['device']}.", "",
            "| executor | s/round | speed-up |", "|---|---:|---:|"]
     seq = cl["rows"][0]["s_per_round"]
     for r in cl["rows"]:

@@ -196,7 +196,7 @@ def hbm_copy(device, mib: float, rounds: int, target_s: float) -> dict:
     n = max(1, int(mib * 2**20) // 2 // 4)  # two float32 buffers of mib/2 each
     src = torch.ones(n, device=device)
     dst = torch.empty_like(src)
-    t = interleaved({"copy": Sampler(lambda: dst.copy_(src), device, target_s=target_s)}, rounds)["copy"]
+    t = interleaved({"copy": Sampler(lambda d=dst, s=src: d.copy_(s), device, target_s=target_s)}, rounds)["copy"]
     moved = 2 * n * 4
     t.update(bytes_moved=moved, gbps=gbps(moved, t["median_s"]), gbps_best=gbps(moved, t["min_s"]),
              buffers_mib=2 * n * 4 / 2**20)
@@ -209,9 +209,9 @@ def measure_model(name: str, numel: int, dtype, device, ops: Sequence[OpSpec], r
     B = buffers(numel, dtype, device)
     esize = B["x"].element_size()
     copy_dst = torch.empty_like(B["x"])
-    samplers = {"copy": Sampler(lambda: copy_dst.copy_(B["y"]), device, target_s=target_s)}
+    samplers = {"copy": Sampler(lambda d=copy_dst, s=B["y"]: d.copy_(s), device, target_s=target_s)}
     for op in ops:
-        samplers[op.name] = Sampler(lambda op=op: op.call(B), device, target_s=target_s)
+        samplers[op.name] = Sampler(lambda op=op, B=B: op.call(B), device, target_s=target_s)
     res = interleaved(samplers, rounds)
     copy = res.pop("copy")
     copy["bytes_moved"] = 2 * numel * esize

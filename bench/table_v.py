@@ -121,7 +121,8 @@ def markdown(results: List[dict]) -> str:
             cells.append(f"{r['total_s']:.2f}" + (f" ({', '.join(notes)})" if notes else ""))
             prev[a] = r["total_s"]
         lines.append(f"| {K} | " + " | ".join(cells) + " |")
-    lines += ["", "Share of round time outside forward/backward (prox-kernel time in brackets, as a share of round time):", "",
+    lines += ["", "Share of round time outside forward/backward (prox-kernel time in brackets, as a share of round "
+                  "time):", "",
               "| K | " + " | ".join(algorithms) + " |", "|---|" + "---|" * len(algorithms)]
     for K in Ks:
         cells = []
