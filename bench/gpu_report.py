@@ -84,7 +84,8 @@ def targets(parts: dict) -> List[tuple]:
             rows.append((f"batched executor >= {SPEEDUP_TARGET:.0f}x sequential ({cl['clients']} MLP clients, FedAvg)",
                          f"{cl['speedup']:.1f}x", "yes" if cl["speedup"] >= SPEEDUP_TARGET else "**no**"))
         else:
-            rows.append((f"batched executor >= {SPEEDUP_TARGET:.0f}x sequential", cl.get("skipped", "not measured"), "–"))
+            rows.append((f"batched executor >= {SPEEDUP_TARGET:.0f}x sequential", cl.get("skipped", "not measured"),
+                         "–"))
     return rows
 
 

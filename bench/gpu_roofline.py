@@ -84,11 +84,13 @@ OPS: List[OpSpec] = [
     OpSpec("prox_grad_step_ scad", 3, lambda B: fk.raw.prox_grad_step_(B["x"], B["g"], 1e-3, "scad", 0.1, 1e-3, 3.7)),
     OpSpec("normal_map_step_ scad", 6,
            lambda B: fk.raw.normal_map_step_(B["z"], B["x"], B["g"], B["c"], 1e-3, 0.1, "scad", 0.1, 1e-3, 3.7)),
-    OpSpec("za1_step_ scad", 5, lambda B: fk.raw.za1_step_(B["z"], B["y"], B["g"], B["c"], 1e-3, "scad", 0.1, 1e-3, 3.7)),
+    OpSpec("za1_step_ scad", 5,
+           lambda B: fk.raw.za1_step_(B["z"], B["y"], B["g"], B["c"], 1e-3, "scad", 0.1, 1e-3, 3.7)),
     OpSpec("depositum_step_ scad shb", 5,
            lambda B: fk.raw.depositum_step_(B["x"], B["m"], B["g"], 1e-3, 0.9, "scad", 0.1, 1e-3, 3.7)),
     OpSpec("depositum_step_ scad snag", 5,
-           lambda B: fk.raw.depositum_step_(B["x"], B["m"], B["g"], 1e-3, 0.9, "scad", 0.1, 1e-3, 3.7, momentum="snag")),
+           lambda B: fk.raw.depositum_step_(B["x"], B["m"], B["g"], 1e-3, 0.9, "scad", 0.1, 1e-3, 3.7,
+                                            momentum="snag")),
 ]
 TABLE_OPS = {"l1": "prox_ l1", "mcp": "prox_ mcp", "scad": "prox_ scad"}
 
@@ -246,9 +248,9 @@ def fwd_bwd(name: str, device, rounds: int) -> dict:
     return t.as_dict()
 
 
-def run(*, device="cuda", models=("resnet18", "resnet101"), table_models=("resnet18", "resnet34", "resnet50", "resnet101"),
-        dtypes=("float32", "bfloat16"), rounds: int = 20, hbm_mib: float = 1024.0, sample_ms: float = 2.0,
-        log=print) -> dict:
+def run(*, device="cuda", models=("resnet18", "resnet101"),
+        table_models=("resnet18", "resnet34", "resnet50", "resnet101"), dtypes=("float32", "bfloat16"),
+        rounds: int = 20, hbm_mib: float = 1024.0, sample_ms: float = 2.0, log=print) -> dict:
     """Measure; returns the dict ``--json`` writes (see gpu_report for its use)."""
     target_s = sample_ms * 1e-3
     device = torch.device(device)

@@ -66,7 +66,8 @@ def ops() -> List[Op]:
     s, p1, p2 = SCAD
     return [
         _prox("l1"), _prox("mcp"), _prox("scad"),
-        Op("prox_grad_step SCAD", ["x", "g"], 3, lambda b: fk.raw.prox_grad_step_(b["x"], b["g"], 1e-3, "scad", s, p1, p2)),
+        Op("prox_grad_step SCAD", ["x", "g"], 3,
+           lambda b: fk.raw.prox_grad_step_(b["x"], b["g"], 1e-3, "scad", s, p1, p2)),
         Op("normal_map_step SCAD", ["z", "x", "g", "c"], 6,
            lambda b: fk.raw.normal_map_step_(b["z"], b["x"], b["g"], b["c"], 1e-3, 0.1, "scad", s, p1, p2)),
         Op("za1_step SCAD", ["zhat", "z", "g", "c"], 5,
@@ -172,8 +173,8 @@ def run(args) -> dict:
             print(f"  {used} thr  {op.name:22s} " + "  ".join(f"{k} {v:5.0f}%" for k, v in rows[-1]["percent"].items()),
                   flush=True)
     return {"machine": info, "loadavg_after": list(os.getloadavg()), "cpu_busy_after": cpu_busy(1.0),
-            "dtype": args.dtype, "numel": args.numel, "rounds": args.rounds, "stat": args.stat, "warm": args.warm, "variants": variants,
-            "picked": picked, "rows": rows}
+            "dtype": args.dtype, "numel": args.numel, "rounds": args.rounds, "stat": args.stat, "warm": args.warm,
+            "variants": variants, "picked": picked, "rows": rows}
 
 
 def _load_line(res: dict) -> str:
@@ -225,7 +226,8 @@ def render_markdown(res: dict) -> str:
 
 
 def _verdict(res: dict) -> str:
-    picked = [(r["percent"][res["picked"]], r["op"], r["threads"]) for r in res["rows"] if res["picked"] in r["percent"]]
+    picked = [(r["percent"][res["picked"]], r["op"], r["threads"])
+              for r in res["rows"] if res["picked"] in r["percent"]]
     if not picked:
         return ""
     worst = min(picked)
@@ -235,7 +237,8 @@ def _verdict(res: dict) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 2)[2])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")

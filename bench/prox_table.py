@@ -404,7 +404,8 @@ def _penalty_cost_rows(device: str, resnets: list) -> List[dict]:
 
 def _bandwidth_rows(device: str, dres: dict, resnets: list) -> List[dict]:
     """Kernel bandwidth as a share of the in-place probe's, on the same buffer and on a large one."""
-    worst = min(((_gb(m["fk_flat"][k]) / _gb(m["probe"]), m["model"], k) for m in resnets for k in R.KINDS), default=None)
+    worst = min(((_gb(m["fk_flat"][k]) / _gb(m["probe"]), m["model"], k) for m in resnets for k in R.KINDS),
+                default=None)
     if not worst:
         return []
     large = dres["probe_large"]
@@ -535,7 +536,8 @@ def render_markdown(results: dict) -> str:
             cells = [f"{_gb(m['fk_flat'][k]):.1f} ({100 * _gb(m['fk_flat'][k]) / pg:.0f} %)" for k in R.KINDS]
             comp = m.get("compile", {}).get("scad")
             cells.append(f"{_gb(comp):.1f} ({100 * _gb(comp) / pg:.0f} %)" if comp else "–")
-            L.append(f"| {DISPLAY[m['model']]} | {m['buffer_bytes'] / MiB:.1f} MiB | {pg:.1f} GB/s | " + " | ".join(cells) + " |")
+            L.append(f"| {DISPLAY[m['model']]} | {m['buffer_bytes'] / MiB:.1f} MiB | {pg:.1f} GB/s | "
+                     + " | ".join(cells) + " |")
         L.append("")
         L.append("**Speed-ups of fk flat** (median time of the other path / fk flat):")
         L.append("")
@@ -614,7 +616,8 @@ def parse_args(argv: Optional[Sequence[str]] = None):
     ap.add_argument("--fast-rounds", type=int, default=15, help="round-robin rounds for the fast paths (default 15)")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
                     help="torch and fedkernels threads (default 2; 0 = all cores)")
-    ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (cpu, plus cuda when fedkernels can use a GPU)")
+    ap.add_argument("--device", default="auto",
+                    help="cpu, cuda, or auto (cpu, plus cuda when fedkernels can use a GPU)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (saves ~1 min of compiling)")
     ap.add_argument("--no-fused", action="store_true", help="skip the fused-update and call-overhead sections")
     ap.add_argument("--probe-mib", type=float, default=256.0, help="bandwidth probe buffer (default 256 MiB, >> L3)")
