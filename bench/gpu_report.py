@@ -70,10 +70,10 @@ def targets(parts: dict) -> List[tuple]:
     rows = []
     roof = parts.get("roofline", {}).get("result")
     if roof:
-        w = roofline_worst(roof)
+        same_size = roofline_worst(roof)
         resnet = all(r["model"].startswith("resnet") for r in roof.get("results", []))
         note = "" if resnet else " (not ResNet sizes: smoke run)"
-        for w, what in ((w, "the same-size copy"), (roofline_worst(roof, large=True), "the large (HBM) copy")):
+        for w, what in ((same_size, "the same-size copy"), (roofline_worst(roof, large=True), "the large (HBM) copy")):
             if w:
                 rows.append((f"every prox and fused op >= {ROOFLINE_TARGET:.0f} % of {what}'s bandwidth{note}",
                              f"worst {w[0]:.1f} % ({w[1]}, {_model(w[2])}, {w[3]})",
