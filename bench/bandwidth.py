@@ -149,7 +149,8 @@ def gbps(nbytes: float, seconds: float) -> float:
 
 def set_threads(n: int) -> int:
     """Use ``n`` threads in torch and in fedkernels (0 = every core); returns the count used."""
-    n = int(n) if n and n > 0 else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    n = int(n) if n and n > 0 else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                    else os.cpu_count() or 1)
     torch.set_num_threads(n)
     try:
         import fedkernels as fk
@@ -314,7 +315,8 @@ def machine_line(info: dict) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mib", type=float, nargs="+", default=[256.0], help="buffer sizes in MiB (default 256)")
     ap.add_argument("--threads", type=int, nargs="+", default=[2], help="thread counts (0 = all cores)")
     ap.add_argument("--device", default="cpu")

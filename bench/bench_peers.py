@@ -44,7 +44,8 @@ def test_peers_without_pfl(tmp_path, monkeypatch, capsys):
     assert "pip install pfl==0.6.0" in capsys.readouterr().err
 
     text = readme.read_text()
-    assert text.startswith("# top\n\n" + peers.README_BEGIN + "\n") and text.endswith(peers.README_END + "\n\n## after\n")
+    assert (text.startswith("# top\n\n" + peers.README_BEGIN + "\n")
+            and text.endswith(peers.README_END + "\n\n## after\n"))
     assert "old table" not in text and "| fedkernels batched | 1 |" in text
     assert out.read_text().strip() in text
 

@@ -26,8 +26,8 @@ from torch import nn
 import python_algos as pa
 from python_algos.experiments.models import CNN, MLP
 
-__all__ = ["MODELS", "Workload", "WORKLOADS", "make_model", "make_clients", "time_executor", "time_plain_loop", "flops_per_step",
-           "bmm_rate", "ALGORITHMS"]
+__all__ = ["MODELS", "Workload", "WORKLOADS", "make_model", "make_clients", "time_executor", "time_plain_loop",
+           "flops_per_step", "bmm_rate", "ALGORITHMS"]
 
 IN_SHAPE = (1, 28, 28)  # MNIST-shaped inputs (784 features)
 

@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -115,7 +115,8 @@ def render_markdown(res: dict) -> str:
     lines += ["", "FLOP floor: the round's forward+backward FLOPs (torch's flop counter on one client step, "
                   "x N x K) at the rate of `torch.bmm` on the MLP's first-layer shapes measured in the same run. "
                   "Rel. dev.: ‖x_batched − x_sequential‖ / ‖x_sequential‖ after the run (float32, same minibatch draws)"
-                  + (f"; the plain loop's FedAvg model deviates from the sequential one by at most {max(loop_devs):.1e}."
+                  + ("; the plain loop's FedAvg model deviates from the sequential one by at most "
+                     f"{max(loop_devs):.1e}."
                      if loop_devs else ".")]
     return "\n".join(lines)
 

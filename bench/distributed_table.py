@@ -110,10 +110,11 @@ def _rank(rank: int, world: int, port: int, out: str, job: dict) -> None:
 
 def _launch(world: int, job: dict, log) -> list:
     """Run ``job`` on ``world`` spawned ranks (0: one plain process); returns each rank's results."""
+    import socket
+
     import torch.multiprocessing as mp
 
     from python_algos.clients.process_group import bounds  # noqa: F401  (fail here, not in the children)
-    import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

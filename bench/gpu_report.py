@@ -70,10 +70,10 @@ def targets(parts: dict) -> List[tuple]:
     rows = []
     roof = parts.get("roofline", {}).get("result")
     if roof:
-        w = roofline_worst(roof)
+        same_size = roofline_worst(roof)
         resnet = all(r["model"].startswith("resnet") for r in roof.get("results", []))
         note = "" if resnet else " (not ResNet sizes: smoke run)"
-        for w, what in ((w, "the same-size copy"), (roofline_worst(roof, large=True), "the large (HBM) copy")):
+        for w, what in ((same_size, "the same-size copy"), (roofline_worst(roof, large=True), "the large (HBM) copy")):
             if w:
                 rows.append((f"every prox and fused op >= {ROOFLINE_TARGET:.0f} % of {what}'s bandwidth{note}",
                              f"worst {w[0]:.1f} % ({w[1]}, {_model(w[2])}, {w[3]})",
@@ -84,7 +84,8 @@ def targets(parts: dict) -> List[tuple]:
             rows.append((f"batched executor >= {SPEEDUP_TARGET:.0f}x sequential ({cl['clients']} MLP clients, FedAvg)",
                          f"{cl['speedup']:.1f}x", "yes" if cl["speedup"] >= SPEEDUP_TARGET else "**no**"))
         else:
-            rows.append((f"batched executor >= {SPEEDUP_TARGET:.0f}x sequential", cl.get("skipped", "not measured"), "–"))
+            rows.append((f"batched executor >= {SPEEDUP_TARGET:.0f}x sequential", cl.get("skipped", "not measured"),
+                         "–"))
     return rows
 
 
@@ -101,7 +102,8 @@ def _machine(m: dict) -> List[str]:
         if "error" in fk:
             lines.append(f"fedkernels: {fk['error']}")
         else:
-            lines.append(f"fedkernels: CUDA compiled {fk.get('cuda_compiled')} (archs {','.join(fk.get('cuda_archs') or []) or '–'}, "
+            lines.append(f"fedkernels: CUDA compiled {fk.get('cuda_compiled')} (archs "
+                         f"{','.join(fk.get('cuda_archs') or []) or '–'}, "
                          f"runtime {fk.get('cuda_runtime')}), {fk.get('cuda_device_count')} device(s) usable"
                          + (f" ({fk.get('cuda_error')})" if not fk.get("cuda_available") else "")
                          + f"; CPU SIMD {fk.get('simd')}")
@@ -147,8 +149,8 @@ def _roofline(roof: dict) -> List[str]:
     hbm = roof["hbm_copy"]
     out = ["", "## Ops against the copy bandwidth", "",
            f"Device {roof.get('device_name', roof['device'])}. Copy of {hbm['buffers_mib']:.0f} MiB (src + dst, beyond "
-           f"L2): **{hbm['gbps']:.0f} GB/s** read + write (best round {hbm['gbps_best']:.0f}). Each op runs on one flat "
-           f"vector of the model's parameter count (input {'x'.join(map(str, roof['input']))}), every operand "
+           f"L2): **{hbm['gbps']:.0f} GB/s** read + write (best round {hbm['gbps_best']:.0f}). Each op runs on one "
+           f"flat vector of the model's parameter count (input {'x'.join(map(str, roof['input']))}), every operand "
            f"full-sized; GB/s counts every vector read and written. Median of {roof['rounds']} round-robin samples, "
            + ("CUDA events around a CUDA graph of back-to-back calls (eager: the same calls launched from Python)."
               if roof["device"].startswith("cuda") else "time.perf_counter around back-to-back calls (CPU).")
@@ -188,8 +190,10 @@ def _roofline(roof: dict) -> List[str]:
 
 def _clients(cl: dict) -> List[str]:
     out = ["", "## Batched vs sequential client executor", "",
-           f"{cl['clients']} clients x {cl['samples']} samples, MLP ({cl['params']:,} parameters), {cl.get('algorithm', 'FedAvg')} K = "
-           f"{cl['local_steps']}, batch {cl['batch']}, {cl['rounds']} timed rounds after one warm-up, on {cl['device']}.", "",
+           f"{cl['clients']} clients x {cl['samples']} samples, MLP ({cl['params']:,} parameters), "
+           f"{cl.get('algorithm', 'FedAvg')} K = "
+           f"{cl['local_steps']}, batch {cl['batch']}, {cl['rounds']} timed rounds after one warm-up, on "
+           f"{cl['device']}.", "",
            "| executor | s/round | speed-up |", "|---|---:|---:|"]
     seq = cl["rows"][0]["s_per_round"]
     for r in cl["rows"]:

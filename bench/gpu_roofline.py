@@ -84,11 +84,13 @@ OPS: List[OpSpec] = [
     OpSpec("prox_grad_step_ scad", 3, lambda B: fk.raw.prox_grad_step_(B["x"], B["g"], 1e-3, "scad", 0.1, 1e-3, 3.7)),
     OpSpec("normal_map_step_ scad", 6,
            lambda B: fk.raw.normal_map_step_(B["z"], B["x"], B["g"], B["c"], 1e-3, 0.1, "scad", 0.1, 1e-3, 3.7)),
-    OpSpec("za1_step_ scad", 5, lambda B: fk.raw.za1_step_(B["z"], B["y"], B["g"], B["c"], 1e-3, "scad", 0.1, 1e-3, 3.7)),
+    OpSpec("za1_step_ scad", 5,
+           lambda B: fk.raw.za1_step_(B["z"], B["y"], B["g"], B["c"], 1e-3, "scad", 0.1, 1e-3, 3.7)),
     OpSpec("depositum_step_ scad shb", 5,
            lambda B: fk.raw.depositum_step_(B["x"], B["m"], B["g"], 1e-3, 0.9, "scad", 0.1, 1e-3, 3.7)),
     OpSpec("depositum_step_ scad snag", 5,
-           lambda B: fk.raw.depositum_step_(B["x"], B["m"], B["g"], 1e-3, 0.9, "scad", 0.1, 1e-3, 3.7, momentum="snag")),
+           lambda B: fk.raw.depositum_step_(B["x"], B["m"], B["g"], 1e-3, 0.9, "scad", 0.1, 1e-3, 3.7,
+                                            momentum="snag")),
 ]
 TABLE_OPS = {"l1": "prox_ l1", "mcp": "prox_ mcp", "scad": "prox_ scad"}
 
@@ -196,7 +198,7 @@ def hbm_copy(device, mib: float, rounds: int, target_s: float) -> dict:
     n = max(1, int(mib * 2**20) // 2 // 4)  # two float32 buffers of mib/2 each
     src = torch.ones(n, device=device)
     dst = torch.empty_like(src)
-    t = interleaved({"copy": Sampler(lambda: dst.copy_(src), device, target_s=target_s)}, rounds)["copy"]
+    t = interleaved({"copy": Sampler(lambda d=dst, s=src: d.copy_(s), device, target_s=target_s)}, rounds)["copy"]
     moved = 2 * n * 4
     t.update(bytes_moved=moved, gbps=gbps(moved, t["median_s"]), gbps_best=gbps(moved, t["min_s"]),
              buffers_mib=2 * n * 4 / 2**20)
@@ -209,9 +211,9 @@ def measure_model(name: str, numel: int, dtype, device, ops: Sequence[OpSpec], r
     B = buffers(numel, dtype, device)
     esize = B["x"].element_size()
     copy_dst = torch.empty_like(B["x"])
-    samplers = {"copy": Sampler(lambda: copy_dst.copy_(B["y"]), device, target_s=target_s)}
+    samplers = {"copy": Sampler(lambda d=copy_dst, s=B["y"]: d.copy_(s), device, target_s=target_s)}
     for op in ops:
-        samplers[op.name] = Sampler(lambda op=op: op.call(B), device, target_s=target_s)
+        samplers[op.name] = Sampler(lambda op=op, B=B: op.call(B), device, target_s=target_s)
     res = interleaved(samplers, rounds)
     copy = res.pop("copy")
     copy["bytes_moved"] = 2 * numel * esize
@@ -246,9 +248,9 @@ def fwd_bwd(name: str, device, rounds: int) -> dict:
     return t.as_dict()
 
 
-def run(*, device="cuda", models=("resnet18", "resnet101"), table_models=("resnet18", "resnet34", "resnet50", "resnet101"),
-        dtypes=("float32", "bfloat16"), rounds: int = 20, hbm_mib: float = 1024.0, sample_ms: float = 2.0,
-        log=print) -> dict:
+def run(*, device="cuda", models=("resnet18", "resnet101"),
+        table_models=("resnet18", "resnet34", "resnet50", "resnet101"), dtypes=("float32", "bfloat16"),
+        rounds: int = 20, hbm_mib: float = 1024.0, sample_ms: float = 2.0, log=print) -> dict:
     """Measure; returns the dict ``--json`` writes (see gpu_report for its use)."""
     target_s = sample_ms * 1e-3
     device = torch.device(device)

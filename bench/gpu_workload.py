@@ -166,9 +166,11 @@ def run(device: str = "cuda", *, check: bool = False, large: bool = False,
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="cuda", help="cuda, cuda:N, cpu or emulated (the CUDA thread bodies on the host)")
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N, cpu or emulated (the CUDA thread bodies on the "
+                                                     "host)")
     ap.add_argument("--check", action="store_true", help="compare every result with the CPU backend")
-    ap.add_argument("--large", action="store_true", help="add a float32 vector longer than one grid pass (16.8 M elements)")
+    ap.add_argument("--large", action="store_true", help="add a float32 vector longer than one grid pass (16.8 M "
+                                                         "elements)")
     ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated subset of " + ",".join(DTYPES))
     args = ap.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]

@@ -66,7 +66,8 @@ def ops() -> List[Op]:
     s, p1, p2 = SCAD
     return [
         _prox("l1"), _prox("mcp"), _prox("scad"),
-        Op("prox_grad_step SCAD", ["x", "g"], 3, lambda b: fk.raw.prox_grad_step_(b["x"], b["g"], 1e-3, "scad", s, p1, p2)),
+        Op("prox_grad_step SCAD", ["x", "g"], 3,
+           lambda b: fk.raw.prox_grad_step_(b["x"], b["g"], 1e-3, "scad", s, p1, p2)),
         Op("normal_map_step SCAD", ["z", "x", "g", "c"], 6,
            lambda b: fk.raw.normal_map_step_(b["z"], b["x"], b["g"], b["c"], 1e-3, 0.1, "scad", s, p1, p2)),
         Op("za1_step SCAD", ["zhat", "z", "g", "c"], 5,
@@ -172,8 +173,8 @@ def run(args) -> dict:
             print(f"  {used} thr  {op.name:22s} " + "  ".join(f"{k} {v:5.0f}%" for k, v in rows[-1]["percent"].items()),
                   flush=True)
     return {"machine": info, "loadavg_after": list(os.getloadavg()), "cpu_busy_after": cpu_busy(1.0),
-            "dtype": args.dtype, "numel": args.numel, "rounds": args.rounds, "stat": args.stat, "warm": args.warm, "variants": variants,
-            "picked": picked, "rows": rows}
+            "dtype": args.dtype, "numel": args.numel, "rounds": args.rounds, "stat": args.stat, "warm": args.warm,
+            "variants": variants, "picked": picked, "rows": rows}
 
 
 def _load_line(res: dict) -> str:
@@ -199,10 +200,12 @@ def render_markdown(res: dict) -> str:
     threads = sorted({r["threads"] for r in res["rows"]})
     head = [f"{v}{'*' if v == picked else ''}, {t} thr" for t in threads for v in variants]
     lines = [
-        f"Machine: {machine_line(res['machine'])}. CPU flags: {', '.join(res['machine']['cpu_flags']) or 'none of note'}.",
+        f"Machine: {machine_line(res['machine'])}. CPU flags: "
+        f"{', '.join(res['machine']['cpu_flags']) or 'none of note'}.",
         _load_line(res),
-        f"{res['dtype']}, {res['numel']:,} values per buffer, {STAT_WORDS[res['stat']]} of {res['rounds']} calls alternated "
-        f"call by call, buffers refilled before every call{' (caches left warm)' if res.get('warm') else ', then evicted from the caches'}. "
+        f"{res['dtype']}, {res['numel']:,} values per buffer, {STAT_WORDS[res['stat']]} of {res['rounds']} calls "
+        "alternated call by call, buffers refilled before every "
+        f"call{' (caches left warm)' if res.get('warm') else ', then evicted from the caches'}. "
         f"Cells: % of the in-place probe's bandwidth (x.mul_(1.0)); "
         f"* = the variant the dispatcher picks here ({picked}).",
         "",
@@ -223,7 +226,8 @@ def render_markdown(res: dict) -> str:
 
 
 def _verdict(res: dict) -> str:
-    picked = [(r["percent"][res["picked"]], r["op"], r["threads"]) for r in res["rows"] if res["picked"] in r["percent"]]
+    picked = [(r["percent"][res["picked"]], r["op"], r["threads"])
+              for r in res["rows"] if res["picked"] in r["percent"]]
     if not picked:
         return ""
     worst = min(picked)
@@ -233,17 +237,20 @@ def _verdict(res: dict) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 2)[2])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    ap.add_argument("--numel", type=int, default=RESNET18_NUMEL, help="values per buffer (default: ResNet-18's 11,689,512)")
+    ap.add_argument("--numel", type=int, default=RESNET18_NUMEL, help="values per buffer (default: ResNet-18's "
+                                                                      "11,689,512)")
     ap.add_argument("--rounds", type=int, default=30, help="calls per op and variant (default 30); the median is shown")
     ap.add_argument("--stat", choices=sorted(STATS), default="median",
                     help="median (default) or min: the fastest call, for a machine shared with other jobs")
     ap.add_argument("--warm", action="store_true",
                     help="do not evict the caches after each refill (the probe then finds part of its buffer in L3)")
-    ap.add_argument("--ops", nargs="+", default=None, help="only ops whose name contains one of these (e.g. prox cv_step)")
+    ap.add_argument("--ops", nargs="+", default=None, help="only ops whose name contains one of these (e.g. prox "
+                                                           "cv_step)")
     ap.add_argument("--baseline", action="store_true", help="also time the SSE2 baseline variant")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)

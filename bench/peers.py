@@ -29,9 +29,9 @@ Each reports the median seconds per round over ``--rounds`` rounds after one unt
 (pfl's warm-up round also evaluates). The FLOP floor column is the round's forward+backward FLOPs
 (torch's flop counter on one client step, x clients per round x K) at ``torch.bmm``'s rate measured in
 the same run (as ``bench.clients_table``), divided by the process count for the multi-process rows.
-A launched run that fails is retried once; a second failure is a row with its reason. The training loss over all clients' data after the last round
-shows that the contenders did comparable work: the same model, data, start and lr, but different
-minibatches (python_algos draws random batches, pfl walks the data in order), so losses agree
+A launched run that fails is retried once; a second failure is a row with its reason. The training loss over all
+clients' data after the last round shows that the contenders did comparable work: the same model, data, start and
+lr, but different minibatches (python_algos draws random batches, pfl walks the data in order), so losses agree
 closely, not bitwise. pfl is never a dependency of fedkernels: without it the pfl rows are left out
 and the script says how to install it.
 """
@@ -55,7 +55,16 @@ import torch.nn.functional as F
 import fedkernels as fk
 
 from .bandwidth import machine_info, machine_line
-from .clients import WORKLOADS, Workload, bmm_rate, flops_per_step, make_clients, make_model, time_executor, time_plain_loop
+from .clients import (
+    WORKLOADS,
+    Workload,
+    bmm_rate,
+    flops_per_step,
+    make_clients,
+    make_model,
+    time_executor,
+    time_plain_loop,
+)
 from .readme_block import markers, publish
 
 README_BEGIN, README_END = markers("peers-table")
@@ -147,8 +156,9 @@ def _launch(module: str, procs: int, w: Workload, args, extra=()) -> dict:
 
 def _row(name: str, procs: int, s_per_round: float, params: torch.Tensor, clients, model_name: str, ref_name: str,
          ref: Optional[torch.Tensor], **extra) -> dict:
-    return {"name": name, "procs": procs, "s_per_round": s_per_round, "loss": training_loss(params, clients, model_name),
-            "reference": ref_name, "rel_dev": None if ref is None else _rel_dev(params, ref), **extra}
+    return {"name": name, "procs": procs, "s_per_round": s_per_round,
+            "loss": training_loss(params, clients, model_name), "reference": ref_name,
+            "rel_dev": None if ref is None else _rel_dev(params, ref), **extra}
 
 
 def _failed_row(name: str, procs: int, reason: str) -> dict:
@@ -162,7 +172,8 @@ def _launch_retrying(module: str, procs: int, w: Workload, args, extra, log):
         try:
             return _launch(module, procs, w, args, extra), None
         except (RuntimeError, subprocess.TimeoutExpired) as e:
-            reasons.append(f"attempt {attempt}: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}")
+            reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            reasons.append(f"attempt {attempt}: {reason}")
             log(f"{module} on {procs} process(es) failed (attempt {attempt}): {e}")
     return None, "; ".join(reasons)
 
@@ -170,7 +181,8 @@ def _launch_retrying(module: str, procs: int, w: Workload, args, extra, log):
 def workload_from_args(args) -> Workload:
     """--workload's shape, with --clients / --samples / --batch / -K / --cohort where given."""
     w = WORKLOADS[args.workload]
-    given = {k: getattr(args, k) for k in ("clients", "samples", "batch", "K", "cohort") if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in ("clients", "samples", "batch", "K", "cohort")
+             if getattr(args, k) is not None}
     if args.workload == "mlp" and "K" not in given:  # one local epoch, what pfl's loop runs
         given["K"] = given.get("samples", w.samples) // given.get("batch", w.batch)
     if args.workload == "mlp" and "cohort" not in given:
@@ -262,7 +274,8 @@ def _table_row(r: dict, ref: Optional[float], floor: float) -> str:
         return f"| {r['name']} | {r['procs']} | failed | – | – | – | {r['failure']} |"
     ratio = "–" if ref is None else f"{r['s_per_round'] / ref:.2f}×"
     over_floor = f"{r['s_per_round'] / (floor / r['procs']):.1f}×"
-    dev = "–" if r["name"] == "fedkernels sequential" or r["rel_dev"] is None else f"{r['rel_dev']:.1e} ({r['reference']})"
+    no_dev = r["name"] == "fedkernels sequential" or r["rel_dev"] is None
+    dev = "–" if no_dev else f"{r['rel_dev']:.1e} ({r['reference']})"
     return f"| {r['name']} | {r['procs']} | {r['s_per_round']:.3f} | {ratio} | {over_floor} | {r['loss']:.4f} | {dev} |"
 
 

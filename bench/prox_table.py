@@ -145,8 +145,8 @@ def bench_model(name: str, args, device, compiled: Dict[str, object], log) -> di
         rec["eager"] = {}
         for kind in R.KINDS:
             step, p1, p2 = R.DEFAULT_PARAMS[kind]
-            te = measure(lambda: R.paper_style_prox(views, kind, step, p1, p2), rounds=max(2, args.repeats), warmup=1,
-                         min_sample_s=0.02, sync=sync)
+            te = measure(lambda views=views, prox=(kind, step, p1, p2): R.paper_style_prox(views, *prox),
+                         rounds=max(2, args.repeats), warmup=1, min_sample_s=0.02, sync=sync)
             rec["eager"][kind] = te.as_dict()
         gc.collect()
 
@@ -164,14 +164,14 @@ def bench_model(name: str, args, device, compiled: Dict[str, object], log) -> di
                                                  "recompiled": _dynamo_graphs() > graphs}
 
         # (b), (c), (d) and the bandwidth probe, side by side
-        fns = {"probe": lambda: buf.mul_(1.0)}
+        fns = {"probe": lambda buf=buf: buf.mul_(1.0)}
         for kind in R.KINDS:
             step, p1, p2 = R.DEFAULT_PARAMS[kind]
             reg = _regularizer(kind)
-            fns[f"fk_flat/{kind}"] = lambda kind=kind, step=step, p1=p1, p2=p2: fk.raw.prox_(buf, kind, step, p1, p2)
-            fns[f"fk_param/{kind}"] = lambda reg=reg, step=step: [reg.prox_(v, step) for v in views]
+            fns[f"fk_flat/{kind}"] = lambda prox=(kind, step, p1, p2), buf=buf: fk.raw.prox_(buf, *prox)
+            fns[f"fk_param/{kind}"] = lambda reg=reg, step=step, views=views: [reg.prox_(v, step) for v in views]
             if not isinstance(compiled.get(kind, "off"), str):
-                fns[f"compile/{kind}"] = lambda fn=compiled[kind]: fn(buf)
+                fns[f"compile/{kind}"] = lambda fn=compiled[kind], buf=buf: fn(buf)
         res = measure_interleaved(fns, rounds=args.fast_rounds, warmup=2, min_sample_s=0.01, sync=sync)
     rec["probe"] = res.pop("probe").as_dict()
     rec["probe"]["bytes_moved"] = nbytes_inplace
@@ -181,12 +181,13 @@ def bench_model(name: str, args, device, compiled: Dict[str, object], log) -> di
         for d in rec.get(impl, {}).values():
             d["bytes_moved"] = nbytes_inplace
     cells = "  ".join(
-        f"{KIND_LABEL[k]}: eager {rec['eager'][k]['median_s'] * 1e3:8.2f} | fk {rec['fk_flat'][k]['median_s'] * 1e3:7.3f} ms"
+        f"{KIND_LABEL[k]}: eager {rec['eager'][k]['median_s'] * 1e3:8.2f} | fk "
+        f"{rec['fk_flat'][k]['median_s'] * 1e3:7.3f} ms"
         + (f" | compile {rec['compile'][k]['median_s'] * 1e3:7.3f}" if k in rec["compile"] else "")
         for k in R.KINDS
     )
     log(f"             {cells}  (probe {_gb(rec['probe']):.1f} GB/s)")
-    del flat, buf, views, model
+    del flat, buf, views, model, fns  # fns's closures hold buf and views
     gc.collect()
     return rec
 
@@ -207,9 +208,9 @@ def bench_fused(args, device) -> dict:
     def row(name, nbytes_per_elem, nvectors, fns):
         # the roofline: an in-place pass over a buffer as large as the update's working set
         probe_buf = torch.ones(nvectors * n, device=device)
-        fns = {"probe": lambda: probe_buf.mul_(1.0), **fns}
+        fns = {"probe": lambda probe_buf=probe_buf: probe_buf.mul_(1.0), **fns}
         res = measure_interleaved(fns, rounds=args.fast_rounds, warmup=1, min_sample_s=0.01, sync=sync)
-        del probe_buf
+        del probe_buf, fns  # fns["probe"] holds probe_buf
         entry = {"update": name, "numel": n, "bytes_per_elem": nbytes_per_elem, "vectors": nvectors}
         for k, t in res.items():
             entry[k] = t.as_dict()
@@ -228,20 +229,21 @@ def bench_fused(args, device) -> dict:
         for kind in R.KINDS:
             step, p1, p2 = R.DEFAULT_PARAMS[kind]
             k = KIND_LABEL[kind]
+            prox = (kind, step, p1, p2)
             row(f"FedCanon server: z = prox(z - alpha dbar), {k}", 12, 2, {
-                "torch": lambda: R.composed_prox_grad_step_(z, g, alpha, kind, step, p1, p2),
-                "torch+fk": lambda: fk.raw.prox_(z.sub_(g, alpha=alpha), kind, step, p1, p2),
-                "fused": lambda: fk.raw.prox_grad_step_(z, g, alpha, kind, step, p1, p2),
+                "torch": lambda prox=prox: R.composed_prox_grad_step_(z, g, alpha, *prox),
+                "torch+fk": lambda prox=prox: fk.raw.prox_(z.sub_(g, alpha=alpha), *prox),
+                "fused": lambda prox=prox: fk.raw.prox_grad_step_(z, g, alpha, *prox),
             })
             row(f"FedNMap normal map + prox, {k}", 24, 4, {
-                "torch": lambda: R.composed_normal_map_step_(z, x2, g, c, eta, lam, kind, step, p1, p2),
-                "torch+fk": lambda: fk.raw.prox_(x2.copy_(z.sub_(eta * (g + c + (z - x2) / lam))), kind, step, p1, p2),
-                "fused": lambda: fk.raw.normal_map_step_(z, x2, g, c, eta, lam, kind, step, p1, p2),
+                "torch": lambda prox=prox: R.composed_normal_map_step_(z, x2, g, c, eta, lam, *prox),
+                "torch+fk": lambda prox=prox: fk.raw.prox_(x2.copy_(z.sub_(eta * (g + c + (z - x2) / lam))), *prox),
+                "fused": lambda prox=prox: fk.raw.normal_map_step_(z, x2, g, c, eta, lam, *prox),
             })
             row(f"ZA1 local step + prox, {k}", 20, 4, {
-                "torch": lambda: R.composed_za1_step_(z2, x2, g, c, eta, kind, step, p1, p2),
-                "torch+fk": lambda: fk.raw.prox_(x2.copy_(z2.add_(g + c, alpha=-eta)), kind, step, p1, p2),
-                "fused": lambda: fk.raw.za1_step_(z2, x2, g, c, eta, kind, step, p1, p2),
+                "torch": lambda prox=prox: R.composed_za1_step_(z2, x2, g, c, eta, *prox),
+                "torch+fk": lambda prox=prox: fk.raw.prox_(x2.copy_(z2.add_(g + c, alpha=-eta)), *prox),
+                "fused": lambda prox=prox: fk.raw.za1_step_(z2, x2, g, c, eta, *prox),
             })
     return {"numel": n, "rows": rows}
 
@@ -255,14 +257,14 @@ def bench_overhead(args, device, compiled) -> dict:
     for n in out["sizes"]:
         x = (0.01 * torch.randn(n)).to(device)
         fns = {
-            "fk.raw.prox_": lambda: fk.raw.prox_(x, "l1", step, kappa),
-            "fk.ops.prox_ (custom op)": lambda: fk.ops.prox_(x, "l1", step, kappa),
-            "fk.L1(kappa).prox_ (custom op)": lambda: reg.prox_(x, step),
-            "fk.fused.prox_(fast=True)": lambda: fk.fused.prox_(x, reg, step, fast=True),
-            "eager torch formula (flat)": lambda: R.flat_prox_(x, "l1", step, kappa),
+            "fk.raw.prox_": lambda x=x: fk.raw.prox_(x, "l1", step, kappa),
+            "fk.ops.prox_ (custom op)": lambda x=x: fk.ops.prox_(x, "l1", step, kappa),
+            "fk.L1(kappa).prox_ (custom op)": lambda x=x: reg.prox_(x, step),
+            "fk.fused.prox_(fast=True)": lambda x=x: fk.fused.prox_(x, reg, step, fast=True),
+            "eager torch formula (flat)": lambda x=x: R.flat_prox_(x, "l1", step, kappa),
         }
         if not isinstance(compiled.get("l1", "off"), str):
-            fns["torch.compile formula (flat)"] = lambda: compiled["l1"](x)
+            fns["torch.compile formula (flat)"] = lambda x=x: compiled["l1"](x)
         with torch.no_grad():
             res = measure_interleaved(fns, rounds=args.fast_rounds, warmup=3, min_sample_s=0.01, sync=sync)
         for k, t in res.items():
@@ -396,12 +398,14 @@ def _penalty_cost_rows(device: str, resnets: list) -> List[dict]:
     if not worst:
         return []
     return [{"device": device, "figure": "fused SCAD or MCP time / fused L1 time (ResNets, largest)",
-             "value": f"{worst[0]:.2f} ({KIND_LABEL[worst[2]]}, {DISPLAY[worst[1]]})", "limit": "1.00 (same bytes moved)"}]
+             "value": f"{worst[0]:.2f} ({KIND_LABEL[worst[2]]}, {DISPLAY[worst[1]]})", "limit": "1.00 (same bytes "
+                                                                                                "moved)"}]
 
 
 def _bandwidth_rows(device: str, dres: dict, resnets: list) -> List[dict]:
     """Kernel bandwidth as a share of the in-place probe's, on the same buffer and on a large one."""
-    worst = min(((_gb(m["fk_flat"][k]) / _gb(m["probe"]), m["model"], k) for m in resnets for k in R.KINDS), default=None)
+    worst = min(((_gb(m["fk_flat"][k]) / _gb(m["probe"]), m["model"], k) for m in resnets for k in R.KINDS),
+                default=None)
     if not worst:
         return []
     large = dres["probe_large"]
@@ -495,7 +499,8 @@ def render_markdown(results: dict) -> str:
         L.append(f"In-place memory bandwidth (`x.mul_(1.0)` on {probe['buffer_bytes'] / MiB:.0f} MiB, read + write): "
                  f"**{_probe_gb(probe):.1f} GB/s**.")
         L.append("")
-        L.append("**(a) Paper-style eager prox** (composed torch ops per parameter tensor, out of place; what Table I measured):")
+        L.append("**(a) Paper-style eager prox** (composed torch ops per parameter tensor, out of place; what Table I "
+                 "measured):")
         L.append("")
         L += _prox_table(models, "eager")
         L.append("")
@@ -503,7 +508,8 @@ def render_markdown(results: dict) -> str:
             cold = ", ".join(f"{KIND_LABEL[k]} {v:.1f} s" for k, v in d["compile_cold_s"].items())
             rec = [f"{DISPLAY[m['model']]}/{KIND_LABEL[k]}" for m in models
                    for k, v in m.get("compile_first_call_s", {}).items() if v["recompiled"]]
-            L.append(f"**(b) `torch.compile` of the same formula on the flat buffer** (steady state; `dynamic=True`, one "
+            L.append("**(b) `torch.compile` of the same formula on the flat buffer** (steady state; `dynamic=True`, "
+                     "one "
                      f"compile per penalty; cold compile with an empty inductor cache: {cold}; the first includes "
                      f"inductor's one-time start-up{'; recompiled for ' + ', '.join(rec) if rec else ''}):")
             L.append("")
@@ -513,11 +519,13 @@ def render_markdown(results: dict) -> str:
         L.append("")
         L += _prox_table(models, "fk_flat")
         L.append("")
-        L.append("**(d) fedkernels per-parameter API** (`fk.SCAD(lam, a).prox_(p, step)` on every tensor, through the custom op):")
+        L.append("**(d) fedkernels per-parameter API** (`fk.SCAD(lam, a).prox_(p, step)` on every tensor, through the "
+                 "custom op):")
         L.append("")
         L += _prox_table(models, "fk_param")
         L.append("")
-        L.append("**Bandwidth.** Effective GB/s counts read + write of the flat buffer (8 bytes per float32 parameter); "
+        L.append("**Bandwidth.** Effective GB/s counts read + write of the flat buffer (8 bytes per float32 "
+                 "parameter); "
                  "% is of the in-place probe on a buffer of the same size, measured side by side "
                  f"(a buffer that fits in cache beats the {probe['buffer_bytes'] / MiB:.0f} MiB probe).")
         L.append("")
@@ -528,14 +536,15 @@ def render_markdown(results: dict) -> str:
             cells = [f"{_gb(m['fk_flat'][k]):.1f} ({100 * _gb(m['fk_flat'][k]) / pg:.0f} %)" for k in R.KINDS]
             comp = m.get("compile", {}).get("scad")
             cells.append(f"{_gb(comp):.1f} ({100 * _gb(comp) / pg:.0f} %)" if comp else "–")
-            L.append(f"| {DISPLAY[m['model']]} | {m['buffer_bytes'] / MiB:.1f} MiB | {pg:.1f} GB/s | " + " | ".join(cells) + " |")
+            L.append(f"| {DISPLAY[m['model']]} | {m['buffer_bytes'] / MiB:.1f} MiB | {pg:.1f} GB/s | "
+                     + " | ".join(cells) + " |")
         L.append("")
         L.append("**Speed-ups of fk flat** (median time of the other path / fk flat):")
         L.append("")
         L.append("| Model | vs eager L1 / MCP / SCAD | vs compile L1 / MCP / SCAD | vs fk per-param L1 / MCP / SCAD |")
         L.append("|---|---:|---:|---:|")
         for m in models:
-            def sp(impl):
+            def sp(impl, m=m):
                 if not m.get(impl):
                     return "–"
                 return " / ".join(f"{_s(m[impl][k]) / _s(m['fk_flat'][k]):.1f}" for k in R.KINDS)
@@ -549,22 +558,27 @@ def render_markdown(results: dict) -> str:
             L.append("")
         if d.get("fused"):
             fu = d["fused"]
-            L.append(f"**Fused federated updates** on d = {fu['numel']:,} vectors (ResNet-18-sized), fedkernels fused kernel "
-                     "vs. the plain-PyTorch composition (`bench/reference.py`) and vs. PyTorch for the linear part + the fk prox. "
-                     "% probe: of the in-place probe on a buffer as large as the update's working set (all its vectors).")
+            L.append(f"**Fused federated updates** on d = {fu['numel']:,} vectors (ResNet-18-sized), fedkernels fused "
+                     "kernel "
+                     "vs. the plain-PyTorch composition (`bench/reference.py`) and vs. PyTorch for the linear part + "
+                     "the fk prox. "
+                     "% probe: of the in-place probe on a buffer as large as the update's working set (all its "
+                     "vectors).")
             L.append("")
-            L.append("| Update | Bytes/elem | PyTorch (ms) | PyTorch + fk prox (ms) | fused (ms) | speed-up vs PyTorch | fused GB/s (% probe) |")
+            L.append("| Update | Bytes/elem | PyTorch (ms) | PyTorch + fk prox (ms) | fused (ms) | speed-up vs "
+                     "PyTorch | fused GB/s (% probe) |")
             L.append("|---|---:|---:|---:|---:|---:|---:|")
             for r in fu["rows"]:
                 tf = _ms(r["fused"])
                 two = f"{_ms(r['torch+fk']):.2f}" if "torch+fk" in r else "–"
                 L.append(f"| {r['update']} | {r['bytes_per_elem']} | {_ms(r['torch']):.2f} | {two} | {tf:.2f} | "
-                         f"{_ms(r['torch']) / tf:.1f}× | {_gb(r['fused']):.1f} ({100 * _gb(r['fused']) / _gb(r['probe']):.0f} %) |")
+                         f"{_ms(r['torch']) / tf:.1f}× | {_gb(r['fused']):.1f} "
+                         f"({100 * _gb(r['fused']) / _gb(r['probe']):.0f} %) |")
             L.append("")
         if d.get("overhead"):
             ov = d["overhead"]
             n1, n2 = (str(v) for v in ov["sizes"])
-            L.append(f"**Per-call time of the prox entry points** (L1, µs per call; median):")
+            L.append("**Per-call time of the prox entry points** (L1, µs per call; median):")
             L.append("")
             L.append(f"| Path | 1 element | {int(n2):,} elements (MLP) |")
             L.append("|---|---:|---:|")
@@ -595,17 +609,20 @@ def parse_args(argv: Optional[Sequence[str]] = None):
     ap.add_argument("--models", default=",".join(ALL_MODELS),
                     help=f"comma-separated subset of {','.join(ALL_MODELS)} (default: all)")
     ap.add_argument("--quick", action="store_true", help=f"models {','.join(QUICK_MODELS)}, 2 repeats, 7 fast rounds")
-    ap.add_argument("--input", choices=sorted(INPUTS), default="mnist", help="input shape (default mnist 1x28x28, as the paper)")
+    ap.add_argument("--input", choices=sorted(INPUTS), default="mnist", help="input shape (default mnist 1x28x28, as "
+                                                                             "the paper)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="rounds for fwd+bwd and the eager prox (default 3)")
     ap.add_argument("--fast-rounds", type=int, default=15, help="round-robin rounds for the fast paths (default 15)")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
                     help="torch and fedkernels threads (default 2; 0 = all cores)")
-    ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (cpu, plus cuda when fedkernels can use a GPU)")
+    ap.add_argument("--device", default="auto",
+                    help="cpu, cuda, or auto (cpu, plus cuda when fedkernels can use a GPU)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (saves ~1 min of compiling)")
     ap.add_argument("--no-fused", action="store_true", help="skip the fused-update and call-overhead sections")
     ap.add_argument("--probe-mib", type=float, default=256.0, help="bandwidth probe buffer (default 256 MiB, >> L3)")
-    ap.add_argument("--fused-numel", type=int, default=11_175_370, help="vector length for the fused updates (ResNet-18)")
+    ap.add_argument("--fused-numel", type=int, default=11_175_370, help="vector length for the fused updates "
+                                                                        "(ResNet-18)")
     ap.add_argument("--overhead-numel", type=int, default=109_386, help="buffer for the call-overhead section (MLP)")
     ap.add_argument("--stat", choices=("median", "min"), default="median",
                     help="statistic of the tables (min suits a machine shared with other jobs)")

@@ -142,7 +142,8 @@ def flat_prox_(x: Tensor, kind: str, step: float, p1: float, p2: float = 0.0) ->
     return x.copy_(PROX[kind](x, step, p1, p2))
 
 
-def make_compiled_prox(kind: str, step: float, p1: float, p2: float = 0.0, *, dynamic: bool = True) -> Callable[[Tensor], Tensor]:
+def make_compiled_prox(kind: str, step: float, p1: float, p2: float = 0.0, *,
+                       dynamic: bool = True) -> Callable[[Tensor], Tensor]:
     """``torch.compile`` of ``flat_prox_`` with the scalars baked in.
 
     Inductor fuses the ``torch.where`` chain and the write-back into one in-place loop, the best
@@ -170,7 +171,8 @@ def composed_cv_step_(x: Tensor, g: Tensor, c: Tensor, beta: float) -> Tensor:
 
 
 @torch.no_grad()
-def composed_prox_grad_step_(z: Tensor, dbar: Tensor, alpha: float, kind: str, step: float, p1: float, p2: float = 0.0) -> Tensor:
+def composed_prox_grad_step_(z: Tensor, dbar: Tensor, alpha: float, kind: str, step: float, p1: float,
+                             p2: float = 0.0) -> Tensor:
     """FedCanon server step: z <- prox_{step p}(z - alpha dbar)."""
     return z.copy_(PROX[kind](z - alpha * dbar, step, p1, p2))
 

@@ -121,7 +121,8 @@ def markdown(results: List[dict]) -> str:
             cells.append(f"{r['total_s']:.2f}" + (f" ({', '.join(notes)})" if notes else ""))
             prev[a] = r["total_s"]
         lines.append(f"| {K} | " + " | ".join(cells) + " |")
-    lines += ["", "Share of round time outside forward/backward (prox-kernel time in brackets, as a share of round time):", "",
+    lines += ["", "Share of round time outside forward/backward (prox-kernel time in brackets, as a share of round "
+                  "time):", "",
               "| K | " + " | ".join(algorithms) + " |", "|---|" + "---|" * len(algorithms)]
     for K in Ks:
         cells = []
@@ -134,7 +135,8 @@ def markdown(results: List[dict]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--K", type=int, nargs="+", default=[10, 20, 40, 80], help="local steps (default 10 20 40 80)")
     p.add_argument("--rounds", type=int, default=2, help="communication rounds T per run (default 2)")
     p.add_argument("--clients", type=int, default=10, help="number of clients (default 10)")

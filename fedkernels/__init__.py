@@ -18,11 +18,11 @@ from .flat import FlatParams
 from .per_parameter import PerParameter
 from .profiling import ProxStats, prox_stats
 from .regularizers import (
+    L1,
     MCP,
     SCAD,
     Box,
     ElasticNet,
-    L1,
     GroupLasso,
     L2Ball,
     NonNeg,

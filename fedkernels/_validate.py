@@ -13,8 +13,7 @@ import numbers
 
 import torch
 
-from ._backend import _C
-from ._backend import DTYPE_CODES, KIND_CODES
+from ._backend import _C, DTYPE_CODES, KIND_CODES
 
 # Names of each penalty's two parameters, for error messages.
 PARAM_NAMES = {

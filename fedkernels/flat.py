@@ -84,7 +84,7 @@ class FlatParams:
     @property
     def grad(self) -> torch.Tensor:
         """The [d] gradient buffer, holding the module's current gradients (see the class doc)."""
-        grad, views = self._grad, self._grad_views
+        views = self._grad_views
         for p, v in zip(self._params, views):
             g = p.grad
             if g is None or g.data_ptr() != v.data_ptr():

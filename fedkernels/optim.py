@@ -177,7 +177,7 @@ class _ProxMixin:
         for name, p in zip(group["param_names"], group["params"]):
             sub = reg.regularizer_of(name)
             if sub is not None and p.grad is not None:
-                _prox_param_(p, lambda x: sub.prox_(reg.view_for(name, x), lr, fast=fast))
+                _prox_param_(p, lambda x, sub=sub, name=name: sub.prox_(reg.view_for(name, x), lr, fast=fast))
 
     def _prox_groups(self) -> None:
         compiling = torch.compiler.is_compiling()
@@ -204,8 +204,8 @@ class _ProxMixin:
                         continue
                 matrix = _is_group_lasso(reg)  # each parameter as [shape[0], rest], like the per-parameter form
                 for p in params:
-                    _prox_param_(p, lambda x: reg.prox_(x.view(x.shape[0], -1) if matrix else x, lr,
-                                                        fast=not compiling))
+                    _prox_param_(p, lambda x, reg=reg, matrix=matrix, lr=lr:
+                                 reg.prox_(x.view(x.shape[0], -1) if matrix else x, lr, fast=not compiling))
 
     # state_dict: regularizer objects are not tensors (torch.load(weights_only=True) refuses custom
     # classes), so a saved group records only its regularizer's repr; loading keeps this

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ._backend import _C
 from . import _validate as V
-from ._backend import DTYPE_CODES, backend_for
+from ._backend import _C, DTYPE_CODES, backend_for
 from .profiling import run_counted
 
 # Bumps autograd's version counter of tensors written here, as torch's own in-place ops do: a
@@ -61,7 +60,8 @@ def _launch(t: torch.Tensor):
 def _prox_into(x: torch.Tensor, out: torch.Tensor, kind, step, p1, p2) -> None:
     code, step, p1, p2 = _penalty(kind, step, p1, p2)
     b, dt, dev, stream, rows, cols = _launch(out)
-    run_counted(rows if code else 0, _C.prox, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, out.data_ptr(), cols, code, step, p1, p2)
+    run_counted(rows if code else 0, _C.prox, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, out.data_ptr(), cols,
+                code, step, p1, p2)
 
 
 def prox_(x: torch.Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 0.0) -> torch.Tensor:
@@ -288,7 +288,8 @@ def prox_grad_step_(x: torch.Tensor, g: torch.Tensor, lr: float, kind: str, step
     lr = V.nonneg("lr", lr)
     code, step, p1, p2 = _penalty(kind, step, p1, p2)
     b, dt, dev, stream, rows, cols = _launch(x)
-    run_counted(rows if code else 0, _C.prox_grad_step, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, g.data_ptr(), gs, lr, code, step, p1, p2)
+    run_counted(rows if code else 0, _C.prox_grad_step, b, dt, dev, stream, rows, cols, x.data_ptr(), cols,
+                g.data_ptr(), gs, lr, code, step, p1, p2)
     _written((x,))
     return x
 
@@ -315,8 +316,8 @@ def normal_map_step_(z: torch.Tensor, x: torch.Tensor, g: torch.Tensor, c: torch
     lam = V.positive("lam", lam)
     code, step, p1, p2 = _penalty(kind, step, p1, p2)
     b, dt, dev, stream, rows, cols = _launch(z)
-    run_counted(rows if code else 0, _C.normal_map_step, b, dt, dev, stream, rows, cols, z.data_ptr(), cols, x.data_ptr(), cols,
-                       g.data_ptr(), gs, c.data_ptr(), cs, eta, 1.0 / lam, code, step, p1, p2)
+    run_counted(rows if code else 0, _C.normal_map_step, b, dt, dev, stream, rows, cols, z.data_ptr(), cols,
+                x.data_ptr(), cols, g.data_ptr(), gs, c.data_ptr(), cs, eta, 1.0 / lam, code, step, p1, p2)
     _written((z, x))
     return z, x
 
@@ -338,8 +339,8 @@ def za1_step_(zhat: torch.Tensor, z: torch.Tensor, g: torch.Tensor, c: torch.Ten
     eta = V.nonneg("eta", eta)
     code, step, p1, p2 = _penalty(kind, step, p1, p2)
     b, dt, dev, stream, rows, cols = _launch(zhat)
-    run_counted(rows if code else 0, _C.za1_step, b, dt, dev, stream, rows, cols, zhat.data_ptr(), cols, z.data_ptr(), cols,
-                g.data_ptr(), gs, c.data_ptr(), cs, eta, code, step, p1, p2)
+    run_counted(rows if code else 0, _C.za1_step, b, dt, dev, stream, rows, cols, zhat.data_ptr(), cols,
+                z.data_ptr(), cols, g.data_ptr(), gs, c.data_ptr(), cs, eta, code, step, p1, p2)
     _written((zhat, z))
     return zhat, z
 
@@ -374,7 +375,7 @@ def depositum_step_(x: torch.Tensor, m: torch.Tensor, y: torch.Tensor, alpha: fl
     w = 1.0 - beta if normalized else 1.0
     code, step, p1, p2 = _penalty(kind, step, p1, p2)
     b, dt, dev, stream, rows, cols = _launch(x)
-    run_counted(rows if code else 0, _C.depositum_step, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, m.data_ptr(), cols,
-                      y.data_ptr(), ys, alpha, beta, w, momentum == "snag", code, step, p1, p2)
+    run_counted(rows if code else 0, _C.depositum_step, b, dt, dev, stream, rows, cols, x.data_ptr(), cols,
+                m.data_ptr(), cols, y.data_ptr(), ys, alpha, beta, w, momentum == "snag", code, step, p1, p2)
     _written((x, m))
     return x, m

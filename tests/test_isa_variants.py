@@ -38,12 +38,15 @@ def _inputs(n, dtype, count, offset):
 
 def _ops():
     """name -> fn(list of buffers) that runs one kernel in place."""
-    ops = {f"prox {k} s={s}": (1, lambda b, k=k, s=s, p=p, q=q: fk.raw.prox_(b[0], k, s, p, q)) for k, s, p, q in PROX_CASES}
+    ops = {f"prox {k} s={s}": (1, lambda b, k=k, s=s, p=p, q=q: fk.raw.prox_(b[0], k, s, p, q))
+           for k, s, p, q in PROX_CASES}
     ops.update({
         "prox_grad_step scad": (2, lambda b: fk.raw.prox_grad_step_(b[0], b[1], 0.1, "scad", 0.3, 1.0, 3.7)),
-        "normal_map_step mcp": (4, lambda b: fk.raw.normal_map_step_(b[0], b[1], b[2], b[3], 0.1, 0.5, "mcp", 0.5, 1.0, 3.0)),
+        "normal_map_step mcp": (4, lambda b: fk.raw.normal_map_step_(b[0], b[1], b[2], b[3], 0.1, 0.5, "mcp", 0.5,
+                                                                     1.0, 3.0)),
         "za1_step scad": (4, lambda b: fk.raw.za1_step_(b[0], b[1], b[2], b[3], 0.1, "scad", 3.0, 1.0, 3.7)),
-        "depositum_step l1": (3, lambda b: fk.raw.depositum_step_(b[0], b[1], b[2], 0.1, 0.9, "l1", 0.1, 1.0, momentum="snag")),
+        "depositum_step l1": (3, lambda b: fk.raw.depositum_step_(b[0], b[1], b[2], 0.1, 0.9, "l1", 0.1, 1.0,
+                                                                  momentum="snag")),
         "cv_step": (3, lambda b: fk.raw.cv_step_(b[0], b[1], b[2], 0.1)),
         "control_update": (3, lambda b: fk.raw.control_update_(b[0], b[1], b[2])),
         "normalized_delta_": (2, lambda b: fk.raw.normalized_delta_(b[0], b[1], 0.1, 3)),
@@ -86,7 +89,7 @@ def test_every_op_has_the_same_bits_in_every_variant_and_thread_count(name, dtyp
 def test_each_threads_share_starts_on_a_cache_line_and_the_shares_tile_the_row(cols, threads):
     shares = [_C.cpu_column_share(cols, t, threads) for t in range(threads)]
     assert shares[0][0] == 0 and shares[-1][1] == cols
-    for (b0, e0), (b1, _) in zip(shares, shares[1:]):
+    for (_, e0), (b1, _) in zip(shares, shares[1:]):
         assert e0 == b1  # contiguous, no overlap
     for b, e in shares:
         assert b <= e
