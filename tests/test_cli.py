@@ -465,3 +465,17 @@ def test_metric_names_are_the_same_words_in_every_table(tmp_path, capsys):
         assert name in run and name in cmp_ and name in seeds, (k, run, cmp_, seeds)
     raw = {"grad_map_sq", "normal_map_sq", "test_acc", "train_acc", "support_f1", "elapsed"}
     assert not raw & {c.split(" (")[0] for c in run + cmp_ + seeds}, (run, cmp_, seeds)  # no raw metric key
+
+
+def test_a_closed_pipe_ends_the_command_quietly():
+    """`python -m python_algos algorithms | head -1`: no BrokenPipeError traceback on stderr."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "python_algos", "algorithms"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()  # the reader goes away after one line, as `head -1` does
+    err = p.stderr.read().decode()
+    p.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
