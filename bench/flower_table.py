@@ -30,6 +30,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from python_algos.runfolder.records import METRICS, MODEL
+
 from .bandwidth import machine_info, machine_line
 from .readme_block import markers, publish
 
@@ -56,14 +58,14 @@ def run_engine(name: str, rounds: int, folder: str, timeout: float) -> dict:
     seconds = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    with open(os.path.join(out, "metrics.jsonl")) as f:
+    with open(os.path.join(out, METRICS)) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     rounds_rows = [r for r in rows if r["round"] > 0]
     timed = [r["wall_time"] for r in rounds_rows[1:]] or [r["wall_time"] for r in rounds_rows]
     last = rounds_rows[-1]
     return {"name": name, "s_per_round": statistics.median(timed), "command_s": seconds,
             "sent_bytes": last.get("sent_bytes"), "recv_bytes": last.get("recv_bytes"),
-            "params": torch.load(os.path.join(out, "model.pt"))["params"].tolist()}
+            "params": torch.load(os.path.join(out, MODEL))["params"].tolist()}
 
 
 def run(args, log) -> dict:

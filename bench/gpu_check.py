@@ -376,6 +376,8 @@ def step_distributed(ctx: Context) -> dict:
     rank per GPU (NCCL refuses two ranks on one GPU), 2 at most; the CPU smoke uses 2 gloo ranks."""
     import torch
 
+    from python_algos.runfolder.records import MODEL, SUMMARY  # here: the package is built by an earlier step
+
     device = "cpu" if ctx.smoke else "cuda"
     procs = 2 if ctx.smoke else max(1, min(2, torch.cuda.device_count()))
     runs = {"one": ctx.parts / "distributed_one", "ranks": ctx.parts / "distributed_ranks"}
@@ -393,9 +395,9 @@ def step_distributed(ctx: Context) -> dict:
         if rc != 0:
             return {"status": "fail", "seconds": secs, "summary": f"{name}: exit {rc}; log distributed_{name}.log",
                     "details": _tail(text)}
-    one, ranks = (torch.load(d / "model.pt", weights_only=True)["params"] for d in (runs["one"], runs["ranks"]))
+    one, ranks = (torch.load(d / MODEL, weights_only=True)["params"] for d in (runs["one"], runs["ranks"]))
     rel = float((ranks - one).norm() / one.norm())
-    summary_json = json.loads((runs["ranks"] / "summary.json").read_text())
+    summary_json = json.loads((runs["ranks"] / SUMMARY).read_text())
     ok = rel <= 1e-12 and summary_json.get("executor") == "distributed" and summary_json.get("world_size") == procs
     backend = "gloo" if ctx.smoke else "NCCL"
     return {"status": "pass" if ok else "fail", "seconds": secs, "procs": procs, "rel_dev": rel,

@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from python_algos.runfolder.records import SUMMARY
+
 NAMES = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "scaffnew": "SCAFFNEW", "fedcanon": "FedCanon"}
 
 
@@ -24,7 +26,7 @@ SETUP1 = ("sparse_logistic (123 features), iid, N = 10, linear, h = MCP(λ = 1e-
 
 
 def _points(sweep: str) -> list:
-    with open(os.path.join(sweep, "summary.json")) as f:
+    with open(os.path.join(sweep, SUMMARY)) as f:
         return json.load(f)["points"]
 
 

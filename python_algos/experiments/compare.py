@@ -14,6 +14,7 @@ from typing import Callable, Optional, Sequence
 
 from ..runfolder.files import RunExistsError, RunFolderError, read_summary, write_json, write_text_atomically
 from ..runfolder.folder import check_group_replaceable, clear_group
+from ..runfolder.records import CONFIG
 from . import launch
 from .build import prepare_data
 from .config import Config
@@ -32,7 +33,7 @@ def _read_comparison(out_dir: str) -> dict:
     path = os.path.join(out_dir, "comparison.json")
     if not os.path.isfile(path):
         hint = (f"; it is a single run: `{resume_command(out_dir)}`"
-                if os.path.isfile(os.path.join(out_dir, "config.json")) else "")
+                if os.path.isfile(os.path.join(out_dir, CONFIG)) else "")
         raise RunFolderError(f"cannot resume the comparison {out_dir}: it holds no comparison.json{hint}")
     try:
         with open(path) as f:
@@ -60,7 +61,7 @@ def _plan_runs(cfg: Config, algorithms: Sequence[str], alg_opts: dict, out_dir: 
             done = finished_run(run_dir, c.rounds) if resume else None
             if done is not None:
                 plans[name] = done
-            elif resume and os.path.isfile(os.path.join(run_dir, "config.json")):
+            elif resume and os.path.isfile(os.path.join(run_dir, CONFIG)):
                 plans[name] = prepare_run(None, run_dir, fed=fed, resume=True, rounds=c.rounds)
             else:
                 plans[name] = prepare_run(c, run_dir, fed=fed, replace=replace)  # empty, or cleared (replace)

@@ -33,6 +33,7 @@ import threading
 from typing import Callable, Dict, Optional, Sequence
 
 from ..runfolder.files import RunFolderError, write_json
+from ..runfolder.records import SUMMARY
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
@@ -297,7 +298,7 @@ def _recorded_steps(out_dir: str) -> list:
 
     steps = []
     for folder, _dirs, files in os.walk(out_dir):
-        if "summary.json" in files and folder != out_dir:
+        if SUMMARY in files and folder != out_dir:
             step = ((read_summary(folder) or {}).get("final") or {}).get("grad_map_step")
             if isinstance(step, (int, float)):
                 steps.append(float(step))

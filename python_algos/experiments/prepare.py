@@ -21,6 +21,7 @@ from ..algorithms.registry import ALGORITHMS
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, RunFolderError, as_json
 from ..runfolder.folder import check_fresh_start
+from ..runfolder.records import CONFIG
 from ..runfolder.setup_record import check_same_setup, describe_regularizer
 from ..simulate import checked_clients_per_round
 from . import launch
@@ -111,7 +112,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     """
     if not isinstance(replace, bool):  # a truthy string must not delete a run
         raise TypeError(f"replace must be True or False, got {replace!r}")
-    cfg_path = os.path.join(out_dir, "config.json")
+    cfg_path = os.path.join(out_dir, CONFIG)
     ckpt_path = os.path.join(out_dir, "checkpoint.pt")
     snap = None
     rewrite = not resume

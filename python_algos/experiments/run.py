@@ -35,7 +35,15 @@ from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import read_metrics, remove_leftovers
 from ..runfolder.folder import clear_for_fresh_run
 from ..runfolder.history import check_f_star
-from ..runfolder.records import save_model, summary_record, write_config, write_metrics, write_partition, write_summary
+from ..runfolder.records import (
+    METRICS,
+    save_model,
+    summary_record,
+    write_config,
+    write_metrics,
+    write_partition,
+    write_summary,
+)
 from ..simulate import simulate
 from . import launch
 from .config import Config
@@ -92,7 +100,7 @@ def run_experiment(cfg: Optional[Config], out_dir: str, *, fed: Optional[Federat
 def start_folder(prep: PreparedRun, log) -> None:
     """The first writes of a run (every check has passed): settings, split, and metrics from the checkpoint."""
     out_dir, cfg, fed, snap = prep.out_dir, prep.cfg, prep.fed, prep.snap
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    metrics_path = os.path.join(out_dir, METRICS)
     history = _history_of(out_dir, snap) if snap is not None else None  # read (and checked) before any write
     if not prep.resume:
         clear_for_fresh_run(out_dir, prep.replace)  # replace: nothing of the old run outlives it (events, shards, ...)
@@ -122,7 +130,7 @@ def _history_of(out_dir: str, snap: dict) -> list:
     """The rows of rounds 0..the checkpoint's round, which the resumed run continues: from metrics.jsonl
     (the history; a checkpoint holds the state only), or, for a checkpoint of an older version that
     held them, from the checkpoint when the file lacks them."""
-    path = os.path.join(out_dir, "metrics.jsonl")
+    path = os.path.join(out_dir, METRICS)
     rows = read_metrics(out_dir) if os.path.isfile(path) else []
     last = int(snap["round"])
     try:
@@ -222,7 +230,7 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     events = _open_folder(prep, log, main)
     eval_fn = make_eval(ds, model, extra_eval)
     saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()})
-    cbs = _run_callbacks(os.path.join(out_dir, "metrics.jsonl") if main else None, events, label, progress and main,
+    cbs = _run_callbacks(os.path.join(out_dir, METRICS) if main else None, events, label, progress and main,
                          callbacks.StopOnDivergence(), saver, cfg.checkpoint_every)
     executor, executor_options = launch.executor_for(cfg.executor)
     t0 = time.perf_counter()

@@ -26,6 +26,7 @@ import shlex
 from typing import Callable, List, Optional, Sequence
 
 from ..runfolder.files import RunFolderError, read_metrics, write_json
+from ..runfolder.records import CONFIG, METRICS
 from .aggregate import SEED_DIR, write_aggregate
 from .config import Config, ConfigError
 
@@ -140,7 +141,7 @@ def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: st
         done = finished_run(d, c.rounds) if resume else None
         if done is not None:
             plans.append((d, done))
-        elif resume and os.path.isfile(os.path.join(d, "config.json")):
+        elif resume and os.path.isfile(os.path.join(d, CONFIG)):
             plans.append((d, prepare_run(None, d, resume=True, rounds=c.rounds)))
         else:
             plans.append((d, prepare_run(c, d, replace=resume)))  # resume: a seed that never wrote its settings
@@ -168,7 +169,7 @@ def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: st
 def _aggregate_runs(out_dir, groups, metric_step, seeds) -> str:
     """Write the aggregate files of ``groups`` (``(label, run folders, summaries)``); returns the table."""
     return write_aggregate(out_dir, [{"label": label, "seeds": list(seeds), "summaries": summaries,
-                                      "rows": [read_metrics(d) if os.path.isfile(os.path.join(d, "metrics.jsonl"))
+                                      "rows": [read_metrics(d) if os.path.isfile(os.path.join(d, METRICS))
                                                else [] for d in dirs]}
                                      for label, dirs, summaries in groups], metric_step)
 

@@ -68,6 +68,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ..runfolder.files import RunFolderError, read_summary, write_json, write_text_atomically
 from ..runfolder.progress import human_time
+from ..runfolder.records import CONFIG, METRICS, SUMMARY
 from ..runfolder.signals import STOP_SIGNALS, exit_code
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
@@ -513,7 +514,7 @@ def _run_point(task: dict) -> dict:
         done = finished_run(d, cfg.rounds)
         if done is not None:
             return {"dir": d, "status": done["status"], "message": "kept"}
-        if os.path.isfile(os.path.join(d, "config.json")):
+        if os.path.isfile(os.path.join(d, CONFIG)):
             prep = prepare_run(None, d, resume=True, rounds=cfg.rounds)
         else:
             prep = prepare_run(cfg, d, replace=False)
@@ -528,7 +529,7 @@ def _run_point(task: dict) -> dict:
     finally:
         if in_worker:
             _ignore_stop_signals()
-    if task.get("tensorboard") and os.path.isfile(os.path.join(d, "metrics.jsonl")):
+    if task.get("tensorboard") and os.path.isfile(os.path.join(d, METRICS)):
         from .tensorboard import write_events
 
         write_events(d)
@@ -920,7 +921,7 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
     if interrupted:
         text += ["", f"interrupted: resume with `python -m python_algos sweep --resume {shlex.quote(out_dir)}`"]
     table_text = "\n".join(text)
-    write_json(os.path.join(out_dir, "summary.json"), {
+    write_json(os.path.join(out_dir, SUMMARY), {
         "status": "interrupted" if interrupted else "completed", "select": select, "seeds": list(seeds),
         "metric_step": step,
         "points": points, "skipped": skipped, "best": best, "failed": dict(failed or {}), **(extra or {})})

@@ -38,6 +38,7 @@ import time
 from typing import Iterator, List, Tuple
 
 from ..runfolder.files import EVENTS_DIR, read_metrics  # EVENTS_DIR: a run folder's events (its format)
+from ..runfolder.records import METRICS
 
 __all__ = ["write_events", "check_available", "EVENTS_DIR", "tag_of", "live_events", "live_requested",
            "LiveEvents", "LIVE_ENV"]
@@ -175,7 +176,7 @@ class LiveEvents:
     def __init__(self, run_dir: str):
         check_available()
         self.run_dir = run_dir
-        rows = read_metrics(run_dir) if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) else []
+        rows = read_metrics(run_dir) if os.path.isfile(os.path.join(run_dir, METRICS)) else []
         self._file = _EventsFile(os.path.join(run_dir, EVENTS_DIR))
         self._file.add([s for r in rows for s in _scalars(r)])
 

@@ -9,6 +9,7 @@ import re
 from typing import Sequence
 
 from ...runfolder.files import as_json
+from ...runfolder.records import CONFIG
 from .. import launch
 from ..config import RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile, check_given, flag, unknown_keys_text
 from ..folders import default_out_dir, read_config_json
@@ -209,10 +210,10 @@ def restarted_run(cfg, out: str) -> bool:
     """True in a job that torchrun restarted (``--max-restarts``) whose run folder this job started:
     the restarted ranks resume it instead of starting over. A folder holding a run of other
     settings (the first attempt refused it) is left alone: the fresh-run checks then refuse it again."""
-    if not (launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, "config.json"))):
+    if not (launch.distributed() and launch.restarting() and os.path.isfile(os.path.join(out, CONFIG))):
         return False
     try:
-        saved = as_json(read_config_json(os.path.join(out, "config.json")).to_dict())
+        saved = as_json(read_config_json(os.path.join(out, CONFIG)).to_dict())
     except ValueError:
         return False
     now = as_json(cfg.to_dict())

@@ -9,6 +9,7 @@ import json
 import os
 from typing import Sequence
 
+from ...runfolder.records import CONFIG, METRICS, SUMMARY
 from ..aggregate import aggregate_rows, counted, group_key, seed_of
 
 __all__ = ["find_runs", "load_run", "group_seeds", "display_name"]
@@ -18,12 +19,12 @@ def find_runs(paths: Sequence[str]) -> list:
     """Run folders (holding metrics.jsonl) among ``paths``; a comparison folder expands to its runs."""
     runs = []
     for p in paths:
-        if os.path.isfile(os.path.join(p, "metrics.jsonl")):
+        if os.path.isfile(os.path.join(p, METRICS)):
             runs.append(p)
             continue
         if not os.path.isdir(p):
             raise FileNotFoundError(f"{p}: no such folder")
-        subs = sorted(d for d in os.listdir(p) if os.path.isfile(os.path.join(p, d, "metrics.jsonl")))
+        subs = sorted(d for d in os.listdir(p) if os.path.isfile(os.path.join(p, d, METRICS)))
         order = _comparison_order(p)
         subs.sort(key=lambda d: order.get(d, len(order)))
         seeds = sorted((d for d in os.listdir(p) if seed_of(d) is not None and os.path.isdir(os.path.join(p, d))),
@@ -108,10 +109,10 @@ def load_run(path: str) -> dict:
     summary's label, else the folder name; f_star: the summary's, else None)."""
     from ...runfolder.files import read_metrics
 
-    summary = _read_json(os.path.join(path, "summary.json"))
+    summary = _read_json(os.path.join(path, SUMMARY))
     label = summary.get("label") or os.path.basename(os.path.normpath(path))
     label = display_name(label)
     f_star = summary.get("f_star")
     return {"label": label, "rows": read_metrics(path), "path": path, "summary": summary,
-            "config": _read_json(os.path.join(path, "config.json")),
+            "config": _read_json(os.path.join(path, CONFIG)),
             "f_star": float(f_star) if isinstance(f_star, (int, float)) and not isinstance(f_star, bool) else None}
