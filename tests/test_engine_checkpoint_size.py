@@ -46,10 +46,15 @@ def test_checkpoint_file_size_does_not_grow_with_the_round(tmp_path):
     assert abs(sizes[100] - sizes[10]) <= 64, sizes  # before: +150 bytes a round (its metrics row)
 
 
+def _small_run(rounds: int) -> Config:
+    """A float64 FedAvg run on a tiny sparse-logistic problem, checkpointed every 2 rounds."""
+    return Config.from_dict(dict(algorithm="fedavg", dataset="sparse_logistic", data_opts={"n": 80, "dim": 4, "nnz": 2},
+                                 num_clients=2, lr=0.1, local_steps=1, rounds=rounds, reg="zero", checkpoint_every=2,
+                                 dtype="float64"))
+
+
 def test_run_folder_resume_reads_the_history_from_metrics_jsonl(tmp_path):
-    cfg = Config.from_dict(dict(algorithm="fedavg", dataset="sparse_logistic", data_opts={"n": 80, "dim": 4, "nnz": 2},
-                                num_clients=2, lr=0.1, local_steps=1, rounds=6, reg="zero", checkpoint_every=2,
-                                dtype="float64"))
+    cfg = _small_run(6)
     ref = str(tmp_path / "ref")
     run_experiment(cfg, ref, progress=False, log=lambda m: None)
     out = str(tmp_path / "r")
@@ -67,9 +72,7 @@ def test_run_folder_resume_reads_the_history_from_metrics_jsonl(tmp_path):
 
 
 def test_resume_refuses_a_metrics_file_without_the_checkpoints_rounds(tmp_path):
-    cfg = Config.from_dict(dict(algorithm="fedavg", dataset="sparse_logistic", data_opts={"n": 80, "dim": 4, "nnz": 2},
-                                num_clients=2, lr=0.1, local_steps=1, rounds=4, reg="zero", checkpoint_every=2,
-                                dtype="float64"))
+    cfg = _small_run(4)
     out = str(tmp_path / "r")
     run_experiment(cfg, out, progress=False, log=lambda m: None)
     path = os.path.join(out, "metrics.jsonl")

@@ -136,12 +136,17 @@ def clear_for_fresh_run(out_dir: str, replace: bool = True) -> None:
         return
     entries = [e for e in os.listdir(out_dir) if _of_a_run(e)]
     for entry in sorted(entries, key=lambda e: e in RUN_MARKS):
-        path = os.path.join(out_dir, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+        _remove_entry(os.path.join(out_dir, entry))
+
+def _remove_entry(path: str) -> None:
+    """Remove one entry of a folder: a folder with its contents, or a file (a link is removed, never
+    followed); one already gone is fine."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
 
 def _group_foreign(out_dir: str, records: Sequence[str]) -> List[str]:
     """What in the group folder ``out_dir`` is neither one of its ``records``, a figure, a temp file,
@@ -176,9 +181,4 @@ def clear_group(out_dir: str, records: Sequence[str]) -> None:
     if _group_foreign(out_dir, records):  # changed since the check: keep everything
         check_group_replaceable(out_dir, records)
     for entry in os.listdir(out_dir):
-        path = os.path.join(out_dir, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+        _remove_entry(os.path.join(out_dir, entry))
