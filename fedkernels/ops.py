@@ -140,7 +140,7 @@ def _(x, lam, step, groups, shape, start):
 
 
 def group_lasso_(x: Tensor, lam: float, step: float, groups: str = "rows", shape=None, start: int = 0) -> Tensor:
-    """In place: block soft-thresholding of the rows or columns of a matrix (see raw.group_lasso_)."""
+    """In place: block soft-thresholding of the rows or columns of a matrix (see ``raw.group_lasso_``)."""
     not_tracked("x", x)
     torch.ops.fedkernels.group_lasso_(x, lam, step, groups, None if shape is None else list(shape), start)
     return x
@@ -287,7 +287,7 @@ def _(x, m, y, alpha, beta, kind, step, p1, p2, momentum, normalized):
 def depositum_step_(x: Tensor, m: Tensor, y: Tensor, alpha: float, beta: float, kind: str, step: float,
                     p1: float = 0.0, p2: float = 0.0, *, momentum: str = "shb",
                     normalized: bool = True) -> tuple[Tensor, Tensor]:
-    """DEPOSITUM momentum + direction + prox, in place on x and m (see raw.depositum_step_)."""
+    """DEPOSITUM momentum + direction + prox, in place on x and m (see ``raw.depositum_step_``)."""
     not_tracked("x", x)
     not_tracked("m", m)
     torch.ops.fedkernels.depositum_step_(x, m, y, alpha, beta, kind, step, p1, p2, momentum, normalized)

@@ -262,7 +262,7 @@ class L2Ball(Regularizer):
         return self.prox_(out, step, fast=fast)
 
     def value(self, x):
-        """0 if x (every row of a 2-D stack, as prox_ projects them) lies in the ball, else inf."""
+        """0 if x (every row of a 2-D stack, as ``prox_`` projects them) lies in the ball, else inf."""
         d = x if self.center is None else x - self.center
         norms = d.norm(dim=1) if d.dim() == 2 else d.norm()
         inside = bool((norms <= self.radius * (1 + 1e-12)).all())

@@ -16,6 +16,8 @@ cycle crosses them, checked by tests/test_layers.py):
 * :mod:`python_algos.experiments` — the application: CLI, configs, runs and comparisons, data,
   models, launching on several processes, plots.
 
+For example::
+
     import fedkernels as fk
     from python_algos import FedCanon, simulate
     hist = simulate(FedCanon(alpha=0.1, beta=0.01, local_steps=10), model, loss_fn, clients,

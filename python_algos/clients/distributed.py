@@ -75,7 +75,9 @@ __all__ = ["DistributedClients"]
 class DistributedClients(ClientSet):
     """N clients sharded over the ranks of the default torch.distributed process group.
 
-    Args (besides the common ``model, loss_fn, data, batch_size, seed, flat``):
+    Besides the arguments every executor takes (``model, loss_fn, data, batch_size, seed, flat``):
+
+    Args:
         data: all N clients' data (every rank gets the full list; a rank converts and keeps only
             its shard, so a lazy sequence loads only the shard).
         inner: the executor that runs this rank's clients: ``"sequential"``, ``"batched"`` or
