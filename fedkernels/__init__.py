@@ -27,8 +27,11 @@ from .regularizers import (
     L2Ball,
     NonNeg,
     Regularizer,
+    RegularizerEntry,
     Scaled,
     Zero,
+    make_regularizer,
+    register_regularizer,
 )
 
 __version__ = "0.1.0"
@@ -57,4 +60,7 @@ __all__ = [
     "GroupLasso",
     "Scaled",
     "PerParameter",
+    "RegularizerEntry",
+    "make_regularizer",
+    "register_regularizer",
 ]

@@ -27,7 +27,8 @@ from . import _validate as V
 from . import ops, raw
 
 __all__ = ["Regularizer", "Zero", "L1", "ElasticNet", "MCP", "SCAD", "Box", "NonNeg", "L2Ball", "GroupLasso",
-           "Scaled"]
+           "Scaled", "RegularizerEntry", "REGULARIZER_TABLE", "register_regularizer", "regularizer_entry",
+           "make_regularizer", "SAME_AS_STRENGTH"]
 
 
 def _impl(fast: bool):
@@ -334,3 +335,129 @@ class Scaled(Regularizer):
 
     def __repr__(self):
         return f"{self.kappa:g} * {self.base!r}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Regularizers by name: one table for the built-ins and for a user's own penalty
+# --------------------------------------------------------------------------------------------------
+
+SAME_AS_STRENGTH = object()  # an option whose default is the strength (elastic net's l2)
+
+
+class RegularizerEntry:
+    """How a penalty is built from a name, a strength and options (the command line's ``--reg NAME
+    --reg-strength S --reg-opt k=v``, a config file, ``--reg-param``).
+
+    ``strength``: the constructor argument that is the penalty's weight (None for a constraint,
+    which no weight scales); ``options``: the other constructor arguments with their defaults
+    (a default of ``REQUIRED`` must be given); ``whole_model``: False where the penalty needs a
+    parameter's shape (group lasso), so it is only offered per parameter.
+    """
+
+    REQUIRED = object()
+
+    def __init__(self, name: str, cls: type, strength: Optional[str] = None, options: Optional[dict] = None,
+                 whole_model: bool = True):
+        if not (isinstance(cls, type) and issubclass(cls, Regularizer)):
+            raise TypeError(f"{name}: {cls!r} is not a fedkernels.Regularizer subclass")
+        self.name, self.cls, self.strength, self.whole_model = name, cls, strength, whole_model
+        self.options = dict(options or {})
+
+    def build(self, strength: float = 0.0, **opts) -> Regularizer:
+        """The penalty; unknown or missing options and a strength given to a constraint are errors."""
+        unknown = [k for k in opts if k not in self.options]
+        if unknown:
+            valid = ", ".join(self.options)
+            raise ValueError(f"{self.name} has no option {', '.join(unknown)}; "
+                             + (f"its options: {valid}" if valid else "it takes no options"))
+        if self.strength is None and strength != 0 and self.name != "zero":
+            raise ValueError(f"{self.name} is a constraint and has no strength, got {strength!r}"
+                             + (f"; its options: {', '.join(self.options)}" if self.options else ""))
+        given = {**self.options, **opts}
+        missing = [k for k, v in given.items() if v is self.REQUIRED]
+        if missing:
+            raise ValueError(f"{self.name} needs the option(s) {', '.join(missing)}")
+        kwargs = {k: (strength if v is SAME_AS_STRENGTH else v) for k, v in given.items()}
+        if self.strength is not None:
+            kwargs[self.strength] = strength
+        return self.cls(**kwargs)
+
+    @classmethod
+    def from_class(cls, ref: str, klass: type) -> "RegularizerEntry":
+        """A user's penalty: its options are its constructor's arguments (defaults from the
+        signature); a class attribute ``strength_arg`` names the one that ``--reg-strength`` sets."""
+        import inspect
+
+        if not (isinstance(klass, type) and issubclass(klass, Regularizer)):
+            raise TypeError(f"{ref} is not a fedkernels.Regularizer subclass (got {klass!r})")
+        strength = getattr(klass, "strength_arg", None)
+        options = {}
+        for p in list(inspect.signature(klass.__init__).parameters.values())[1:]:
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name == strength:
+                continue
+            options[p.name] = cls.REQUIRED if p.default is p.empty else p.default
+        return cls(ref, klass, strength, options)
+
+
+REGULARIZER_TABLE: dict = {}
+
+
+def register_regularizer(entry: RegularizerEntry) -> RegularizerEntry:
+    """Make a penalty known by ``entry.name`` (to ``make_regularizer`` and the command line)."""
+    if entry.name in REGULARIZER_TABLE:
+        raise ValueError(f"a regularizer named {entry.name!r} is already registered")
+    REGULARIZER_TABLE[entry.name] = entry
+    return entry
+
+
+for _entry in (
+    RegularizerEntry("zero", Zero),
+    RegularizerEntry("l1", L1, strength="kappa"),
+    RegularizerEntry("elastic_net", ElasticNet, strength="l1", options={"l2": SAME_AS_STRENGTH}),
+    RegularizerEntry("mcp", MCP, strength="lam", options={"gamma": 3.0}),
+    RegularizerEntry("scad", SCAD, strength="lam", options={"a": 3.7}),
+    RegularizerEntry("box", Box, options={"lo": -1.0, "hi": 1.0}),
+    RegularizerEntry("nonneg", NonNeg),
+    RegularizerEntry("l2ball", L2Ball, options={"radius": 1.0}),
+    RegularizerEntry("group_lasso", GroupLasso, strength="lam", options={"groups": "rows"}, whole_model=False),
+):
+    register_regularizer(_entry)
+
+
+def regularizer_entry(name: str) -> RegularizerEntry:
+    """The table's entry for ``name``, or a user's class as ``package.module:Class``."""
+    if not isinstance(name, str):
+        raise TypeError(f"a regularizer name must be a string, got {name!r}")
+    if ":" in name:
+        return RegularizerEntry.from_class(name, import_reference(name))
+    key = name.lower()
+    if key not in REGULARIZER_TABLE:
+        raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(REGULARIZER_TABLE)} "
+                         "or your own class as package.module:Class")
+    return REGULARIZER_TABLE[key]
+
+
+def make_regularizer(name: str, strength: float = 0.0, **opts) -> Regularizer:
+    """A penalty by name (``"scad"``) or by reference (``"mypkg.penalties:Capped"``), e.g.
+    ``make_regularizer("mcp", 1e-3, gamma=2.0)``."""
+    return regularizer_entry(name).build(strength, **opts)
+
+
+def import_reference(ref: str):
+    """``package.module:attr`` -> the attribute (the convention of uvicorn, gunicorn and Flower apps);
+    errors say which part failed."""
+    import importlib
+
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise ValueError(f"{ref!r} is not of the form package.module:Name")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"{ref!r}: cannot import module {module!r} ({e})") from None
+    obj = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{ref!r}: module {module!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
