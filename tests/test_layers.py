@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = "python_algos"
 LAYERS = ("runfolder", "clients", "algorithms", "simulate", "deploy", "experiments")  # bottom to top
 # ``python_algos/__init__`` re-exports simulate and what is below it; ``__main__`` is the command line
-TOP = {"": LAYERS.index("simulate"), "__main__": LAYERS.index("experiments")}
+TOP = {"": LAYERS.index("simulate"), "testing": LAYERS.index("simulate"), "__main__": LAYERS.index("experiments")}
 
 # Cycles the layering test knows about, as the sorted modules of the cycle, each with its reason.
 # The clients registry (``clients/__init__``: EXECUTORS, resolve_executor) lists DistributedClients,
