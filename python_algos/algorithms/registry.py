@@ -33,7 +33,12 @@ from .scaffnew import SCAFFNEW
 from .scaffold import SCAFFOLD
 from .za1 import ZA1
 
-__all__ = ["Entry", "ALGORITHMS", "make", "build", "markdown_table"]
+__all__ = ["Entry", "ALGORITHMS", "ENTRY_POINT_GROUP", "make", "build", "algorithm_entry", "algorithm_names",
+           "is_reference", "markdown_table"]
+
+# Where an installed package lists its algorithms by name: in its pyproject.toml,
+# [project.entry-points."fedkernels.algorithms"] mymethod = "mypkg.methods:MyMethod"
+ENTRY_POINT_GROUP = "fedkernels.algorithms"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +69,60 @@ ALGORITHMS: dict[str, Entry] = {
 }
 
 
+def is_reference(name: str) -> bool:
+    """``package.module:Class`` (a user's class), not a registered name."""
+    return isinstance(name, str) and ":" in name
+
+
+def _generic_from_lr(cls: type) -> Callable[[float, int], dict]:
+    """A user's class: the common ``lr`` / ``local_steps`` fill its fields of those names, if any."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return lambda lr, K: {k: v for k, v in (("lr", lr), ("local_steps", K)) if k in names}
+
+
+def _user_entry(ref: str, cls) -> Entry:
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ValueError(f"{ref!r} is not a python_algos algorithm: a subclass of "
+                         f"python_algos.algorithms.base.Algorithm (ServerClientAlgorithm) was expected, got {cls!r}")
+    if not dataclasses.is_dataclass(cls):
+        raise ValueError(f"{ref!r}: an algorithm class must be a dataclass (@dataclasses.dataclass(frozen=True)) "
+                         "whose fields are its hyper-parameters")
+    return Entry(cls, _generic_from_lr(cls))
+
+
+def _plugins() -> dict:
+    """Algorithms that installed packages register under :data:`ENTRY_POINT_GROUP`."""
+    from importlib.metadata import entry_points
+
+    return {ep.name.lower(): ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name.lower() not in ALGORITHMS}
+
+
+def algorithm_names() -> list:
+    """Every name ``-a`` accepts: the built-ins, then those of installed packages."""
+    return [*ALGORITHMS, *sorted(_plugins())]
+
+
+def algorithm_entry(name: str) -> Entry:
+    """The entry of a built-in name, a name an installed package registers, or ``package.module:Class``."""
+    if is_reference(name):
+        import fedkernels.regularizers as regs  # the one importer of module:attr references
+
+        return _user_entry(name, regs.import_reference(name))
+    key = name.lower() if isinstance(name, str) else name
+    if key in ALGORITHMS:
+        return ALGORITHMS[key]
+    plugins = _plugins()
+    if key in plugins:
+        try:
+            cls = plugins[key].load()
+        except Exception as e:
+            raise ValueError(f"algorithm {name!r} (registered by an installed package as {plugins[key].value!r}) "
+                             f"does not import: {type(e).__name__}: {e}") from None
+        return _user_entry(plugins[key].value, cls)
+    raise ValueError(f"unknown algorithm {name!r}; valid names: {', '.join(algorithm_names())}, "
+                     "or your own class as package.module:Class")
+
+
 def make(name: str, *, lr: float, local_steps: int, **overrides) -> Algorithm:
     """Build algorithm ``name`` from the common (lr, K) parameterization, then ``overrides``."""
     return build(name, lr, local_steps, overrides)
@@ -72,10 +131,18 @@ def make(name: str, *, lr: float, local_steps: int, **overrides) -> Algorithm:
 def build(name: str, lr: float, local_steps: int, overrides: dict) -> Algorithm:
     """:func:`make` with the overrides as a dict: an algorithm's own hyper-parameter may be called
     ``lr`` (SCAFFNEW's), which cannot also be passed to ``make`` as a keyword."""
-    key = name.lower()
-    if key not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; valid names: {', '.join(ALGORITHMS)}")
-    entry = ALGORITHMS[key]
+    entry = algorithm_entry(name)
+    if is_reference(name) or name.lower() not in ALGORITHMS:
+        fields = {f.name: f for f in dataclasses.fields(entry.cls)}
+        unknown = [k for k in overrides if k not in fields]
+        if unknown:
+            raise ValueError(f"{name} has no hyper-parameter {', '.join(unknown)}; its fields: {', '.join(fields)}")
+        given = {**entry.from_lr(lr, local_steps), **overrides}
+        missing = [k for k, f in fields.items() if f.init and k not in given
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"{name} needs a value for {', '.join(missing)} (--alg-opt {missing[0]}=VALUE)")
+        return entry.cls(**given)
     return entry.cls(**{**entry.from_lr(lr, local_steps), **overrides})
 
 
