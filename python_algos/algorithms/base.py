@@ -75,6 +75,14 @@ class Algorithm(abc.ABC):
     partial_participation: ClassVar[bool] = False  # True: round() works on a sampled client set
     participation_note: ClassVar[str] = "it is defined for full participation only (docs/algorithms.md §1.4)"
 
+    def __init_subclass__(cls, **kwargs):
+        """A user's class may leave out the descriptive attributes: the class name names it."""
+        super().__init_subclass__(**kwargs)
+        for attr, default in (("name", cls.__name__), ("spec", "its own"), ("status", "USER"),
+                              ("reports", "report(state)")):
+            if not hasattr(cls, attr):
+                setattr(cls, attr, default)
+
     @abc.abstractmethod
     def init(self, x0: torch.Tensor, clients: ClientSet): ...
 
