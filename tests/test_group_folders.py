@@ -12,23 +12,14 @@ import os
 import threading
 
 import pytest
+from test_replace_default import tiny
 from test_run_folders import folder_state, quiet
 
-from python_algos.experiments.config import Config
 from python_algos.experiments.seeds import compare_seeds, run_seeds
 from python_algos.experiments.sweep import run_sweep
 from python_algos.runfolder.files import RunExistsError, RunFolderError
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-TINY = dict(algorithm="fedcanon", dataset="sparse_logistic", data_opts={"n": 60, "dim": 5, "nnz": 2},
-            num_clients=3, lr=0.1, local_steps=2, rounds=2, batch_size=None, reg="l1", reg_strength=0.01,
-            checkpoint_every=1, dtype="float64")
-
-
-def tiny(**kw) -> Config:
-    return Config.from_dict({**TINY, **kw})
-
 
 def listing(path) -> set:
     return {os.path.relpath(os.path.join(r, f), path) for r, ds, fs in os.walk(path) for f in fs + ds}
@@ -170,3 +161,25 @@ def test_two_sweeps_into_one_folder_at_once_do_not_share_it(tmp_path, monkeypatc
     assert len(done) == 1 and len(refused) == 1, got
     assert isinstance(refused[0], RunExistsError) and "another command" in str(refused[0])
     assert os.listdir(os.path.join(out, "fedcanon")) == [done[0]["points"][0]["name"]]
+
+
+@pytest.mark.slow  # ~10 s: optuna's study storage
+def test_a_random_search_is_refused_without_replace_and_replaced_whole_with_it(tmp_path):
+    pytest.importorskip("optuna", reason="pip install optuna")
+    from python_algos.experiments.optuna_search import parse_space, run_study
+
+    out = str(tmp_path / "study")
+
+    def study(space, **kw):
+        return run_study(tiny(), ["fedcanon"], parse_space(space), 1, [0], out_dir=out, log=quiet, **kw)
+
+    study({"alpha": "float:0.05:0.3"})
+    assert "optuna.db" in os.listdir(out)
+    before = folder_state(out, mtime=True)
+    with pytest.raises(RunExistsError, match=r"already holds files.*sweep --resume.*replace=True"):
+        study({"beta": "log:0.01:0.1"})
+    assert folder_state(out, mtime=True) == before
+    result = study({"beta": "log:0.01:0.1"}, replace=True)
+    assert [list(t["point"]) for t in result["trials"]] == [["beta"]]  # the old study's trials are gone
+    points = os.listdir(os.path.join(out, "fedcanon"))
+    assert len(points) == 1 and points[0].startswith("beta="), points
