@@ -36,7 +36,7 @@ __all__ = ["parse_seed_list", "seed_list", "seed_configs", "run_seeds", "compare
 SEEDS_FILE = SEEDS
 # the files of a folder of seeds beside its seed-<k>/ folders (a replacement deletes them with the runs);
 # the comparisons of `compare` seeds hold their own records
-SEEDS_RECORDS = (SEEDS, "aggregate.jsonl", "aggregate.json", "aggregate.md", "comparison.json", "comparison.md")
+SEEDS_RECORDS = (SEEDS, "aggregate.*", COMPARISON, "comparison.md")
 
 
 def parse_seed_list(text: str) -> List[int]:
