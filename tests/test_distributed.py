@@ -22,7 +22,7 @@ import sys
 import _dist_cases as C
 import pytest
 import torch
-from _signals import sigint_as_in_a_terminal
+from _signals import sigint_as_in_a_terminal, wait_for_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = {"wall_time", "elapsed", "prox_time", "grad_time", "fwd_bwd_time", "sent_bytes", "recv_bytes"}
@@ -399,18 +399,13 @@ def test_distributed_table_smoke(tmp_path):
 def test_ctrl_c_under_workers_writes_the_summary_once_and_resumes_in_one_process(tmp_path):
     """Ctrl-C in a terminal reaches the launcher, torchrun and every rank: rank 0 writes the
     interrupted summary, the resume command is printed once, and the folder resumes in one process."""
-    import time
 
     out = tmp_path / "cc"
     p = subprocess.Popen([sys.executable, "-m", "python_algos", *CLI, "-a", "fedavg", "-T", "100000", "--workers", "2",
                           "--out", str(out)], env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
     try:
-        deadline = time.monotonic() + 120
-        metrics = out / "metrics.jsonl"
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) > 5):
-            assert time.monotonic() < deadline and p.poll() is None, "the run did not get going"
-            time.sleep(0.2)
+        wait_for_rows(out / "metrics.jsonl", p)
         os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
         _, err = p.communicate(timeout=120)
     finally:

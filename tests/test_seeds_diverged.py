@@ -20,7 +20,7 @@ from test_run_folders import TINY, folder_state, quiet, tiny
 from python_algos.experiments.aggregate import write_aggregate
 from python_algos.experiments.cli import main
 from python_algos.experiments.run import run_experiment
-from python_algos.runfolder.files import read_metrics, read_summary
+from python_algos.runfolder.records import read_metrics, read_summary
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

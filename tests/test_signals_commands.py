@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from _signals import sigint_as_in_a_terminal
+from _signals import sigint_as_in_a_terminal, wait_for_rows
 from test_run_folders import TINY, env_for_subprocess, params_of
 
 from python_algos.experiments.cli import main
@@ -132,11 +132,7 @@ def test_a_stop_signal_to_the_workers_launcher_ends_every_rank(tmp_path, sig):
     p = _start(["run", "--config", _config(tmp_path, executor="sequential"), "--workers", "2", "--out", str(out),
                 "--no-progress", "--no-plot"], start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        metrics = out / "metrics.jsonl"
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) > 5):
-            assert time.monotonic() < deadline and p.poll() is None, "the run did not get going"
-            time.sleep(0.2)
+        wait_for_rows(out / "metrics.jsonl", p)
         started = _descendants(p.pid)
         assert len(started) >= 3, started  # torchrun and its two ranks
         p.send_signal(sig)

@@ -20,7 +20,7 @@ from test_run_folders import ROOT, TINY, env_for_subprocess
 
 from python_algos.experiments.cli import main
 from python_algos.experiments.sweep import KILL_POINT_ENV
-from python_algos.runfolder.files import read_summary
+from python_algos.runfolder.records import read_summary
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("one_torch_thread")]
 

@@ -12,9 +12,9 @@ import math
 import os
 from typing import Callable, Optional, Sequence
 
-from ..runfolder.files import RunExistsError, RunFolderError, read_summary, write_json, write_text_atomically
-from ..runfolder.folder import check_group_replaceable, clear_group
-from ..runfolder.records import CONFIG
+from ..runfolder.files import RunFolderError, read_json_object, write_json, write_text_atomically
+from ..runfolder.folder import check_group_start, open_group_folder
+from ..runfolder.records import COMPARISON, CONFIG, read_metrics, read_summary
 from . import launch
 from .build import prepare_data
 from .config import Config
@@ -26,22 +26,19 @@ from .tables import column_name, format_table
 __all__ = ["compare_experiments", "comparison_table", "format_table", "finished_run", "kept_message", "verdict_line",
            "coinciding"]
 
-COMPARISON_RECORDS = ("comparison.json", "comparison.md")  # a comparison's own files, beside its runs
+COMPARISON_RECORDS = (COMPARISON, "comparison.md")  # a comparison's own files, beside its runs
 
 
 def _read_comparison(out_dir: str) -> dict:
-    path = os.path.join(out_dir, "comparison.json")
+    path = os.path.join(out_dir, COMPARISON)
     if not os.path.isfile(path):
         hint = (f"; it is a single run: `{resume_command(out_dir)}`"
                 if os.path.isfile(os.path.join(out_dir, CONFIG)) else "")
-        raise RunFolderError(f"cannot resume the comparison {out_dir}: it holds no comparison.json{hint}")
+        raise RunFolderError(f"cannot resume the comparison {out_dir}: it holds no {COMPARISON}{hint}")
+    d = read_json_object(path)  # a damaged file: RunFolderError naming the file and line
     try:
-        with open(path) as f:
-            d = json.load(f)
         cfg = Config.from_dict(d["config"])
         return {"config": cfg, "algorithms": list(d["algorithms"]), "alg_opts": dict(d.get("alg_opts") or {})}
-    except json.JSONDecodeError as e:
-        raise RunFolderError(f"{path}, line {e.lineno}: {e.msg}") from None
     except (KeyError, TypeError, ValueError) as e:
         raise RunFolderError(f"{path}: not a comparison written by `compare` ({e})") from None
 
@@ -104,26 +101,21 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
         check_algorithm_names(algorithms)
         if cfg.metric_step is None:
             cfg = cfg.replace(metric_step=cfg.lr * cfg.local_steps)
-        if not replace and os.path.isdir(out_dir) and os.listdir(out_dir):
-            raise RunExistsError(f"{out_dir} already holds files: continue a comparison there with "
-                                 f"`{compare_resume_command(out_dir)}`, or choose another --out; --replace (from "
-                                 f"Python, replace=True) replaces its runs (nothing was changed)")
-        if replace:  # what the replacement would delete must all be the old comparison's
-            check_group_replaceable(out_dir, COMPARISON_RECORDS)
+        # a replacement may delete only the old comparison (its runs, records, figures)
+        check_group_start(out_dir, COMPARISON_RECORDS, replace, how_to_resume=compare_resume_command(out_dir))
     plans = _plan_runs(cfg, algorithms, alg_opts, out_dir, resume, replace)
     launch.barrier()  # under torchrun: every rank has checked everything before rank 0 writes
     main = launch.is_main()
-    if main:
-        if replace and not resume:  # nothing of the replaced comparison outlives it (an algorithm left out now)
-            clear_group(out_dir, COMPARISON_RECORDS)
-        os.makedirs(out_dir, exist_ok=True)
     record = {"config": cfg.to_dict(), "algorithms": list(algorithms), "alg_opts": alg_opts}
 
     def write_record(summaries):
         if main:
-            write_json(os.path.join(out_dir, "comparison.json"), {**record, "runs": summaries})
+            write_json(os.path.join(out_dir, COMPARISON), {**record, "runs": summaries})
 
-    write_record([])
+    if not resume and main:  # replaced: nothing of the old comparison outlives it (an algorithm left out now)
+        open_group_folder(out_dir, COMPARISON, {**record, "runs": []}, COMPARISON_RECORDS, replace=replace)
+    else:
+        write_record([])
     summaries = []
     for name in algorithms:
         plan = plans[name]
@@ -235,8 +227,6 @@ def verdict_line(summaries: Sequence[dict]) -> str:
     """One line on a comparison's completed runs: which reached the lowest f+h, which the best support
     recovery (support F1 against a known ground truth, when the problem has one), and which f+h
     curves coincide (:func:`coinciding`). Reads each run's metrics.jsonl."""
-    from ..runfolder.files import read_metrics
-
     done = [s for s in summaries if s.get("status") == "completed"]
     parts = []
     best = _best(done, "f+h", min)

@@ -54,7 +54,14 @@ from ..deploy.local import DeploymentError, LocalDeployment, stop_signals_held
 from ..deploy.nodes import ServerClients, check_no_node_state, server_state
 from ..deploy.persist import RoundFiles, load_server
 from ..runfolder.callbacks import divergence
-from ..runfolder.files import FLOWER_CHECKPOINT, FLOWER_DIRS, FLOWER_MARK, remove_leftovers, write_json
+from ..runfolder.files import (
+    FLOWER_CHECKPOINT,
+    FLOWER_DIRS,
+    FLOWER_MARK,
+    read_json_object,
+    remove_leftovers,
+    write_json,
+)
 from ..runfolder.progress import Progress
 from ..runfolder.records import save_model, summary_record, write_config, write_metrics, write_summary
 from ..runfolder.signals import signal_of
@@ -150,8 +157,7 @@ def _check_server_checkpoint(prep: PreparedRun, x0: torch.Tensor, out_dir: str) 
     (:func:`~.prepare.check_recorded_config`, as a one-process resume), then the server's own record
     (participation, h exactly, x0: :func:`~python_algos.deploy.flower_server.check_checkpoint`)."""
     cfg, alg = prep.cfg, prep.algorithm
-    with open(os.path.join(out_dir, FLOWER_MARK)) as f:
-        run_key = json.load(f)["run_key"]
+    run_key = read_json_object(os.path.join(out_dir, FLOWER_MARK))["run_key"]
     path = os.path.join(out_dir, FLOWER_CHECKPOINT)
     if not os.path.isfile(path):
         return None, run_key

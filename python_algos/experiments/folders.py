@@ -3,11 +3,10 @@ the commands that resume a run or a comparison, and a run's settings read back f
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 
-from ..runfolder.files import RunFolderError
+from ..runfolder.files import RunFolderError, read_json_object
 from ..runfolder.folder import claim_new_folder
 from .config import Config, ConfigError
 
@@ -23,13 +22,9 @@ def default_out_dir(name: str, root: str = "results") -> str:
 
 def read_config_json(path: str) -> Config:
     try:
-        with open(path) as f:
-            d = json.load(f)
-    except json.JSONDecodeError as e:
-        raise RunFolderError(f"{path}, line {e.lineno}: {e.msg}: the run's settings are damaged; restore the file "
-                             f"from a copy") from None
-    if not isinstance(d, dict):
-        raise RunFolderError(f"{path}: expected a JSON object of settings")
+        d = read_json_object(path)
+    except RunFolderError as e:
+        raise RunFolderError(f"{e}: the run's settings are damaged; restore the file from a copy") from None
     if d.get("api_run") is True:  # written by History.save: no checkpoint, no data recipe to rebuild the run
         folder = os.path.dirname(path) or "."
         raise RunFolderError(f"cannot resume {folder}: it is a run saved from Python with History.save (a simulate() "

@@ -27,23 +27,25 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shlex
 import signal
 import threading
 from typing import Callable, Dict, Optional, Sequence
 
-from ..runfolder.files import RunFolderError, write_json
-from ..runfolder.records import SUMMARY
+from ..runfolder.folder import check_group_start, open_group_folder
+from ..runfolder.records import SUMMARY, read_summary
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
 from .sweep import (
     SELECT,
+    STUDY_FILE,
     SWEEP_FILE,
+    SWEEP_RECORDS,
     SweepInterrupted,
     Workers,
     check_keys,
     check_one_step,
+    check_select_and_jobs,
     check_swept_settings,
     finished_run,
     keys_of,
@@ -53,11 +55,11 @@ from .sweep import (
     run_status,
     summarize,
     sweep_metric_step,
+    sweep_resume_command,
 )
 
 __all__ = ["parse_space", "parse_space_spec", "run_study", "STUDY_FILE", "INSTALL"]
 
-STUDY_FILE = "optuna.db"
 INSTALL = "pip install optuna (or fedkernels[optuna])"
 _KINDS = ("log", "float", "int", "intlog")
 _RULE = "the point breaks a rule of the algorithm"
@@ -173,18 +175,16 @@ def _deferred_interrupt():
 def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space: Optional[dict], trials: Optional[int],
               seeds=None, *, out_dir: str, alg_opts: Optional[dict] = None, reseed_data: bool = False, jobs: int = 1,
               select: Optional[str] = "f_plus_h", resume: bool = False, tensorboard: bool = False,
-              figures: Optional[dict] = None, log: Callable[[str], None] = print) -> dict:
+              figures: Optional[dict] = None, log: Callable[[str], None] = print, replace: bool = False) -> dict:
     """Run (or with ``resume=True`` finish) the random search in ``out_dir``; returns what
     :func:`~.sweep.summarize` returns plus ``"trials"``. Raises :class:`~.sweep.SweepInterrupted`
     on Ctrl-C (after writing the summary). The study optimizes ``select``, so a resumed one keeps its
     own (``select=None``); another raises ValueError. Every trial measures ‖G_s‖² at one s
     (:func:`~.sweep.sweep_metric_step` with the space's low ends), recorded in ``sweep.json``;
-    ``figures`` (the CLI's ``{"formats", "band"}``) is recorded there for a resume."""
+    ``figures`` (the CLI's ``{"formats", "band"}``) is recorded there for a resume. ``replace``: as in
+    :func:`~.sweep.run_sweep` (a folder holding files is refused unless replacing it whole)."""
     optuna = _optuna()
-    if select is not None and select not in SELECT:
-        raise ValueError(f"--select {select}: must be one of {', '.join(SELECT)}")
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
+    check_select_and_jobs(select, jobs)
     if resume:
         from .sweep import read_sweep
 
@@ -200,13 +200,10 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
     else:
         select = select or "f_plus_h"
         _check_new_study(cfg, algorithms, space, trials)
-        if os.path.isdir(out_dir) and os.listdir(out_dir):
-            raise RunFolderError(f"{out_dir} already holds files: continue a sweep there with "
-                                 f"`python -m python_algos sweep --resume {shlex.quote(out_dir)}`, or choose another "
-                                 f"--out (nothing was changed)")
+        check_group_start(out_dir, SWEEP_RECORDS, replace, how_to_resume=sweep_resume_command(out_dir))
         seeds = list(seeds or [cfg.seed])
         cfg = _start_study(cfg, algorithms, space, trials, seeds, reseed_data, alg_opts, out_dir,
-                           {"select": select, "figures": figures or {}})
+                           {"select": select, "figures": figures or {}}, replace)
     metric, better = SELECT[select]
     direction = "minimize" if better is min else "maximize"
     storage = optuna.storages.RDBStorage(f"sqlite:///{os.path.abspath(os.path.join(out_dir, STUDY_FILE))}")
@@ -271,9 +268,10 @@ def _check_new_study(cfg: Config, algorithms: Sequence[str], space: dict, trials
 
 
 def _start_study(cfg: Config, algorithms, space: dict, trials: int, seeds: list, reseed_data, alg_opts,
-                 out_dir: str, record: dict) -> Config:
+                 out_dir: str, record: dict, replace: bool) -> Config:
     """The base config of a new search (one torch thread per run, one s for every trial), checked on
-    one run's data, model and folder, then recorded in ``sweep.json`` with ``record``; returns it."""
+    one run's data, model and folder, then recorded in ``sweep.json`` with ``record`` as the search's
+    folder is started (``replace``: emptied of the old one); returns it."""
     from .prepare import prepare_run
 
     if cfg.threads is None:
@@ -285,17 +283,15 @@ def _start_study(cfg: Config, algorithms, space: dict, trials: int, seeds: list,
         if base["config"] is not None:
             prepare_run(base["config"], os.path.join(out_dir, a, "check"), replace=False)
             break
-    os.makedirs(out_dir, exist_ok=True)
-    write_json(os.path.join(out_dir, SWEEP_FILE), {
+    open_group_folder(out_dir, SWEEP_FILE, {
         "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": {}, "space": space, "optuna": trials,
-        **record, "seeds": seeds, "reseed_data": reseed_data, "alg_opts": alg_opts or {}})
+        **record, "seeds": seeds, "reseed_data": reseed_data, "alg_opts": alg_opts or {}}, SWEEP_RECORDS,
+        replace=replace)
     return cfg
 
 
 def _recorded_steps(out_dir: str) -> list:
     """The s (``grad_map_step``) of every run folder under ``out_dir`` whose summary records one."""
-    from ..runfolder.files import read_summary
-
     steps = []
     for folder, _dirs, files in os.walk(out_dir):
         if SUMMARY in files and folder != out_dir:

@@ -20,20 +20,23 @@ diverged seed is left out whole and named below the table (:mod:`.aggregate`).
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from typing import Callable, List, Optional, Sequence
 
-from ..runfolder.files import RunFolderError, read_metrics, write_json
-from ..runfolder.records import CONFIG, METRICS
+from ..runfolder.files import RunFolderError, read_json_object, write_json
+from ..runfolder.folder import check_group_start, open_group_folder
+from ..runfolder.records import COMPARISON, CONFIG, METRICS, SEEDS, read_metrics
 from .aggregate import SEED_DIR, write_aggregate
 from .config import Config, ConfigError
 
 __all__ = ["parse_seed_list", "seed_list", "seed_configs", "run_seeds", "compare_seeds", "is_seeds_folder",
-           "read_seeds", "SEEDS_FILE"]
+           "read_seeds", "SEEDS_FILE", "SEEDS_RECORDS"]
 
-SEEDS_FILE = "seeds.json"
+SEEDS_FILE = SEEDS
+# the files of a folder of seeds beside its seed-<k>/ folders (a replacement deletes them with the runs);
+# the comparisons of `compare` seeds hold their own records
+SEEDS_RECORDS = (SEEDS, "aggregate.*", COMPARISON, "comparison.md")
 
 
 def parse_seed_list(text: str) -> List[int]:
@@ -91,13 +94,10 @@ def read_seeds(out_dir: str, kind: Optional[str] = None) -> dict:
     """``out_dir``'s seeds.json; ``kind`` ("run" / "compare"): the command resuming it, which must
     be the one that wrote it (otherwise the error names the command that continues it)."""
     path = os.path.join(out_dir, SEEDS_FILE)
+    d = read_json_object(path)  # a damaged file: RunFolderError naming the file and line
     try:
-        with open(path) as f:
-            d = json.load(f)
         d["config"] = Config.from_dict(d["config"])
         d["seeds"] = _check_seeds(d["seeds"], path)
-    except json.JSONDecodeError as e:
-        raise RunFolderError(f"{path}, line {e.lineno}: {e.msg}") from None
     except (KeyError, TypeError, ValueError) as e:
         raise RunFolderError(f"{path}: not a seeds experiment written by `run` / `compare` ({e})") from None
     if kind is not None and d.get("kind") != kind:
@@ -107,16 +107,20 @@ def read_seeds(out_dir: str, kind: Optional[str] = None) -> dict:
     return d
 
 
-def _fresh_folder_check(out_dir: str, kind: str) -> None:
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
-        raise RunFolderError(f"{out_dir} already holds files: continue it with `python -m python_algos {kind} "
-                             f"--resume {shlex.quote(out_dir)}`, or choose another --out (nothing was changed)")
+def _fresh_folder_check(out_dir: str, kind: str, replace: bool) -> None:
+    check_group_start(out_dir, SEEDS_RECORDS, replace,
+                      how_to_resume=f"python -m python_algos {kind} --resume {shlex.quote(out_dir)}")
 
 
 def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: str, *, reseed_data: bool = False,
               resume: bool = False, rounds: Optional[int] = None, progress: bool = True,
-              log: Callable[[str], None] = print, after_run: Optional[Callable[[str], None]] = None) -> dict:
+              log: Callable[[str], None] = print, after_run: Optional[Callable[[str], None]] = None,
+              replace: bool = False) -> dict:
     """Run ``cfg`` once per seed into ``out_dir/seed-<k>/``; returns ``{"summaries", "table", "out_dir"}``.
+
+    A new experiment into a folder that holds files raises :class:`~python_algos.runfolder.files.RunExistsError`
+    (nothing is touched) unless ``replace=True``, which replaces the whole folder of seeds (refused when
+    it holds anything else than its runs and records).
 
     ``resume=True`` reads the settings from ``out_dir/seeds.json``: finished seeds (completed or
     diverged: :func:`~.compare.finished_run`) are kept untouched, the others continue from their
@@ -132,7 +136,7 @@ def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: st
         saved = read_seeds(out_dir, "run")
         cfg, seeds, reseed_data = saved["config"], saved["seeds"], bool(saved.get("reseed_data"))
     else:
-        _fresh_folder_check(out_dir, "run")
+        _fresh_folder_check(out_dir, "run", replace)
     if rounds is not None:
         cfg = cfg.replace(rounds=rounds)
     plans = []
@@ -144,10 +148,10 @@ def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: st
         elif resume and os.path.isfile(os.path.join(d, CONFIG)):
             plans.append((d, prepare_run(None, d, resume=True, rounds=c.rounds)))
         else:
-            plans.append((d, prepare_run(c, d, replace=resume)))  # resume: a seed that never wrote its settings
-    os.makedirs(out_dir, exist_ok=True)
-    write_json(os.path.join(out_dir, SEEDS_FILE), {"kind": "run", "config": cfg.to_dict(), "seeds": list(seeds),
-                                                    "reseed_data": reseed_data})
+            # resume: a seed that never wrote its settings; replace: the old group's run is deleted below
+            plans.append((d, prepare_run(c, d, replace=resume or replace)))
+    _record(out_dir, {"kind": "run", "config": cfg.to_dict(), "seeds": list(seeds), "reseed_data": reseed_data},
+            resume, replace)
     summaries = []
     for d, plan in plans:
         if isinstance(plan, dict):
@@ -166,6 +170,16 @@ def run_seeds(cfg: Optional[Config], seeds: Optional[Sequence[int]], out_dir: st
     return {"summaries": summaries, "table": table, "out_dir": out_dir, "seeds": list(seeds)}
 
 
+def _record(out_dir: str, record: dict, resume: bool, replace: bool) -> None:
+    """seeds.json: a new experiment's is written as it starts its folder
+    (:func:`~python_algos.runfolder.folder.open_group_folder`: two commands given the same folder at
+    once never share it; ``replace``: nothing of the old one is left); a resumed one's is rewritten."""
+    if resume:
+        write_json(os.path.join(out_dir, SEEDS_FILE), record)
+    else:
+        open_group_folder(out_dir, SEEDS_FILE, record, SEEDS_RECORDS, replace=replace)
+
+
 def _aggregate_runs(out_dir, groups, metric_step, seeds) -> str:
     """Write the aggregate files of ``groups`` (``(label, run folders, summaries)``); returns the table."""
     return write_aggregate(out_dir, [{"label": label, "seeds": list(seeds), "summaries": summaries,
@@ -177,9 +191,10 @@ def _aggregate_runs(out_dir, groups, metric_step, seeds) -> str:
 def compare_seeds(cfg: Optional[Config], algorithms: Optional[Sequence[str]], seeds: Optional[Sequence[int]],
                   out_dir: str, *, alg_opts: Optional[dict] = None, reseed_data: bool = False, resume: bool = False,
                   rounds: Optional[int] = None, progress: bool = True, log: Callable[[str], None] = print,
-                  after_run: Optional[Callable[[str], None]] = None) -> dict:
+                  after_run: Optional[Callable[[str], None]] = None, replace: bool = False) -> dict:
     """A comparison per seed in ``out_dir/seed-<k>/`` (each: same split and initial model for every
-    algorithm), aggregated per algorithm; returns ``{"summaries", "table", "out_dir"}``."""
+    algorithm), aggregated per algorithm; returns ``{"summaries", "table", "out_dir"}``. ``replace``:
+    as in :func:`run_seeds`."""
     from .compare import compare_experiments
     from .prepare import check_algorithm_names
     from .run import Interrupted
@@ -189,7 +204,7 @@ def compare_seeds(cfg: Optional[Config], algorithms: Optional[Sequence[str]], se
         cfg, seeds, reseed_data = saved["config"], saved["seeds"], bool(saved.get("reseed_data"))
         algorithms, alg_opts = saved["algorithms"], saved.get("alg_opts") or {}
     else:
-        _fresh_folder_check(out_dir, "compare")
+        _fresh_folder_check(out_dir, "compare", replace)
         check_algorithm_names(algorithms)
         alg_opts = alg_opts or {}
     if rounds is not None:
@@ -207,19 +222,17 @@ def compare_seeds(cfg: Optional[Config], algorithms: Optional[Sequence[str]], se
         for a in algorithms:
             try:
                 prepare_run(c0.replace(algorithm=a, alg_opts=dict(alg_opts.get(a, {}))),
-                            os.path.join(out_dir, SEED_DIR.format(s0), a), fed=fed)
+                            os.path.join(out_dir, SEED_DIR.format(s0), a), fed=fed, replace=replace)
             except ValueError as e:
                 errors.append(f"{a}: {e}")
         if errors:
             raise ValueError("; ".join(errors) + " (nothing was written)")
-    os.makedirs(out_dir, exist_ok=True)
-    write_json(os.path.join(out_dir, SEEDS_FILE), {"kind": "compare", "config": cfg.to_dict(), "seeds": list(seeds),
-                                                    "reseed_data": reseed_data, "algorithms": list(algorithms),
-                                                    "alg_opts": alg_opts})
+    _record(out_dir, {"kind": "compare", "config": cfg.to_dict(), "seeds": list(seeds), "reseed_data": reseed_data,
+                      "algorithms": list(algorithms), "alg_opts": alg_opts}, resume, replace)
     per_seed = []
     for s, c in configs:
         d = os.path.join(out_dir, SEED_DIR.format(s))
-        again = os.path.isfile(os.path.join(d, "comparison.json"))
+        again = os.path.isfile(os.path.join(d, COMPARISON))
         try:
             per_seed.append(compare_experiments(None if again else c, None if again else algorithms, d,
                                                 alg_opts=None if again else alg_opts, resume=again,

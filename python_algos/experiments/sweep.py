@@ -66,9 +66,10 @@ import time
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ..runfolder.files import RunFolderError, read_summary, write_json, write_text_atomically
+from ..runfolder.files import RunFolderError, read_json_object, write_json, write_text_atomically
+from ..runfolder.folder import check_group_start, open_group_folder
 from ..runfolder.progress import human_time
-from ..runfolder.records import CONFIG, METRICS, SUMMARY
+from ..runfolder.records import CONFIG, METRICS, SUMMARY, read_summary
 from ..runfolder.signals import STOP_SIGNALS, exit_code
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
@@ -79,9 +80,14 @@ from .values import parse_value
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
            "STOP_AFTER_ENV", "KILL_POINT_ENV", "SWEEP_FILE", "sweep_metric_step", "key_meaning", "check_keys",
            "check_swept_settings", "Workers", "plan_point", "summarize", "value_text", "point_name", "finished_run",
-           "run_status", "read_sweep"]
+           "run_status", "read_sweep", "SWEEP_RECORDS", "STUDY_FILE", "sweep_resume_command",
+           "check_select_and_jobs"]
 
 SWEEP_FILE = "sweep.json"
+STUDY_FILE = "optuna.db"  # a random search's study (optuna_search.py), beside its sweep.json
+# a sweep's own files beside its runs (a replacement deletes them with the runs): its settings, summary,
+# figures (heatmap-<algorithm>.<ext>, best.<ext>) and a random search's study (SQLite adds -journal files)
+SWEEP_RECORDS = (SWEEP_FILE, SUMMARY, "summary.md", "heatmap-*", "best.*", STUDY_FILE + "*")
 STOP_AFTER_ENV = "_FEDKERNELS_TEST_SWEEP_STOP_AFTER"  # test hook: act as on Ctrl-C after this many runs ended
 KILL_POINT_ENV = "_FEDKERNELS_TEST_SWEEP_KILL_POINT"  # test hook: SIGKILL the worker given the run folder ending so
 STOP_GRACE = 10.0  # seconds the runs get to write their summaries after a stop, before their processes are killed
@@ -97,7 +103,7 @@ class SweepInterrupted(KeyboardInterrupt):
         super().__init__(f"the sweep in {out_dir} was interrupted")
         self.out_dir, self.table = out_dir, table
         self.exit_code = exit_code(cause if cause is not None else KeyboardInterrupt())  # 130, 143 on SIGTERM, ...
-        self.resume_command = f"python -m python_algos sweep --resume {shlex.quote(out_dir)}"
+        self.resume_command = sweep_resume_command(out_dir)
 
 
 # --------------------------------------------------------------------------- #
@@ -547,32 +553,43 @@ def read_sweep(out_dir: str) -> dict:
     path = os.path.join(out_dir, SWEEP_FILE)
     if not os.path.isfile(path):
         raise RunFolderError(f"cannot resume the sweep {out_dir}: it holds no {SWEEP_FILE}")
+    d = read_json_object(path)  # a damaged file: RunFolderError naming the file and line
     try:
-        with open(path) as f:
-            d = json.load(f)
         d["config"] = Config.from_dict(d["config"])
         return d
-    except json.JSONDecodeError as e:
-        raise RunFolderError(f"{path}, line {e.lineno}: {e.msg}") from None
     except (KeyError, TypeError, ValueError) as e:
         raise RunFolderError(f"{path}: not a sweep written by `sweep` ({e})") from None
+
+
+def check_select_and_jobs(select: Optional[str], jobs) -> None:
+    """``--select`` (None: the sweep's own) and ``--jobs`` of a sweep or random search, each error naming its flag."""
+    if select is not None and select not in SELECT:
+        raise ValueError(f"--select {select}: must be one of {', '.join(SELECT)}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
+
+
+def sweep_resume_command(out_dir: str) -> str:
+    """The command that continues the sweep or random search in ``out_dir``."""
+    return f"python -m python_algos sweep --resume {shlex.quote(out_dir)}"
 
 
 def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: Optional[dict], seeds=None, *,
               out_dir: str, alg_opts: Optional[dict] = None, reseed_data: bool = False, jobs: int = 1,
               select: Optional[str] = "f_plus_h", resume: bool = False, tensorboard: bool = False,
-              progress: bool = True, figures: Optional[dict] = None, log: Callable[[str], None] = print) -> dict:
+              progress: bool = True, figures: Optional[dict] = None, log: Callable[[str], None] = print,
+              replace: bool = False) -> dict:
     """Run (or with ``resume=True`` finish) the sweep in ``out_dir``; returns ``{"table", "points",
     "best", "skipped", "select", "metric_step"}``. Raises :class:`SweepInterrupted` on Ctrl-C (after
     writing the summary). ``select=None``: the sweep's own (a resumed sweep: what it was started
     with; f_plus_h for a new one). Every point measures ‖G_s‖² at one s (:func:`sweep_metric_step`),
     recorded in ``sweep.json`` (its config's ``metric_step``) and kept on resume. ``progress``: one
     line per finished run on stderr (status, the ``select`` metric, k/total, elapsed, ETA).
-    ``figures`` (the CLI's ``{"formats", "band"}``) is recorded in ``sweep.json`` for a resume."""
-    if select is not None and select not in SELECT:
-        raise ValueError(f"--select {select}: must be one of {', '.join(SELECT)}")
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"--jobs {jobs}: must be an integer >= 1 (worker processes)")
+    ``figures`` (the CLI's ``{"formats", "band"}``) is recorded in ``sweep.json`` for a resume. A new
+    sweep into a folder that holds files raises :class:`~python_algos.runfolder.files.RunExistsError`
+    (nothing is touched) unless ``replace=True``, which replaces the whole sweep (refused when the
+    folder holds anything else than its runs, records and figures)."""
+    check_select_and_jobs(select, jobs)
     if resume:
         saved = read_sweep(out_dir)
         if "optuna" in saved:  # a random search resumes through its own module (the CLI dispatches)
@@ -587,10 +604,7 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
 
         select = select or "f_plus_h"
         check_algorithm_names(algorithms)
-        if os.path.isdir(out_dir) and os.listdir(out_dir):
-            raise RunFolderError(f"{out_dir} already holds files: continue a sweep there with "
-                                 f"`python -m python_algos sweep --resume {shlex.quote(out_dir)}`, or choose another "
-                                 f"--out (nothing was changed)")
+        check_group_start(out_dir, SWEEP_RECORDS, replace, how_to_resume=sweep_resume_command(out_dir))
         seeds = list(seeds or [cfg.seed])
         if cfg.threads is None:
             cfg = cfg.replace(threads=1)  # one thread per run: the parallelism is the --jobs processes
@@ -612,11 +626,11 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
     if not resume:  # data, model and folder checks of one run before anything is written
         from .prepare import prepare_run
 
-        prepare_run(Config.from_dict(tasks[0]["config"]), tasks[0]["dir"], replace=False)
-        os.makedirs(out_dir, exist_ok=True)
-        write_json(os.path.join(out_dir, SWEEP_FILE), {
+        prepare_run(Config.from_dict(tasks[0]["config"]), tasks[0]["dir"], replace=replace)
+        open_group_folder(out_dir, SWEEP_FILE, {
             "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": grid, "seeds": seeds,
-            "reseed_data": reseed_data, "alg_opts": alg_opts or {}, "select": select, "figures": figures or {}})
+            "reseed_data": reseed_data, "alg_opts": alg_opts or {}, "select": select, "figures": figures or {}},
+            SWEEP_RECORDS, replace=replace)
     todo = [t for t in tasks if finished_run(t["dir"], t["config"]["rounds"]) is None]
     step = steps.pop() if len(steps) == 1 else None
     log(f"sweep: {len(plans)} points ({sum(p['config'] is None for p in plans)} skipped) x {len(seeds)} seed(s) = "
@@ -919,7 +933,7 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
         text += ["", "failed (run again by `sweep --resume`):"]
         text += [f"- {os.path.relpath(d, out_dir)}: {why}" for d, why in failed.items()]
     if interrupted:
-        text += ["", f"interrupted: resume with `python -m python_algos sweep --resume {shlex.quote(out_dir)}`"]
+        text += ["", f"interrupted: resume with `{sweep_resume_command(out_dir)}`"]
     table_text = "\n".join(text)
     write_json(os.path.join(out_dir, SUMMARY), {
         "status": "interrupted" if interrupted else "completed", "select": select, "seeds": list(seeds),

@@ -16,16 +16,16 @@ import json
 import math
 import os
 import threading
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from . import faults
 
-__all__ = ["RUN_FILES", "RUN_DIRS", "EVENTS_DIR", "RunFolderError", "RunExistsError", "read_metrics", "holds_run",
-           "as_json", "write_json", "write_jsonl", "create_json", "write_text_atomically", "append_row",
-           "remove_leftovers", "exchange_paths"]
+__all__ = ["RUN_FILES", "RUN_DIRS", "EVENTS_DIR", "RunFolderError", "RunExistsError", "read_metrics", "parse_json",
+           "read_json_object", "holds_run", "as_json", "write_json", "write_jsonl", "create_json",
+           "write_text_atomically", "append_row", "remove_leftovers", "exchange_paths"]
 
 FLOWER_MARK = "flower.json"  # a run through a Flower deployment (run --flower): its engine and node-state key
 FLOWER_CHECKPOINT = "flower-checkpoint.pt"  # its server's checkpoint (no client state: the nodes keep theirs)
@@ -137,14 +137,28 @@ def read_metrics(run_dir: str) -> list:
     return rows
 
 
-def read_summary(run_dir: str) -> Optional[dict]:
-    """``run_dir/summary.json``, or None when it is missing or unreadable (a run that never got
-    that far, or was killed while writing it)."""
+def parse_json(text: str, path: str):
+    """The JSON value in ``text`` read from ``path``; a syntax error is a ``ValueError`` of one line
+    naming the file and line (``path, line 3: Expecting value``)."""
     try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {e.lineno}: {e.msg}") from None
+
+
+def read_json_object(path: str) -> dict:
+    """The JSON object in the file ``path`` (every record of a run or group folder is one). Missing:
+    ``FileNotFoundError``; not JSON, or not an object: :class:`RunFolderError` naming the file (and
+    the line)."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        d = parse_json(text, path)
+    except ValueError as e:
+        raise RunFolderError(str(e)) from None
+    if not isinstance(d, dict):
+        raise RunFolderError(f"{path}: expected a JSON object")
+    return d
 
 
 def holds_run(out_dir: str) -> bool:

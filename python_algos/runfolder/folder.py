@@ -9,8 +9,11 @@ an earlier run may be deleted.
   unless asked to replace it, and a replacement in a folder that holds anything a run does not write.
 * :func:`clear_for_fresh_run` — removes every entry an earlier run left (its files, TensorBoard events,
   checkpoint shards, Flower states, figures, temp files), and nothing else.
-* :func:`check_group_replaceable`, :func:`clear_group` — the same two for a folder of runs (a
-  comparison: its record files, its figures and one run folder per algorithm).
+* :func:`check_group_start`, :func:`open_group_folder` — may a group of runs (a comparison, seeds, a
+  sweep, a random search) start in a folder, and starting it there: the group's first file is
+  written exclusively, so two commands given the same ``--out`` at once never share it;
+* :func:`check_group_replaceable`, :func:`clear_group` — what replacing a group checks and removes
+  (its record files, its figures and its run folders, nested ones included).
 * :func:`unused_claims_removed` — around a command: a claimed folder still empty when it ends (an
   error before anything was written) is removed, so a failed command leaves no folder behind.
 """
@@ -19,15 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fnmatch
 import os
 import re
 import shutil
-from typing import Iterator, List, Sequence
+from typing import Any, Iterator, List, Mapping, Sequence
 
-from .files import RUN_DIRS, RUN_FILES, RUN_MARKS, RunExistsError, RunFolderError, holds_run
+from .files import RUN_DIRS, RUN_FILES, RUN_MARKS, RunExistsError, RunFolderError, create_json, holds_run
 
 __all__ = ["claim_new_folder", "timestamp", "check_fresh_start", "clear_for_fresh_run", "foreign_entries",
-           "unused_claims_removed", "check_group_replaceable", "clear_group"]
+           "unused_claims_removed", "check_group_replaceable", "clear_group", "check_group_start", "open_group_folder"]
 
 # Figures the package draws into a run folder: `run`/`compare` the overview, `plot DIR` one per metric
 # and x axis (experiments/plotting: "overview", "<metric>_vs_round", "<metric>_vs_time"). A figure of
@@ -138,6 +142,7 @@ def clear_for_fresh_run(out_dir: str, replace: bool = True) -> None:
     for entry in sorted(entries, key=lambda e: e in RUN_MARKS):
         _remove_entry(os.path.join(out_dir, entry))
 
+
 def _remove_entry(path: str) -> None:
     """Remove one entry of a folder: a folder with its contents, or a file (a link is removed, never
     followed); one already gone is fine."""
@@ -148,18 +153,33 @@ def _remove_entry(path: str) -> None:
             os.remove(path)
 
 
+def _of_the_group(entry: str, records: Sequence[str]) -> bool:
+    """Whether the file ``entry`` of a group folder is one of its ``records`` (names, or patterns such
+    as ``heatmap-*``), a figure or a temp file."""
+    return any(fnmatch.fnmatchcase(entry, r) for r in records) or ".tmp-" in entry or bool(_FIGURE.fullmatch(entry))
+
+
 def _group_foreign(out_dir: str, records: Sequence[str]) -> List[str]:
     """What in the group folder ``out_dir`` is neither one of its ``records``, a figure, a temp file,
-    nor a run folder holding nothing but a run."""
+    a run folder holding nothing but a run, nor a folder of those (a comparison of one seed, a sweep's
+    ``<algorithm>/<point>/``); a subfolder holding anything else (or nothing) is named as ``name/``."""
     foreign = []
     for entry in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else ():
         path = os.path.join(out_dir, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            if not (holds_run(path) and not foreign_entries(path)):
-                foreign.append(entry + "/")
-        elif not (entry in records or ".tmp-" in entry or _FIGURE.fullmatch(entry)):
-            foreign.append(entry)
+        if not (os.path.isdir(path) and not os.path.islink(path)):
+            if not _of_the_group(entry, records):
+                foreign.append(entry)
+        elif not _group_subfolder(path, records):
+            foreign.append(entry + "/")
     return foreign
+
+
+def _group_subfolder(path: str, records: Sequence[str]) -> bool:
+    """Whether the subfolder ``path`` of a group is the group's: a run folder holding nothing but its
+    run, or a folder holding nothing but the group's entries (an empty one is the user's)."""
+    if holds_run(path):
+        return not foreign_entries(path)
+    return bool(os.listdir(path)) and not _group_foreign(path, records)
 
 
 def check_group_replaceable(out_dir: str, records: Sequence[str]) -> None:
@@ -182,3 +202,42 @@ def clear_group(out_dir: str, records: Sequence[str]) -> None:
         check_group_replaceable(out_dir, records)
     for entry in os.listdir(out_dir):
         _remove_entry(os.path.join(out_dir, entry))
+
+
+def check_group_start(out_dir: str, records: Sequence[str], replace: bool, *, how_to_resume: str) -> None:
+    """Raise before anything is written unless a new group of runs (a comparison, seeds, a sweep, a
+    random search) may start in ``out_dir``: a missing or empty folder, or with ``replace`` one that
+    holds nothing but an earlier group (:func:`check_group_replaceable`). A folder holding files is
+    refused (:class:`RunExistsError`, naming ``how_to_resume``) unless ``replace``."""
+    if not isinstance(replace, bool):  # a truthy string must not delete runs
+        raise TypeError(f"replace must be True or False, got {replace!r}")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise RunFolderError(f"{out_dir} is a file, not a folder; choose another --out (nothing was changed)")
+    if not (os.path.isdir(out_dir) and os.listdir(out_dir)):
+        return
+    if not replace:
+        raise RunExistsError(f"{out_dir} already holds files: continue them with `{how_to_resume}`, or choose "
+                             f"another --out; --replace (from Python, replace=True) replaces them (nothing was "
+                             f"changed)")
+    check_group_replaceable(out_dir, records)
+
+
+def open_group_folder(out_dir: str, mark: str, record: Mapping[str, Any], records: Sequence[str], *,
+                      replace: bool) -> None:
+    """Start a group in ``out_dir``, checked by :func:`check_group_start`: the folder is created (with
+    ``replace``, emptied of the earlier group: :func:`clear_group`), then its ``mark`` file (the
+    group's first, e.g. comparison.json) is written with ``record``, exclusively. Of two commands that
+    checked the same folder and start a group there at once, one starts and the other is refused
+    (:class:`RunExistsError`) before it writes anything else, so neither runs in the other's folder."""
+    if replace:
+        clear_group(out_dir, records)
+    else:
+        os.makedirs(out_dir, exist_ok=True)
+    try:
+        if not replace and os.listdir(out_dir):
+            raise FileExistsError(out_dir)
+        create_json(os.path.join(out_dir, mark), dict(record))
+    except FileExistsError:
+        raise RunExistsError(f"{out_dir}: another command started in this folder after this one had checked it; "
+                             f"what it wrote was left alone and this command did not start: choose another "
+                             f"--out") from None

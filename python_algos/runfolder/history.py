@@ -25,7 +25,6 @@ what the folder holds. It refuses a folder where model.pt cannot be paired with 
 from __future__ import annotations
 
 import errno
-import json
 import math
 import os
 import shlex
@@ -36,12 +35,20 @@ from typing import Optional
 
 import torch
 
-from .files import RunExistsError, RunFolderError, exchange_paths, holds_run, read_metrics
+from .files import RunExistsError, RunFolderError, exchange_paths, holds_run, read_json_object, read_metrics
 from .folder import foreign_entries
 from .records import (
     API_MARK,
+    COMPARISON,
+    CONFIG,
+    METRICS,
+    MODEL,
+    SEEDS,
+    SUMMARY,
     api_config_record,
+    group_runs,
     load_model,
+    read_config,
     save_model,
     summary_record,
     write_config,
@@ -174,17 +181,6 @@ def _nan_for_null(row: dict) -> dict:
     return {k: (math.nan if v is None else v) for k, v in row.items()}
 
 
-def _read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            d = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}, line {e.lineno}: {e.msg}") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return d
-
-
 def _why_past_model(summary: dict) -> str:
     """Why metrics.jsonl goes past model.pt's round, as far as summary.json tells."""
     status, done = summary.get("status"), summary.get("rounds_done")
@@ -229,26 +225,19 @@ def _rows_of_model(path: str, rows: list, model_round, summary: dict, api_run: b
     return kept
 
 
-# Folders that hold runs rather than being one: the file that marks them, what they are, and the
-# names of their run subfolders in order as that file lists them (a comparison's -a order, the seeds).
-_GROUPS = (("comparison.json", "a comparison of runs (`compare`)", lambda d: d.get("algorithms")),
-           ("seeds.json", "a folder of runs of several seeds (`--seeds`)",
-            lambda d: [f"seed-{k}" for k in d.get("seeds") or ()]))
+# Folders that hold runs rather than being one: the file that marks them and what they are
+_GROUPS = ((COMPARISON, "a comparison of runs (`compare`)"), (SEEDS, "a folder of runs of several seeds (`--seeds`)"))
 
 
 def _not_a_run_folder(path: str, missing: list) -> str:
     """Why ``path`` cannot be loaded; a comparison or a folder of seeds names the run folders inside
-    it that can (loading one of them is what the user meant)."""
-    for mark, what, listed in _GROUPS:
+    it that can (loading one of them is what the user meant), in the group's order."""
+    for mark, what in _GROUPS:
         if not os.path.isfile(os.path.join(path, mark)):
             continue
         subs = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
-        try:
-            order = listed(_read_json(os.path.join(path, mark)))
-        except (ValueError, TypeError, AttributeError):  # a damaged file: the folder listing alone
-            order = None
-        if isinstance(order, list):
-            subs = [d for d in order if d in subs] + [d for d in subs if d not in order]
+        order = group_runs(path) or []  # a damaged record: the folder listing alone
+        subs = [d for d in order if d in subs] + [d for d in subs if d not in order]
         names = ", ".join(subs) if subs else "none yet"
         return (f"History.load: {path} is {what}, not one run: load one of {os.path.join(path, '<name>')} "
                 f"({names})")
@@ -259,16 +248,15 @@ def load_history(path: str) -> dict:
     """See :meth:`python_algos.simulate.History.load`: the History's fields (all but ``state``) as a
     dict, which ``History.load`` builds the History from (this layer sits below ``simulate``)."""
     path = os.fspath(path)
-    missing = [f for f in ("config.json", "metrics.jsonl") if not os.path.isfile(os.path.join(path, f))]
+    missing = [f for f in (CONFIG, METRICS) if not os.path.isfile(os.path.join(path, f))]
     if missing:
         raise FileNotFoundError(_not_a_run_folder(path, missing))
-    config = _read_json(os.path.join(path, "config.json"))
-    summary = _read_json(os.path.join(path, "summary.json")) if os.path.isfile(os.path.join(path, "summary.json")) \
-        else {}
+    config = read_config(path)
+    summary = read_json_object(os.path.join(path, SUMMARY)) if os.path.isfile(os.path.join(path, SUMMARY)) else {}
     rows = [_nan_for_null(r) for r in read_metrics(path)]
     if not rows:
-        raise ValueError(f"History.load: {os.path.join(path, 'metrics.jsonl')} holds no rows")
-    model_path = os.path.join(path, "model.pt")
+        raise ValueError(f"History.load: {os.path.join(path, METRICS)} holds no rows")
+    model_path = os.path.join(path, MODEL)
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"History.load: {path} holds no model.pt (the run did not complete)")
     saved = load_model(path)

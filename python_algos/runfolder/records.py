@@ -10,6 +10,9 @@
   ran on), :func:`write_summary`;
 * ``model.pt`` — :func:`save_model` (the reported model and its round), :func:`load_model`.
 
+Reading them back: :func:`read_config`, :func:`read_metrics`, :func:`read_summary`, and of a folder
+of runs (a comparison, seeds) :func:`group_runs`, the names of its runs in the group's order.
+
 The format is in :mod:`python_algos.runfolder`; the writes are atomic (:mod:`.files`).
 """
 
@@ -21,14 +24,17 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from . import checkpoint as ckpt
-from .files import RunExistsError, append_row, create_json, write_json, write_jsonl
+from .files import RunExistsError, append_row, create_json, read_json_object, read_metrics, write_json, write_jsonl
 
-__all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "write_config",
-           "api_config_record", "write_partition", "metrics_row", "write_metrics", "append_metrics_row", "final_row",
-           "summary_record", "write_summary", "save_model", "load_model"]
+__all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "COMPARISON", "SEEDS",
+           "write_config", "api_config_record", "write_partition", "metrics_row", "write_metrics",
+           "append_metrics_row", "final_row", "summary_record", "write_summary", "save_model", "load_model",
+           "read_config", "read_metrics", "read_summary", "group_runs"]
 
 CONFIG, PARTITION, METRICS = "config.json", "partition.json", "metrics.jsonl"
 SUMMARY, MODEL = "summary.json", "model.pt"
+# The first file of a folder of runs: a comparison (its runs in -a order), seeds (seed-<k>/ each)
+COMPARISON, SEEDS = "comparison.json", "seeds.json"
 
 # How a run ended (summary.json "status"): it ran every round; its objective or model became
 # non-finite and it was stopped; Ctrl-C / SIGTERM / SIGHUP stopped it (resumable); a Flower node failed.
@@ -56,6 +62,12 @@ def write_config(out_dir: str, settings: Mapping[str, Any], *, exclusive: bool =
     except FileExistsError:
         raise RunExistsError(f"{out_dir}: another command started a run in this folder after this one had checked "
                              f"it; that run was left alone and this one did not start: choose another --out") from None
+
+
+def read_config(out_dir: str) -> dict:
+    """``out_dir/config.json`` as written (:func:`write_config`); ``FileNotFoundError`` when missing,
+    :class:`~.files.RunFolderError` naming the file and line when damaged."""
+    return read_json_object(os.path.join(out_dir, CONFIG))
 
 
 def api_config_record(algorithm: str, hparams: dict, executor: str, setup: Mapping[str, Any]) -> dict:
@@ -151,6 +163,33 @@ def summary_record(*, label: str, algorithm: str, hparams: dict, status: str, ro
 def write_summary(out_dir: str, summary: Mapping[str, Any]) -> None:
     """``out_dir/summary.json``, atomically (written last: a folder with a summary is closed)."""
     write_json(os.path.join(out_dir, SUMMARY), dict(summary))
+
+
+def read_summary(out_dir: str) -> Optional[dict]:
+    """``out_dir/summary.json``, or None when it is missing or unreadable (a run that never got that
+    far, or was killed while writing it)."""
+    try:
+        return read_json_object(os.path.join(out_dir, SUMMARY))
+    except (OSError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- folders of runs
+
+
+def group_runs(folder: str) -> Optional[list]:
+    """The names of the runs of the folder of runs ``folder``, in the group's order: a comparison's
+    algorithms (its ``-a`` order, each ``<name>/``), a seeds folder's ``seed-<k>/``; None when
+    ``folder`` is no such group or its record is damaged (the folder listing is then all there is)."""
+    for mark, listed in ((COMPARISON, lambda d: d.get("algorithms")),
+                         (SEEDS, lambda d: [f"seed-{k}" for k in d.get("seeds") or ()])):
+        if os.path.isfile(os.path.join(folder, mark)):
+            try:
+                names = listed(read_json_object(os.path.join(folder, mark)))
+            except (OSError, ValueError, TypeError):
+                return None
+            return [str(n) for n in names] if isinstance(names, list) else None
+    return None
 
 
 # --------------------------------------------------------------------------- model.pt

@@ -5,11 +5,10 @@ rows, config.json and summary.json; and one experiment's seeds grouped into a me
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Sequence
 
-from ...runfolder.records import CONFIG, METRICS, SUMMARY
+from ...runfolder.records import METRICS, group_runs, read_config, read_metrics, read_summary
 from ..aggregate import aggregate_rows, counted, group_key, seed_of
 
 __all__ = ["find_runs", "load_run", "group_seeds", "display_name"]
@@ -25,7 +24,7 @@ def find_runs(paths: Sequence[str]) -> list:
         if not os.path.isdir(p):
             raise FileNotFoundError(f"{p}: no such folder")
         subs = sorted(d for d in os.listdir(p) if os.path.isfile(os.path.join(p, d, METRICS)))
-        order = _comparison_order(p)
+        order = {name: i for i, name in enumerate(group_runs(p) or ())}  # a comparison's -a order
         subs.sort(key=lambda d: order.get(d, len(order)))
         seeds = sorted((d for d in os.listdir(p) if seed_of(d) is not None and os.path.isdir(os.path.join(p, d))),
                        key=seed_of)
@@ -77,20 +76,10 @@ def group_seeds(runs: list, band: str = "std") -> list:
     return out
 
 
-def _comparison_order(folder: str) -> dict:
+def _config(path: str) -> dict:
+    """The run's config.json, or {} when missing or damaged (a figure needs it for its setup line only)."""
     try:
-        with open(os.path.join(folder, "comparison.json")) as f:
-            runs = json.load(f)["runs"]
-        return {os.path.basename(os.path.normpath(r["out_dir"])): i for i, r in enumerate(runs)}
-    except (OSError, KeyError, ValueError, TypeError):
-        return {}
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            d = json.load(f)
-        return d if isinstance(d, dict) else {}
+        return read_config(path)
     except (OSError, ValueError):
         return {}
 
@@ -107,12 +96,10 @@ def display_name(label: str) -> str:
 def load_run(path: str) -> dict:
     """``{"label", "rows", "path", "config", "summary", "f_star"}`` for one run folder (label: its
     summary's label, else the folder name; f_star: the summary's, else None)."""
-    from ...runfolder.files import read_metrics
-
-    summary = _read_json(os.path.join(path, SUMMARY))
+    summary = read_summary(path) or {}
     label = summary.get("label") or os.path.basename(os.path.normpath(path))
     label = display_name(label)
     f_star = summary.get("f_star")
     return {"label": label, "rows": read_metrics(path), "path": path, "summary": summary,
-            "config": _read_json(os.path.join(path, CONFIG)),
+            "config": _config(path),
             "f_star": float(f_star) if isinstance(f_star, (int, float)) and not isinstance(f_star, bool) else None}
