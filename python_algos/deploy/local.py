@@ -30,6 +30,7 @@ from typing import Callable, Optional
 import torch
 
 from ..runfolder.signals import STOP_SIGNALS, terminate_as_interrupt
+from . import same_user
 from .wire import ERROR_FILE
 
 __all__ = ["LocalDeployment", "FlowerRun", "DeploymentError", "marked_processes", "stop_signals_held"]
@@ -81,8 +82,11 @@ class LocalDeployment:
 
     # -- processes --------------------------------------------------------------------------
     def _start(self, name: str, args: list) -> subprocess.Popen:
+        """Start Flower's ``args[0]`` (``flower-superlink`` or ``flower-supernode``): its HTTP API
+        answers only this user's processes (:mod:`.same_user`)."""
         log = open(os.path.join(self.dir, name + ".log"), "w")
-        p = subprocess.Popen([os.path.join(self.bin, args[0]), *args[1:]], stdout=log, stderr=subprocess.STDOUT,
+        # run as a file, not ``-m``: importing python_algos (torch) would cost each process seconds
+        p = subprocess.Popen([sys.executable, same_user.__file__, *args], stdout=log, stderr=subprocess.STDOUT,
                              env=self.env, cwd=self.dir, start_new_session=True)  # its own group: killpg ends all
         self.procs[name] = p
         return p
@@ -111,7 +115,11 @@ class LocalDeployment:
             self._signals.close()
 
     def start(self) -> None:
-        os.makedirs(self.env["FLWR_HOME"], exist_ok=True)
+        try:
+            same_user.check_peer_lookup()
+        except OSError as e:
+            raise DeploymentError(str(e)) from None
+        os.makedirs(self.env["FLWR_HOME"], mode=0o700, exist_ok=True)
         self.port = _free_port()
         with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as f:
             f.write(f'[superlink]\ndefault = "pa-local"\n\n[superlink.pa-local]\n'
@@ -236,7 +244,7 @@ class FlowerRun:
                 with open(failure) as f:
                     raise DeploymentError(f.read().strip())
             raise DeploymentError(f"the Flower run ended without a result:\n{self.dep.log(self.name)}")
-        return torch.load(path, weights_only=False)
+        return torch.load(path, weights_only=True)  # tensors and plain containers: no code runs on load
 
 
 def _descendants(roots: list) -> list:

@@ -1,0 +1,126 @@
+"""Only the deploying user's processes may talk to a local Flower deployment's servers.
+
+Flower 1.41's SuperLink serves its Control API (``flwr run``, ``flwr supernode register``), its
+Fleet API (SuperNodes) and its Runtime API (SuperExec, ServerApp) on one HTTP port, and a SuperNode
+serves its Runtime API (its ClientApps) on another; without Flower Enterprise none of them asks who
+is calling, so any local account that knows the port could start a run (whose ServerApp then runs as
+the deploying user) or join a SuperNode. TLS would not change that (a server certificate proves the
+server to the client, not the client to the server; Flower's clients present no certificate).
+
+On loopback the kernel knows who is calling: the client's end of the TCP connection is a socket
+owned by the uid that made it, listed with that uid in ``/proc/net/tcp`` (``tcp6`` for an IPv6
+socket). :class:`SameUserOnly` answers 403 to every request whose client socket is not an
+established connection owned by the server's own uid (nor found: the check fails closed).
+``python .../deploy/same_user.py flower-superlink|flower-supernode ARGS...`` runs Flower's command
+with that check in front of its HTTP app (run as a file: it imports nothing of python_algos).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import sys
+from typing import Optional
+
+__all__ = ["PEER_TABLES", "SameUserOnly", "peer_uid", "check_peer_lookup", "main"]
+
+PEER_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")  # Linux: every TCP socket of this network namespace
+_ESTABLISHED = "01"
+REFUSED = b"this Flower deployment accepts only its own user's processes\n"
+
+
+def _address(field: str) -> tuple:
+    """``0100007F:1F90`` (or the 32-hex-digit IPv6 form) as (host, port); a v4-mapped IPv6
+    address as its IPv4 form, as the server sees the peer."""
+    ip, port = field.split(":")
+    words = b"".join(struct.pack("=I", int(ip[i:i + 8], 16)) for i in range(0, len(ip), 8))  # kernel byte order
+    return _plain(socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words)), int(port, 16)
+
+
+def _plain(host: str) -> str:
+    """An IPv4 address mapped into IPv6 (``::ffff:127.0.0.1``) as the IPv4 address."""
+    return host[len("::ffff:"):] if host.startswith("::ffff:") and "." in host else host
+
+
+def peer_uid(client: tuple, server: tuple) -> Optional[int]:
+    """The uid owning the client end of the established TCP connection ``client`` -> ``server``
+    (both ``(host, port)`` as the server sees them), or None when no such socket is listed (a
+    closed one included: a closing socket no longer names its owner)."""
+    want_local, want_remote = (_plain(client[0]), int(client[1])), (_plain(server[0]), int(server[1]))
+    for table in PEER_TABLES:
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != _ESTABLISHED or fields[9] == "0":
+                continue
+            try:
+                if _address(fields[1]) == want_local and _address(fields[2]) == want_remote:
+                    return int(fields[7])
+            except (ValueError, OSError):
+                continue
+    return None
+
+
+def check_peer_lookup() -> None:
+    """Raise OSError where this machine does not list its TCP sockets' owners (not Linux)."""
+    if not os.access(PEER_TABLES[0], os.R_OK):
+        raise OSError(f"a local Flower deployment checks that only your user's processes connect to it by "
+                      f"reading {PEER_TABLES[0]} (Linux); this machine has none")
+
+
+class SameUserOnly:
+    """ASGI middleware: 403 to a request from a process of another user (or of no known user)."""
+
+    def __init__(self, app, uid: Optional[int] = None):
+        self.app, self.uid = app, os.getuid() if uid is None else uid
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket"):
+            client, server = scope.get("client"), scope.get("server")
+            if not client or not server or peer_uid(client, server) != self.uid:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                await send({"type": "http.response.start", "status": 403,
+                            "headers": [(b"content-type", b"text/plain"),
+                                        (b"content-length", str(len(REFUSED)).encode())]})
+                await send({"type": "http.response.body", "body": REFUSED})
+                return
+        await self.app(scope, receive, send)
+
+
+def _guarded(create_app):
+    def create_guarded_app(*args, **kwargs):
+        app = create_app(*args, **kwargs)
+        app.add_middleware(SameUserOnly)  # added last: the outermost, before Flower's own middleware
+        return app
+    return create_guarded_app
+
+
+def main(argv: list) -> None:
+    """Run ``flower-superlink`` or ``flower-supernode`` (``argv[0]``) with its HTTP app guarded."""
+    if not argv or argv[0] not in ("flower-superlink", "flower-supernode"):
+        raise SystemExit(f"usage: python {__file__} flower-superlink|flower-supernode ARGS...")
+    check_peer_lookup()
+    if argv[0] == "flower-superlink":
+        import flwr.superlink.main as served
+        from flwr.superlink.cli.flower_superlink import flower_superlink as command
+    else:
+        import flwr.supernode.main as served
+        from flwr.supernode.cli.flower_supernode import flower_supernode as command
+    # Flower's command imports create_app from this module when it starts serving
+    served.create_app = _guarded(served.create_app)
+    sys.argv = list(argv)
+    command()
+
+
+if __name__ == "__main__":
+    # run as a file, this folder heads sys.path: its modules must not stand in for top-level ones
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    main(sys.argv[1:])
