@@ -74,11 +74,14 @@ def test_the_peer_of_a_loopback_connection_is_its_socket_owner():
         with socket.create_connection(srv.getsockname()) as c:
             conn, peer = srv.accept()
             with conn:
-                assert same_user.peer_uid(peer, conn.getsockname()) == os.getuid()
-                # the server's own end is not the client's: the lookup is by the client's address
-                assert same_user.peer_uid(conn.getsockname(), peer) == os.getuid()
-                assert same_user.peer_uid(("127.0.0.1", 1), conn.getsockname()) is None
-            del c
+                for lookup in (same_user.peer_uid, same_user.listed_peer_uid):  # sock_diag, /proc/net/tcp
+                    assert lookup(peer, conn.getsockname()) == os.getuid()
+                    assert lookup(("::ffff:" + peer[0], peer[1]), conn.getsockname()) == os.getuid()
+                    assert lookup(("127.0.0.1", 1), conn.getsockname()) is None
+            c.close()
+            # a closed client end names no owner (a closing socket could otherwise pass for root's)
+            for lookup in (same_user.peer_uid, same_user.listed_peer_uid):
+                assert lookup(peer, srv.getsockname()) is None
 
 
 def test_a_connection_from_another_users_process_is_named_with_that_user():
@@ -96,6 +99,7 @@ def test_a_connection_from_another_users_process_is_named_with_that_user():
             conn, peer = srv.accept()
             with conn:
                 assert same_user.peer_uid(peer, conn.getsockname()) == OTHER
+                assert same_user.listed_peer_uid(peer, conn.getsockname()) == OTHER
         finally:
             p.stdin.close()
             p.wait(timeout=30)
