@@ -4,13 +4,14 @@
         result = dep.run("examples/flower_app", {"rounds": 5, ...})   # the ServerApp's result.pt
 
 Every process listens on 127.0.0.1 only (Flower 1.41 speaks HTTP between them; ``--insecure`` is
-used on loopback only), in its own process group, so that leaving the ``with`` block, on success,
-error, Ctrl-C, SIGTERM or SIGHUP (inside the block they raise ``KeyboardInterrupt``:
-:func:`~python_algos.runfolder.signals.terminate_as_interrupt`), ends the processes and everything
-they started (Flower's SuperExec and app processes, the ServerApp included: after the block no
-process of the deployment writes anything). Stopping is not itself interrupted: a second signal
-waits until every process has ended. The Flower CLI's home (``FLWR_HOME``) is a temporary folder:
-the user's is not touched.
+used on loopback only) and answers only the deploying user's processes (:mod:`.same_user`: another
+account that knows the port can neither start a run nor join a SuperNode), in its own process group,
+so that leaving the ``with`` block, on success, error, Ctrl-C, SIGTERM or SIGHUP (inside the block
+they raise ``KeyboardInterrupt``: :func:`~python_algos.runfolder.signals.terminate_as_interrupt`),
+ends the processes and everything they started (Flower's SuperExec and app processes, the ServerApp
+included: after the block no process of the deployment writes anything). Stopping is not itself
+interrupted: a second signal waits until every process has ended. The Flower CLI's home
+(``FLWR_HOME``) is a temporary folder: the user's is not touched.
 """
 
 from __future__ import annotations
