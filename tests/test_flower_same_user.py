@@ -210,6 +210,7 @@ def test_only_the_deploying_user_starts_runs_and_joins_nodes():
             # every API of the SuperLink and of a SuperNode (its ClientApps' Runtime API) answers the same
             node_port = int(dep.procs["supernode-0"].args[dep.procs["supernode-0"].args.index("--port") + 1])
             _wait_listening(node_port)
+            assert same_user.is_guarded(dep.port) and same_user.is_guarded(node_port)
             for port in (dep.port, node_port):
                 assert _http_status(f"http://127.0.0.1:{port}/health", other) == 403
                 assert _http_status(f"http://127.0.0.1:{port}/health") != 403

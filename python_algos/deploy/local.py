@@ -129,6 +129,10 @@ class LocalDeployment:
                                   "--database", os.path.join(self.dir, "superlink.db"),
                                   "--disable-runtime-dependency-installation"])
         self._wait_port(self.port, "superlink", 60)
+        if not same_user.is_guarded(self.port):
+            raise DeploymentError("the SuperLink answers without the check that only your user's processes reach "
+                                  "it: this Flower version builds its HTTP app elsewhere than Flower 1.41 did "
+                                  f"({same_user.__file__} would need updating)")
         for i in range(self.num_clients):
             self.start_node(i)
 

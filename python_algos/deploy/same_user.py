@@ -25,11 +25,13 @@ import struct
 import sys
 from typing import Optional
 
-__all__ = ["PEER_TABLES", "SameUserOnly", "peer_uid", "listed_peer_uid", "check_peer_lookup", "main"]
+__all__ = ["PEER_TABLES", "GUARD_HEADER", "SameUserOnly", "peer_uid", "listed_peer_uid", "check_peer_lookup",
+           "is_guarded", "main"]
 
 PEER_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")  # Linux: every TCP socket of this network namespace
 _ESTABLISHED = "01"
 REFUSED = b"this Flower deployment accepts only its own user's processes\n"
+GUARD_HEADER = "x-same-user-only"  # on every answer of a guarded server: the deployment checks it is there
 
 
 def _address(field: str) -> tuple:
@@ -134,11 +136,28 @@ class SameUserOnly:
                     await send({"type": "websocket.close", "code": 1008})
                     return
                 await send({"type": "http.response.start", "status": 403,
-                            "headers": [(b"content-type", b"text/plain"),
+                            "headers": [(b"content-type", b"text/plain"), (GUARD_HEADER.encode(), b"1"),
                                         (b"content-length", str(len(REFUSED)).encode())]})
                 await send({"type": "http.response.body", "body": REFUSED})
                 return
-        await self.app(scope, receive, send)
+
+        async def marked_send(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (GUARD_HEADER.encode(), b"1")]}
+            await send(message)
+        await self.app(scope, receive, marked_send)
+
+
+def is_guarded(port: int, host: str = "127.0.0.1", timeout: float = 30.0) -> bool:
+    """Whether the HTTP server on ``host:port`` answers with :class:`SameUserOnly` in front (a Flower
+    version that no longer builds its app where :func:`main` puts the check would not)."""
+    import http.client
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().getheader(GUARD_HEADER) == "1"
+    finally:
+        conn.close()
 
 
 def _guarded(create_app):
