@@ -4,13 +4,14 @@
         result = dep.run("examples/flower_app", {"rounds": 5, ...})   # the ServerApp's result.pt
 
 Every process listens on 127.0.0.1 only (Flower 1.41 speaks HTTP between them; ``--insecure`` is
-used on loopback only), in its own process group, so that leaving the ``with`` block, on success,
-error, Ctrl-C, SIGTERM or SIGHUP (inside the block they raise ``KeyboardInterrupt``:
-:func:`~python_algos.runfolder.signals.terminate_as_interrupt`), ends the processes and everything
-they started (Flower's SuperExec and app processes, the ServerApp included: after the block no
-process of the deployment writes anything). Stopping is not itself interrupted: a second signal
-waits until every process has ended. The Flower CLI's home (``FLWR_HOME``) is a temporary folder:
-the user's is not touched.
+used on loopback only) and answers only the deploying user's processes (:mod:`.same_user`: another
+account that knows the port can neither start a run nor join a SuperNode), in its own process group,
+so that leaving the ``with`` block, on success, error, Ctrl-C, SIGTERM or SIGHUP (inside the block
+they raise ``KeyboardInterrupt``: :func:`~python_algos.runfolder.signals.terminate_as_interrupt`),
+ends the processes and everything they started (Flower's SuperExec and app processes, the ServerApp
+included: after the block no process of the deployment writes anything). Stopping is not itself
+interrupted: a second signal waits until every process has ended. The Flower CLI's home
+(``FLWR_HOME``) is a temporary folder: the user's is not touched.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Callable, Optional
 import torch
 
 from ..runfolder.signals import STOP_SIGNALS, terminate_as_interrupt
+from . import same_user
 from .wire import ERROR_FILE
 
 __all__ = ["LocalDeployment", "FlowerRun", "DeploymentError", "marked_processes", "stop_signals_held"]
@@ -81,8 +83,11 @@ class LocalDeployment:
 
     # -- processes --------------------------------------------------------------------------
     def _start(self, name: str, args: list) -> subprocess.Popen:
+        """Start Flower's ``args[0]`` (``flower-superlink`` or ``flower-supernode``): its HTTP API
+        answers only this user's processes (:mod:`.same_user`)."""
         log = open(os.path.join(self.dir, name + ".log"), "w")
-        p = subprocess.Popen([os.path.join(self.bin, args[0]), *args[1:]], stdout=log, stderr=subprocess.STDOUT,
+        # run as a file, not ``-m``: importing python_algos (torch) would cost each process seconds
+        p = subprocess.Popen([sys.executable, same_user.__file__, *args], stdout=log, stderr=subprocess.STDOUT,
                              env=self.env, cwd=self.dir, start_new_session=True)  # its own group: killpg ends all
         self.procs[name] = p
         return p
@@ -111,7 +116,11 @@ class LocalDeployment:
             self._signals.close()
 
     def start(self) -> None:
-        os.makedirs(self.env["FLWR_HOME"], exist_ok=True)
+        try:
+            same_user.check_peer_lookup()
+        except OSError as e:
+            raise DeploymentError(str(e)) from None
+        os.makedirs(self.env["FLWR_HOME"], mode=0o700, exist_ok=True)
         self.port = _free_port()
         with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as f:
             f.write(f'[superlink]\ndefault = "pa-local"\n\n[superlink.pa-local]\n'
@@ -120,6 +129,10 @@ class LocalDeployment:
                                   "--database", os.path.join(self.dir, "superlink.db"),
                                   "--disable-runtime-dependency-installation"])
         self._wait_port(self.port, "superlink", 60)
+        if not same_user.is_guarded(self.port):
+            raise DeploymentError("the SuperLink answers without the check that only your user's processes reach "
+                                  "it: this Flower version builds its HTTP app elsewhere than Flower 1.41 did "
+                                  f"({same_user.__file__} would need updating)")
         for i in range(self.num_clients):
             self.start_node(i)
 
@@ -236,7 +249,7 @@ class FlowerRun:
                 with open(failure) as f:
                     raise DeploymentError(f.read().strip())
             raise DeploymentError(f"the Flower run ended without a result:\n{self.dep.log(self.name)}")
-        return torch.load(path, weights_only=False)
+        return torch.load(path, weights_only=True)  # tensors and plain containers: no code runs on load
 
 
 def _descendants(roots: list) -> list:
