@@ -97,3 +97,11 @@ def test_the_round_a_budget_stops_on_is_checkpointed_and_the_last_round_is_no_st
 def test_time_budget_refuses_a_bad_number(seconds):
     with pytest.raises(ValueError, match="seconds must be a finite number > 0"):
         TimeBudget(seconds)
+
+
+def test_flower_refuses_a_budget_it_would_not_keep(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["run", "--flower", *SMALL, "-a", "fedavg", "--time-budget", "5", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --time-budget 5: --flower has no time budget"), err
+    assert not out.exists()
