@@ -59,6 +59,14 @@ def test_the_lr_mapping_is_named_when_its_values_break_the_rule(tmp_path, capsys
     assert "beta=0.01" not in err, err
 
 
+def test_many_local_steps_still_name_the_option(tmp_path, capsys):
+    """With -K 100 the default --lr's alpha = 0.05 * 100 breaks MCP's rule too: the option is checked
+    over the user's own (passing) --lr mapping instead, and named alone."""
+    err = refused(tmp_path, "-K", "100", "--lr", "0.001", "--reg", "mcp", "--reg-strength", "1", "--reg-opt",
+                  "gamma=0.5", "--alg-opt", "alpha=0.9", capsys=capsys)
+    assert err.startswith("--alg-opt alpha=0.9: FedCanon: alpha = 0.9 violates"), err
+
+
 def test_an_option_from_a_config_file_is_named_by_its_file_and_key(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text('algorithm = "fednmap"\nalg_opts = {lam = -1, downlink = "z"}\n')

@@ -94,17 +94,19 @@ def _failure(attempt: Callable[[dict], object], values: dict) -> Optional[Except
     return None
 
 
-def _at_fault(attempt: Callable[[dict], object], reference: dict, sources: dict, error: Exception,
+def _at_fault(attempt: Callable[[dict], object], references: list, sources: dict, error: Exception,
               base: Optional[str] = None) -> tuple:
     """Which of ``sources`` (label -> the values that flag sets, in the user's order) make
     ``attempt({**reference, **their values})`` fail, found by trying them, not by reading ``error``
-    (the failure of all of them together). ``reference``: values that pass (the defaults).
+    (the failure of all of them together). The reference values the sources are tried over: the first
+    of ``references`` that passes (the defaults first).
 
     ``base`` (the --lr mapping, --reg-strength) is tried first; when it passes alone, the others are
     tried over it. A source that fails alone is named alone, with its own error; otherwise the rule is
     one between sources, and those whose removal lets the rest pass are named (all, if none does), with
-    ``error``. Returns (labels, error); no labels when the reference itself fails."""
-    if _failure(attempt, reference) is not None:
+    ``error``. Returns (labels, error); no labels when no reference passes."""
+    reference = next((r for r in references if _failure(attempt, r) is None), None)
+    if reference is None:
         return [], error
     over = dict(reference)
     order = list(sources) if base is None else [base, *(k for k in sources if k != base)]
@@ -126,11 +128,12 @@ _LR = "--lr"  # the source label of the values --lr and --local-steps set (no hy
 
 
 def _algorithm_sources(cfg: Config, entry) -> tuple:
-    """(reference, sources) of cfg's hyper-parameters: the default --lr's values, and per flag the
-    values it sets (--lr / --local-steps: the mapped ones no --alg-opt overrides; each --alg-opt)."""
-    reference = entry.from_lr(Config.lr, cfg.local_steps)
+    """(references, sources) of cfg's hyper-parameters: the values of the default --lr, else of the
+    user's (with -K 100 the default's steps may break a weakly convex h's rule), and per flag the values
+    it sets (--lr / --local-steps: the mapped ones no --alg-opt overrides; each --alg-opt)."""
+    references = [entry.from_lr(lr, cfg.local_steps) for lr in (Config.lr, cfg.lr)]
     mapped = {k: v for k, v in entry.from_lr(cfg.lr, cfg.local_steps).items() if k not in cfg.alg_opts}
-    return reference, {_LR: mapped, **{k: {k: v} for k, v in cfg.alg_opts.items()}}
+    return references, {_LR: mapped, **{k: {k: v} for k, v in cfg.alg_opts.items()}}
 
 
 def _hparam_fault(cfg: Config, alg_name: str, labels: list, e: Exception) -> ValueError:
@@ -157,8 +160,8 @@ def hparam_error(cfg: Config, alg_name: str, e: Exception, reg: Optional[fk.Regu
     ``--lr`` / ``--local-steps`` mapping."""
     entry = ALGORITHMS[cfg.algorithm.lower()]
     h = reg if reg is not None else build_run_regularizer(cfg, None)
-    reference, sources = _algorithm_sources(cfg, entry)
-    labels, err = _at_fault(lambda values: entry.cls(**values).validate(h), reference, sources, e, base=_LR)
+    references, sources = _algorithm_sources(cfg, entry)
+    labels, err = _at_fault(lambda values: entry.cls(**values).validate(h), references, sources, e, base=_LR)
     return _hparam_fault(cfg, alg_name, labels, err)
 
 
@@ -180,8 +183,8 @@ def build_algorithm(cfg: Config):
     try:
         return build(cfg.algorithm, cfg.lr, cfg.local_steps, cfg.alg_opts)
     except (ValueError, TypeError) as e:
-        reference, sources = _algorithm_sources(cfg, entry)
-        labels, err = _at_fault(lambda values: entry.cls(**values), reference, sources, e, base=_LR)
+        references, sources = _algorithm_sources(cfg, entry)
+        labels, err = _at_fault(lambda values: entry.cls(**values), references, sources, e, base=_LR)
         raise _hparam_fault(cfg, entry.cls.name, labels, err) from None
 
 
@@ -198,7 +201,7 @@ def build_per_parameter(table: dict, model: nn.Module, default_strength: float =
     except (ValueError, TypeError) as e:
         # the entries at fault, by trying them (an entry alone: a pattern matching no parameter; together:
         # one shadowing another), over no penalty at all
-        labels, err = _at_fault(lambda entries: fk.PerParameter(model, entries), {},
+        labels, err = _at_fault(lambda entries: fk.PerParameter(model, entries), [{}],
                                 {p: {p: r} for p, r in mapping.items()}, e)
         labels = labels or list(table)
         texts = [spec_text(p, table[p]) for p in labels]
@@ -263,7 +266,7 @@ def _regularizer_fault(name: str, strength: float, opts: dict, e: Exception) -> 
 
     penalty = name in STRENGTH_NAMES
     sources = {**({_STRENGTH: {_STRENGTH: strength}} if penalty else {}), **{k: {k: v} for k, v in opts.items()}}
-    labels, err = _at_fault(attempt, {_STRENGTH: Config.reg_strength if penalty else 0.0}, sources, e,
+    labels, err = _at_fault(attempt, [{_STRENGTH: Config.reg_strength if penalty else 0.0}], sources, e,
                             base=_STRENGTH if penalty else None)
     rule, named = str(err), {k: opts[k] for k in labels if k != _STRENGTH}
     if labels == [_STRENGTH]:
