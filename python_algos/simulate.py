@@ -156,6 +156,10 @@ _SNAPSHOT_KEYS = ("round", "algorithm", "hparams", "state", "rng", "client_rng",
                   "elapsed")
 
 
+# how a refused resume names each recorded setting: simulate's keyword that sets it
+_RESUME_LABELS = {**setup_record.LABELS, "algorithm": "algorithm", "model_buffers": "model (buffers)"}
+
+
 def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rounds: int) -> None:
     """Refuse a snapshot that does not belong to this run, before anything is changed.
 
@@ -168,21 +172,15 @@ def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rou
     missing = [k for k in _SNAPSHOT_KEYS if k not in snap]
     if missing:
         raise ValueError(f"cannot resume: resume is not a simulate snapshot (it lacks {', '.join(missing)})")
-    diffs = []
-    if snap["algorithm"] != algorithm.name or snap["hparams"] != algorithm.hparams():
-        diffs.append(f"algorithm: snapshot {snap['algorithm']} {snap['hparams']}, given {algorithm.name} "
-                     f"{algorithm.hparams()}")
-    have = {n: tuple(b.shape) for n, b in model.named_buffers()}
-    saved = {n: tuple(b.shape) for n, b in snap["buffers"].items()}
-    if have != saved:
-        diffs.append(f"model (buffers): snapshot {saved}, given {have}")
     recorded = snap.get("setup")
-    if isinstance(recorded, Mapping):
-        diffs += setup_record.differences(dict(recorded), setup)
-    if diffs:
-        raise ValueError(f"cannot resume: the snapshot's run has other settings than the given ones, so its state "
-                         f"would continue under them (nothing was changed): {'; '.join(diffs)}. Resume with the "
-                         f"snapshot's settings (only rounds may differ), or start a new run without resume")
+    saved = {"algorithm": {"name": snap["algorithm"], "hparams": snap["hparams"]},
+             "model_buffers": {n: tuple(b.shape) for n, b in snap["buffers"].items()},
+             **(dict(recorded) if isinstance(recorded, Mapping) else {})}
+    now = {"algorithm": {"name": algorithm.name, "hparams": algorithm.hparams()},
+           "model_buffers": {n: tuple(b.shape) for n, b in model.named_buffers()}, **setup}
+    setup_record.check_same_setup(saved, now, what="from the snapshot", labels=_RESUME_LABELS,
+                                  fix="resume with the snapshot's settings (only rounds may differ), or start a new "
+                                      "run without resume")
     rows = snap.get("metrics")
     if rows is not None and [m.get("round") if isinstance(m, Mapping) else None
                              for m in list(rows)[:int(snap["round"])]] != list(range(1, int(snap["round"]) + 1)):

@@ -397,7 +397,7 @@ def test_resume_with_another_checkpoint_interval_ends_with_the_uninterrupted_bit
 
 
 ACCEPTED_ON_RUN_RESUME = ["--rounds", "--workers", "--no-progress", "--formats", "--no-plot", "--band",
-                          "--tensorboard", "--checkpoint-every"]
+                          "--tensorboard", "--checkpoint-every", "--time-budget"]
 
 
 @pytest.mark.parametrize("flag, why", [

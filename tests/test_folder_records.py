@@ -55,7 +55,7 @@ def test_run_and_history_save_write_the_same_records(tmp_path):
 
 
 def test_a_summary_names_only_the_known_statuses():
-    with pytest.raises(ValueError, match="status must be one of completed, diverged, interrupted, failed"):
+    with pytest.raises(ValueError, match="status must be one of completed, diverged, interrupted, failed, stopped"):
         summary_record(label="x", algorithm="x", hparams={}, status="done", rows=[], rounds=1, regularizer=None,
                        num_clients=1, dim=1, executor="sequential", out_dir="x", resume_command=None)
-    assert STATUSES == ("completed", "diverged", "interrupted", "failed")
+    assert STATUSES == ("completed", "diverged", "interrupted", "failed", "stopped")

@@ -3,13 +3,18 @@
 Each builder checks what it builds and words its errors in the user's terms: the flags that set the
 value (``--dataset``, ``--model-opt``, ``--alg-opt``, ``--lr`` with ``--local-steps``, ``--reg``) or
 the config key of a per-parameter entry (``[regularizers]`` / ``--reg-param``).
+
+Which flag a refused value came from is found by trying the values, never by reading the error's
+text (:func:`_at_fault`): each flag's values are checked alone over values known to pass (the
+defaults), so an option is named because its value fails, not because its name appears in a rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
+import warnings
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -78,18 +83,86 @@ def build_model(cfg: Config, ds) -> nn.Module:
     return model.to(device=resolve_device(cfg.device), dtype=getattr(torch, cfg.dtype))
 
 
-def hparam_error(cfg: Config, alg_name: str, e: Exception) -> ValueError:
-    """``e`` (raised by an algorithm about one of its hyper-parameters) in terms of the flags that set it:
-    ``--alg-opt KEY=VALUE`` when the user gave that key, else the ``--lr`` / ``--local-steps`` mapping."""
-    msg = str(e)
-    given = [k for k in cfg.alg_opts if re.search(rf"\b{re.escape(k)}\b", msg)]
-    if given:
-        return ValueError(f"--alg-opt {_opts_text({k: cfg.alg_opts[k] for k in given})}: {msg}")
+def _failure(attempt: Callable[[dict], object], values: dict) -> Optional[Exception]:
+    """The error ``attempt(values)`` raises about a value (None: it passes)."""
+    try:
+        with warnings.catch_warnings():  # the run's own checks warn once, not each trial
+            warnings.simplefilter("ignore")
+            attempt(values)
+    except (ValueError, TypeError) as e:
+        return e
+    return None
+
+
+def _at_fault(attempt: Callable[[dict], object], references: list, sources: dict, error: Exception,
+              base: Optional[str] = None) -> tuple:
+    """Which of ``sources`` (label -> the values that flag sets, in the user's order) make
+    ``attempt({**reference, **their values})`` fail, found by trying them, not by reading ``error``
+    (the failure of all of them together). The reference values the sources are tried over: the first
+    of ``references`` that passes (the defaults first).
+
+    ``base`` (the --lr mapping, --reg-strength) is tried first; when it passes alone, the others are
+    tried over it. A source that fails alone is named alone, with its own error; otherwise the rule is
+    one between sources, and those whose removal lets the rest pass are named (all, if none does), with
+    ``error``. Returns (labels, error); no labels when no reference passes."""
+    reference = next((r for r in references if _failure(attempt, r) is None), None)
+    if reference is None:
+        return [], error
+    over = dict(reference)
+    order = list(sources) if base is None else [base, *(k for k in sources if k != base)]
+    for label in order:
+        e = _failure(attempt, {**over, **sources[label]})
+        if e is not None:
+            return [label], e
+        if label == base:
+            over.update(sources[base])
+
+    def without(label):
+        return {**reference, **{k: v for other in sources if other != label for k, v in sources[other].items()}}
+
+    together = [label for label in sources if _failure(attempt, without(label)) is None]
+    return together or list(sources), error
+
+
+_LR = "--lr"  # the source label of the values --lr and --local-steps set (no hyper-parameter is called so)
+
+
+def _algorithm_sources(cfg: Config, entry) -> tuple:
+    """(references, sources) of cfg's hyper-parameters: the values of the default --lr, else of the
+    user's (with -K 100 the default's steps may break a weakly convex h's rule), and per flag the values
+    it sets (--lr / --local-steps: the mapped ones no --alg-opt overrides; each --alg-opt)."""
+    references = [entry.from_lr(lr, cfg.local_steps) for lr in (Config.lr, cfg.lr)]
+    mapped = {k: v for k, v in entry.from_lr(cfg.lr, cfg.local_steps).items() if k not in cfg.alg_opts}
+    return references, {_LR: mapped, **{k: {k: v} for k, v in cfg.alg_opts.items()}}
+
+
+def _hparam_fault(cfg: Config, alg_name: str, labels: list, e: Exception) -> ValueError:
+    """The error ``e`` of the hyper-parameters set by the flags ``labels`` (:func:`_at_fault`), worded
+    with them: ``--alg-opt KEY=VALUE`` (or its config-file key), else the ``--lr`` / ``--local-steps``
+    mapping and the options that break the rule with it (no labels: every option given)."""
+    rule = str(e)
+    opts = {k: cfg.alg_opts[k] for k in (labels or cfg.alg_opts) if k != _LR}
+    if labels and _LR not in labels:
+        return ConfigError("alg_opts", _opts_text(opts) if len(opts) == 1 else opts, rule,
+                           flag_text=f"--alg-opt {_opts_text(opts)}")
     mapped = {k: v for k, v in ALGORITHMS[cfg.algorithm.lower()].from_lr(cfg.lr, cfg.local_steps).items()
               if k != "local_steps" and k not in cfg.alg_opts}
     shown = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in mapped.items())
+    with_opts = f", with --alg-opt {_opts_text(opts)}" if opts else ""
     return ValueError(f"--lr {cfg.lr:g} with --local-steps {cfg.local_steps} sets {alg_name}'s {shown} "
-                      f"(see `python -m python_algos algorithms`; override with --alg-opt): {msg}")
+                      f"(see `python -m python_algos algorithms`; override with --alg-opt){with_opts}: {rule}")
+
+
+def hparam_error(cfg: Config, alg_name: str, e: Exception, reg: Optional[fk.Regularizer] = None) -> ValueError:
+    """``e``, raised by ``validate(reg)`` of cfg's algorithm (h: ``reg``, None: the one of cfg's --reg
+    flags), in terms of the flags that set the hyper-parameters at fault: each flag's values are
+    validated alone (:func:`_at_fault`), ``--alg-opt KEY=VALUE`` when the user's key is, else the
+    ``--lr`` / ``--local-steps`` mapping."""
+    entry = ALGORITHMS[cfg.algorithm.lower()]
+    h = reg if reg is not None else build_run_regularizer(cfg, None)
+    references, sources = _algorithm_sources(cfg, entry)
+    labels, err = _at_fault(lambda values: entry.cls(**values).validate(h), references, sources, e, base=_LR)
+    return _hparam_fault(cfg, alg_name, labels, err)
 
 
 def build_algorithm(cfg: Config):
@@ -110,7 +183,9 @@ def build_algorithm(cfg: Config):
     try:
         return build(cfg.algorithm, cfg.lr, cfg.local_steps, cfg.alg_opts)
     except (ValueError, TypeError) as e:
-        raise hparam_error(cfg, entry.cls.name, e) from None
+        references, sources = _algorithm_sources(cfg, entry)
+        labels, err = _at_fault(lambda values: entry.cls(**values), references, sources, e, base=_LR)
+        raise _hparam_fault(cfg, entry.cls.name, labels, err) from None
 
 
 def build_per_parameter(table: dict, model: nn.Module, default_strength: float = 0.0) -> fk.PerParameter:
@@ -124,8 +199,14 @@ def build_per_parameter(table: dict, model: nn.Module, default_strength: float =
     try:
         return fk.PerParameter(model, mapping)
     except (ValueError, TypeError) as e:
-        text = next((spec_text(p, s) for p, s in table.items() if repr(p) in str(e)), None)
-        raise ConfigError("regularizers", text if text is not None else table, str(e)) from None
+        # the entries at fault, by trying them (an entry alone: a pattern matching no parameter; together:
+        # one shadowing another), over no penalty at all
+        labels, err = _at_fault(lambda entries: fk.PerParameter(model, entries), [{}],
+                                {p: {p: r} for p, r in mapping.items()}, e)
+        labels = labels or list(table)
+        texts = [spec_text(p, table[p]) for p in labels]
+        raise ConfigError("regularizers", texts[0] if len(texts) == 1 else {p: table[p] for p in labels}, str(err),
+                          flag_text=" ".join(f"--reg-param {t}" for t in texts)) from None
 
 
 def build_run_regularizer(cfg: Config, model: nn.Module) -> fk.Regularizer:
@@ -170,10 +251,29 @@ def _flag_regularizer(reg: str, strength: float, opts: dict) -> fk.Regularizer:
     try:
         return build_regularizer(name, float(strength), **opts)
     except (ValueError, TypeError) as e:
-        msg = str(e)
-        named = {k: v for k, v in opts.items() if re.search(rf"\b{re.escape(k)}\b", msg)}
-        if named:
-            raise _reg_opts_error(named, msg) from None
-        if own is not None and re.search(rf"\b{re.escape(own)}\b", msg):
-            raise ConfigError("reg_strength", strength, msg) from None
-        raise ValueError(f"--reg {name}{' --reg-opt ' + _opts_text(opts) if opts else ''}: {msg}") from None
+        raise _regularizer_fault(name, float(strength), opts, e) from None
+
+
+_STRENGTH = "--reg-strength"  # the source label of a penalty's strength (no option is called so)
+
+
+def _regularizer_fault(name: str, strength: float, opts: dict, e: Exception) -> ValueError:
+    """The error ``e`` of --reg NAME, worded with the flags whose values are at fault (:func:`_at_fault`,
+    each checked alone over the defaults: --reg-strength's and the options')."""
+    def attempt(values):
+        values = dict(values)
+        build_regularizer(name, values.pop(_STRENGTH), **values)
+
+    penalty = name in STRENGTH_NAMES
+    sources = {**({_STRENGTH: {_STRENGTH: strength}} if penalty else {}), **{k: {k: v} for k, v in opts.items()}}
+    labels, err = _at_fault(attempt, [{_STRENGTH: Config.reg_strength if penalty else 0.0}], sources, e,
+                            base=_STRENGTH if penalty else None)
+    rule, named = str(err), {k: opts[k] for k in labels if k != _STRENGTH}
+    if labels == [_STRENGTH]:
+        return ConfigError("reg_strength", strength, rule)
+    if labels and _STRENGTH not in labels:
+        return _reg_opts_error(named, rule)
+    if labels:
+        also = "".join(f" --reg-opt {_opts_text({k: v})}" for k, v in named.items())
+        return ConfigError("reg_strength", strength, rule, flag_text=f"--reg-strength {show_value(strength)}{also}")
+    return ValueError(f"--reg {name}{' --reg-opt ' + _opts_text(opts) if opts else ''}: {rule}")

@@ -403,6 +403,14 @@ class Config:
                                     check=_int(0, what=" (0: only at the start and the end)"),
                                     on_resume="run_may_change",
                                     help="checkpoint every N rounds (default 10; 0: only at the start and the end)")
+    # how long this invocation may run its rounds: it stops after the first round that ends past the budget,
+    # checkpointed (status "stopped"), and --resume continues it; when it stops changes no round's result
+    time_budget: Optional[float] = setting(None, group="run", parse=parse_float,
+                                           check=_num(0, none_ok=True, what=" (seconds)"), on_resume="run_may_change",
+                                           metavar="SECONDS",
+                                           help="stop after the first round that ends more than SECONDS after the "
+                                                "rounds started, with a checkpoint of that round (summary status "
+                                                "'stopped'; --resume continues); default: no limit")
     # execution (changes speed, not the result beyond floating-point summation order)
     executor: str = setting("auto", group="run", choices=_RUN_EXECUTORS, check=_executor, on_resume="kept",
                             why_kept="another executor runs the same algorithm with another floating-point summation "

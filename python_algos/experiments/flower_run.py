@@ -131,6 +131,9 @@ def prepare_flower(cfg, out_dir: str, *, replace: bool = False, resume: bool = F
     if prep.device.type != "cpu":
         raise ConfigError("device", cfg.device, f"--flower runs the clients and the server on the CPU (this picks "
                                                 f"{prep.device}); give --device cpu")
+    if cfg.time_budget is not None:  # the deployment's rounds run in its server app, which has no budget
+        raise ConfigError("time_budget", cfg.time_budget, "--flower has no time budget: give --round-timeout for "
+                                                          "each round's limit, or run without --flower")
     alg = prep.algorithm
     if not isinstance(alg, ServerClientAlgorithm):
         why = "it is peer-to-peer, with no server" if alg.name == "DEPOSITUM" else "it has no server program"

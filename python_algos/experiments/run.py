@@ -156,13 +156,15 @@ class _KillHooks(callbacks.Callback):
         launch.maybe_kill(t)
 
 
-def _run_callbacks(metrics_path: Optional[str], events, label: str, progress: bool, stop, saver, every: int) -> list:
+def _run_callbacks(metrics_path: Optional[str], events, label: str, progress: bool, stop, saver, every: int,
+                   budget: Optional[float] = None) -> list:
     """The callbacks of a command-line run, in order: the row goes to metrics.jsonl (and TensorBoard)
-    first, then the display, the divergence check, the test hooks, and the checkpoint of a round that
-    every callback accepted (after the rows it continues are on disk)."""
+    first, then the display, the divergence check, the time budget (``--time-budget``), the test hooks,
+    and the checkpoint of a round that every callback accepted (after the rows it continues are on disk)."""
     metrics = callbacks.MetricsFile(metrics_path)
     return [metrics, *([callbacks.TensorBoard(events)] if events is not None else []),
-            callbacks.ShowProgress(label, enabled=progress), stop, _KillHooks(metrics),
+            callbacks.ShowProgress(label, enabled=progress), stop,
+            *([callbacks.TimeBudget(budget)] if budget is not None else []), _KillHooks(metrics),
             callbacks.Checkpoint(saver, every, before_save=[metrics.sync])]
 
 
@@ -190,9 +192,10 @@ def _open_folder(prep: PreparedRun, log, main: bool):
 
 def _run_rounds(prep: PreparedRun, cbs: list, eval_fn, executor: str, executor_options):
     """The rounds of the run (:func:`~python_algos.simulate.simulate` with the run's callbacks);
-    returns (History or None, status). ``status``: ``diverged`` (the reason, or None) and ``interrupted``."""
+    returns (History or None, status). ``status``: ``diverged`` (the reason, or None), ``interrupted``,
+    and ``stopped`` (the time budget's reason, or None)."""
     cfg, snap = prep.cfg, prep.snap
-    status = {"diverged": None, "interrupted": False}
+    status = {"diverged": None, "interrupted": False, "stopped": None}
     hist = None
     torch.set_rng_state(prep.torch_rng)  # as if the model had just been built (a comparison builds them all first)
     try:
@@ -202,6 +205,8 @@ def _run_rounds(prep: PreparedRun, cbs: list, eval_fn, executor: str, executor_o
                         participation=cfg.participation, clients_per_round=cfg.clients_per_round,
                         executor=executor, executor_options=executor_options)
         status["diverged"] = next((cb.reason for cb in cbs if isinstance(cb, callbacks.StopOnDivergence)), None)
+        # every process stopped at the same round (run_rounds agrees), each by its own clock's reading
+        status["stopped"] = next((cb.reason for cb in cbs if isinstance(cb, callbacks.TimeBudget)), None)
     except ckpt.Diverged as e:
         status["diverged"] = str(e)
     except KeyboardInterrupt as e:
@@ -212,7 +217,15 @@ def _run_rounds(prep: PreparedRun, cbs: list, eval_fn, executor: str, executor_o
             cb.on_end()  # TensorBoard events now equal metrics.jsonl
     if not status["interrupted"]:  # every rank reports the same status (an interrupted peer may be gone)
         status["diverged"] = launch.first_message(status["diverged"])
+        status["stopped"] = launch.first_message(status["stopped"])
     return hist, status
+
+
+def _status(status: dict) -> str:
+    """summary.json's status of a run that ended with ``status`` (:func:`_run_rounds`)."""
+    if status["interrupted"]:
+        return "interrupted"
+    return "diverged" if status["diverged"] else "stopped" if status["stopped"] else "completed"
 
 
 def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optional[Callable] = None,
@@ -231,7 +244,7 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     eval_fn = make_eval(ds, model, extra_eval)
     saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()})
     cbs = _run_callbacks(os.path.join(out_dir, METRICS) if main else None, events, label, progress and main,
-                         callbacks.StopOnDivergence(), saver, cfg.checkpoint_every)
+                         callbacks.StopOnDivergence(), saver, cfg.checkpoint_every, cfg.time_budget)
     executor, executor_options = launch.executor_for(cfg.executor)
     t0 = time.perf_counter()
     threads = apply_threads(cfg.threads, sum(p.numel() for p in model.parameters()), prep.device)
@@ -245,7 +258,7 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         last_ckpt = ckpt.saved_round(ckpt_path)  # the file, not the bookkeeping Ctrl-C may have cut short
     summary = summary_record(
         label=label, algorithm=algorithm.name, hparams=algorithm.hparams(),
-        status="interrupted" if status["interrupted"] else "diverged" if status["diverged"] else "completed",
+        status=_status(status),
         rows=rows, rounds=cfg.rounds, regularizer=repr(reg), num_clients=len(fed.parts),
         dim=sum(p.numel() for p in model.parameters()), executor=hist.executor if hist is not None else executor,
         out_dir=out_dir, resume_command=resume_command(out_dir),
@@ -263,6 +276,11 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         if main:
             write_summary(out_dir, summary)
         raise Interrupted(summary, status["signum"])
+    if status["stopped"] and not status["diverged"]:
+        summary["message"] = (f"{label} stopped at {status['stopped']} (--time-budget); round {last_ckpt} is "
+                              f"checkpointed, where `{summary['resume_command']}` continues the run")
+        if main:
+            log(summary["message"])
     if status["diverged"]:
         keep = (f"the last good checkpoint (round {saver.last_round}) is kept in {ckpt_path}"
                 if saver.last_round is not None else

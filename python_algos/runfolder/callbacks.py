@@ -4,8 +4,12 @@ The loop (:func:`run_rounds`, driven by :func:`~python_algos.simulate.simulate`)
 
     for t in rounds:
         state, row = step(t, state)
-        stop = [cb.after_round(t, state, row) for cb in callbacks]    # True: stop after this round
-        if agreed(any(stop)): break                                    # every process stops together
+        said = [cb.after_round(t, state, row) for cb in callbacks]    # True / FINAL: stop after this round
+        if agreed(any(said)):                                          # every process stops together
+            if agreed(True in said): break                             # True: the round is refused
+            for cb in callbacks: cb.final_round(t)                     # FINAL: the round is kept,
+            for cb in callbacks: cb.commit(t, state)                   # committed as the run's last
+            break
         for cb in callbacks: cb.commit(t, state)                       # the round is final (checkpoints)
 
 Everything else is a :class:`Callback`, the same objects for ``simulate`` from Python and the
@@ -16,7 +20,8 @@ command line (:func:`python_algos.experiments.run.execute_run`):
 * :class:`TensorBoard` — each row also to a live events writer;
 * :class:`ShowProgress` — the progress bar / periodic lines;
 * :class:`StopOnDivergence` — stops a run whose objective blew up (rule: :data:`DIVERGENCE_FACTOR`);
-* :class:`TimeBudget` — stops a run after a number of seconds;
+* :class:`TimeBudget` — stops a run after a number of seconds, at a round that is kept (:data:`FINAL`):
+  checkpointed, so a resume continues it;
 * :class:`FunctionCallback` — a plain ``cb(t, state, row)`` function (True stops), as
   ``simulate(callbacks=[...])`` has always taken.
 
@@ -40,8 +45,18 @@ from .progress import Progress
 from .records import append_metrics_row
 
 __all__ = ["Callback", "RunView", "run_rounds", "as_callbacks", "Checkpoint", "MetricsFile", "TensorBoard",
-           "ShowProgress", "StopOnDivergence", "TimeBudget", "FunctionCallback", "DIVERGENCE_FACTOR",
+           "ShowProgress", "StopOnDivergence", "TimeBudget", "FunctionCallback", "DIVERGENCE_FACTOR", "FINAL",
            "divergence", "rows_up_to"]
+
+
+class _Final:
+    def __repr__(self) -> str:
+        return "FINAL"
+
+
+# What ``after_round`` returns to stop the run after a round that stays good (a time budget): unlike
+# True (a round refused, e.g. diverged), the round is committed, and checkpointed, as the run's last.
+FINAL = _Final()
 
 
 @dataclasses.dataclass
@@ -61,8 +76,10 @@ class Callback:
     """One concern of a run. Every hook is optional; :func:`run_rounds` calls, in list order:
 
     * :meth:`on_start` once, before the first round (a fresh run: after round 0's metrics);
-    * :meth:`after_round` after each round; returning True stops the run after it;
-    * :meth:`commit` after each round that no callback (on any process) stopped on;
+    * :meth:`after_round` after each round; returning True stops the run after it (the round is not
+      committed), returning :data:`FINAL` stops it after committing the round;
+    * :meth:`final_round` when a callback returned FINAL (and none True), before that round's commit;
+    * :meth:`commit` after each round that no callback (on any process) refused;
     * :meth:`on_end` once, however the run ends (also on an exception or Ctrl-C)."""
 
     def on_start(self, run: RunView) -> None:
@@ -70,6 +87,9 @@ class Callback:
 
     def after_round(self, t: int, state, row: dict) -> Optional[bool]:
         return None
+
+    def final_round(self, t: int) -> None:
+        pass
 
     def commit(self, t: int, state) -> None:
         pass
@@ -90,11 +110,18 @@ def run_rounds(view: RunView, state, step: Callable, callbacks: Sequence[Callbac
             cb.on_start(view)
         for t in range(view.start, view.rounds + 1):
             state, row = step(t, state)
-            stops = [cb.after_round(t, state, row) is True for cb in callbacks]
-            if agree(any(stops)):
+            verdicts = [cb.after_round(t, state, row) for cb in callbacks]
+            refused = any(v is True for v in verdicts)
+            stop = agree(refused or any(v is FINAL for v in verdicts))
+            if stop and agree(refused):  # a second agreement only when stopping: every process stops alike
                 break
+            if stop:
+                for cb in callbacks:
+                    cb.final_round(t)
             for cb in callbacks:
                 cb.commit(t, state)
+            if stop:
+                break
     finally:
         for cb in started:
             cb.on_end()
@@ -120,16 +147,18 @@ def as_callbacks(items: Sequence) -> list:
 
 class Checkpoint(Callback):
     """``save(snapshot)`` after round 0 of a fresh run, every ``every`` rounds and after the last
-    round ``rounds`` (``every=0``: round 0 and the last only), once every callback has accepted the
-    round (a round a callback stops on is never checkpointed). ``save`` is e.g. a
-    :class:`~.checkpoint.Checkpointer`. ``before_save()`` hooks run first (e.g. :meth:`MetricsFile.sync`:
-    the history a resume reads back is on disk before the checkpoint that names its round)."""
+    round ``rounds`` (``every=0``: round 0 and the last only), or the round a run stops on with
+    :data:`FINAL`, once every callback has accepted the round (a round refused is never checkpointed).
+    ``save`` is e.g. a :class:`~.checkpoint.Checkpointer`. ``before_save()`` hooks run first (e.g.
+    :meth:`MetricsFile.sync`: the history a resume reads back is on disk before the checkpoint that names
+    its round)."""
 
     def __init__(self, save: Callable[[dict], None], every: int = 0, before_save: Sequence[Callable] = ()):
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ValueError(f"checkpoint_every must be an int >= 0, got {every!r}")
         self.save, self.every, self.before_save = save, every, list(before_save)
         self.view: Optional[RunView] = None
+        self.final: Optional[int] = None  # the round a FINAL stop ends the run at
 
     def _write(self, t: int) -> None:
         for hook in self.before_save:
@@ -141,8 +170,11 @@ class Checkpoint(Callback):
         if run.fresh:
             self._write(0)
 
+    def final_round(self, t):
+        self.final = t
+
     def commit(self, t, state):
-        if (self.every and t % self.every == 0) or t == self.view.rounds:
+        if (self.every and t % self.every == 0) or t in (self.view.rounds, self.final):
             self._write(t)
 
 
@@ -271,24 +303,28 @@ class StopOnDivergence(Callback):
 
 
 class TimeBudget(Callback):
-    """Stops the run after the first round that ends more than ``seconds`` after the run started
-    (wall clock of this call); ``reason`` then says so. The run ends as after its last round."""
+    """Stops the run after the first round that ends more than ``seconds`` after its rounds started
+    (wall clock of this call), unless that is the last round anyway; ``reason`` then says so. The
+    round is kept (:data:`FINAL`): committed and checkpointed as the run's last, so a resume continues
+    from it with the bits of an uninterrupted run."""
 
     def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
-        if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0):
-            raise ValueError(f"seconds must be a number > 0, got {seconds!r}")
+        if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds)
+                and seconds > 0):
+            raise ValueError(f"seconds must be a finite number > 0, got {seconds!r}")
         self.seconds, self.clock = float(seconds), clock
         self.t0 = None
+        self.last = None  # the run's last round: reaching it is no stop
         self.reason: Optional[str] = None
 
     def on_start(self, run):
-        self.t0 = self.clock()
+        self.t0, self.last = self.clock(), run.rounds
 
     def after_round(self, t, state, row):
         spent = self.clock() - self.t0
-        if spent > self.seconds:
+        if spent > self.seconds and t < self.last:
             self.reason = f"round {t}: the time budget of {self.seconds:g} s is spent ({spent:.1f} s)"
-            return True
+            return FINAL
         return None
 
 

@@ -37,8 +37,9 @@ SUMMARY, MODEL = "summary.json", "model.pt"
 COMPARISON, SEEDS = "comparison.json", "seeds.json"
 
 # How a run ended (summary.json "status"): it ran every round; its objective or model became
-# non-finite and it was stopped; Ctrl-C / SIGTERM / SIGHUP stopped it (resumable); a Flower node failed.
-STATUSES = ("completed", "diverged", "interrupted", "failed")
+# non-finite and it was stopped; Ctrl-C / SIGTERM / SIGHUP stopped it (resumable); a Flower node failed;
+# its time budget (--time-budget) was spent, after a round it checkpointed (resumable).
+STATUSES = ("completed", "diverged", "interrupted", "failed", "stopped")
 
 API_MARK = "api_run"  # config.json / summary.json key that tells a folder written by History.save from a `run` folder
 

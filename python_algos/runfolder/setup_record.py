@@ -7,7 +7,8 @@ would continue the old state under new settings and the History would describe a
 happened. The command line refuses that by comparing its config with the one stored beside the
 checkpoint; :func:`run_setup` is the same record for a Python run, made from ``simulate``'s own
 arguments, and :func:`differences` the comparison. :func:`check_same_setup` is the one resume check
-built on it, for every engine: ``simulate(resume=...)`` lists its :func:`differences`; the command
+built on it, for every engine: ``simulate(resume=...)`` (the algorithm, its hyper-parameters and the
+model's buffers beside this record); the command
 line (one process, ``--workers``, seeds, sweeps, Optuna, ``--flower``) compares the config recorded
 in a checkpoint with config.json (``experiments.prepare.check_recorded_config``, each setting named
 by its flag), and a Flower server its record (``deploy.flower_server.check_checkpoint``: h exactly,
@@ -214,6 +215,8 @@ def _show(key: str, v) -> str:
         s = v.get("samples") or []
         shown = ", ".join(str(n) for n in s[:8]) + (f", ... ({len(s)} clients)" if len(s) > 8 else "")
         return f"{len(s)} client(s) with [{shown}] samples, content hash {v.get('content')}"
+    if key == "algorithm" and isinstance(v, dict):  # simulate's resume check: name and hyper-parameters
+        return f"{v.get('name')} {v.get('hparams')}"
     if key == "clients_per_round":
         return "all clients" if v is None else f"{v} client(s) per round"
     if key == "model_parameters" and isinstance(v, list):
