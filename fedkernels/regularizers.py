@@ -377,7 +377,9 @@ class RegularizerEntry:
         missing = [k for k, v in given.items() if v is self.REQUIRED]
         if missing:
             raise ValueError(f"{self.name} needs the option(s) {', '.join(missing)}")
-        kwargs = {k: (strength if v is SAME_AS_STRENGTH else v) for k, v in given.items()}
+        derived = {k for k, v in self.options.items() if v is SAME_AS_STRENGTH}
+        kwargs = {k: (strength if v is SAME_AS_STRENGTH or (v is None and k in derived) else v)
+                  for k, v in given.items()}
         if self.strength is not None:
             kwargs[self.strength] = strength
         return self.cls(**kwargs)

@@ -27,10 +27,10 @@ from .data import FederatedData, federate, load_dataset
 from .device import resolve_device
 from .models import build_model as _build_model
 from .regularizer_specs import (
-    OPTIONS,
-    STRENGTH_NAMES,
     build_param_regularizer,
     build_regularizer,
+    is_reference,
+    reg_entry,
     spec_text,
     unknown_options,
 )
@@ -232,15 +232,16 @@ def _flag_regularizer(reg: str, strength: float, opts: dict) -> fk.Regularizer:
     option (the strength has one place, --reg-strength, so config.json records it once), a strength
     given to a constraint (--reg-strength's default, which the user did not type, is let through), or a
     value the regularizer refuses."""
-    name = reg.lower()
-    own = STRENGTH_NAMES.get(name)
+    name = reg if is_reference(reg) else reg.lower()
+    entry = reg_entry(name)
+    own = entry.strength
     for key in ("strength", own) if own is not None else ():
         if key in opts:
             raise _reg_opts_error({key: opts[key]}, f"{key} is {name}'s strength, which --reg-strength sets: "
                                   f"give --reg-strength {_opts_text({key: opts[key]}).split('=', 1)[1]} instead")
-    text = unknown_options(name, opts, tuple(OPTIONS[name]))
+    text = unknown_options(name, opts, tuple(entry.options))
     if text:
-        raise _reg_opts_error({k: v for k, v in opts.items() if k not in OPTIONS[name]}, text)
+        raise _reg_opts_error({k: v for k, v in opts.items() if k not in entry.options}, text)
     if own is None:
         # zero is no h at all: a strength has nothing to weigh, and an ablation (--grid reg=zero,l1
         # --reg-strength 0.01) must not be refused for it
@@ -264,7 +265,7 @@ def _regularizer_fault(name: str, strength: float, opts: dict, e: Exception) -> 
         values = dict(values)
         build_regularizer(name, values.pop(_STRENGTH), **values)
 
-    penalty = name in STRENGTH_NAMES
+    penalty = reg_entry(name).strength is not None
     sources = {**({_STRENGTH: {_STRENGTH: strength}} if penalty else {}), **{k: {k: v} for k, v in opts.items()}}
     labels, err = _at_fault(attempt, [{_STRENGTH: Config.reg_strength if penalty else 0.0}], sources, e,
                             base=_STRENGTH if penalty else None)

@@ -28,7 +28,7 @@ import numbers
 import types
 from typing import Callable, Dict, Iterator, Mapping, Optional
 
-from ..algorithms.registry import ALGORITHMS
+from ..algorithms.registry import ALGORITHMS, algorithm_entry, algorithm_names
 from ..clients import EXECUTORS
 from .data import DATASETS, PARTITIONS, check_data_options
 from .models import MODELS
@@ -294,18 +294,36 @@ _REGISTRIES = {"algorithm": tuple(ALGORITHMS), "dataset": tuple(DATASETS), "part
                "model": tuple(MODELS), "reg": tuple(REGULARIZERS)}
 
 
+def _reference_fault(key: str, ref: str):
+    """None if ``ref`` imports and is a penalty (``reg``) / an algorithm class (``algorithm``), else why not."""
+    try:
+        if key == "reg":
+            import fedkernels.regularizers as fkr
+
+            fkr.regularizer_entry(ref)
+        else:
+            algorithm_entry(ref)
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
+
+
 def _registry(key: str):
     """The check of a name from a registry (``--algorithm``, ``--dataset``, ...), case-insensitive."""
     names = _REGISTRIES[key]
 
     def check(v):
+        if key in ("reg", "algorithm") and isinstance(v, str) and ":" in v:  # a user's class: package.module:Class
+            return _reference_fault(key, v)
         if key == "dataset" and isinstance(v, str) and v.lower().startswith("sklearn:") and v.lower() not in names:
             return f"unknown scikit-learn data set; valid: {', '.join(c for c in names if c.startswith('sklearn:'))}"
         if key == "reg" and isinstance(v, str) and v.lower() == "group_lasso":
             return ("group_lasso needs a parameter's shape (its rows or columns are the groups): give it per "
                     "parameter, e.g. --reg-param 'net.0.weight=group_lasso,lam=0.01,groups=cols'")
-        if not isinstance(v, str) or v.lower() not in names:
-            return f"unknown {key}; valid: {', '.join(names)}"
+        valid = algorithm_names() if key == "algorithm" else names  # with those of installed packages
+        if not isinstance(v, str) or v.lower() not in valid:
+            return f"unknown {key}; valid: {', '.join(valid)}" + (
+                " or your own class as package.module:Class" if key in ("reg", "algorithm") else "")
         return None
     return check
 

@@ -30,21 +30,39 @@ from __future__ import annotations
 from typing import Optional
 
 import fedkernels as fk
+import fedkernels.regularizers as fkr
 
-__all__ = ["REGULARIZERS", "PARAM_REGULARIZERS", "STRENGTH_NAMES", "OPTIONS", "build_regularizer",
-           "build_param_regularizer", "unknown_options", "spec_text"]
+__all__ = ["REGULARIZERS", "PARAM_REGULARIZERS", "STRENGTH_NAMES", "OPTIONS", "reg_entry", "build_regularizer",
+           "build_param_regularizer", "unknown_options", "spec_text", "is_reference"]
 
-
-REGULARIZERS = ("zero", "l1", "elastic_net", "mcp", "scad", "box", "nonneg", "l2ball")
-# Per-parameter entries (--reg-param / [regularizers]): every --reg name, group_lasso (needs a
-# parameter's shape, so never the whole model's h) and none.
-PARAM_REGULARIZERS = ("none",) + REGULARIZERS + ("group_lasso",)
+# Everything below is derived from fedkernels' one table of penalties (fk.regularizers.REGULARIZER_TABLE:
+# name, class, strength, options and their defaults), which a user's class joins as package.module:Class.
+_TABLE = fkr.REGULARIZER_TABLE
+REGULARIZERS = tuple(n for n, e in _TABLE.items() if e.whole_model)
+# Per-parameter entries (--reg-param / [regularizers]): every --reg name, those that need a
+# parameter's shape (group_lasso: never the whole model's h) and none.
+PARAM_REGULARIZERS = ("none",) + REGULARIZERS + tuple(n for n, e in _TABLE.items() if not e.whole_model)
 
 # A penalty's name for its strength (the constraints, absent here, have none) ...
-STRENGTH_NAMES = {"l1": "kappa", "elastic_net": "l1", "mcp": "lam", "scad": "lam", "group_lasso": "lam"}
-# ... and every h's options with their defaults (elastic_net's l2 defaults to its l1 strength).
-OPTIONS = {"zero": {}, "l1": {}, "elastic_net": {"l2": None}, "mcp": {"gamma": 3.0}, "scad": {"a": 3.7},
-           "box": {"lo": -1.0, "hi": 1.0}, "nonneg": {}, "l2ball": {"radius": 1.0}, "group_lasso": {"groups": "rows"}}
+STRENGTH_NAMES = {n: e.strength for n, e in _TABLE.items() if e.strength is not None}
+
+
+def _shown_default(v):
+    return None if v is fkr.SAME_AS_STRENGTH else v  # elastic_net's l2 defaults to its l1 strength
+
+
+# ... and every h's options with their defaults.
+OPTIONS = {n: {k: _shown_default(v) for k, v in e.options.items()} for n, e in _TABLE.items()}
+
+
+def is_reference(name) -> bool:
+    """``package.module:Class``: a user's penalty, not a built-in name."""
+    return isinstance(name, str) and ":" in name
+
+
+def reg_entry(name: str) -> fkr.RegularizerEntry:
+    """The table's entry of a built-in name (any case) or of a user's ``package.module:Class``."""
+    return fkr.regularizer_entry(name)
 
 
 def unknown_options(name: str, given, valid) -> Optional[str]:
@@ -56,42 +74,14 @@ def unknown_options(name: str, given, valid) -> Optional[str]:
             + (f"its options: {', '.join(valid)}" if valid else "it takes no options"))
 
 
-def _check_options(name: str, given, valid) -> None:
-    text = unknown_options(name, given, valid)
-    if text:
-        raise ValueError(text)
-
-
 def build_regularizer(name: str, strength: float = 0.0, **opts) -> fk.Regularizer:
-    """h by name. ``strength`` is a penalty's weight: kappa (l1), l1 (elastic net; ``l2=`` default
-    = strength), lam (MCP: ``gamma=`` default 3; SCAD: ``a=`` default 3.7; group lasso: ``groups=``
-    default rows). The constraints take no strength (0 only): box ``lo=`` / ``hi=`` (default -1 / 1),
-    l2ball ``radius=`` (default 1), nonneg and zero nothing. An unknown option is an error."""
-    name = name.lower() if isinstance(name, str) else name
-    if name not in OPTIONS:
-        raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(REGULARIZERS)}")
-    _check_options(name, opts, tuple(OPTIONS[name]))
-    if name not in STRENGTH_NAMES and strength != 0:
-        raise ValueError(f"{name} is a constraint and has no strength, got {strength!r}"
-                         + (f"; its options: {', '.join(OPTIONS[name])}" if OPTIONS[name] else ""))
-    o = {**OPTIONS[name], **opts}
-    if name == "zero":
-        return fk.Zero()
-    if name == "l1":
-        return fk.L1(strength)
-    if name == "elastic_net":
-        return fk.ElasticNet(strength, strength if o["l2"] is None else o["l2"])
-    if name == "mcp":
-        return fk.MCP(strength, o["gamma"])
-    if name == "scad":
-        return fk.SCAD(strength, o["a"])
-    if name == "box":
-        return fk.Box(o["lo"], o["hi"])
-    if name == "nonneg":
-        return fk.NonNeg()
-    if name == "l2ball":
-        return fk.L2Ball(o["radius"])
-    return fk.GroupLasso(strength, o["groups"])
+    """h by name or ``package.module:Class``. ``strength`` is a penalty's weight: kappa (l1), l1
+    (elastic net; ``l2=`` default = strength), lam (MCP: ``gamma=`` default 3; SCAD: ``a=`` default
+    3.7; group lasso: ``groups=`` default rows). The constraints take no strength (0 only): box
+    ``lo=`` / ``hi=`` (default -1 / 1), l2ball ``radius=`` (default 1), nonneg and zero nothing. A
+    user's class takes its constructor's arguments as options, its ``strength_arg`` as the strength.
+    An unknown option is an error."""
+    return reg_entry(name).build(strength, **opts)
 
 
 def spec_text(pattern: str, spec) -> str:
@@ -108,20 +98,25 @@ def build_param_regularizer(spec, default_strength: float) -> Optional[fk.Regula
     for mcp / scad / group_lasso, ``l1`` for elastic_net), default ``default_strength`` (the run's
     --reg-strength); a constraint has none (l2ball's ``radius=`` is an option, default 1)."""
     opts = dict(spec) if isinstance(spec, dict) else {"reg": spec if spec is not None else "none"}
-    name = str(opts.pop("reg")).lower()
-    if name not in PARAM_REGULARIZERS:
-        raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(PARAM_REGULARIZERS)}")
+    name = str(opts.pop("reg"))
+    name = name if is_reference(name) else name.lower()
+    if not is_reference(name) and name not in PARAM_REGULARIZERS:
+        raise ValueError(f"unknown regularizer {name!r}; valid: {', '.join(PARAM_REGULARIZERS)} "
+                         "or your own class as package.module:Class")
     if name in ("none", "zero"):
         if opts:
             raise ValueError(f"{name} takes no options, got {', '.join(opts)}")
         return None
-    own = STRENGTH_NAMES.get(name)
+    entry = reg_entry(name)
+    own = entry.strength
     strength = default_strength if own is not None else 0.0
     if own is not None:
         for key in ("strength", own):
             if key in opts:
                 strength = opts.pop(key)
-    _check_options(name, opts, (("strength", own) if own else ()) + tuple(OPTIONS[name]))
+    text = unknown_options(name, opts, (("strength", own) if own else ()) + tuple(entry.options))
+    if text:
+        raise ValueError(text)
     if isinstance(strength, bool) or not isinstance(strength, (int, float)):
         raise ValueError(f"the strength must be a number, got {strength!r}")
     return build_regularizer(name, float(strength), **opts)
