@@ -78,6 +78,8 @@ class Algorithm(abc.ABC):
     def __init_subclass__(cls, **kwargs):
         """A user's class may leave out the descriptive attributes: the class name names it."""
         super().__init_subclass__(**kwargs)
+        if any(getattr(v, "__isabstractmethod__", False) for v in vars(cls).values()):
+            return  # an interface (ServerClientAlgorithm), not an algorithm
         for attr, default in (("name", cls.__name__), ("spec", "its own"), ("status", "USER"),
                               ("reports", "report(state)")):
             if not hasattr(cls, attr):

@@ -34,7 +34,7 @@ from .scaffold import SCAFFOLD
 from .za1 import ZA1
 
 __all__ = ["Entry", "ALGORITHMS", "ENTRY_POINT_GROUP", "make", "build", "algorithm_entry", "algorithm_names",
-           "is_reference", "markdown_table"]
+           "is_reference", "typed_hparams", "markdown_table"]
 
 # Where an installed package lists its algorithms by name: in its pyproject.toml,
 # [project.entry-points."fedkernels.algorithms"] mymethod = "mypkg.methods:MyMethod"
@@ -142,8 +142,33 @@ def build(name: str, lr: float, local_steps: int, overrides: dict) -> Algorithm:
                    and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         if missing:
             raise ValueError(f"{name} needs a value for {', '.join(missing)} (--alg-opt {missing[0]}=VALUE)")
-        return entry.cls(**given)
+        return entry.cls(**typed_hparams(name, entry.cls, given))
     return entry.cls(**{**entry.from_lr(lr, local_steps), **overrides})
+
+
+def typed_hparams(name: str, cls: type, values: dict) -> dict:
+    """A user's hyper-parameters checked against the field annotations that are plain types (float,
+    int, bool, str): an int where a float is declared is widened, anything else wrong is refused.
+    The built-in algorithms check their own values (their errors say more): left as given."""
+    import typing
+
+    if any(e.cls is cls for e in ALGORITHMS.values()):
+        return values
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # annotations that do not resolve: leave the checks to the class
+        return values
+    out = dict(values)
+    for k, v in values.items():
+        t = hints.get(k)
+        if t not in (float, int, bool, str):
+            continue
+        if t is float and isinstance(v, int) and not isinstance(v, bool):
+            out[k] = float(v)
+        elif not isinstance(v, t) or (t is not bool and isinstance(v, bool)):
+            raise ValueError(f"{name}: {k} must be {'a' if t is not int else 'an'} {t.__name__}, got {v!r} "
+                             f"(--alg-opt {k}=VALUE)")
+    return out
 
 
 def markdown_table() -> str:

@@ -21,7 +21,7 @@ from torch import nn
 
 import fedkernels as fk
 
-from ..algorithms.registry import ALGORITHMS, build
+from ..algorithms.registry import algorithm_entry, build, typed_hparams
 from .config import Config, ConfigError, show_value
 from .data import FederatedData, federate, load_dataset
 from .device import resolve_device
@@ -145,7 +145,7 @@ def _hparam_fault(cfg: Config, alg_name: str, labels: list, e: Exception) -> Val
     if labels and _LR not in labels:
         return ConfigError("alg_opts", _opts_text(opts) if len(opts) == 1 else opts, rule,
                            flag_text=f"--alg-opt {_opts_text(opts)}")
-    mapped = {k: v for k, v in ALGORITHMS[cfg.algorithm.lower()].from_lr(cfg.lr, cfg.local_steps).items()
+    mapped = {k: v for k, v in algorithm_entry(cfg.algorithm).from_lr(cfg.lr, cfg.local_steps).items()
               if k != "local_steps" and k not in cfg.alg_opts}
     shown = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in mapped.items())
     with_opts = f", with --alg-opt {_opts_text(opts)}" if opts else ""
@@ -153,20 +153,26 @@ def _hparam_fault(cfg: Config, alg_name: str, labels: list, e: Exception) -> Val
                       f"(see `python -m python_algos algorithms`; override with --alg-opt){with_opts}: {rule}")
 
 
+def _maker(cfg: Config, entry):
+    """The algorithm from hyper-parameter values, as ``build`` makes it (a user's class: values typed)."""
+    return lambda values: entry.cls(**typed_hparams(cfg.algorithm, entry.cls, values))
+
+
 def hparam_error(cfg: Config, alg_name: str, e: Exception, reg: Optional[fk.Regularizer] = None) -> ValueError:
     """``e``, raised by ``validate(reg)`` of cfg's algorithm (h: ``reg``, None: the one of cfg's --reg
     flags), in terms of the flags that set the hyper-parameters at fault: each flag's values are
     validated alone (:func:`_at_fault`), ``--alg-opt KEY=VALUE`` when the user's key is, else the
     ``--lr`` / ``--local-steps`` mapping."""
-    entry = ALGORITHMS[cfg.algorithm.lower()]
+    entry = algorithm_entry(cfg.algorithm)
     h = reg if reg is not None else build_run_regularizer(cfg, None)
     references, sources = _algorithm_sources(cfg, entry)
-    labels, err = _at_fault(lambda values: entry.cls(**values).validate(h), references, sources, e, base=_LR)
+    make = _maker(cfg, entry)
+    labels, err = _at_fault(lambda values: make(values).validate(h), references, sources, e, base=_LR)
     return _hparam_fault(cfg, alg_name, labels, err)
 
 
 def build_algorithm(cfg: Config):
-    entry = ALGORITHMS[cfg.algorithm.lower()]
+    entry = algorithm_entry(cfg.algorithm)
     names = [f.name for f in dataclasses.fields(entry.cls)]
     if "local_steps" in cfg.alg_opts:
         # K is a run setting, not only the algorithm's: config.json, the setup line and the metrics' step
@@ -184,7 +190,7 @@ def build_algorithm(cfg: Config):
         return build(cfg.algorithm, cfg.lr, cfg.local_steps, cfg.alg_opts)
     except (ValueError, TypeError) as e:
         references, sources = _algorithm_sources(cfg, entry)
-        labels, err = _at_fault(lambda values: entry.cls(**values), references, sources, e, base=_LR)
+        labels, err = _at_fault(_maker(cfg, entry), references, sources, e, base=_LR)
         raise _hparam_fault(cfg, entry.cls.name, labels, err) from None
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 import fedkernels as fk
 
-from ..algorithms.registry import ALGORITHMS
+from ..algorithms.registry import algorithm_entry
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, RunFolderError, as_json
 from ..runfolder.folder import check_fresh_start
@@ -54,9 +54,11 @@ class PreparedRun:
 
 
 def check_algorithm_names(algorithms: Sequence[str]) -> None:
-    unknown = [a for a in algorithms if a.lower() not in ALGORITHMS]
-    if unknown:
-        raise ConfigError("algorithm", " ".join(unknown), f"unknown algorithm(s); valid names: {', '.join(ALGORITHMS)}")
+    for a in algorithms:  # a registered name, one of an installed package, or package.module:Class
+        try:
+            algorithm_entry(a)
+        except ValueError as e:
+            raise ConfigError("algorithm", a, str(e)) from None
 
 
 def check_world_size(num_clients: int, processes: int) -> None:

@@ -176,9 +176,9 @@ def parse_grid(items) -> Dict[str, list]:
 def _hparams(algorithm: str) -> List[str]:
     import dataclasses
 
-    from ..algorithms.registry import ALGORITHMS
+    from ..algorithms.registry import algorithm_entry
 
-    return [f.name for f in dataclasses.fields(ALGORITHMS[algorithm.lower()].cls)]
+    return [f.name for f in dataclasses.fields(algorithm_entry(algorithm).cls)]
 
 
 def _settings() -> set:
@@ -194,12 +194,12 @@ def _fed_by_setting(algorithm: str, name: str) -> bool:
     """Whether hyper-parameter ``name`` of ``algorithm`` is set by the run setting of the same name
     (``lr`` and ``local_steps`` feed the algorithm through its ``from_lr`` map): then the two are
     one thing and a bare key is unambiguous. Detected by mapping distinctive probe values."""
-    from ..algorithms.registry import ALGORITHMS
+    from ..algorithms.registry import algorithm_entry
 
     probe = {"lr": 0.123456789, "local_steps": 7}
     if name not in probe:
         return False
-    return ALGORITHMS[algorithm.lower()].from_lr(probe["lr"], probe["local_steps"]).get(name) == probe[name]
+    return algorithm_entry(algorithm).from_lr(probe["lr"], probe["local_steps"]).get(name) == probe[name]
 
 
 def key_meaning(key: str, algorithm: str):
