@@ -13,7 +13,7 @@ import os
 from typing import Callable, Optional, Sequence
 
 from ..runfolder.files import RunFolderError, read_json_object, write_json, write_text_atomically
-from ..runfolder.folder import check_group_start, open_group_folder
+from ..runfolder.folder import check_group_start, open_group_folder, run_folder_name
 from ..runfolder.records import COMPARISON, CONFIG, read_metrics, read_summary
 from . import launch
 from .build import prepare_data
@@ -53,7 +53,7 @@ def _plan_runs(cfg: Config, algorithms: Sequence[str], alg_opts: dict, out_dir: 
     plans, errors = {}, []
     for name in algorithms:
         c = cfg.replace(algorithm=name, alg_opts=dict(alg_opts.get(name, {})))
-        run_dir = os.path.join(out_dir, name)
+        run_dir = os.path.join(out_dir, run_folder_name(name))
         try:
             done = finished_run(run_dir, c.rounds) if resume else None
             if done is not None:

@@ -25,7 +25,7 @@ import shlex
 from typing import Callable, List, Optional, Sequence
 
 from ..runfolder.files import RunFolderError, read_json_object, write_json
-from ..runfolder.folder import check_group_start, open_group_folder
+from ..runfolder.folder import check_group_start, open_group_folder, run_folder_name
 from ..runfolder.records import COMPARISON, CONFIG, METRICS, SEEDS, read_metrics
 from .aggregate import SEED_DIR, write_aggregate
 from .config import Config, ConfigError
@@ -222,7 +222,7 @@ def compare_seeds(cfg: Optional[Config], algorithms: Optional[Sequence[str]], se
         for a in algorithms:
             try:
                 prepare_run(c0.replace(algorithm=a, alg_opts=dict(alg_opts.get(a, {}))),
-                            os.path.join(out_dir, SEED_DIR.format(s0), a), fed=fed, replace=replace)
+                            os.path.join(out_dir, SEED_DIR.format(s0), run_folder_name(a)), fed=fed, replace=replace)
             except ValueError as e:
                 errors.append(f"{a}: {e}")
         if errors:
@@ -244,11 +244,11 @@ def compare_seeds(cfg: Optional[Config], algorithms: Optional[Sequence[str]], se
         finally:
             if after_run is not None:
                 for a in algorithms:
-                    if os.path.isdir(os.path.join(d, a)):
-                        after_run(os.path.join(d, a))
+                    if os.path.isdir(os.path.join(d, run_folder_name(a))):
+                        after_run(os.path.join(d, run_folder_name(a)))
     groups = []
     for i, a in enumerate(algorithms):
-        dirs = [os.path.join(out_dir, SEED_DIR.format(s), a) for s, _ in configs]
+        dirs = [os.path.join(out_dir, SEED_DIR.format(s), run_folder_name(a)) for s, _ in configs]
         groups.append((a, dirs, [summ[i] for summ in per_seed]))
     table = _aggregate_runs(out_dir, groups, cfg.metric_step, seeds)
     return {"summaries": per_seed, "table": table, "out_dir": out_dir, "seeds": list(seeds)}

@@ -67,7 +67,7 @@ import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..runfolder.files import RunFolderError, read_json_object, write_json, write_text_atomically
-from ..runfolder.folder import check_group_start, open_group_folder
+from ..runfolder.folder import check_group_start, open_group_folder, run_folder_name
 from ..runfolder.progress import human_time
 from ..runfolder.records import CONFIG, METRICS, SUMMARY, read_summary
 from ..runfolder.signals import STOP_SIGNALS, exit_code
@@ -615,7 +615,7 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
         if p["config"] is None:
             continue
         for s, c in seed_configs(p["config"], seeds, reseed_data):
-            tasks.append({"dir": os.path.join(out_dir, p["algorithm"], p["name"], SEED_DIR.format(s)),
+            tasks.append({"dir": os.path.join(out_dir, run_folder_name(p["algorithm"]), p["name"], SEED_DIR.format(s)),
                           "config": c.to_dict(), "label": p["algorithm"], "tensorboard": tensorboard,
                           "name": f"{p['algorithm']} {p['name']} seed {s}"})
     if not tasks:
@@ -898,7 +898,7 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
         if p["config"] is None:
             skipped.append({"algorithm": p["algorithm"], "point": p["point"], "reason": p["skip"]})
             continue
-        d = os.path.join(out_dir, p["algorithm"], p["name"])
+        d = os.path.join(out_dir, run_folder_name(p["algorithm"]), p["name"])
         sums = [run_status(os.path.join(d, SEED_DIR.format(s)), failed) for s in seeds]
         statuses = [s.get("status", "unfinished") for s in sums]
         points.append({"algorithm": p["algorithm"], "point": p["point"], "name": p["name"], "dir": d,
