@@ -85,3 +85,7 @@ def test_a_resume_check_names_the_flag_as_typed_without_argparse(tmp_path):
                      resume=str(tmp_path), given=("local_steps",))
     with pytest.raises(ValueError, match=rf"--resume takes its settings from {tmp_path}, .* \(got -K\)"):
         commands.cmd_run(cmd)
+    # a setting in the options is refused even where `given` (argparse's list) does not hold it
+    cmd = dataclasses.replace(cmd, given=())
+    with pytest.raises(ValueError, match=r"\(got -K\)"):
+        commands.cmd_run(cmd)

@@ -218,7 +218,9 @@ def check_resume_flags(cmd: Common, allowed: Sequence[str] = RESUME_OK, whose: s
     ``ValueError`` (printed as ``error: ...``) that lists the accepted flags, derived from ``allowed``
     (argparse destinations; :data:`_NOT_SETTINGS` among them are ignored), so the list cannot drift
     from the check."""
-    given = [k for k in cmd.given if k not in allowed and k not in _NOT_SETTINGS]
+    # the settings count as given too where options built without argparse did not list them in cmd.given
+    given = [k for k in (*cmd.given, *(k for k in cmd.settings.values if k not in cmd.given))
+             if k not in allowed and k not in _NOT_SETTINGS]
     named = {"out": cmd.out, "name": cmd.name, "config": cmd.settings.config,
              "algorithms": getattr(cmd, "algorithms", None)}
     given += [k for k, v in named.items() if v]
