@@ -156,7 +156,7 @@ def executor_for(executor: str) -> tuple[str, Optional[dict]]:
 
 def workers_command(argv: Sequence[str], workers: int, out: Optional[str]) -> list:
     """The torchrun command that runs ``python -m python_algos <argv>`` on ``workers`` local ranks."""
-    args, skip = [], False
+    forwarded, skip = [], False
     for a in argv:
         if skip:
             skip = False
@@ -166,11 +166,11 @@ def workers_command(argv: Sequence[str], workers: int, out: Optional[str]) -> li
             continue
         if a.startswith("--workers="):
             continue
-        args.append(a)
-    if out is not None and "--out" not in args and not any(a.startswith("--out=") for a in args):
-        args += ["--out", out]
+        forwarded.append(a)
+    if out is not None and "--out" not in forwarded and not any(a.startswith("--out=") for a in forwarded):
+        forwarded += ["--out", out]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(int(workers)),
-            "-m", "python_algos", *args]
+            "-m", "python_algos", *forwarded]
 
 
 STOP_GRACE = 60.0  # seconds the ranks get to write the interrupted summary after a stop signal

@@ -4,7 +4,6 @@ status: :mod:`.parser` (what ``--help`` prints)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -28,6 +27,16 @@ from ..plotting import plot_runs  # matplotlib itself: imported when a figure is
 from ..prepare import check_algorithm_names, check_world_size, prepare_run
 from ..run import Interrupted, execute_run
 from ..tensorboard import live_events  # the tensorboard package itself: imported when events are written
+from .options import (
+    AlgorithmsCommand,
+    CompareCommand,
+    DemoCommand,
+    Figures,
+    PlotCommand,
+    RunCommand,
+    SweepCommand,
+    command_of,
+)
 from .parser import DEMO_ALGORITHMS, build_parser, demo_config
 from .research import cmd_compare_seeds, cmd_run_seeds, cmd_sweep, wants_seeds, write_run_events
 from .settings import (
@@ -42,185 +51,171 @@ from .settings import (
     quiet,
     restarted_run,
     resumed_run,
-    user_names,
 )
 
 __all__ = ["main", "build_parser", "DEMO_ALGORITHMS"]
 
-def _replace(args) -> bool:
+def _replace(cmd) -> bool:
     """``--replace``: only a folder the user named (``--out`` / ``--name``) is replaced; a default
     folder is new by construction (:func:`~python_algos.runfolder.folder.claim_new_folder`)."""
-    if not getattr(args, "replace", False):
+    if not cmd.replace:
         return False
-    if not (getattr(args, "out", None) or getattr(args, "name", None)):
+    if not (cmd.out or cmd.name):
         raise ValueError("--replace: needs --out DIR or --name NAME (the folder to replace); without them every "
                          "command writes to a new folder")
     return True
 
 
-def cmd_run(args) -> int:
-    if args.demo:
-        return cmd_demo(argparse.Namespace(rounds=getattr(args, "rounds", None), out=args.out,
-                                           no_progress=args.no_progress, formats=args.formats, no_plot=args.no_plot))
+_SEEDS_AND_WORKERS = ("--workers with several seeds: run the seeds one after another on one process each "
+                      "(leave out --workers), or give one seed")
 
-    if getattr(args, "flower", False):
-        return _cmd_run_flower(args)
-    if getattr(args, "round_timeout", None) is not None:
+
+def cmd_run(cmd: RunCommand) -> int:
+    if cmd.demo:
+        return cmd_demo(DemoCommand(rounds=cmd.settings.get("rounds"), out=cmd.out, no_progress=cmd.no_progress,
+                                    figures=Figures(formats=cmd.figures.formats, no_plot=cmd.figures.no_plot),
+                                    names=cmd.names))
+    if cmd.flower:
+        return _cmd_run_flower(cmd)
+    if cmd.round_timeout is not None:
         raise ValueError("--round-timeout is the Flower server's wait for a round (run --flower); without --flower "
                          "a run has no server to wait")
-    if getattr(args, "workers", None) and wants_seeds(args):
-        raise ValueError("--workers with several seeds: run the seeds one after another on one process each "
-                         "(leave out --workers), or give one seed")
-    if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
-        out = None
-        if args.resume:  # the ranks resume it (resumed_run), --checkpoint-every included
-            check_resume_flags(args, RUN_RESUME_OK)
-        else:  # check the settings here, and pick the folder once for every rank
-            try:
-                cfg = Config.from_dict(merge_settings(args))
-                out = output_folder(args, cfg.algorithm)
-                # Every check a rank would make (data, model, regularizers, participation, the folder),
-                # here and writing nothing: an error is then one line, not P numbered copies of it
-                # followed by torchrun's failure report. It loads the data once more; ranks load theirs.
-                prep = prepare_run(cfg, out, replace=_replace(args))
-                check_world_size(len(prep.fed.parts), args.workers)
-            except ValueError:  # named where raised (config.named_as): this try can go
-                raise
-        return launch.run_workers(args.argv, args.workers, out)
-    if wants_seeds(args):
-        return cmd_run_seeds(args)
+    if cmd.workers and wants_seeds(cmd):
+        raise ValueError(_SEEDS_AND_WORKERS)
+    if cmd.workers and not launch.distributed():  # launch the ranks, then wait
+        return _launch_run(cmd)
+    if wants_seeds(cmd):
+        return cmd_run_seeds(cmd)
     main = launch.is_main()
     say = print if main else quiet  # under torchrun rank 0 alone prints
 
-    if args.resume:
-        summary = execute_run(resumed_run(args), progress=not args.no_progress, log=say)
+    if cmd.resume:
+        summary = execute_run(resumed_run(cmd), progress=not cmd.no_progress, log=say)
     else:
-        try:
-            cfg = Config.from_dict(merge_settings(args))
-            out = launch.agree_on(output_folder(args, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
-            if launch.agree_on(main and restarted_run(cfg, out)):
-                # torchrun restarted the job after a rank failed: continue from the last checkpoint
-                prep = prepare_run(None, out, resume=True, rounds=cfg.rounds)
-            else:
-                prep = prepare_run(cfg, out, replace=_replace(args))
-        except ValueError:  # named where raised (config.named_as): this try can go
-            raise
+        cfg = Config.from_dict(merge_settings(cmd.settings))
+        out = launch.agree_on(output_folder(cmd, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
+        if launch.agree_on(main and restarted_run(cfg, out)):
+            # torchrun restarted the job after a rank failed: continue from the last checkpoint
+            prep = prepare_run(None, out, resume=True, rounds=cfg.rounds)
+        else:
+            prep = prepare_run(cfg, out, replace=_replace(cmd))
         h = "per parameter" if cfg.regularizers else cfg.reg
         say(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
             f"results -> {out}" + (f" ({launch.world_size()} processes)" if launch.distributed() else ""))
-        summary = execute_run(prep, progress=not args.no_progress, log=say)
+        summary = execute_run(prep, progress=not cmd.no_progress, log=say)
     if not main:
         return 3 if summary["status"] == "diverged" else 0
-    return _finish_run(summary, args)
+    return _finish_run(summary, cmd.figures)
 
 
-def _cmd_run_flower(args) -> int:
+def _launch_run(cmd: RunCommand) -> int:
+    """``run --workers P`` outside torchrun: every check here, then torchrun's P ranks run the command."""
+    out = None
+    if cmd.resume:  # the ranks resume it (resumed_run), --checkpoint-every included
+        check_resume_flags(cmd, RUN_RESUME_OK)
+    else:  # check the settings here, and pick the folder once for every rank
+        cfg = Config.from_dict(merge_settings(cmd.settings))
+        out = output_folder(cmd, cfg.algorithm)
+        # Every check a rank would make (data, model, regularizers, participation, the folder),
+        # here and writing nothing: an error is then one line, not P numbered copies of it
+        # followed by torchrun's failure report. It loads the data once more; ranks load theirs.
+        prep = prepare_run(cfg, out, replace=_replace(cmd))
+        check_world_size(len(prep.fed.parts), cmd.workers)
+    return launch.run_workers(cmd.argv, cmd.workers, out)
+
+
+def _cmd_run_flower(cmd: RunCommand) -> int:
     """``run --flower`` (experiments/flower_run.py): every check, then the local Flower deployment."""
-    if args.resume:
+    if cmd.resume:
         # --workers is Flower's refusal to make (check_flower_flags), with its own reason
-        check_resume_flags(args, allowed=tuple(k for k in RESUME_OK if k != "workers") + ("flower", "round_timeout"))
-    check_flower_flags(workers=getattr(args, "workers", None), seeds=not args.resume and wants_seeds(args),
-                       demo=args.demo, distributed=launch.distributed())
-    try:
-        if args.resume:
-            prep = prepare_flower(None, args.resume, resume=True, rounds=getattr(args, "rounds", None))
-        else:
-            cfg = Config.from_dict(merge_settings(args))
-            out = output_folder(args, cfg.algorithm)
-            prep = prepare_flower(cfg, out, replace=_replace(args))
-    except ValueError:  # named where raised (config.named_as): this try can go
-        raise
+        check_resume_flags(cmd, allowed=tuple(k for k in RESUME_OK if k != "workers") + ("flower", "round_timeout"))
+    check_flower_flags(workers=cmd.workers, seeds=not cmd.resume and wants_seeds(cmd), demo=cmd.demo,
+                       distributed=launch.distributed())
+    if cmd.resume:
+        prep = prepare_flower(None, cmd.resume, resume=True, rounds=cmd.settings.get("rounds"))
+    else:
+        cfg = Config.from_dict(merge_settings(cmd.settings))
+        out = output_folder(cmd, cfg.algorithm)
+        prep = prepare_flower(cfg, out, replace=_replace(cmd))
     cfg, out = prep.run.cfg, prep.run.out_dir
     h = "per parameter" if cfg.regularizers else cfg.reg
     print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
           f"results -> {out} (Flower)")
-    return _finish_run(execute_flower(prep, round_timeout=getattr(args, "round_timeout", None),
-                                      progress=not args.no_progress), args)
+    return _finish_run(execute_flower(prep, round_timeout=cmd.round_timeout, progress=not cmd.no_progress),
+                       cmd.figures)
 
 
-def _finish_run(summary: dict, args) -> int:
+def _finish_run(summary: dict, figures: Figures) -> int:
     print_summary(summary)
     print(f"results written to {summary['out_dir']}")
-    write_run_events([summary["out_dir"]], args)
-    overview_figure(summary["out_dir"], args)
+    write_run_events([summary["out_dir"]], figures.tensorboard)
+    overview_figure(summary["out_dir"], figures)
     if summary["status"] == "diverged":
         print(summary["message"], file=sys.stderr)
         return 3
     return 0
 
 
-
-
-def cmd_compare(args) -> int:
-    if wants_seeds(args):
-        if getattr(args, "workers", None):
-            raise ValueError("--workers with several seeds: run the seeds one after another on one process each "
-                             "(leave out --workers), or give one seed")
-        return cmd_compare_seeds(args)
-    if getattr(args, "workers", None) and not launch.distributed():  # launch the ranks, then wait
-        out = None
-        if args.resume:
-            check_resume_flags(args)
-        else:  # check the settings here, and pick the folder once for every rank
-            try:
-                cfg, algorithms, _ = compare_settings(args)
-                cfg.check()
-                check_algorithm_names(algorithms)
-                resolve_device(cfg.device)
-                check_world_size(cfg.num_clients, args.workers)
-            except ValueError:  # named where raised (config.named_as): this try can go
-                raise
-            out = output_folder(args, "compare")
-        return launch.run_workers(args.argv, args.workers, out)
+def cmd_compare(cmd: CompareCommand) -> int:
+    if wants_seeds(cmd):
+        if cmd.workers:
+            raise ValueError(_SEEDS_AND_WORKERS)
+        return cmd_compare_seeds(cmd)
+    if cmd.workers and not launch.distributed():  # launch the ranks, then wait
+        return _launch_compare(cmd)
     main = launch.is_main()
     say = print if main else quiet  # under torchrun rank 0 alone prints
-    if args.resume:
-        check_resume_flags(args)
-        out = args.resume
+    if cmd.resume:
+        check_resume_flags(cmd)
+        out = cmd.resume
         say(f"resuming the comparison in {out}")
-        summaries = compare_experiments(None, None, out, resume=True, rounds=getattr(args, "rounds", None),
-                                        progress=not args.no_progress and main, log=say)
+        summaries = compare_experiments(None, None, out, resume=True, rounds=cmd.settings.get("rounds"),
+                                        progress=not cmd.no_progress and main, log=say)
         with open(os.path.join(out, "comparison.json")) as f:
             step = json.load(f)["config"]["metric_step"]
     else:
-        try:
-            cfg, algorithms, per = compare_settings(args)
-        except ValueError:  # named where raised (config.named_as): this try can go
-            raise
-        out = launch.agree_on(output_folder(args, "compare") if main else None, cfg.device)  # rank 0's folder
+        cfg, algorithms, per = compare_settings(cmd.settings, cmd.algorithms)
+        out = launch.agree_on(output_folder(cmd, "compare") if main else None, cfg.device)  # rank 0's folder
         say(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
-              f"{cfg.model}, h={cfg.reg}; results -> {out}")
-        try:
-            summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not args.no_progress and main,
-                                            replace=_replace(args), log=say)
-        except ValueError:  # named where raised (config.named_as): this try can go
-            raise
+            f"{cfg.model}, h={cfg.reg}; results -> {out}")
+        summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not cmd.no_progress and main,
+                                        replace=_replace(cmd), log=say)
         step = cfg.metric_step if cfg.metric_step is not None else cfg.lr * cfg.local_steps
     if not main:
         return 3 if any(s["status"] == "diverged" for s in summaries) else 0
     print(comparison_table(summaries, step))
     print(f"results written to {out}  (more figures: python -m python_algos plot {shlex.quote(out)})")
-    write_run_events([s["out_dir"] for s in summaries], args)
-    overview_figure(out, args)
+    write_run_events([s["out_dir"] for s in summaries], cmd.figures.tensorboard)
+    overview_figure(out, cmd.figures)
     return 3 if any(s["status"] == "diverged" for s in summaries) else 0
 
 
-# --------------------------------------------------------------------------- #
-# Several seeds (experiments/seeds.py)
-# --------------------------------------------------------------------------- #
+def _launch_compare(cmd: CompareCommand) -> int:
+    """``compare --workers P`` outside torchrun: the checks here, then torchrun's P ranks run the command."""
+    out = None
+    if cmd.resume:
+        check_resume_flags(cmd)
+    else:  # check the settings here, and pick the folder once for every rank
+        cfg, algorithms, _ = compare_settings(cmd.settings, cmd.algorithms)
+        cfg.check()
+        check_algorithm_names(algorithms)
+        resolve_device(cfg.device)
+        check_world_size(cfg.num_clients, cmd.workers)
+        out = output_folder(cmd, "compare")
+    return launch.run_workers(cmd.argv, cmd.workers, out)
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(cmd: DemoCommand) -> int:
     t0 = time.perf_counter()
     cfg = demo_config()
-    if args.rounds is not None:
-        cfg = cfg.replace(rounds=args.rounds)
+    if cmd.rounds is not None:
+        cfg = cfg.replace(rounds=cmd.rounds)
     main = launch.is_main()
     say = print if main else quiet  # under torchrun rank 0 alone prints
-    out = launch.agree_on((args.out or default_out_dir("demo")) if main else None, cfg.device)  # rank 0's folder
+    out = launch.agree_on((cmd.out or default_out_dir("demo")) if main else None, cfg.device)  # rank 0's folder
     say(f"fedkernels demo: sparse logistic regression (d = 100, 10-sparse ground truth), 10 heterogeneous "
         f"clients, h = {cfg.reg_strength:g}·||x||_1, full gradients, K = {cfg.local_steps}, T = {cfg.rounds}")
-    summaries = compare_experiments(cfg, list(DEMO_ALGORITHMS), out, progress=not args.no_progress and main, log=say)
+    summaries = compare_experiments(cfg, list(DEMO_ALGORITHMS), out, progress=not cmd.no_progress and main, log=say)
     if not main:
         return 0
     print()
@@ -230,25 +225,29 @@ def cmd_demo(args) -> int:
           "fraction of exact zeros;\nsupport F1: recovered non-zero pattern vs the ground truth. FedAvg ignores h "
           "(smooth method), so its model is dense.")
     print(f"results written to {out}  (more figures: python -m python_algos plot {shlex.quote(out)})")
-    overview_figure(out, args)
+    overview_figure(out, cmd.figures)
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     print(verdict_line(summaries))  # the last line: what the table and the figure show, in words
     return 0
 
 
-
-
-def cmd_plot(args) -> int:
-    files = plot_runs(args.runs, out_dir=args.out, metrics=args.metrics, x_axes=args.x, title=args.title,
-                      formats=args.formats, f_star=args.f_star, setup=not args.no_setup, band=args.band)
+def cmd_plot(cmd: PlotCommand) -> int:
+    files = plot_runs(list(cmd.runs), out_dir=cmd.out, metrics=None if cmd.metrics is None else list(cmd.metrics),
+                      x_axes=list(cmd.x), title=cmd.title, formats=cmd.formats, f_star=cmd.f_star, setup=cmd.setup,
+                      band=cmd.band)
     for f in files:
         print(f)
     return 0
 
 
-def cmd_algorithms(args) -> int:
+def cmd_algorithms(cmd: AlgorithmsCommand) -> int:
     print(markdown_table())
     return 0
+
+
+# Each command's function, by the class of its options (options.command_of).
+COMMANDS = {RunCommand: cmd_run, CompareCommand: cmd_compare, SweepCommand: cmd_sweep, DemoCommand: cmd_demo,
+            PlotCommand: cmd_plot, AlgorithmsCommand: cmd_algorithms}
 
 
 def show_warning(message, category, filename, lineno, file=None, line=None):
@@ -259,13 +258,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv or ["demo"])
-    args.argv = argv
     if args.command is None:
         parser.print_help()
         return 2
-
-    handler = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "demo": cmd_demo, "plot": cmd_plot,
-               "algorithms": cmd_algorithms}[args.command]
+    command = command_of(parser, args, argv)  # the namespace, once, into the command's typed options
+    handler = COMMANDS[type(command)]
 
     with warnings.catch_warnings():
         warnings.showwarning = show_warning
@@ -273,13 +270,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             warnings.simplefilter("ignore")
         try:
             live = contextlib.nullcontext()
-            if getattr(args, "tensorboard", False):  # every run writes its events as it goes (../tensorboard.py)
+            # --tensorboard: every run writes its events as it goes (../tensorboard.py)
+            if getattr(command, "figures", Figures()).tensorboard:
                 live = live_events()
             # SIGTERM / SIGHUP take Ctrl-C's path: the folder is closed as interrupted, children end
             # an error about a setting names it as the user gave it (the flag as typed, or the config file's key);
             # a default folder claimed by a command that then failed before writing is removed
-            with terminate_as_interrupt(), unused_claims_removed(), live, named_as(user_names(args)):
-                code = handler(args)
+            with terminate_as_interrupt(), unused_claims_removed(), live, named_as(command.names):
+                code = handler(command)
         except (DataNotFoundError, FileNotFoundError, ValueError, RuntimeError) as e:
             where = f" on rank {launch.rank()} of {launch.world_size()}" if launch.distributed() else ""
             print(f"error{where}: {e}", file=sys.stderr)

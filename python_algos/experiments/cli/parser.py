@@ -93,6 +93,14 @@ class Parser(argparse.ArgumentParser):
             parser.error("; ".join(_unrecognized(a, parser) for a in _stray(extras)))
         return ns
 
+    def given_dests(self, ns: argparse.Namespace) -> tuple:
+        """The destinations of ``ns`` (this parser's result) that its command line gave, in the
+        namespace's order: a flag whose default is SUPPRESS is there only when given; one that argparse
+        fills with its default counts when its value differs (``--no-progress``, ``-a ...``)."""
+        parser = self.commands.get(getattr(ns, "command", None), self)
+        defaults = {a.dest: a.default for a in parser._actions}
+        return tuple(k for k, v in vars(ns).items() if k in defaults and (defaults[k] is S or v != defaults[k]))
+
 
 def _stray(extras: list) -> list:
     """The unrecognized arguments worth naming: an unknown flag, not the value that follows it."""

@@ -13,10 +13,11 @@ from ..plotting import plot_sweep  # matplotlib itself: imported when a figure i
 from ..seeds import compare_seeds, is_seeds_folder, run_seeds, seed_list
 from ..sweep import SELECT, SweepInterrupted, parse_grid, read_sweep, run_sweep
 from ..tensorboard import check_available, write_events  # the tensorboard package: imported when events are written
+from .options import Common, CompareCommand, Figures, GivenSettings, RunCommand, SweepCommand
 from .parser import formats_flag
 from .settings import (
     check_resume_flags,
-    compare_settings,
+    compare_seed_settings,
     merge_settings,
     output_folder,
     overview_figure,
@@ -26,97 +27,93 @@ from .settings import (
 )
 
 
-def write_run_events(run_dirs, args) -> None:
+def write_run_events(run_dirs, tensorboard: bool) -> None:
     """--tensorboard: the runs' TensorBoard events (see experiments/tensorboard.py). A run of this command
     wrote them live, so write_events leaves them alone; a run a resume kept may have none yet."""
-    if getattr(args, "tensorboard", False):
+    if tensorboard:
         for d in run_dirs:
             write_events(d)
         print(f"TensorBoard events: tensorboard --logdir {shlex.quote(os.path.commonpath(run_dirs))}")
 
 
-def wants_seeds(args) -> bool:
+def wants_seeds(cmd: Common) -> bool:
     """Several seeds asked for: --seeds, a --seed list, a seeds/reseed_data key of the config file, or
     --resume of a folder of seeds."""
-    if getattr(args, "resume", None):
-        return is_seeds_folder(args.resume)
-    if hasattr(args, "seeds") or isinstance(getattr(args, "seed", None), list):
+    if cmd.resume:
+        return is_seeds_folder(cmd.resume)
+    given = cmd.settings
+    if "seeds" in given.values or isinstance(given.get("seed"), list):
         return True
-    if getattr(args, "config", None):
-        keys = {k.replace("-", "_") for k in read_config_file(args.config)}
-        return bool(keys & {"seeds"}) or isinstance(read_config_file(args.config).get("seed"), list)
+    if given.config:
+        keys = {k.replace("-", "_") for k in read_config_file(given.config)}
+        return bool(keys & {"seeds"}) or isinstance(read_config_file(given.config).get("seed"), list)
     return False
 
 
 
 
-def _tb_hook(args):
+def _tb_hook(tensorboard: bool):
     """--tensorboard with several seeds: after each seed, its events (already written live: a no-op;
     see :func:`write_run_events`)."""
-    if not getattr(args, "tensorboard", False):
+    if not tensorboard:
         return None
 
     check_available()
     return write_events
 
 
-def _seeds_done(result: dict, args, flat) -> int:
+def _seeds_done(result: dict, figures: Figures, flat) -> int:
     print(result["table"])
     out = result["out_dir"]
     print(f"mean ± std over the seeds that completed, of {len(result['seeds'])} (seeds "
           f"{', '.join(map(str, result['seeds']))}); results "
           f"written to {out}  (per-round statistics: {os.path.join(out, 'aggregate.jsonl')})")
-    overview_figure(out, args)
+    overview_figure(out, figures)
     return 3 if any(s.get("status") == "diverged" for s in flat) else 0
 
 
-def cmd_run_seeds(args) -> int:
-    hook = _tb_hook(args)
-    if args.resume:
-        check_resume_flags(args)
-        print(f"resuming the seeds in {args.resume}")
-        result = run_seeds(None, None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
-                           progress=not args.no_progress, after_run=hook)
+def cmd_run_seeds(cmd: RunCommand) -> int:
+    hook = _tb_hook(cmd.figures.tensorboard)
+    if cmd.resume:
+        check_resume_flags(cmd)
+        print(f"resuming the seeds in {cmd.resume}")
+        result = run_seeds(None, None, cmd.resume, resume=True, rounds=cmd.settings.get("rounds"),
+                           progress=not cmd.no_progress, after_run=hook)
     else:
-        try:
-            merged, seeds, reseed = seed_settings(args)
-            cfg = Config.from_dict(merged)
-            out = output_folder(args, cfg.algorithm)
-            print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
-                  f"seeds {', '.join(map(str, seeds))}{' (data redrawn per seed)' if reseed else ''}; results -> {out}")
-            result = run_seeds(cfg, seeds, out, reseed_data=reseed, progress=not args.no_progress, after_run=hook)
-        except ValueError:  # named where raised (config.named_as): this try can go
-            raise
-    return _seeds_done(result, args, result["summaries"])
+        merged, seeds, reseed = seed_settings(cmd.settings)
+        cfg = Config.from_dict(merged)
+        out = output_folder(cmd, cfg.algorithm)
+        print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
+              f"seeds {', '.join(map(str, seeds))}{' (data redrawn per seed)' if reseed else ''}; results -> {out}")
+        result = run_seeds(cfg, seeds, out, reseed_data=reseed, progress=not cmd.no_progress, after_run=hook)
+    return _seeds_done(result, cmd.figures, result["summaries"])
 
 
-def cmd_compare_seeds(args) -> int:
-    hook = _tb_hook(args)
-    if args.resume:
-        check_resume_flags(args)
-        print(f"resuming the seeds in {args.resume}")
-        result = compare_seeds(None, None, None, args.resume, resume=True, rounds=getattr(args, "rounds", None),
-                               progress=not args.no_progress, after_run=hook)
+def cmd_compare_seeds(cmd: CompareCommand) -> int:
+    hook = _tb_hook(cmd.figures.tensorboard)
+    if cmd.resume:
+        check_resume_flags(cmd)
+        print(f"resuming the seeds in {cmd.resume}")
+        result = compare_seeds(None, None, None, cmd.resume, resume=True, rounds=cmd.settings.get("rounds"),
+                               progress=not cmd.no_progress, after_run=hook)
     else:
-        try:
-            cfg, algorithms, per = compare_settings(args, seeds=True)
-            out = output_folder(args, "compare")
-            print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
-                  f"{cfg.model}, seeds {', '.join(map(str, args.seed_list))}; results -> {out}")
-            result = compare_seeds(cfg, algorithms, args.seed_list, out, alg_opts=per, reseed_data=args.reseed,
-                                   progress=not args.no_progress, after_run=hook)
-        except ValueError:  # named where raised (config.named_as): this try can go
-            raise
-    return _seeds_done(result, args, [s for per_seed in result["summaries"] for s in per_seed])
+        cfg, algorithms, per, seeds, reseed = compare_seed_settings(cmd.settings, cmd.algorithms)
+        out = output_folder(cmd, "compare")
+        print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
+              f"{cfg.model}, seeds {', '.join(map(str, seeds))}; results -> {out}")
+        result = compare_seeds(cfg, algorithms, seeds, out, alg_opts=per, reseed_data=reseed,
+                               progress=not cmd.no_progress, after_run=hook)
+    return _seeds_done(result, cmd.figures, [s for per_seed in result["summaries"] for s in per_seed])
 
 
-def _given(args, *flags) -> dict:
-    """The figure flags among ``flags`` that the command line gave (argparse fills in their defaults,
-    so ``args`` alone cannot tell a given ``--formats png,pdf`` from none): their parsed values."""
+def _given(argv, *flags) -> dict:
+    """The figure flags among ``flags`` that the command line ``argv`` gave (argparse fills in their
+    defaults, so its namespace alone cannot tell a given ``--formats png,pdf`` from none): their parsed
+    values."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--formats", type=formats_flag, default=None)
     p.add_argument("--band", default=None)
-    known, _ = p.parse_known_args([a for a in (getattr(args, "argv", None) or []) if a != "--"])
+    known, _ = p.parse_known_args([a for a in argv if a != "--"])
     return {k: v for k, v in vars(known).items() if v is not None and "--" + k in flags}
 
 
@@ -124,18 +121,18 @@ _SWEEP_RESUME_OK = ("command", "resume", "jobs", "no_progress", "formats", "no_p
                     "argv", "algorithms", "out", "name", "config")
 
 
-def _grid_and_space(args, merged: dict) -> tuple:
+def _grid_and_space(given: GivenSettings, merged: dict) -> tuple:
     """(grid, trials, space) of a new sweep, from the flags and the config file: exactly one of a
     grid (--grid) and a random search (--optuna N over --space), each parsed and checked."""
     grid = merged.pop("grid", None) or {}
     if not isinstance(grid, dict):
-        raise ValueError(f"{args.config}: grid must be a table of KEY = [values] or \"log:LOW:HIGH:COUNT\"")
-    grid = {**grid, **dict(getattr(args, "grid_items", []))}
+        raise ValueError(f"{given.config}: grid must be a table of KEY = [values] or \"log:LOW:HIGH:COUNT\"")
+    grid = {**grid, **dict(given.grid)}
     trials, space = merged.pop("optuna", None), merged.pop("space", None) or {}
     if not isinstance(space, dict):
-        raise ValueError(f"{args.config}: space must be a table of KEY = \"log:LOW:HIGH\" (or float:, int:, "
+        raise ValueError(f"{given.config}: space must be a table of KEY = \"log:LOW:HIGH\" (or float:, int:, "
                          f"intlog:) or KEY = [choices]")
-    space = {**space, **dict(getattr(args, "space_items", []))}
+    space = {**space, **dict(given.space)}
     if trials is not None and grid:
         raise ValueError("--optuna and --grid: give one (a random search over --space, or a grid)")
     if space and trials is None:
@@ -151,13 +148,13 @@ def _grid_and_space(args, merged: dict) -> tuple:
     return parse_grid(grid), trials, space
 
 
-def _new_sweep(args, opts: dict) -> tuple:
+def _new_sweep(cmd: SweepCommand, opts: dict) -> tuple:
     """(out, keyword arguments of run_sweep / run_study) of a new sweep; fills ``opts`` (jobs, select)
     from the config file where the flags left them unset."""
-    merged = merge_settings(args, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs",
+    merged = merge_settings(cmd.settings, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs",
                                              "optuna", "space"))
-    grid, trials, space = _grid_and_space(args, merged)
-    algorithms = args.algorithms or merged.pop("algorithms", None)
+    grid, trials, space = _grid_and_space(cmd.settings, merged)
+    algorithms = list(cmd.algorithms or ()) or merged.pop("algorithms", None)
     merged.pop("algorithms", None)
     if not algorithms:
         raise ValueError("-a/--algorithms: give the algorithm(s) to sweep (see `python -m python_algos "
@@ -172,7 +169,7 @@ def _new_sweep(args, opts: dict) -> tuple:
         merged["seed"] = seeds[0]
     per = split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
     cfg = Config.from_dict(merged)
-    out = output_folder(args, "sweep")
+    out = output_folder(cmd, "sweep")
     over = (' x '.join(f'{k} ({len(v)})' for k, v in grid.items()) if trials is None else
             f"{', '.join(space)} ({trials} Optuna trials)")
     print(f"sweep of {', '.join(algorithms)} over {over} on {cfg.dataset} ({cfg.partition}, "
@@ -183,10 +180,10 @@ def _new_sweep(args, opts: dict) -> tuple:
     return out, kw
 
 
-def _run_points(args, out: str, kw: dict, opts: dict, figures: dict) -> dict:
+def _run_points(cmd: SweepCommand, out: str, kw: dict, opts: dict, figures: dict) -> dict:
     """The sweep's runs: a random search (new or resumed) or a grid; returns its result."""
     select = opts["select"]  # None: f_plus_h, or on resume what the sweep (a random search) was run with
-    tensorboard = bool(getattr(args, "tensorboard", False))
+    tensorboard = cmd.figures.tensorboard
     if "space" in kw:
         return run_study(kw.pop("cfg"), kw.pop("algorithms"), kw.pop("space"), kw.pop("trials"), kw.pop("seeds"),
                          out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
@@ -195,16 +192,16 @@ def _run_points(args, out: str, kw: dict, opts: dict, figures: dict) -> dict:
         return run_study(None, None, None, None, out_dir=out, jobs=opts["jobs"] or 1, select=select,
                          resume=True, tensorboard=tensorboard)
     return run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select, tensorboard=tensorboard,
-                     progress=not args.no_progress, figures=None if kw.get("resume") else figures, **kw)
+                     progress=not cmd.no_progress, figures=None if kw.get("resume") else figures, **kw)
 
 
-def _report_sweep(args, out: str, result: dict, figures: dict) -> int:
+def _report_sweep(cmd: SweepCommand, out: str, result: dict, figures: dict) -> int:
     """The table, the figures and the exit status of a finished sweep."""
     print(result["table"])
     print(f"results written to {out}")
-    if getattr(args, "tensorboard", False):
+    if cmd.figures.tensorboard:
         print(f"TensorBoard events: tensorboard --logdir {shlex.quote(out)}")
-    if not getattr(args, "no_plot", False):
+    if not cmd.figures.no_plot:
         try:
             select = result["select"]
             files = plot_sweep(out, result, read_sweep(out)["grid"], SELECT[select][0], select,
@@ -221,23 +218,23 @@ def _report_sweep(args, out: str, result: dict, figures: dict) -> int:
     return 0
 
 
-def cmd_sweep(args) -> int:
+def cmd_sweep(cmd: SweepCommand) -> int:
     """`sweep` (experiments/sweep.py): the grid's runs, then the table and the figures."""
-    opts = dict(jobs=getattr(args, "jobs", None), select=getattr(args, "select", None))
+    opts = dict(jobs=cmd.jobs, select=cmd.select)
     # what the figures need: recorded in sweep.json, and on --resume taken from there unless given again
-    figures = {"formats": list(args.formats), "band": getattr(args, "band", "std")}
-    if args.resume:
-        check_resume_flags(args, _SWEEP_RESUME_OK, "the sweep's")
-        out = args.resume
+    figures = {"formats": list(cmd.figures.formats), "band": cmd.figures.band}
+    if cmd.resume:
+        check_resume_flags(cmd, _SWEEP_RESUME_OK, "the sweep's")
+        out = cmd.resume
         kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
-        figures = {**figures, **(read_sweep(out).get("figures") or {}), **_given(args, "--formats", "--band")}
+        figures = {**figures, **(read_sweep(out).get("figures") or {}), **_given(cmd.argv, "--formats", "--band")}
         print(f"resuming the sweep in {out}")
     else:
-        out, kw = _new_sweep(args, opts)
+        out, kw = _new_sweep(cmd, opts)
     try:
-        result = _run_points(args, out, kw, opts, figures)
+        result = _run_points(cmd, out, kw, opts, figures)
     except SweepInterrupted as e:
         print(e.table)
         print(f"\ninterrupted: resume with: {e.resume_command}", file=sys.stderr)
         return e.exit_code  # 130 after Ctrl-C, 128 + the signal after SIGTERM / SIGHUP
-    return _report_sweep(args, out, result, figures)
+    return _report_sweep(cmd, out, result, figures)

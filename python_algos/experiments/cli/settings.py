@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import re
-from typing import Sequence
+from typing import Optional, Sequence, Union
 
 from ...runfolder.files import as_json
 from ...runfolder.records import CONFIG
@@ -18,6 +18,7 @@ from ..prepare import check_algorithm_names, prepare_run
 from ..regularizer_specs import spec_text
 from ..seeds import seed_list
 from ..tables import column_name, format_table
+from .options import Common, Figures, GivenSettings, given_settings
 from .parser import DEMO_ALGORITHMS, TYPED
 
 
@@ -92,30 +93,21 @@ def _toml_error_text(e) -> str:
 _DICT_KEYS = tuple(k for k, s in SETTINGS.items() if s.options)  # tables: a flag adds to the file's
 
 
-def user_names(args) -> dict:
-    """How the user named each setting: the flag as typed (``{"local_steps": "-K"}``, filled while
-    the flags were parsed), and :class:`~.config.FromFile` for the config file's keys (added by
-    :func:`merge_settings` once it has read the file). The command line runs inside
-    ``config.named_as(user_names(args))``, so an error about a setting names it so."""
-    names = getattr(args, TYPED, None)
-    if names is None:
-        names = {}
-        setattr(args, TYPED, names)
-    return names
-
-
-def merge_settings(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> dict:
+def merge_settings(given: Union[GivenSettings, argparse.Namespace], extra_keys: Sequence[str] = ()) -> dict:
     """Config file values, overridden by the flags given on the command line. The file's keys are
-    added to :func:`user_names` (an error about one of them names the file and key)."""
-    base = read_config_file(args.config) if getattr(args, "config", None) else {}
+    added to ``given.names`` (an error about one of them names the file and key). A parsed
+    namespace (a caller holding one, like a test) is read once into its :class:`GivenSettings`."""
+    if isinstance(given, argparse.Namespace):
+        given = given_settings(given)
+    base = read_config_file(given.config) if given.config else {}
     base = {k.replace("-", "_"): v for k, v in base.items()}
     in_file = set(base)
     names = set(SETTINGS) | set(extra_keys)
     unknown = [k for k in base if k not in names]
     if unknown:  # only the file can hold one: argparse takes no unknown flag
-        raise ValueError(f"{args.config}: {unknown_keys_text(unknown, names)}")
+        raise ValueError(f"{given.config}: {unknown_keys_text(unknown, names)}")
     flags = set()
-    for k, v in vars(args).items():
+    for k, v in given.values.items():
         if k not in names or (v is None and k in extra_keys):  # compare's -a not given: the file's list stands
             continue
         flags.add(k)
@@ -126,31 +118,32 @@ def merge_settings(args: argparse.Namespace, extra_keys: Sequence[str] = ()) -> 
         else:
             base[k] = v
     # a table the file and flags both add to is named by the file (its entries are merged)
-    user_names(args).update({k: FromFile(args.config) for k in in_file if k not in flags or k in _DICT_KEYS})
-    if "partition" not in _swept(args, base):  # a sweep over partitions uses eta in some points
+    given.names.update({k: FromFile(given.config) for k in in_file if k not in flags or k in _DICT_KEYS})
+    if "partition" not in _swept(given, base):  # a sweep over partitions uses eta in some points
         check_given(base)
     if base.get("regularizers") and any(k in base for k in ("reg", "reg_opts")):
-        given = " ".join(spec_text(k, v) for k, v in base["regularizers"].items())
-        raise ConfigError("regularizers", given,
+        spec = " ".join(spec_text(k, v) for k, v in base["regularizers"].items())
+        raise ConfigError("regularizers", spec,
                           "give --reg (one penalty for the whole model) or --reg-param / a [regularizers] table (one "
                           "per parameter), not both; a '*' pattern gives the remaining parameters a default")
     return base
 
 
-def _swept(args, base: dict) -> set:
+def _swept(given: GivenSettings, base: dict) -> set:
     """The keys a sweep varies (--grid / --space, the file's grid / space tables)."""
-    keys = {k for k, _ in getattr(args, "grid_items", ())} | {k for k, _ in getattr(args, "space_items", ())}
+    keys = {k for k, _ in given.grid} | {k for k, _ in given.space}
     for table in ("grid", "space"):
         if isinstance(base.get(table), dict):
             keys |= set(base[table])
     return keys
 
 
-def output_folder(args, name: str) -> str:
-    if args.out:
-        return args.out
-    if getattr(args, "name", None):
-        return os.path.join("results", args.name)
+def output_folder(cmd: Common, name: str) -> str:
+    """The command's results folder: --out, else ./results/NAME (--name), else a new default one."""
+    if cmd.out:
+        return cmd.out
+    if cmd.name:
+        return os.path.join("results", cmd.name)
     return default_out_dir(name)
 
 
@@ -220,20 +213,24 @@ def restarted_run(cfg, out: str) -> bool:
     return all(saved.get(k) == now.get(k) for k in RESULT_KEYS if k != "rounds")
 
 
-def check_resume_flags(args, allowed: Sequence[str] = RESUME_OK, whose: str = "its") -> None:
+def check_resume_flags(cmd: Common, allowed: Sequence[str] = RESUME_OK, whose: str = "its") -> None:
     """With --resume, the settings come from the folder: refuse every other flag given, with a
     ``ValueError`` (printed as ``error: ...``) that lists the accepted flags, derived from ``allowed``
     (argparse destinations; :data:`_NOT_SETTINGS` among them are ignored), so the list cannot drift
     from the check."""
-    given = [k for k in vars(args) if k not in allowed and k not in _NOT_SETTINGS]
-    given += [k for k in ("out", "name", "config", "algorithms") if getattr(args, k, None)]
+    # the settings count as given too where options built without argparse did not list them in cmd.given
+    given = [k for k in (*cmd.given, *(k for k in cmd.settings.values if k not in cmd.given))
+             if k not in allowed and k not in _NOT_SETTINGS]
+    named = {"out": cmd.out, "name": cmd.name, "config": cmd.settings.config,
+             "algorithms": getattr(cmd, "algorithms", None)}
+    given += [k for k, v in named.items() if v]
     if given:
         flags = [_flag(k) for k in allowed if k not in _NOT_SETTINGS]
         accepted = " and ".join([", ".join(flags[:-1]), flags[-1]] if len(flags) > 1 else flags)
-        typed = user_names(args)
+        typed = cmd.names
         why = "".join(f"; {typed.get(k, _flag(k))}: {SETTINGS[k].why_kept}" for k in given
                       if k in SETTINGS and SETTINGS[k].why_kept)
-        raise ValueError(f"--resume takes {whose} settings from {args.resume}, so only {accepted} may be given "
+        raise ValueError(f"--resume takes {whose} settings from {cmd.resume}, so only {accepted} may be given "
                          f"(got {', '.join(typed.get(g, _flag(g)) for g in given)}){why}; nothing was changed")
 
 
@@ -243,14 +240,14 @@ def _flag(dest: str) -> str:
     return flag(dest) if dest in SETTINGS else "--" + dest.replace("_", "-")
 
 
-def resumed_run(args):
+def resumed_run(cmd: Common):
     """``run --resume DIR`` checked and prepared (writes nothing): the folder's run, with
     ``--checkpoint-every`` when given (the only setting a resume may change: it decides when the
     state is saved, never what a round computes). config.json then records the new interval, so a
     later resume keeps it."""
-    check_resume_flags(args, RUN_RESUME_OK)
-    every = getattr(args, "checkpoint_every", None)
-    prep = prepare_run(None, args.resume, resume=True, rounds=getattr(args, "rounds", None))
+    check_resume_flags(cmd, RUN_RESUME_OK)
+    every = cmd.settings.get("checkpoint_every")
+    prep = prepare_run(None, cmd.resume, resume=True, rounds=cmd.settings.get("rounds"))
     if every is not None and every != prep.cfg.checkpoint_every:
         cfg = prep.cfg.replace(checkpoint_every=every)
         cfg.check()  # a bad value is named by its flag, before anything is written
@@ -258,15 +255,20 @@ def resumed_run(args):
     return prep
 
 
-def compare_settings(args, seeds: bool = False):
+def compare_settings(given: GivenSettings, algorithms: Optional[Sequence[str]]):
     """(the shared Config, the algorithm names, each algorithm's own options) of a ``compare``,
-    checked (values, algorithm names). ``seeds=True``: also read the seeds (into ``args.seed_list``
-    and ``args.reseed``)."""
-    if seeds:
-        merged, args.seed_list, args.reseed = seed_settings(args, extra=("algorithms",))
-    else:
-        merged = merge_settings(args, extra_keys=("algorithms",))
-    algorithms = args.algorithms or merged.pop("algorithms", None) or list(DEMO_ALGORITHMS)
+    checked (values, algorithm names); ``algorithms``: -a, else the config file's, else the demo's."""
+    return _compare_config(merge_settings(given, extra_keys=("algorithms",)), algorithms)
+
+
+def compare_seed_settings(given: GivenSettings, algorithms: Optional[Sequence[str]]):
+    """:func:`compare_settings` of a ``compare`` with seeds, and (the seeds, reseed_data)."""
+    merged, seeds, reseed = seed_settings(given, extra=("algorithms",))
+    return (*_compare_config(merged, algorithms), seeds, reseed)
+
+
+def _compare_config(merged: dict, algorithms: Optional[Sequence[str]]):
+    algorithms = list(algorithms or merged.pop("algorithms", None) or DEMO_ALGORITHMS)
     merged.pop("algorithms", None)
     per = split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
     cfg = Config.from_dict(merged)
@@ -277,15 +279,14 @@ def compare_settings(args, seeds: bool = False):
     return cfg, algorithms, per
 
 
-def overview_figure(folder: str, args) -> None:
+def overview_figure(folder: str, figures: Figures) -> None:
     """The run's / comparison's overview figure in its folder, and its path; a missing matplotlib
     is a note, not a failure (the results are written)."""
-    if getattr(args, "no_plot", False):
+    if figures.no_plot:
         return
 
     try:
-        files = plot_runs([folder], out_dir=folder, per_metric=False, formats=args.formats,
-                          band=getattr(args, "band", "std"))
+        files = plot_runs([folder], out_dir=folder, per_metric=False, formats=figures.formats, band=figures.band)
     except RuntimeError as e:  # no matplotlib
         print(f"no figure: {e}")
         return
@@ -293,9 +294,9 @@ def overview_figure(folder: str, args) -> None:
         print(f"figure: {f}")
 
 
-def seed_settings(args, extra=()):
+def seed_settings(given: GivenSettings, extra=()):
     """(merged settings without the seed keys, the seeds, reseed_data) of a run / compare with seeds."""
-    merged = merge_settings(args, extra_keys=("seeds", "reseed_data", *extra))
+    merged = merge_settings(given, extra_keys=("seeds", "reseed_data", *extra))
     seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
     reseed = merged.pop("reseed_data", False)
     if not isinstance(reseed, bool):
