@@ -283,7 +283,7 @@ def test_compare_checks_algorithm_names_before_printing(tmp_path):
     p = cli("compare", "-a", "fedcannon", "fedavg", "--out", str(tmp_path / "c"), *TINY, "-T", "1")
     assert p.returncode == 1
     assert p.stdout == ""  # no "comparing ... -> folder" line for a comparison that never starts
-    assert p.stderr.startswith("error: --algorithm fedcannon: unknown algorithm(s); valid names: fedcanon,")
+    assert p.stderr.startswith("error: --algorithm fedcannon: unknown algorithm 'fedcannon'; valid names: fedcanon,")
     assert not (tmp_path / "c").exists()
 
 
@@ -297,7 +297,7 @@ def test_compare_takes_the_algorithms_of_its_config_file(tmp_path, capsys):
     capsys.readouterr()
     assert main(["compare", "--config", str(cfg), *TINY, "-T", "1", "--out", str(tmp_path / "d")]) == 1
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("error: --algorithm fedcannon: unknown algorithm(s); valid names: fedcanon,")
+    assert out == "" and err.startswith("error: --algorithm fedcannon: unknown algorithm 'fedcannon'; valid names: fedcanon,")
 
 
 def test_an_alg_opt_named_lr_sets_the_algorithms_own_lr():

@@ -48,8 +48,6 @@ def test_a_spent_budget_stops_checkpointed_and_the_folder_resumes_to_the_uninter
     capsys.readouterr()
 
 
-@pytest.mark.xfail(strict=True, reason="needs the command line's resumed_run (experiments/cli/settings.py) to apply "
-                                       "every run_may_change setting given, as it applies --checkpoint-every")
 def test_a_resume_may_change_the_budget(tmp_path, capsys):
     """--time-budget is accepted by `run --resume` (an execution setting): the resume runs under the
     new budget, and config.json records it, so a later resume keeps it."""

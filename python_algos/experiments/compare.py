@@ -13,8 +13,8 @@ import os
 from typing import Callable, Optional, Sequence
 
 from ..runfolder.files import RunFolderError, read_json_object, write_json, write_text_atomically
-from ..runfolder.folder import check_group_start, open_group_folder, run_folder_name
-from ..runfolder.records import COMPARISON, CONFIG, read_metrics, read_summary
+from ..runfolder.folder import check_group_start, open_group_folder
+from ..runfolder.records import COMPARISON, CONFIG, read_metrics, read_summary, run_folder_name
 from . import launch
 from .build import prepare_data
 from .config import Config

@@ -25,8 +25,8 @@ import shlex
 from typing import Callable, List, Optional, Sequence
 
 from ..runfolder.files import RunFolderError, read_json_object, write_json
-from ..runfolder.folder import check_group_start, open_group_folder, run_folder_name
-from ..runfolder.records import COMPARISON, CONFIG, METRICS, SEEDS, read_metrics
+from ..runfolder.folder import check_group_start, open_group_folder
+from ..runfolder.records import COMPARISON, CONFIG, METRICS, SEEDS, read_metrics, run_folder_name
 from .aggregate import SEED_DIR, write_aggregate
 from .config import Config, ConfigError
 

@@ -67,9 +67,9 @@ import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..runfolder.files import RunFolderError, read_json_object, write_json, write_text_atomically
-from ..runfolder.folder import check_group_start, open_group_folder, run_folder_name
+from ..runfolder.folder import check_group_start, open_group_folder
 from ..runfolder.progress import human_time
-from ..runfolder.records import CONFIG, METRICS, SUMMARY, read_summary
+from ..runfolder.records import CONFIG, METRICS, SUMMARY, read_summary, run_folder_name
 from ..runfolder.signals import STOP_SIGNALS, exit_code
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config

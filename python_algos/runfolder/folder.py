@@ -242,8 +242,3 @@ def open_group_folder(out_dir: str, mark: str, record: Mapping[str, Any], record
                              f"what it wrote was left alone and this command did not start: choose another "
                              f"--out") from None
 
-
-def run_folder_name(algorithm: str) -> str:
-    """The folder of an algorithm's run inside a group: its name, or for a user's class given as
-    ``package.module:Class`` the same with ``-`` for ``:`` (a colon is no folder name on every system)."""
-    return algorithm.replace(":", "-").replace("/", "-").replace("\\", "-")

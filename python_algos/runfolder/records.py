@@ -27,7 +27,7 @@ from . import checkpoint as ckpt
 from .files import RunExistsError, append_row, create_json, read_json_object, read_metrics, write_json, write_jsonl
 
 __all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "COMPARISON", "SEEDS",
-           "write_config", "api_config_record", "write_partition", "metrics_row", "write_metrics",
+           "run_folder_name", "write_config", "api_config_record", "write_partition", "metrics_row", "write_metrics",
            "append_metrics_row", "final_row", "summary_record", "write_summary", "save_model", "load_model",
            "read_config", "read_metrics", "read_summary", "group_runs"]
 
@@ -178,6 +178,12 @@ def read_summary(out_dir: str) -> Optional[dict]:
 # --------------------------------------------------------------------------- folders of runs
 
 
+def run_folder_name(algorithm: str) -> str:
+    """The folder of an algorithm's run inside a group: its name, or for a user's class given as
+    ``package.module:Class`` the same with ``-`` for ``:`` (a colon is no folder name on every system)."""
+    return algorithm.replace(":", "-").replace("/", "-").replace("\\", "-")
+
+
 def group_runs(folder: str) -> Optional[list]:
     """The names of the runs of the folder of runs ``folder``, in the group's order: a comparison's
     algorithms (its ``-a`` order, each ``<name>/``), a seeds folder's ``seed-<k>/``; None when
@@ -189,7 +195,7 @@ def group_runs(folder: str) -> Optional[list]:
                 names = listed(read_json_object(os.path.join(folder, mark)))
             except (OSError, ValueError, TypeError):
                 return None
-            return [str(n) for n in names] if isinstance(names, list) else None
+            return [run_folder_name(str(n)) for n in names] if isinstance(names, list) else None
     return None
 
 

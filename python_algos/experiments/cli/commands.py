@@ -5,7 +5,6 @@ status: :mod:`.parser` (what ``--help`` prints)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import sys
@@ -14,7 +13,9 @@ import warnings
 from typing import Optional, Sequence
 
 from ...algorithms.registry import markdown_table
+from ...runfolder.files import read_json_object
 from ...runfolder.folder import unused_claims_removed
+from ...runfolder.records import COMPARISON
 from ...runfolder.signals import exit_code, terminate_as_interrupt
 from .. import launch
 from ..compare import compare_experiments, comparison_table, verdict_line
@@ -49,22 +50,12 @@ from .settings import (
     overview_figure,
     print_summary,
     quiet,
+    replace_requested,
     restarted_run,
     resumed_run,
 )
 
 __all__ = ["main", "build_parser", "DEMO_ALGORITHMS"]
-
-def _replace(cmd) -> bool:
-    """``--replace``: only a folder the user named (``--out`` / ``--name``) is replaced; a default
-    folder is new by construction (:func:`~python_algos.runfolder.folder.claim_new_folder`)."""
-    if not cmd.replace:
-        return False
-    if not (cmd.out or cmd.name):
-        raise ValueError("--replace: needs --out DIR or --name NAME (the folder to replace); without them every "
-                         "command writes to a new folder")
-    return True
-
 
 _SEEDS_AND_WORKERS = ("--workers with several seeds: run the seeds one after another on one process each "
                       "(leave out --workers), or give one seed")
@@ -98,7 +89,7 @@ def cmd_run(cmd: RunCommand) -> int:
             # torchrun restarted the job after a rank failed: continue from the last checkpoint
             prep = prepare_run(None, out, resume=True, rounds=cfg.rounds)
         else:
-            prep = prepare_run(cfg, out, replace=_replace(cmd))
+            prep = prepare_run(cfg, out, replace=replace_requested(cmd))
         h = "per parameter" if cfg.regularizers else cfg.reg
         say(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
             f"results -> {out}" + (f" ({launch.world_size()} processes)" if launch.distributed() else ""))
@@ -119,7 +110,7 @@ def _launch_run(cmd: RunCommand) -> int:
         # Every check a rank would make (data, model, regularizers, participation, the folder),
         # here and writing nothing: an error is then one line, not P numbered copies of it
         # followed by torchrun's failure report. It loads the data once more; ranks load theirs.
-        prep = prepare_run(cfg, out, replace=_replace(cmd))
+        prep = prepare_run(cfg, out, replace=replace_requested(cmd))
         check_world_size(len(prep.fed.parts), cmd.workers)
     return launch.run_workers(cmd.argv, cmd.workers, out)
 
@@ -136,7 +127,7 @@ def _cmd_run_flower(cmd: RunCommand) -> int:
     else:
         cfg = Config.from_dict(merge_settings(cmd.settings))
         out = output_folder(cmd, cfg.algorithm)
-        prep = prepare_flower(cfg, out, replace=_replace(cmd))
+        prep = prepare_flower(cfg, out, replace=replace_requested(cmd))
     cfg, out = prep.run.cfg, prep.run.out_dir
     h = "per parameter" if cfg.regularizers else cfg.reg
     print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
@@ -171,15 +162,14 @@ def cmd_compare(cmd: CompareCommand) -> int:
         say(f"resuming the comparison in {out}")
         summaries = compare_experiments(None, None, out, resume=True, rounds=cmd.settings.get("rounds"),
                                         progress=not cmd.no_progress and main, log=say)
-        with open(os.path.join(out, "comparison.json")) as f:
-            step = json.load(f)["config"]["metric_step"]
+        step = read_json_object(os.path.join(out, COMPARISON))["config"]["metric_step"]
     else:
         cfg, algorithms, per = compare_settings(cmd.settings, cmd.algorithms)
         out = launch.agree_on(output_folder(cmd, "compare") if main else None, cfg.device)  # rank 0's folder
         say(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
             f"{cfg.model}, h={cfg.reg}; results -> {out}")
         summaries = compare_experiments(cfg, algorithms, out, alg_opts=per, progress=not cmd.no_progress and main,
-                                        replace=_replace(cmd), log=say)
+                                        replace=replace_requested(cmd), log=say)
         step = cfg.metric_step if cfg.metric_step is not None else cfg.lr * cfg.local_steps
     if not main:
         return 3 if any(s["status"] == "diverged" for s in summaries) else 0

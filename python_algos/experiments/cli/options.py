@@ -90,6 +90,7 @@ class SweepCommand(Common):
     algorithms: Optional[Tuple[str, ...]] = None
     jobs: Optional[int] = None  # None: the config file's, else 1
     select: Optional[str] = None  # None: the config file's, else f_plus_h (or the sweep's own on resume)
+    replace: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,8 @@ def command_of(parser: Parser, ns: argparse.Namespace, argv) -> Command:
                               workers=getattr(ns, "workers", None), replace=bool(getattr(ns, "replace", False)))
     if ns.command == "sweep":
         return SweepCommand(**_common(parser, ns, argv), algorithms=_tuple(ns.algorithms),
-                            jobs=getattr(ns, "jobs", None), select=getattr(ns, "select", None))
+                            jobs=getattr(ns, "jobs", None), select=getattr(ns, "select", None),
+                            replace=bool(getattr(ns, "replace", False)))
     if ns.command == "demo":
         return DemoCommand(rounds=ns.rounds, out=ns.out, no_progress=ns.no_progress, figures=_figures(ns),
                            names=given_settings(ns).names)

@@ -293,6 +293,9 @@ def _add_sweep_command(p: Parser, sub) -> None:
     w.add_argument("--space", type=_kv_text, action="append", default=S, dest="space_items", metavar="KEY=SPEC",
                    help="with --optuna: a key and its range: log:1e-3:1 (log-uniform), float:0:1, int:1:20, "
                         "intlog:1:64, or a list a,b,c (a choice); a config file's [space] table holds the same")
+    w.add_argument("--replace", action="store_true", default=S,
+                   help="with --out or --name: replace the sweep already in that folder (every point's runs, "
+                        "records and figures); a folder holding other files is refused")
     w.add_argument("--jobs", type=_jobs, default=S, metavar="P",
                    help="worker processes running points in parallel (default 1: one after another in this process); "
                         "with --optuna, a trial's seeds run in parallel and trials one after another")

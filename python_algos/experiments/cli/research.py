@@ -22,6 +22,7 @@ from .settings import (
     output_folder,
     overview_figure,
     read_config_file,
+    replace_requested,
     seed_settings,
     split_alg_opts,
 )
@@ -85,7 +86,8 @@ def cmd_run_seeds(cmd: RunCommand) -> int:
         out = output_folder(cmd, cfg.algorithm)
         print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
               f"seeds {', '.join(map(str, seeds))}{' (data redrawn per seed)' if reseed else ''}; results -> {out}")
-        result = run_seeds(cfg, seeds, out, reseed_data=reseed, progress=not cmd.no_progress, after_run=hook)
+        result = run_seeds(cfg, seeds, out, reseed_data=reseed, progress=not cmd.no_progress, after_run=hook,
+                           replace=replace_requested(cmd))
     return _seeds_done(result, cmd.figures, result["summaries"])
 
 
@@ -102,7 +104,7 @@ def cmd_compare_seeds(cmd: CompareCommand) -> int:
         print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
               f"{cfg.model}, seeds {', '.join(map(str, seeds))}; results -> {out}")
         result = compare_seeds(cfg, algorithms, seeds, out, alg_opts=per, reseed_data=reseed,
-                               progress=not cmd.no_progress, after_run=hook)
+                               progress=not cmd.no_progress, after_run=hook, replace=replace_requested(cmd))
     return _seeds_done(result, cmd.figures, [s for per_seed in result["summaries"] for s in per_seed])
 
 
@@ -187,12 +189,14 @@ def _run_points(cmd: SweepCommand, out: str, kw: dict, opts: dict, figures: dict
     if "space" in kw:
         return run_study(kw.pop("cfg"), kw.pop("algorithms"), kw.pop("space"), kw.pop("trials"), kw.pop("seeds"),
                          out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
-                         tensorboard=tensorboard, figures=figures, **{k: v for k, v in kw.items() if k != "grid"})
+                         tensorboard=tensorboard, figures=figures, replace=replace_requested(cmd),
+                         **{k: v for k, v in kw.items() if k != "grid"})
     if kw.get("resume") and "optuna" in read_sweep(out):  # a random search: its trials continue
         return run_study(None, None, None, None, out_dir=out, jobs=opts["jobs"] or 1, select=select,
                          resume=True, tensorboard=tensorboard)
     return run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select, tensorboard=tensorboard,
-                     progress=not cmd.no_progress, figures=None if kw.get("resume") else figures, **kw)
+                     progress=not cmd.no_progress, figures=None if kw.get("resume") else figures,
+                     replace=False if kw.get("resume") else replace_requested(cmd), **kw)
 
 
 def _report_sweep(cmd: SweepCommand, out: str, result: dict, figures: dict) -> int:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 from typing import Optional, Sequence, Union
 
-from ...runfolder.files import as_json
+from ...runfolder.files import as_json, parse_json
 from ...runfolder.records import CONFIG
 from .. import launch
 from ..config import RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile, check_given, flag, unknown_keys_text
@@ -66,10 +65,7 @@ def read_config_file(path: str) -> dict:
             raise ValueError(f"{path}, line {line}: {problem}") from None
         data = {} if data is None else data
     else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {e.lineno}: {e.msg}") from None
+        data = parse_json(text, path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the config must be a table / mapping of keys, got a {type(data).__name__}")
     return data
@@ -153,8 +149,8 @@ def split_alg_opts(opts: dict, algorithms: Sequence[str]):
     for k, v in opts.items():
         if isinstance(v, dict) and k in per:
             per[k].update(v)
-        elif "." in k and k.split(".", 1)[0] in per:
-            a, key = k.split(".", 1)
+        elif "." in k and k.rsplit(".", 1)[0] in per:  # rsplit: ALG may be package.module:Class
+            a, key = k.rsplit(".", 1)
             per[a][key] = v
         elif "." in k:
             raise ValueError(f"--alg-opt {k}={v}: {k.split('.', 1)[0]!r} is not one of the compared algorithms "
@@ -240,16 +236,28 @@ def _flag(dest: str) -> str:
     return flag(dest) if dest in SETTINGS else "--" + dest.replace("_", "-")
 
 
+def replace_requested(cmd) -> bool:
+    """``--replace``: only a folder the user named (``--out`` / ``--name``) is replaced; a default
+    folder is new by construction (:func:`~python_algos.runfolder.folder.claim_new_folder`)."""
+    if not getattr(cmd, "replace", False):
+        return False
+    if not (cmd.out or cmd.name):
+        raise ValueError("--replace: needs --out DIR or --name NAME (the folder to replace); without them every "
+                         "command writes to a new folder")
+    return True
+
+
 def resumed_run(cmd: Common):
     """``run --resume DIR`` checked and prepared (writes nothing): the folder's run, with
     ``--checkpoint-every`` when given (the only setting a resume may change: it decides when the
     state is saved, never what a round computes). config.json then records the new interval, so a
     later resume keeps it."""
     check_resume_flags(cmd, RUN_RESUME_OK)
-    every = cmd.settings.get("checkpoint_every")
     prep = prepare_run(None, cmd.resume, resume=True, rounds=cmd.settings.get("rounds"))
-    if every is not None and every != prep.cfg.checkpoint_every:
-        cfg = prep.cfg.replace(checkpoint_every=every)
+    changed = {k: v for k, s in SETTINGS.items() if s.on_resume == "run_may_change"
+               and (v := cmd.settings.get(k)) is not None and v != getattr(prep.cfg, k)}
+    if changed:
+        cfg = prep.cfg.replace(**changed)
         cfg.check()  # a bad value is named by its flag, before anything is written
         prep.cfg, prep.rewrite_config = cfg, True
     return prep
