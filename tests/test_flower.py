@@ -295,6 +295,40 @@ def test_the_handshake_goes_on_without_a_stale_node(problem):
                       batch_size=BATCH, round_timeout=0.5, connect_timeout=0.6)
 
 
+class LateNodeGrid(LocalGrid):
+    """A LocalGrid whose node ``late`` is listed only after the server's first pull of replies: a
+    restarted node that registers after a killed node's stale entry made up the N nodes listed."""
+
+    def __init__(self, *a, late, **kw):
+        super().__init__(*a, **kw)
+        self.late, self.pulls = late, 0
+
+    def get_node_ids(self):
+        return [nid for nid in self.contexts if nid != self.late or self.pulls > 0]
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        return super().pull_messages(message_ids)
+
+
+def test_the_handshake_asks_a_node_that_registers_while_it_waits(problem):
+    """Client 1's node was killed (1007, still listed, silent) and restarted as 2000, which registers
+    only after the handshake has started: the node list is read again while the answers are awaited."""
+    alg = _alg("za1")
+    app = pf.client_app(alg, problem.model, problem.loss, lambda i, c: problem.data[i], regularizer=REG, seed=SEED,
+                        batch_size=BATCH)
+    grid = LateNodeGrid(app, N, silent={1007: 0}, late=2000)
+    grid.contexts[2000] = Context(run_id=1, node_id=2000, node_config={"partition-id": 1, "num-partitions": N},
+                                  state=RecordDict(), run_config={})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = pf.run_server(grid, alg, problem.model, regularizer=REG, rounds=ROUNDS, num_clients=N, seed=SEED,
+                            batch_size=BATCH, round_timeout=5.0, connect_timeout=5.0)
+    assert got.nodes[1] == 2000
+    want = _simulate(problem, alg, None)
+    assert float((got.params - want.params).abs().max()) <= 1e-10 * (1.0 + float(want.params.abs().max()))
+
+
 class SlowStartGrid(LocalGrid):
     """A LocalGrid whose nodes' answers to the handshake become available only ``delay`` seconds after
     it is sent, as when each SuperNode starts its first ClientApp process on a loaded machine."""

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from typing import Callable, Optional, Sequence
@@ -27,7 +28,7 @@ from ..clients.base import seeds
 from ..runfolder.records import metrics_row
 from ..runfolder.setup_record import check_same_setup
 from ..simulate import checked_clients_per_round
-from .exchange import check_replies, collect, handshake
+from .exchange import check_replies, check_upload, collect, handshake
 from .nodes import ServerClients, receives, scalars, server_state
 from .persist import append_record, load_server, rewrite_records, save_server, sync_records
 from .wire import (
@@ -35,7 +36,6 @@ from .wire import (
     FlowerResult,
     NodeFailure,
     check_algorithm,
-    decode_vectors,
     encode_vectors,
     fingerprint,
     flat_x0,
@@ -44,8 +44,8 @@ from .wire import (
     payload_bytes,
 )
 
-__all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint", "server_setup", "check_checkpoint",
-           "SERVER_LABELS"]
+__all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint", "checkpoint_to_resume",
+           "server_setup", "check_checkpoint", "SERVER_LABELS"]
 
 # the run_server keyword(s) that set each key of the server's setup record (named by a refusal)
 SERVER_LABELS = {"algorithm": "algorithm", "hparams": "algorithm (hyper-parameters)", "regularizer": "regularizer",
@@ -194,12 +194,9 @@ class ServerProgram:
                                           "No server checkpoint was written (give checkpoint=PATH to resume a run)")
                               ) from None
         msgs = alg.messages()
-        ups = {i: decode_vectors(got[i].content["up"]) for i in part}
-        for i in part:
-            if set(ups[i]) != set(msgs.up):
-                raise NodeFailure(f"round {t}: client {i} (node {self.nodes[i]}) uploaded {sorted(ups[i])}, "
-                                  f"expected {sorted(msgs.up)}")
-        stacked = {name: torch.stack([ups[i][name].to(self.dtype) for i in part]) for name in msgs.up}
+        ups = {i: check_upload(got[i].content["up"], msgs.up, self.cs.dim, self.dtype,
+                               f"client {i} (node {self.nodes[i]})", t) for i in part}
+        stacked = {name: torch.stack([ups[i][name] for i in part]) for name in msgs.up}
         with torch.no_grad(), fk.prox_stats() as stats:
             means = alg.aggregate(stacked, self.cs, ids)
             self.state, sent = alg.server_update(self.state, means, r["down"], self.regularizer)
@@ -281,6 +278,23 @@ def _restore(snap: dict, setup: dict, state, rng, cs, rounds):
 def load_server_checkpoint(path: str) -> dict:
     """A server checkpoint written by :class:`ServerProgram` / :func:`run_server` (``checkpoint=path``),
     to pass as ``resume``; its ``extra`` is what ``checkpoint_extra()`` returned."""
+    return load_server(path)
+
+
+def checkpoint_to_resume(path: Optional[str], resume: bool, *, setting: str = "resume",
+                         path_setting: str = "checkpoint") -> Optional[dict]:
+    """The server checkpoint a run continues from: None for a fresh run (``resume`` false), else the
+    snapshot at ``path``. ``resume`` true with no checkpoint there is refused (ValueError naming the
+    path and both settings) instead of silently starting a new run: a mistyped path would otherwise
+    redo every round and overwrite the nodes' saved states."""
+    if not resume:
+        return None
+    if not path:
+        raise ValueError(f"{setting}=true needs the server checkpoint to continue from: set {path_setting} to its "
+                         f"file (it is empty)")
+    if not os.path.isfile(path):
+        raise ValueError(f"{setting}=true: no server checkpoint at {path_setting}={path!r} (no such file); give the "
+                         f"path the stopped run wrote its checkpoint to, or set {setting}=false to start a new run")
     return load_server(path)
 
 
