@@ -429,3 +429,38 @@ def test_regularizers_differing_in_the_8th_digit_are_told_apart(problem, tmp_pat
                       num_clients=N, clients_per_round=2, seed=SEED, batch_size=BATCH, resume=snap)
     assert pf.fingerprint(_alg("scaffold"), other, SEED, BATCH, N, torch.zeros(3))["regularizer"] != \
         pf.fingerprint(_alg("scaffold"), REG, SEED, BATCH, N, torch.zeros(3))["regularizer"]
+
+
+# -- the engine loop's callbacks: a run that blows up stops as diverged, at one process's round ------
+def test_a_flower_run_that_blows_up_stops_diverged_at_the_one_process_round(problem, tmp_path):
+    """The server's loop is simulate's engine loop with its callbacks: given f+h (``evaluate``, here the
+    full objective on the test's data, as the run --flower ServerApp computes it), StopOnDivergence
+    stops the Flower run at the round at which the one-process run stops, with the same reason, and
+    the round it stops on is not checkpointed (the checkpoint keeps the last good round). Ground truth:
+    simulate with StopOnDivergence, float64."""
+    from python_algos.runfolder.callbacks import StopOnDivergence
+    from python_algos.simulate import objective_metrics
+
+    alg, rounds = make("fedavg", lr=0.5, local_steps=3), 12  # a step far above 1/L: f+h grows by orders of magnitude
+    one = StopOnDivergence()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = pa.simulate(alg, problem.model(), problem.loss, problem.data, rounds, REG, batch_size=BATCH,
+                           seed=SEED, executor="sequential", callbacks=[one], metrics_every=1)
+    assert one.reason is not None and len(want.metrics) < rounds, "the reference run must diverge"
+    cs, step = problem.clients(batch_size=BATCH, seed=SEED), float(alg.metric_step())
+
+    def evaluate(state):
+        return objective_metrics(cs, REG, alg.report(state, REG).detach(), step, alg.normal_map_point(state))
+
+    stop, path = StopOnDivergence(), str(tmp_path / "server.pt")
+    app = pf.client_app(alg, problem.model, problem.loss, lambda i, ctx: problem.data[i], regularizer=REG,
+                        seed=SEED, batch_size=BATCH)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = pf.run_server(LocalGrid(app, N), alg, problem.model, regularizer=REG, rounds=rounds, num_clients=N,
+                            seed=SEED, batch_size=BATCH, callbacks=[stop], evaluate=evaluate, checkpoint=path)
+    assert stop.reason == one.reason
+    assert [m["round"] for m in got.metrics] == [m["round"] for m in want.metrics]
+    assert got.metrics[-1]["f+h"] == pytest.approx(want.metrics[-1]["f+h"], rel=1e-10)
+    assert pf.load_server_checkpoint(path)["round"] == len(want.metrics) - 1

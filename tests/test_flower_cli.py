@@ -139,6 +139,16 @@ def _kill_supernode(marker: str, client: int) -> None:
     raise AssertionError(f"no SuperNode of client {client} found")
 
 
+def _checkpoint_round(path) -> int:
+    """The round of the server checkpoint at ``path`` (-1: none yet)."""
+    from python_algos.deploy.persist import load_server
+
+    try:
+        return int(load_server(str(path))["round"])
+    except FileNotFoundError:
+        return -1
+
+
 @pytest.mark.processes
 @pytest.mark.slow
 def test_a_killed_node_stops_the_run_and_the_resume_is_exact(tmp_path):
@@ -153,8 +163,8 @@ def test_a_killed_node_stops_the_run_and_the_resume_is_exact(tmp_path):
     p = _cli([*ARGS, "-T", "3", "--checkpoint-every", "1", "--flower", "--out", str(fl)],
              tmp_path)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (fl / "flower-checkpoint.pt").exists() and p.poll() is None:
-        time.sleep(0.2)
+    while time.monotonic() < deadline and _checkpoint_round(fl / "flower-checkpoint.pt") < 1 and p.poll() is None:
+        time.sleep(0.2)  # the server's checkpoint of round 1 (a fresh run's first is round 0's)
     _kill_supernode(str(tmp_path), 1)
     log = _output(p, 400)
     assert p.returncode == 1, log
