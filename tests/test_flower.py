@@ -464,3 +464,44 @@ def test_a_flower_run_that_blows_up_stops_diverged_at_the_one_process_round(prob
     assert [m["round"] for m in got.metrics] == [m["round"] for m in want.metrics]
     assert got.metrics[-1]["f+h"] == pytest.approx(want.metrics[-1]["f+h"], rel=1e-10)
     assert pf.load_server_checkpoint(path)["round"] == len(want.metrics) - 1
+
+
+class TamperGrid(LocalGrid):
+    """A LocalGrid whose node ``node`` (None: every node) replaces each of its round uploads by
+    ``tamper(vector)``: a node running another dtype or model, or a faulty one."""
+
+    def __init__(self, *a, node, tamper, **kw):
+        super().__init__(*a, **kw)
+        self.node, self.tamper = node, tamper
+
+    def _deliver(self, m):
+        r = super()._deliver(m)
+        if r is not None and m.metadata.message_type == pf.ROUND and self.node in (None, m.metadata.dst_node_id):
+            up = r.content["up"]
+            for name in list(up.keys()):
+                up[name] = flwr.app.Array(self.tamper(up[name].numpy()))
+        return r
+
+
+@pytest.mark.parametrize("node, tamper, words", [
+    (1014, lambda v: v.astype("float32"), r"2 \(node 1014\) uploaded '\w+' as float32 of shape \(10,\), expected "
+                                          r"float64 of shape \(10,\)"),
+    (None, lambda v: v[:1].copy(), r"0 \(node 1000\) uploaded '\w+' as float64 of shape \(1,\), expected float64 of "
+                                   r"shape \(10,\)"),
+    (1014, lambda v: v[:7].copy(), r"2 \(node 1014\) uploaded '\w+' as float64 of shape \(7,\), expected float64 of "
+                                   r"shape \(10,\)"),
+    (1014, lambda v: v * float("nan"), r"2 \(node 1014\) uploaded '\w+' with 10 NaN/Inf entries of 10"),
+], ids=["float32-widened-before", "length-1-broadcast-before", "short-bare-RuntimeError-before", "nan"])
+def test_an_upload_other_than_the_declared_vectors_stops_the_run_naming_the_node(problem, node, tamper, words):
+    """A node (1014: client 2's; None: every node) uploads something other than the algorithm's d-vectors
+    in the run's dtype: the run stops at round 1 naming client and node, before the upload enters the
+    server's average. Before: a float32 upload was widened silently, length-1 uploads from every node
+    broadcast into the server update, a short one among others raised a bare RuntimeError (torch.stack)."""
+    alg = _alg("fedcanon")
+    app = pf.client_app(alg, problem.model, problem.loss, lambda i, c: problem.data[i], regularizer=REG, seed=SEED,
+                        batch_size=BATCH)
+    with pytest.raises(pf.NodeFailure, match=r"^round 1: client " + words):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pf.run_server(TamperGrid(app, N, node=node, tamper=tamper), alg, problem.model, regularizer=REG,
+                          rounds=ROUNDS, num_clients=N, seed=SEED, batch_size=BATCH)
