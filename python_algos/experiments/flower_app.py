@@ -97,8 +97,8 @@ class _ServerFiles(Callback):
     computed from them), written before the round's checkpoint."""
 
     def __init__(self, setup: dict, out: str, points: RoundFiles):
-        self.cfg, self.alg, self.reg, self.out, self.points = setup["cfg"], setup["algorithm"], setup["regularizer"], \
-            out, points
+        self.cfg, self.alg, self.reg = setup["cfg"], setup["algorithm"], setup["regularizer"]
+        self.out, self.points = out, points
 
     def after_round(self, t, state, row):
         with open(os.path.join(self.out, ROUNDS_FILE), "a") as f:  # whole lines: the parent reads as it grows
