@@ -107,6 +107,7 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
     ask(node_ids)
     wait = max(timeout, connect_timeout)
     nodes, errors, answered, until = {}, [], set(), time.monotonic() + wait
+    relist = time.monotonic()
     while len(nodes) + len(errors) < n:
         for r in grid.pull_messages([mid for nid, mid in asked.items() if nid not in answered]):
             nid = int(r.metadata.src_node_id)
@@ -121,7 +122,9 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
         if len(nodes) + len(errors) >= n or time.monotonic() > until:
             break
         time.sleep(POLL)
-        ask(sorted(int(i) for i in grid.get_node_ids()))  # a node restarted meanwhile
+        if time.monotonic() >= relist:  # a node restarted meanwhile (the list is asked for once a second)
+            ask(sorted(int(i) for i in grid.get_node_ids()))
+            relist = time.monotonic() + 1.0
     if errors:
         raise NodeFailure("the handshake: " + "; ".join(errors))
     missing = [i for i in range(n) if i not in nodes]
