@@ -5,7 +5,9 @@
   their messages (``configure_train``) and, from the replies, averages the uploads and runs the
   server update, the prox included, with the fused kernels (``aggregate_train``). It checkpoints
   its side and resumes from such a checkpoint.
-* :func:`run_server`: a ServerApp's loop over it, replies collected as they come.
+* :func:`run_server`: a ServerApp's loop over it, replies collected as they come: ``simulate``'s
+  engine loop (:func:`~python_algos.runfolder.callbacks.run_rounds`) with the same callbacks (the
+  checkpoint, ``StopOnDivergence``, ``TimeBudget``, functions), so each has one definition.
 * :class:`~.strategy.AlgorithmStrategy`: the same program as a Flower ``Strategy`` (for
   ``strategy.start(grid, ...)``, Flower's own loop).
 """
