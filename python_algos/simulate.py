@@ -52,7 +52,7 @@ from .clients.base import seeds
 from .runfolder import setup_record
 from .runfolder.callbacks import Checkpoint, RunView, ShowProgress, as_callbacks, run_rounds
 from .runfolder.history import load_history, save_history
-from .runfolder.records import metrics_row
+from .runfolder.records import metric_round, metrics_row
 
 __all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity", "checked_clients_per_round"]
 
@@ -534,7 +534,7 @@ class _Run:
                           fwd_bwd_time=cs.fwd_bwd_seconds - fb_sec, up=cs.comm.up - up, down=cs.comm.down - down,
                           sent_bytes=cs.comm.sent_bytes - sent if cs.measures_bytes else None,
                           recv_bytes=cs.comm.recv_bytes - recv if cs.measures_bytes else None)
-        if self.metrics_every and (t % self.metrics_every == 0 or t == self.rounds):
+        if metric_round(t, self.rounds, self.metrics_every):
             row.update(self.evaluate(state))
         self.metrics.append(row)
         self.state = state

@@ -297,7 +297,8 @@ def test_compare_takes_the_algorithms_of_its_config_file(tmp_path, capsys):
     capsys.readouterr()
     assert main(["compare", "--config", str(cfg), *TINY, "-T", "1", "--out", str(tmp_path / "d")]) == 1
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("error: --algorithm fedcannon: unknown algorithm 'fedcannon'; valid names: fedcanon,")
+    assert out == "" and err.startswith(
+        "error: --algorithm fedcannon: unknown algorithm 'fedcannon'; valid names: fedcanon,")
 
 
 def test_an_alg_opt_named_lr_sets_the_algorithms_own_lr():

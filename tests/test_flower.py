@@ -295,6 +295,40 @@ def test_the_handshake_goes_on_without_a_stale_node(problem):
                       batch_size=BATCH, round_timeout=0.5, connect_timeout=0.6)
 
 
+class LateNodeGrid(LocalGrid):
+    """A LocalGrid whose node ``late`` is listed only after the server's first pull of replies: a
+    restarted node that registers after a killed node's stale entry made up the N nodes listed."""
+
+    def __init__(self, *a, late, **kw):
+        super().__init__(*a, **kw)
+        self.late, self.pulls = late, 0
+
+    def get_node_ids(self):
+        return [nid for nid in self.contexts if nid != self.late or self.pulls > 0]
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        return super().pull_messages(message_ids)
+
+
+def test_the_handshake_asks_a_node_that_registers_while_it_waits(problem):
+    """Client 1's node was killed (1007, still listed, silent) and restarted as 2000, which registers
+    only after the handshake has started: the node list is read again while the answers are awaited."""
+    alg = _alg("za1")
+    app = pf.client_app(alg, problem.model, problem.loss, lambda i, c: problem.data[i], regularizer=REG, seed=SEED,
+                        batch_size=BATCH)
+    grid = LateNodeGrid(app, N, silent={1007: 0}, late=2000)
+    grid.contexts[2000] = Context(run_id=1, node_id=2000, node_config={"partition-id": 1, "num-partitions": N},
+                                  state=RecordDict(), run_config={})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = pf.run_server(grid, alg, problem.model, regularizer=REG, rounds=ROUNDS, num_clients=N, seed=SEED,
+                            batch_size=BATCH, round_timeout=5.0, connect_timeout=5.0)
+    assert got.nodes[1] == 2000
+    want = _simulate(problem, alg, None)
+    assert float((got.params - want.params).abs().max()) <= 1e-10 * (1.0 + float(want.params.abs().max()))
+
+
 class SlowStartGrid(LocalGrid):
     """A LocalGrid whose nodes' answers to the handshake become available only ``delay`` seconds after
     it is sent, as when each SuperNode starts its first ClientApp process on a loaded machine."""
@@ -395,3 +429,79 @@ def test_regularizers_differing_in_the_8th_digit_are_told_apart(problem, tmp_pat
                       num_clients=N, clients_per_round=2, seed=SEED, batch_size=BATCH, resume=snap)
     assert pf.fingerprint(_alg("scaffold"), other, SEED, BATCH, N, torch.zeros(3))["regularizer"] != \
         pf.fingerprint(_alg("scaffold"), REG, SEED, BATCH, N, torch.zeros(3))["regularizer"]
+
+
+# -- the engine loop's callbacks: a run that blows up stops as diverged, at one process's round ------
+def test_a_flower_run_that_blows_up_stops_diverged_at_the_one_process_round(problem, tmp_path):
+    """The server's loop is simulate's engine loop with its callbacks: given f+h (``evaluate``, here the
+    full objective on the test's data, as the run --flower ServerApp computes it), StopOnDivergence
+    stops the Flower run at the round at which the one-process run stops, with the same reason, and
+    the round it stops on is not checkpointed (the checkpoint keeps the last good round). Ground truth:
+    simulate with StopOnDivergence, float64."""
+    from python_algos.runfolder.callbacks import StopOnDivergence
+    from python_algos.simulate import objective_metrics
+
+    alg, rounds = make("fedavg", lr=0.5, local_steps=3), 12  # a step far above 1/L: f+h grows by orders of magnitude
+    one = StopOnDivergence()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = pa.simulate(alg, problem.model(), problem.loss, problem.data, rounds, REG, batch_size=BATCH,
+                           seed=SEED, executor="sequential", callbacks=[one], metrics_every=1)
+    assert one.reason is not None and len(want.metrics) < rounds, "the reference run must diverge"
+    cs, step = problem.clients(batch_size=BATCH, seed=SEED), float(alg.metric_step())
+
+    def evaluate(state):
+        return objective_metrics(cs, REG, alg.report(state, REG).detach(), step, alg.normal_map_point(state))
+
+    stop, path = StopOnDivergence(), str(tmp_path / "server.pt")
+    app = pf.client_app(alg, problem.model, problem.loss, lambda i, ctx: problem.data[i], regularizer=REG,
+                        seed=SEED, batch_size=BATCH)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = pf.run_server(LocalGrid(app, N), alg, problem.model, regularizer=REG, rounds=rounds, num_clients=N,
+                            seed=SEED, batch_size=BATCH, callbacks=[stop], evaluate=evaluate, checkpoint=path)
+    assert stop.reason == one.reason
+    assert [m["round"] for m in got.metrics] == [m["round"] for m in want.metrics]
+    assert got.metrics[-1]["f+h"] == pytest.approx(want.metrics[-1]["f+h"], rel=1e-10)
+    assert pf.load_server_checkpoint(path)["round"] == len(want.metrics) - 1
+
+
+class TamperGrid(LocalGrid):
+    """A LocalGrid whose node ``node`` (None: every node) replaces each of its round uploads by
+    ``tamper(vector)``: a node running another dtype or model, or a faulty one."""
+
+    def __init__(self, *a, node, tamper, **kw):
+        super().__init__(*a, **kw)
+        self.node, self.tamper = node, tamper
+
+    def _deliver(self, m):
+        r = super()._deliver(m)
+        if r is not None and m.metadata.message_type == pf.ROUND and self.node in (None, m.metadata.dst_node_id):
+            up = r.content["up"]
+            for name in list(up.keys()):
+                up[name] = flwr.app.Array(self.tamper(up[name].numpy()))
+        return r
+
+
+@pytest.mark.parametrize("node, tamper, words", [
+    (1014, lambda v: v.astype("float32"), r"2 \(node 1014\) uploaded '\w+' as float32 of shape \(10,\), expected "
+                                          r"float64 of shape \(10,\)"),
+    (None, lambda v: v[:1].copy(), r"0 \(node 1000\) uploaded '\w+' as float64 of shape \(1,\), expected float64 of "
+                                   r"shape \(10,\)"),
+    (1014, lambda v: v[:7].copy(), r"2 \(node 1014\) uploaded '\w+' as float64 of shape \(7,\), expected float64 of "
+                                   r"shape \(10,\)"),
+    (1014, lambda v: v * float("nan"), r"2 \(node 1014\) uploaded '\w+' with 10 NaN/Inf entries of 10"),
+], ids=["float32-widened-before", "length-1-broadcast-before", "short-bare-RuntimeError-before", "nan"])
+def test_an_upload_other_than_the_declared_vectors_stops_the_run_naming_the_node(problem, node, tamper, words):
+    """A node (1014: client 2's; None: every node) uploads something other than the algorithm's d-vectors
+    in the run's dtype: the run stops at round 1 naming client and node, before the upload enters the
+    server's average. Before: a float32 upload was widened silently, length-1 uploads from every node
+    broadcast into the server update, a short one among others raised a bare RuntimeError (torch.stack)."""
+    alg = _alg("fedcanon")
+    app = pf.client_app(alg, problem.model, problem.loss, lambda i, c: problem.data[i], regularizer=REG, seed=SEED,
+                        batch_size=BATCH)
+    with pytest.raises(pf.NodeFailure, match=r"^round 1: client " + words):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pf.run_server(TamperGrid(app, N, node=node, tamper=tamper), alg, problem.model, regularizer=REG,
+                          rounds=ROUNDS, num_clients=N, seed=SEED, batch_size=BATCH)

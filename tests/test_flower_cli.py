@@ -139,6 +139,16 @@ def _kill_supernode(marker: str, client: int) -> None:
     raise AssertionError(f"no SuperNode of client {client} found")
 
 
+def _checkpoint_round(path) -> int:
+    """The round of the server checkpoint at ``path`` (-1: none yet)."""
+    from python_algos.deploy.persist import load_server
+
+    try:
+        return int(load_server(str(path))["round"])
+    except FileNotFoundError:
+        return -1
+
+
 @pytest.mark.processes
 @pytest.mark.slow
 def test_a_killed_node_stops_the_run_and_the_resume_is_exact(tmp_path):
@@ -153,8 +163,8 @@ def test_a_killed_node_stops_the_run_and_the_resume_is_exact(tmp_path):
     p = _cli([*ARGS, "-T", "3", "--checkpoint-every", "1", "--flower", "--out", str(fl)],
              tmp_path)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (fl / "flower-checkpoint.pt").exists() and p.poll() is None:
-        time.sleep(0.2)
+    while time.monotonic() < deadline and _checkpoint_round(fl / "flower-checkpoint.pt") < 1 and p.poll() is None:
+        time.sleep(0.2)  # the server's checkpoint of round 1 (a fresh run's first is round 0's)
     _kill_supernode(str(tmp_path), 1)
     log = _output(p, 400)
     assert p.returncode == 1, log
@@ -187,6 +197,38 @@ def test_a_killed_node_stops_the_run_and_the_resume_is_exact(tmp_path):
     assert History.load(str(fl)).params.tolist() == got["params"].tolist()
     assert _procs_with(str(tmp_path)) == []
     assert glob.glob(str(tmp_path / "pa-flower-*")) == []  # the deployments' folders are gone too
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_a_flower_run_that_blows_up_ends_diverged_as_the_one_process_run(tmp_path):
+    """FedAvg with a step far above 1/L: f+h exceeds 1e3 x its round-0 value at round 5. The one-process
+    run stops there as "diverged", keeping the checkpoint of round 4; the Flower run's server, whose loop
+    runs the same StopOnDivergence on f+h, stops at the same round: the same status, rounds, rows,
+    checkpoint round and message, no model.pt. Before, the server ran every round and checkpointed round
+    8 while the folder said it diverged at round 5."""
+    args = ["-a", "fedavg", "--dataset", "sparse_linear", "--data-opt", "n=160", "--data-opt", "dim=8",
+            "--data-opt", "nnz=3", "-N", "3", "-T", "8", "--local-steps", "2", "--lr", "1", "--dtype", "float64",
+            "--executor", "sequential", "--seed", "3", "--no-progress", "--no-plot", "--checkpoint-every", "1"]
+    one, fl = tmp_path / "one", tmp_path / "fl"
+    status = main(["run", *args, "--out", str(one)])  # a diverged run's exit status
+    p = _cli([*args, "--flower", "--out", str(fl)], tmp_path)
+    log = _output(p, 400)
+    assert status != 0 and p.returncode == status, log
+    summaries = []
+    for folder in (one, fl):
+        with open(folder / "summary.json") as f:
+            summaries.append(json.load(f))
+    want, got = summaries
+    assert want["status"] == "diverged" and 1 < want["rounds_done"] < 8, want  # the premise
+    for key in ("status", "rounds_done", "last_checkpoint_round"):
+        assert got[key] == want[key], (key, got[key], want[key])
+    assert _checkpoint_round(fl / "flower-checkpoint.pt") == want["last_checkpoint_round"]
+    assert got["message"] == want["message"].replace(str(one / "checkpoint.pt"), str(fl / "flower-checkpoint.pt"))
+    assert [r["round"] for r in _rows(fl)] == [r["round"] for r in _rows(one)]
+    assert abs(_rows(fl)[-1]["f+h"] - _rows(one)[-1]["f+h"]) <= 1e-10 * abs(_rows(one)[-1]["f+h"])
+    assert not (fl / "model.pt").exists() and not (one / "model.pt").exists()
+    assert _procs_with(str(tmp_path)) == []
 
 
 @pytest.mark.processes

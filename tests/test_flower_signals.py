@@ -111,6 +111,16 @@ def _file_state(path):
         return st.st_mtime_ns, f.read()
 
 
+def _checkpoint_round(path) -> int:
+    """The round of the server checkpoint at ``path`` (-1: none yet; a fresh run's first is round 0's)."""
+    from python_algos.deploy.persist import load_server
+
+    try:
+        return int(load_server(str(path))["round"])
+    except FileNotFoundError:
+        return -1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_stop_signal_ends_every_process_and_leaves_a_resumable_folder(tmp_path, sig):
@@ -121,7 +131,7 @@ def test_a_stop_signal_ends_every_process_and_leaves_a_resumable_folder(tmp_path
     out = tmp_path / "fl"
     ckpt = out / "flower-checkpoint.pt"
     cmd = _Command([*ARGS, "--flower", "--out", str(out)], tmp_path)
-    cmd.wait_for(lambda: ckpt.exists() and _progress_lines("".join(cmd.lines)), 400)
+    cmd.wait_for(lambda: _checkpoint_round(ckpt) >= 1 and _progress_lines("".join(cmd.lines)), 400)
     if _environ_shown():
         assert len(_procs_with(str(tmp_path))) >= 5  # the deployment is up: SuperLink, 3 SuperNodes, the run...
     cmd.p.send_signal(sig)

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import time
 
-from .wire import HELLO, NodeFailure, flwr_modules, new_message
+import torch
 
-__all__ = ["handshake", "collect", "check_replies", "POLL"]
+from .wire import HELLO, NodeFailure, decode_vectors, flwr_modules, new_message
+
+__all__ = ["handshake", "collect", "check_replies", "check_upload", "POLL"]
 
 POLL = 0.1  # seconds between two pulls of replies from the SuperLink
 
@@ -51,6 +53,29 @@ def check_replies(replies, nodes: dict, part: list, t: int, waited: str) -> dict
     return got
 
 
+def check_upload(record, names, dim: int, dtype: torch.dtype, who: str, t: int) -> dict:
+    """The vectors of one participant's upload (``record``: its reply's ``up`` ArrayRecord), checked
+    against what the algorithm declares before any enters the server's average: exactly the names
+    ``names`` (``messages().up``), each a vector of ``dim`` entries of the run's ``dtype`` (a float32
+    upload is not widened: the run would no longer be the one-process run), all finite. Raises
+    :class:`NodeFailure` naming ``who`` (client and node), the vector and the rule."""
+    got, want = sorted(record.keys()), sorted(names)
+    if got != want:
+        raise NodeFailure(f"round {t}: {who} uploaded {got}, expected {want} (the algorithm's messages().up)")
+    wanted_dtype = str(dtype).replace("torch.", "")
+    for name, a in record.items():
+        if str(a.dtype) != wanted_dtype or tuple(a.shape) != (int(dim),):
+            raise NodeFailure(f"round {t}: {who} uploaded {name!r} as {a.dtype} of shape {tuple(a.shape)}, expected "
+                              f"{wanted_dtype} of shape ({int(dim)},) (every node must build the server's model)")
+    ups = decode_vectors(record)
+    for name in want:
+        bad = int((~torch.isfinite(ups[name])).sum())
+        if bad:
+            raise NodeFailure(f"round {t}: {who} uploaded {name!r} with {bad} NaN/Inf entries of {int(dim)} (its "
+                              f"local steps diverged, or the node is faulty: a smaller step size, or check the node)")
+    return ups
+
+
 def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, restore: dict) -> dict:
     """Wait for N nodes, ask each its client id (``partition-id``) and settings, and tell each where the
     run starts (``restore``: run key, round, each client's last round, which a resumed node loads from
@@ -63,55 +88,77 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
     far longer than a round; a short round timeout must not fail a run before it starts.
 
     More than N nodes may be listed: a node that was killed stays "online" at the SuperLink until its
-    heartbeats are missed (about a minute), while the restarted node has joined. The handshake asks
-    them all and goes on as soon as one node of every client has answered."""
+    heartbeats are missed (about a minute), while the restarted node joins. So the node list is read
+    again while the answers are awaited (a killed node's stale entry may have made up the N before the
+    restarted node registered), every new node is asked too, and the run goes on as soon as one node
+    of every client has answered."""
     fapp, _, _ = flwr_modules()
-    deadline = time.monotonic() + connect_timeout
-    while True:
-        node_ids = sorted(int(i) for i in grid.get_node_ids())
-        if len(node_ids) >= n:
-            break
-        if time.monotonic() > deadline:
-            raise NodeFailure(f"only {len(node_ids)} of num_clients={n} client nodes connected within "
-                              f"connect_timeout={connect_timeout:g} s")
-        time.sleep(0.2)
+    node_ids = _wait_for_nodes(grid, n, connect_timeout)
+    config = {"fingerprint": json.dumps(fp), "restore": json.dumps(restore)}
+    asked: dict = {}  # node id -> the id of the message that asked it
 
-    def content():
-        config = {"fingerprint": json.dumps(fp), "restore": json.dumps(restore)}
-        return fapp.RecordDict({"config": fapp.ConfigRecord(config)})
+    def ask(ids) -> None:
+        new = [nid for nid in ids if nid not in asked]
+        if new:
+            msgs = [new_message(fapp.RecordDict({"config": fapp.ConfigRecord(dict(config))}), nid, HELLO, 0)
+                    for nid in new]
+            asked.update(zip(new, grid.push_messages(msgs)))
 
-    waiting = dict(zip(node_ids, grid.push_messages([new_message(content(), nid, HELLO, 0) for nid in node_ids])))
+    ask(node_ids)
     wait = max(timeout, connect_timeout)
-    nodes, errors, until = {}, [], time.monotonic() + wait
-    while waiting and len(nodes) + len(errors) < n:
-        for r in grid.pull_messages(list(waiting.values())):
+    nodes, errors, answered, until = {}, [], set(), time.monotonic() + wait
+    relist = time.monotonic()
+    while len(nodes) + len(errors) < n:
+        for r in grid.pull_messages([mid for nid, mid in asked.items() if nid not in answered]):
             nid = int(r.metadata.src_node_id)
-            if waiting.pop(nid, None) is None:
+            if nid not in asked or nid in answered:
                 continue
+            answered.add(nid)
             if r.has_error():
                 errors.append(f"node {nid}: {r.error.reason}")
-                continue
-            cfg = r.content["hello"]
-            cid, theirs = int(cfg["client_id"]), json.loads(cfg["fingerprint"])
-            if not 0 <= cid < n or cid in nodes:
-                raise ValueError(f"node {nid} says it is client {cid}: every node's partition-id must be one of "
-                                 f"0..{n - 1}, once each (--node-config \"partition-id=<i>\")")
-            diff = [f"{key}: server {fp[key]!r}, client {theirs.get(key)!r}" for key in fp
-                    if theirs.get(key) != fp[key]]
-            if diff:
-                raise ValueError(f"client {cid} (node {nid}) runs other settings than the server: " + "; ".join(diff) +
-                                 (" (model_fn must build the same initial parameters everywhere: seed it)"
-                                  if any(d.startswith("x0_sha256") for d in diff) else ""))
-            nodes[cid] = nid
-        if waiting and len(nodes) + len(errors) < n:
-            if time.monotonic() > until:
-                break
-            time.sleep(POLL)
+            else:
+                cid = _hello_client(r, nid, fp, n, nodes)
+                nodes[cid] = nid
+        if len(nodes) + len(errors) >= n or time.monotonic() > until:
+            break
+        time.sleep(POLL)
+        if time.monotonic() >= relist:  # a node restarted meanwhile (the list is asked for once a second)
+            ask(sorted(int(i) for i in grid.get_node_ids()))
+            relist = time.monotonic() + 1.0
     if errors:
         raise NodeFailure("the handshake: " + "; ".join(errors))
     missing = [i for i in range(n) if i not in nodes]
     if missing:
         raise NodeFailure(f"the handshake: no node answered for client(s) {missing} within {wait:g} s (the longer "
                           f"of round_timeout={timeout:g} s and connect_timeout={connect_timeout:g} s; "
-                          f"{len(node_ids)} nodes listed, {len(nodes)} answered)")
+                          f"{len(asked)} nodes listed, {len(nodes)} answered)")
     return nodes
+
+
+def _wait_for_nodes(grid, n: int, connect_timeout: float) -> list:
+    """The node ids listed once at least ``n`` nodes are (NodeFailure after ``connect_timeout`` s)."""
+    deadline = time.monotonic() + connect_timeout
+    while True:
+        node_ids = sorted(int(i) for i in grid.get_node_ids())
+        if len(node_ids) >= n:
+            return node_ids
+        if time.monotonic() > deadline:
+            raise NodeFailure(f"only {len(node_ids)} of num_clients={n} client nodes connected within "
+                              f"connect_timeout={connect_timeout:g} s")
+        time.sleep(0.2)
+
+
+def _hello_client(r, nid: int, fp: dict, n: int, nodes: dict) -> int:
+    """The client id node ``nid`` answered the handshake with (its reply ``r``), after checking that no
+    other node claimed it and that the node's settings are the server's (ValueError naming both)."""
+    cfg = r.content["hello"]
+    cid, theirs = int(cfg["client_id"]), json.loads(cfg["fingerprint"])
+    if not 0 <= cid < n or cid in nodes:
+        raise ValueError(f"node {nid} says it is client {cid}: every node's partition-id must be one of "
+                         f"0..{n - 1}, once each (--node-config \"partition-id=<i>\")")
+    diff = [f"{key}: server {fp[key]!r}, client {theirs.get(key)!r}" for key in fp if theirs.get(key) != fp[key]]
+    if diff:
+        raise ValueError(f"client {cid} (node {nid}) runs other settings than the server: " + "; ".join(diff) +
+                         (" (model_fn must build the same initial parameters everywhere: seed it)"
+                          if any(d.startswith("x0_sha256") for d in diff) else ""))
+    return cid

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from .exchange import POLL
 from .flower_client import client_app, handle_hello, handle_round
-from .flower_server import ServerProgram, load_server_checkpoint, run_server, server_app
+from .flower_server import ServerProgram, checkpoint_to_resume, load_server_checkpoint, run_server, server_app
 from .wire import (
     HELLO,
     INSTALL,
@@ -50,7 +50,7 @@ from .wire import (
 __all__ = [
     "server_app", "client_app", "run_server", "ServerProgram",
     "AlgorithmStrategy",  # noqa: F822 -- provided lazily by the module __getattr__ below (needs Flower)
-    "load_server_checkpoint", "handle_round", "handle_hello", "FlowerResult", "NodeFailure",
+    "load_server_checkpoint", "checkpoint_to_resume", "handle_round", "handle_hello", "FlowerResult", "NodeFailure",
     "encode_vectors", "decode_vectors", "payload_bytes", "fingerprint", "save_result", "write_error",
     "INSTALL", "HELLO", "ROUND", "NODE_KEY", "POLL", "flwr_modules",
 ]

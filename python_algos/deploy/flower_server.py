@@ -5,7 +5,9 @@
   their messages (``configure_train``) and, from the replies, averages the uploads and runs the
   server update, the prox included, with the fused kernels (``aggregate_train``). It checkpoints
   its side and resumes from such a checkpoint.
-* :func:`run_server`: a ServerApp's loop over it, replies collected as they come.
+* :func:`run_server`: a ServerApp's loop over it, replies collected as they come: ``simulate``'s
+  engine loop (:func:`~python_algos.runfolder.callbacks.run_rounds`) with the same callbacks (the
+  checkpoint, ``StopOnDivergence``, ``TimeBudget``, functions), so each has one definition.
 * :class:`~.strategy.AlgorithmStrategy`: the same program as a Flower ``Strategy`` (for
   ``strategy.start(grid, ...)``, Flower's own loop).
 """
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from typing import Callable, Optional, Sequence
@@ -24,18 +27,18 @@ import fedkernels as fk
 
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import seeds
-from ..runfolder.records import metrics_row
+from ..runfolder.callbacks import Checkpoint, MetricsFile, RunView, as_callbacks, run_rounds
+from ..runfolder.records import metric_round, metrics_row
 from ..runfolder.setup_record import check_same_setup
 from ..simulate import checked_clients_per_round
-from .exchange import check_replies, collect, handshake
+from .exchange import check_replies, check_upload, collect, handshake
 from .nodes import ServerClients, receives, scalars, server_state
-from .persist import append_record, load_server, rewrite_records, save_server, sync_records
+from .persist import history_path, load_server, rewrite_records, save_server
 from .wire import (
     ROUND,
     FlowerResult,
     NodeFailure,
     check_algorithm,
-    decode_vectors,
     encode_vectors,
     fingerprint,
     flat_x0,
@@ -44,8 +47,8 @@ from .wire import (
     payload_bytes,
 )
 
-__all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint", "server_setup", "check_checkpoint",
-           "SERVER_LABELS"]
+__all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint", "checkpoint_to_resume",
+           "server_setup", "check_checkpoint", "SERVER_LABELS"]
 
 # the run_server keyword(s) that set each key of the server's setup record (named by a refusal)
 SERVER_LABELS = {"algorithm": "algorithm", "hparams": "algorithm (hyper-parameters)", "regularizer": "regularizer",
@@ -78,45 +81,52 @@ class ServerProgram:
     """An algorithm's server program on Flower messages; see the module docstring.
 
     ``model_fn()`` builds the model with the run's initial parameters (every node calls it too: the
-    handshake refuses a node whose initial parameters differ). ``callbacks``: ``cb(t, state, record)``
-    after every round; one returning True stops the run. ``round_timeout``: seconds :func:`run_server`
-    waits for a round's replies; ``connect_timeout``: seconds it waits for the nodes to connect, and
-    at least that long for their answers to the handshake (each node's first ClientApp start). A
-    client that failed, answered with an error or did not answer
-    raises :class:`NodeFailure` naming it (and its Flower node).
+    handshake refuses a node whose initial parameters differ). ``round_timeout``: seconds
+    :func:`run_server` waits for a round's replies; ``connect_timeout``: seconds it waits for the
+    nodes to connect, and at least that long for their answers to the handshake (each node's first
+    ClientApp start). A client that failed, answered with an error, did not answer or uploaded
+    something other than the algorithm's vectors raises :class:`NodeFailure` naming it (and its node).
 
-    ``checkpoint``: a file the server's snapshot is written to (atomically) after every
-    ``checkpoint_every``-th round and the last, with ``checkpoint_extra()`` (the caller's own data)
-    inside; ``resume``: a snapshot read back with :func:`load_server_checkpoint`, from which the run
-    continues exactly, provided every node that took part before it was started with the node config
-    ``state-dir`` (its own state is saved there; see :mod:`.persist`). ``run_key`` names the run's
-    node-state folders (a fresh random one by default; a resume takes the snapshot's).
+    ``callbacks``: the run's :class:`~python_algos.runfolder.callbacks.Callback` objects, those of
+    ``simulate`` (``StopOnDivergence()``, ``TimeBudget(s)``, ...), or functions ``cb(t, state, row)``
+    (True stops the run), called as ``simulate``'s loop calls them. ``evaluate(state)``: the objective
+    metrics of a state (f, f+h, ...), added to the rows of the metric rounds (``metrics_every``, the
+    rule of :func:`~python_algos.runfolder.records.metric_round`) and to round 0's: the server holds no
+    data, so only a caller that has it can give it (``StopOnDivergence`` then stops on f+h as in one
+    process; without it, on a non-finite model only).
+
+    ``checkpoint``: a file the server's snapshot is written to (atomically) by the engine's
+    :class:`~python_algos.runfolder.callbacks.Checkpoint`: after round 0 of a fresh run, every
+    ``checkpoint_every`` rounds (0: none between) and after the last, with ``checkpoint_extra()`` (the
+    caller's own data) inside; the rows go to the records file beside it (:func:`.persist.history_path`)
+    as ``metrics.jsonl``'s go beside a one-process checkpoint. ``resume``: a snapshot read back with
+    :func:`load_server_checkpoint`, from which the run continues exactly, provided every node that took
+    part before it was started with the node config ``state-dir`` (its own state is saved there; see
+    :mod:`.persist`). ``run_key`` names the run's node-state folders (a fresh random one by default; a
+    resume takes the snapshot's).
     """
 
     def __init__(self, algorithm: ServerClientAlgorithm, model_fn: Callable, *, regularizer: fk.Regularizer,
                  rounds: int, num_clients: int, clients_per_round: Optional[int] = None,
                  participation: Optional[float] = None, seed: int = 0, batch_size: Optional[int] = None,
-                 round_timeout: float = 300.0, connect_timeout: float = 120.0, callbacks: Sequence[Callable] = (),
+                 round_timeout: float = 300.0, connect_timeout: float = 120.0, callbacks: Sequence = (),
+                 evaluate: Optional[Callable] = None, metrics_every: int = 1,
                  checkpoint: Optional[str] = None, checkpoint_every: int = 1, resume: Optional[dict] = None,
                  checkpoint_extra: Optional[Callable[[], dict]] = None, run_key: Optional[str] = None):
         check_algorithm(algorithm)
-        if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
-            raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
-        if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
-            raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
+        _check_counts(rounds=rounds, num_clients=num_clients, metrics_every=metrics_every)
         for name, v in (("round_timeout", round_timeout), ("connect_timeout", connect_timeout)):
             if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number of seconds > 0 (a run never waits forever), "
                                  f"got {v!r}")
-        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be an int >= 1, got {checkpoint_every!r}")
+        saver = Checkpoint(self._write_snapshot, checkpoint_every)  # checks checkpoint_every (an int >= 0)
         algorithm.validate(regularizer)
         self.algorithm, self.model_fn, self.regularizer = algorithm, model_fn, regularizer
         self.rounds, self.n = int(rounds), int(num_clients)
         self.k = checked_clients_per_round(algorithm, self.n, participation, clients_per_round)
         self.round_timeout, self.connect_timeout = float(round_timeout), float(connect_timeout)
-        self.callbacks, self.checkpoint, self.checkpoint_every = list(callbacks), checkpoint, checkpoint_every
-        self.checkpoint_extra = checkpoint_extra
+        self.evaluate, self.metrics_every = evaluate, int(metrics_every)
+        self.checkpoint, self.checkpoint_every, self.checkpoint_extra = checkpoint, checkpoint_every, checkpoint_extra
         _, x0 = flat_x0(model_fn)
         self.dtype = x0.dtype
         self.cs = ServerClients(self.n, x0.numel(), x0.dtype, x0.device)
@@ -129,23 +139,48 @@ class ServerProgram:
         self.pending: dict = {}  # client -> the download its client_receive still needs (algorithms with one)
         self.last_round = {i: 0 for i in range(self.n)}  # client -> the last round it took part in (0: none)
         self.metrics, self.elapsed, self.t, self.committed = [], 0.0, 0, None
+        self.fresh = resume is None
         if resume is not None:
             self.state, self.t = _restore(resume, self.setup, self.state, self.rng, self.cs, self.rounds)
             self.pending = dict(resume["pending"])
             self.last_round = {int(i): int(r) for i, r in resume["last_round"].items()}
             self.metrics, self.elapsed, run_key = list(resume["metrics"]), float(resume["elapsed"]), resume["run_key"]
+            self.initial = dict(resume.get("initial") or {"round": 0})  # older checkpoints: no round 0 metrics
             self.committed = self.t
+        else:
+            self.initial = {"round": 0, **(self._metrics_of(self.state) if self.metrics_every else {})}
+        self.callbacks = as_callbacks(callbacks)
         if checkpoint:  # the records file holds exactly the rounds before this call's first (module persist)
-            rewrite_records(checkpoint, self.metrics)
+            rewrite_records(checkpoint, [] if self.fresh else [self.initial, *self.metrics])
+            records = MetricsFile(history_path(checkpoint))  # the rows, as metrics.jsonl's; the checkpoint last
+            saver.before_save.append(records.sync)
+            self.callbacks = [records, *self.callbacks, saver]
         self.run_key = run_key or secrets.token_hex(8)
         self.nodes: Optional[dict] = None  # client -> Flower node id, after connect()
         self.stopped = False
         self._round: Optional[dict] = None  # the round configured and not yet aggregated
+        self._started: list = []  # the callbacks whose on_start ran (Flower's own loop: see begin())
 
     @property
     def remaining(self) -> int:
         """Rounds left to run (all of them, or those after the resumed checkpoint)."""
         return 0 if self.stopped else self.rounds - self.t
+
+    def view(self) -> RunView:
+        """The run as the engine loop's callbacks see it (``simulate``'s :class:`RunView`)."""
+        return RunView(rounds=self.rounds, start=self.t + 1, initial=self.initial, main=True, report=self._report,
+                       snapshot=self.snapshot, fresh=self.fresh)
+
+    def _report(self, state) -> torch.Tensor:
+        with torch.no_grad():
+            return self.algorithm.report(state, self.regularizer).detach()
+
+    def _metrics_of(self, state) -> dict:
+        """``evaluate``'s metrics of ``state`` ({} without ``evaluate``)."""
+        if self.evaluate is None:
+            return {}
+        with torch.no_grad():
+            return dict(self.evaluate(state))
 
     def connect(self, grid) -> None:
         """The handshake: which node is which client, the same settings everywhere, and where each node's
@@ -178,11 +213,22 @@ class ServerProgram:
         return out
 
     def aggregate_train(self, server_round, replies, waited: Optional[str] = None):
-        """Average the participants' uploads and run the server update; returns (the reported model
-        as an ``ArrayRecord`` named "params", the round's record as a ``MetricRecord``)."""
+        """Average the participants' uploads and run the server update, then the callbacks' round end
+        (:meth:`end_round`); returns (the reported model as an ``ArrayRecord`` named "params", the
+        round's row as a ``MetricRecord``). For Flower's own loop (:class:`~.strategy.AlgorithmStrategy`)."""
         fapp, _, _ = flwr_modules()
-        if self._round is None:
+        rec = self.finish_round(replies, waited)
+        if rec is None:
             return None, None
+        self.stopped = self.end_round(rec)
+        return encode_vectors({"params": self._report(self.state)}), fapp.MetricRecord(rec)
+
+    def finish_round(self, replies, waited: Optional[str] = None) -> Optional[dict]:
+        """The configured round's end: the uploads checked and averaged, the server update, the round's
+        row (:func:`~python_algos.runfolder.records.metrics_row`, with ``evaluate``'s metrics on a metric
+        round). None if no round was configured."""
+        if self._round is None:
+            return None
         r, self._round = self._round, None
         t, part, ids, alg = r["t"], r["part"], r["ids"], self.algorithm
         try:
@@ -194,12 +240,9 @@ class ServerProgram:
                                           "No server checkpoint was written (give checkpoint=PATH to resume a run)")
                               ) from None
         msgs = alg.messages()
-        ups = {i: decode_vectors(got[i].content["up"]) for i in part}
-        for i in part:
-            if set(ups[i]) != set(msgs.up):
-                raise NodeFailure(f"round {t}: client {i} (node {self.nodes[i]}) uploaded {sorted(ups[i])}, "
-                                  f"expected {sorted(msgs.up)}")
-        stacked = {name: torch.stack([ups[i][name].to(self.dtype) for i in part]) for name in msgs.up}
+        ups = {i: check_upload(got[i].content["up"], msgs.up, self.cs.dim, self.dtype,
+                               f"client {i} (node {self.nodes[i]})", t) for i in part}
+        stacked = {name: torch.stack([ups[i][name] for i in part]) for name in msgs.up}
         with torch.no_grad(), fk.prox_stats() as stats:
             means = alg.aggregate(stacked, self.cs, ids)
             self.state, sent = alg.server_update(self.state, means, r["down"], self.regularizer)
@@ -211,32 +254,56 @@ class ServerProgram:
             self.pending.update({i: keep for i in part})
         wall = time.perf_counter() - r["t0"]
         self.elapsed += wall
+        self.t = t
         rec = metrics_row(t, wall_time=wall, elapsed=self.elapsed, prox_time=stats.seconds,
                           prox_evals=stats.evaluations, up=len(msgs.up), down=len(msgs.down),
                           sent_bytes=r["sent_bytes"], recv_bytes=sum(payload_bytes(got[i].content["up"]) for i in part),
-                          participants=part)
+                          participants=part, metrics=self._metrics_of(self.state)
+                          if metric_round(t, self.rounds, self.metrics_every) else None)
         self.metrics.append(rec)
-        if self.checkpoint:  # the history: one line a round; a checkpoint holds the state only
-            append_record(self.checkpoint, rec)
-        self.t = t
-        self.stopped = any(cb(t, self.state, rec) is True for cb in self.callbacks)
-        if self.checkpoint and not self.stopped and (t % self.checkpoint_every == 0 or t == self.rounds):
-            self.save(self.checkpoint)
-        params = self.algorithm.report(self.state, self.regularizer).detach()
-        return encode_vectors({"params": params}), fapp.MetricRecord(rec)
+        return rec
+
+    def begin(self) -> None:
+        """The callbacks' ``on_start``, for a loop other than :func:`run_server`'s (Flower's own)."""
+        view = self.view()
+        for cb in self.callbacks:
+            self._started.append(cb)
+            cb.on_start(view)
+
+    def end_round(self, row: dict) -> bool:
+        """The engine loop's round end (:func:`~python_algos.runfolder.callbacks.run_rounds`) for Flower's
+        own loop: every callback's ``after_round``, then, unless one stopped the run (True), ``commit``."""
+        if any([cb.after_round(self.t, self.state, row) is True for cb in self.callbacks]):
+            return True
+        for cb in self.callbacks:
+            cb.commit(self.t, self.state)
+        return False
+
+    def end(self) -> None:
+        """The started callbacks' ``on_end`` (once)."""
+        started, self._started = self._started, []
+        for cb in started:
+            cb.on_end()
+
+    def snapshot(self, t: int) -> dict:
+        """The server's checkpoint of round ``t``, the last one done (what a resume needs; the rows are
+        in the records file, not here)."""
+        assert t == self.t, (t, self.t)
+        return {"round": self.t, "run_key": self.run_key, "setup": self.setup, "state": self.state,
+                "rng": self.rng.get_state(), "participation": self.cs.rng_state(), "pending": self.pending,
+                "last_round": dict(self.last_round), "elapsed": self.elapsed, "initial": self.initial,
+                "extra": self.checkpoint_extra() if self.checkpoint_extra is not None else {}}
+
+    def _write_snapshot(self, snap: dict) -> None:
+        """The engine's Checkpoint writes with this: the run's checkpoint file (its rows already on disk)."""
+        save_server(self.checkpoint, snap)
+        self.committed = int(snap["round"])
 
     def save(self, path: str) -> None:
-        """Write the server's checkpoint of the last round done (atomically). The round records are
-        not in it: they are appended to the records file beside the run's checkpoint, on disk first."""
-        if path == self.checkpoint:
-            sync_records(path)
-        else:  # a checkpoint elsewhere gets its own records file
-            rewrite_records(path, self.metrics)
-        save_server(path, {"round": self.t, "run_key": self.run_key, "setup": self.setup, "state": self.state,
-                           "rng": self.rng.get_state(), "participation": self.cs.rng_state(),
-                           "pending": self.pending, "last_round": dict(self.last_round), "elapsed": self.elapsed,
-                           "extra": self.checkpoint_extra() if self.checkpoint_extra is not None else {}})
-        self.committed = self.t
+        """Write the server's checkpoint of the last round done to ``path`` (atomically), with a records
+        file of its own beside it (the run's checkpoint is written by the run's Checkpoint callback)."""
+        rewrite_records(path, [self.initial, *self.metrics])
+        save_server(path, self.snapshot(self.t))
 
     def result(self) -> FlowerResult:
         params = self.algorithm.report(self.state, self.regularizer).detach().clone()
@@ -245,17 +312,29 @@ class ServerProgram:
                             setup=setup)
 
 
+def _check_counts(**counts) -> None:
+    """rounds, metrics_every: ints >= 0; num_clients: an int >= 1."""
+    for name, v in counts.items():
+        low = 1 if name == "num_clients" else 0
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+
+
 def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, **settings) -> FlowerResult:
     """The server's loop on a Flower ``Grid`` (a ServerApp's ``main`` calls it): :class:`ServerProgram`
-    with these settings, each round's replies collected as they come, at most ``round_timeout``
-    seconds. Raises :class:`NodeFailure` naming the client (and Flower node) that failed, answered
-    with an error, or did not answer in time."""
+    with these settings, driven by ``simulate``'s engine loop
+    (:func:`~python_algos.runfolder.callbacks.run_rounds`, the same callbacks), each round's replies
+    collected as they come, at most ``round_timeout`` seconds. Raises :class:`NodeFailure` naming the
+    client (and Flower node) that failed, answered with an error, or did not answer in time."""
     prog = ServerProgram(algorithm, model_fn, **settings)
     prog.connect(grid)
     waited = f"round_timeout={prog.round_timeout:g} s"
-    while prog.remaining > 0:
-        out = prog.configure_train(prog.t + 1, None, None, grid)
-        prog.aggregate_train(prog.t + 1, collect(grid, out, prog.round_timeout), waited)
+
+    def step(t, state):
+        out = prog.configure_train(t, None, None, grid)
+        return prog.state, prog.finish_round(collect(grid, out, prog.round_timeout), waited)
+
+    run_rounds(prog.view(), prog.state, step, prog.callbacks)
     return prog.result()
 
 
@@ -281,6 +360,23 @@ def _restore(snap: dict, setup: dict, state, rng, cs, rounds):
 def load_server_checkpoint(path: str) -> dict:
     """A server checkpoint written by :class:`ServerProgram` / :func:`run_server` (``checkpoint=path``),
     to pass as ``resume``; its ``extra`` is what ``checkpoint_extra()`` returned."""
+    return load_server(path)
+
+
+def checkpoint_to_resume(path: Optional[str], resume: bool, *, setting: str = "resume",
+                         path_setting: str = "checkpoint") -> Optional[dict]:
+    """The server checkpoint a run continues from: None for a fresh run (``resume`` false), else the
+    snapshot at ``path``. ``resume`` true with no checkpoint there is refused (ValueError naming the
+    path and both settings) instead of silently starting a new run: a mistyped path would otherwise
+    redo every round and overwrite the nodes' saved states."""
+    if not resume:
+        return None
+    if not path:
+        raise ValueError(f"{setting}=true needs the server checkpoint to continue from: set {path_setting} to its "
+                         f"file (it is empty)")
+    if not os.path.isfile(path):
+        raise ValueError(f"{setting}=true: no server checkpoint at {path_setting}={path!r} (no such file); give the "
+                         f"path the stopped run wrote its checkpoint to, or set {setting}=false to start a new run")
     return load_server(path)
 
 

@@ -2,15 +2,17 @@
 
 Two parties, two kinds of file, each written atomically (a kill leaves the old file or the new one):
 
-* **The server's checkpoint** (:func:`save_server` / :func:`load_server`): after every
-  ``checkpoint_every``-th round, the server's fields of the State, its generator, the participation
-  generator, the downloads that participants still have to ``client_receive``, the round in which
-  each client last took part and the caller's ``extra`` (e.g. the recorded models): the state of
-  one round, never the history. No client data and no client state: those never leave the nodes.
+* **The server's checkpoint** (:func:`save_server` / :func:`load_server`): when the engine's
+  ``Checkpoint`` callback says (round 0, every ``checkpoint_every``-th round and the last), the
+  server's fields of the State, its generator, the participation generator, round 0's row, the
+  downloads that participants still have to ``client_receive``, the round in which each client last
+  took part and the caller's ``extra`` (e.g. the recorded models): the state of one round, never
+  the history. No client data and no client state: those never leave the nodes.
 * **The server's round records** (:func:`history_path`, beside the checkpoint): one JSON line per
-  round, appended as the rounds end; :func:`load_server` reads the rounds up to the checkpoint's
-  back into the snapshot's ``metrics`` (rewriting every record into every checkpoint would cost
-  O(T²/c) bytes over T rounds checkpointed every c).
+  round (round 0 first), appended as the rounds end by the engine's ``MetricsFile`` callback, as
+  ``metrics.jsonl`` is beside a one-process checkpoint; :func:`load_server` reads the rounds up to
+  the checkpoint's back into the snapshot's ``metrics`` (rewriting every record into every checkpoint
+  would cost O(T²/c) bytes over T rounds checkpointed every c).
 * **Each node's own state** (:class:`NodeStore`, enabled by the node config ``state-dir``): after
   each round it takes part in, its rows of the client fields, its copies, its generators and its
   last upload, one file per round under ``state-dir/<run key>/client-<i>/``.
@@ -32,8 +34,9 @@ from typing import Optional
 import torch
 
 from ..runfolder import checkpoint as ckpt
+from ..runfolder.files import write_jsonl
 
-__all__ = ["save_server", "load_server", "history_path", "append_record", "sync_records", "rewrite_records",
+__all__ = ["save_server", "load_server", "history_path", "rewrite_records",
            "RoundFiles", "NodeStore", "SERVER_FORMAT"]
 
 SERVER_FORMAT = "python_algos.flower-server/1"
@@ -44,29 +47,16 @@ def history_path(path: str) -> str:
     return f"{os.fspath(path)}.rounds.jsonl"
 
 
-def append_record(path: str, record: dict) -> None:
-    """Append round ``record`` to the records of checkpoint ``path`` (flushed; a kill may tear the
-    last line, which :func:`load_server` skips)."""
-    with open(history_path(path), "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def sync_records(path: str) -> None:
-    """The records appended so far, on disk, before a checkpoint that counts on them is written."""
-    if os.path.exists(history_path(path)):
-        with open(history_path(path), "a") as f:
-            os.fsync(f.fileno())
-
-
 def rewrite_records(path: str, records: list) -> None:
-    """The records file holding exactly ``records`` (a fresh run: none; a resume: the rounds up to
-    its checkpoint, dropping those a stopped run wrote after it)."""
-    with open(history_path(path), "w") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in records))
+    """The records file holding exactly ``records``, atomically, as ``metrics.jsonl`` is written (a
+    fresh run: none; a resume: rounds 0..its checkpoint's, dropping those a stopped run wrote after it)."""
+    write_jsonl(history_path(path), records)
 
 
 def _records_up_to(path: str, last: int) -> list:
-    """Rounds 1..``last`` of the records of checkpoint ``path`` (rows past ``last`` are dropped)."""
+    """Rounds 1..``last`` of the records of checkpoint ``path`` (round 0's row, which a records file
+    written since the engine's MetricsFile wrote them holds, is the snapshot's ``initial``; rows past
+    ``last`` are dropped)."""
     rows = []
     try:
         with open(history_path(path)) as f:
@@ -77,7 +67,7 @@ def _records_up_to(path: str, last: int) -> list:
                     pass
     except FileNotFoundError:
         pass
-    kept = [r for r in rows if int(r.get("round", 0)) <= last]
+    kept = [r for r in rows if 1 <= int(r.get("round", 0)) <= last]
     if [int(r.get("round", 0)) for r in kept] != list(range(1, last + 1)):
         raise ckpt.CheckpointError(f"{history_path(path)} does not hold the records of rounds 1..{last} that the "
                                    f"checkpoint {path} continues (removed, cut or edited): restore it from a copy, "
@@ -88,7 +78,7 @@ def _records_up_to(path: str, last: int) -> list:
 def save_server(path: str, snapshot: dict) -> None:
     """Write the server's snapshot (see :func:`~python_algos.deploy.flower.run_server`) atomically:
     the state of its round; its ``metrics`` (the round records so far) are not written, they are
-    in :func:`history_path`, appended round by round (:func:`append_record`)."""
+    in :func:`history_path`, appended round by round (the engine's ``MetricsFile``)."""
     kept = {k: v for k, v in snapshot.items() if k != "metrics"}
     ckpt.atomic_save({"format": SERVER_FORMAT, "snapshot": ckpt.encode(kept)}, path)
 

@@ -6,7 +6,8 @@
 
 The program is :class:`~.flower_server.ServerProgram`'s: Flower's ``start`` loop calls its
 ``configure_train`` (the participants' messages) and ``aggregate_train`` (the uploads' mean and
-the server update with the fused kernels, the prox included). There is no client-side evaluation
+the server update with the fused kernels, the prox included, then the round's end for the run's
+callbacks, as in ``simulate``'s loop: the checkpoint, ``StopOnDivergence``, ...). There is no client-side evaluation
 round (``configure_evaluate`` sends nothing). Flower's loop waits ``timeout`` seconds for a round
 (``start``'s argument) and pulls replies every 3 s; :func:`~.flower_server.run_server` runs the same
 program, pulling every 0.1 s. Importing this module needs Flower.
@@ -31,6 +32,15 @@ class AlgorithmStrategy(ServerProgram, Strategy):
         """The start of the run's reported model, named "params" (what ``start`` takes; it is not read
         back: the program's State is the model)."""
         return encode_vectors({"params": self.algorithm.report(self.state, self.regularizer).detach()})
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args, **kwargs):
+        """Flower's ``Strategy.start`` with the run's callbacks around it, as ``simulate``'s loop calls
+        them: ``on_start`` first, each round's end in :meth:`aggregate_train`, ``on_end`` however it ends."""
+        self.begin()
+        try:
+            return Strategy.start(self, grid, initial_arrays, *args, **kwargs)
+        finally:
+            self.end()
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> list[Message]:

@@ -12,16 +12,21 @@ client i holds exactly the rows ``run`` gives client i, starts from the same mod
 minibatches from a generator seeded as in simulation (:mod:`python_algos.deploy.flower`); the handshake of
 :func:`~python_algos.deploy.flower.run_server` compares every node's settings with the server's anyway.
 
-The ServerApp keeps the run's config as the parent command recorded it (the run config's
-``recorded-config``) in every checkpoint, so that a resume compares config.json with it as a
-one-process resume does. It writes the reported model (and the normal-map point, where the algorithm has one)
-of every metric round to the run config's ``points-dir`` (one file a round), its checkpoint to
-``checkpoint`` (a resume continues from it), a line per round ended to ``rounds.jsonl`` (the
-parent's progress display reads it as it grows), and, beside
+The ServerApp's loop is simulate's engine loop (:func:`~python_algos.runfolder.callbacks.run_rounds`,
+through :func:`~python_algos.deploy.flower.run_server`) with the callbacks of a one-process ``run``:
+the checkpoint (``checkpoint``, at ``--checkpoint-every``'s cadence, round 0 and the last; a resume
+continues from it), the round rows beside it, and ``StopOnDivergence`` on f+h, which the ServerApp
+computes on the metric rounds with simulate's formula (it rebuilds the full data from the Config),
+so a run that blows up stops at the round one process stops at. It keeps the run's config as the
+parent command recorded it (the run config's ``recorded-config``) in every checkpoint, so that a
+resume compares config.json with it as a one-process resume does. It writes the reported model (and
+the normal-map point, where the algorithm has one) of every metric round to the run config's
+``points-dir`` (one file a round), a line per round ended to ``rounds.jsonl`` (the parent's
+progress display reads it as it grows), and, beside
 :func:`~python_algos.deploy.flower.save_result`'s ``result.pt``, ``status.pt`` (divergence) or, if
-it stopped on an error, ``error.txt``. The server holds no data, so the parent command computes the
-objective metrics on those points with the full data, with simulate's own formula
-(``simulate.objective_metrics``).
+it stopped on an error, ``error.txt``. The parent command computes the rows' metrics on those
+points with the full data, with simulate's own formula (``simulate.objective_metrics``), and the
+test metrics. ``resume=true`` with no checkpoint at ``checkpoint`` is refused.
 """
 
 from __future__ import annotations
@@ -31,16 +36,22 @@ import os
 
 import torch
 
+import fedkernels as fk
+
+from ..clients import resolve_executor
 from ..deploy.flower import (
+    checkpoint_to_resume,
     flwr_modules,
     handle_hello,
     handle_round,
-    load_server_checkpoint,
     run_server,
     save_result,
     write_error,
 )
 from ..deploy.persist import RoundFiles
+from ..runfolder.callbacks import Callback, StopOnDivergence
+from ..runfolder.records import metric_round
+from ..simulate import objective_metrics
 
 __all__ = [
     "clientapp",  # noqa: F822 -- built on first use by the module __getattr__ below (needs Flower)
@@ -79,9 +90,44 @@ def _setup(context) -> dict:
     return load_setup(str(rc["config-path"]), int(rc.get("threads", 1)))
 
 
-def _metric_round(t: int, cfg) -> bool:
-    """simulate's rule: every ``metrics_every`` rounds and after the last."""
-    return bool(cfg.metrics_every) and (t % cfg.metrics_every == 0 or t == cfg.rounds)
+class _ServerFiles(Callback):
+    """What the parent command reads of each round as it ends: a line in ``rounds.jsonl`` (its progress
+    display) and, on a metric round (:func:`~python_algos.runfolder.records.metric_round`, simulate's
+    rule), the reported model and normal-map point in ``points-dir`` (the metrics.jsonl rows are
+    computed from them), written before the round's checkpoint."""
+
+    def __init__(self, setup: dict, out: str, points: RoundFiles):
+        self.cfg, self.alg, self.reg = setup["cfg"], setup["algorithm"], setup["regularizer"]
+        self.out, self.points = out, points
+
+    def after_round(self, t, state, row):
+        with open(os.path.join(self.out, ROUNDS_FILE), "a") as f:  # whole lines: the parent reads as it grows
+            f.write(json.dumps({"round": t, "elapsed": row["elapsed"]}) + "\n")
+        if metric_round(t, self.cfg.rounds, self.cfg.metrics_every):
+            with torch.no_grad():
+                x = self.alg.report(state, self.reg).detach().clone()
+            nm = self.alg.normal_map_point(state)
+            self.points.save(t, {"round": t, "x": x,
+                                 "normal_map": None if nm is None else (nm[0].detach().clone(), float(nm[1]))})
+
+
+def _objective(setup: dict):
+    """``evaluate(state)`` for the server: f+h and the objective metrics of the state's reported model,
+    with simulate's formula on the full data (this process has rebuilt it), so that StopOnDivergence
+    stops the run at the round one process stops at (the parent recomputes the rows' metrics from the
+    points, with the test metrics)."""
+    cfg, alg, reg = setup["cfg"], setup["algorithm"], setup["regularizer"]
+    model = setup["model_fn"]()
+    flat = fk.FlatParams(model)
+    cs = resolve_executor("sequential", model)(model, setup["loss"], setup["fed"].clients, batch_size=cfg.batch_size,
+                                               seed=cfg.seed, flat=flat)
+    step = float(cfg.metric_step) if cfg.metric_step is not None else float(alg.metric_step())
+
+    def evaluate(state) -> dict:
+        x = alg.report(state, reg).detach()
+        return objective_metrics(cs, reg, x, step, alg.normal_map_point(state))
+
+    return evaluate
 
 
 def server_main(grid, context) -> None:
@@ -89,40 +135,24 @@ def server_main(grid, context) -> None:
     cfg, alg, reg = s["cfg"], s["algorithm"], s["regularizer"]
     rc = context.run_config
     out, points, path = str(rc["result-dir"]), RoundFiles(str(rc["points-dir"])), str(rc["checkpoint"])
-    status = {"diverged": None}
+    stop = StopOnDivergence()  # simulate's rule, on the rows' f+h and the model
     try:
         with open(str(rc["recorded-config"])) as f:  # the run's config.json as the parent command read it
             recorded = {"config": json.load(f)}  # kept in every checkpoint: a resume compares it with config.json
-        resume = load_server_checkpoint(path) if rc["resume"] else None
-
+        resume = checkpoint_to_resume(path, bool(rc["resume"]))
         os.makedirs(out, exist_ok=True)
-
-        def record(t, state, rec):
-            with open(os.path.join(out, ROUNDS_FILE), "a") as f:  # whole lines: the parent reads as it grows
-                f.write(json.dumps({"round": t, "elapsed": rec["elapsed"]}) + "\n")
-            with torch.no_grad():
-                x = alg.report(state, reg).detach().clone()
-            if not bool(torch.isfinite(x).all()):  # as the one-process run: stop at a non-finite model
-                status["diverged"] = f"round {t}: the model has NaN/Inf entries"
-                return True
-            if _metric_round(t, cfg):  # one file per metric round, written before the round's checkpoint
-                nm = alg.normal_map_point(state)
-                points.save(t, {"round": t, "x": x,
-                                "normal_map": None if nm is None else (nm[0].detach().clone(), float(nm[1]))})
-            return None
-
-        every = int(cfg.checkpoint_every) or cfg.rounds + 1  # 0: only after the last round
         result = run_server(grid, alg, s["model_fn"], regularizer=reg, rounds=cfg.rounds,
                             num_clients=len(s["fed"].parts), clients_per_round=cfg.clients_per_round,
                             participation=cfg.participation, seed=cfg.seed, batch_size=cfg.batch_size,
                             round_timeout=float(rc["round-timeout"]), connect_timeout=float(rc["connect-timeout"]),
-                            callbacks=[record], checkpoint=path, checkpoint_every=every, resume=resume,
-                            run_key=str(rc["run-key"]), checkpoint_extra=lambda: recorded)
+                            callbacks=[_ServerFiles(s, out, points), stop], evaluate=_objective(s),
+                            metrics_every=cfg.metrics_every, checkpoint=path, checkpoint_every=cfg.checkpoint_every,
+                            resume=resume, run_key=str(rc["run-key"]), checkpoint_extra=lambda: recorded)
     except Exception as e:
         write_error(out, e)  # the parent command reports it (Flower's log buries it in a traceback)
         raise
     os.makedirs(out, exist_ok=True)
-    torch.save({"diverged": status["diverged"]}, os.path.join(out, STATUS_FILE))
+    torch.save({"diverged": stop.reason}, os.path.join(out, STATUS_FILE))
     save_result(result, out)  # last: result.pt tells the parent the run is complete
 
 

@@ -410,8 +410,10 @@ def _close_folder(fp: PreparedFlower, got: _Outcome, label: str) -> dict:
                               f"{os.path.join(prep.out_dir, NODES_DIR)}): {summary['resume_command']}")
         write_summary(out_dir, summary)
         raise FlowerRunFailed(summary["message"])
-    if diverged:
-        summary["message"] = (f"{label} diverged at {diverged}; the run was stopped. Lower the step size "
+    if diverged:  # as a one-process run says it (experiments.run)
+        keep = (f"the last good checkpoint (round {last_ckpt}) is kept in {ckpt_path}" if last_ckpt is not None else
+                "no checkpoint was written")
+        summary["message"] = (f"{label} diverged at {diverged}; the run was stopped and {keep}. Lower the step size "
                               f"(--lr, currently {cfg.lr:g}) or the local steps.")
     else:  # model.pt records its round, as the one-process run's (the model holds the final params)
         save_model(out_dir, result["params"], rows[-1]["round"] if rows else 0, prep.model.state_dict())

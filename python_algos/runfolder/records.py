@@ -4,8 +4,8 @@
 
 * ``config.json`` — :func:`write_config` (the settings; ``History.save``: :func:`api_config_record`);
 * ``partition.json`` — :func:`write_partition` (the split: client sizes, label histograms);
-* ``metrics.jsonl`` — :func:`metrics_row` (one round's row), :func:`write_metrics` (rows 0..t),
-  :func:`append_metrics_row` (one more row);
+* ``metrics.jsonl`` — :func:`metrics_row` (one round's row; :func:`metric_round`: which rows hold
+  metrics), :func:`write_metrics` (rows 0..t), :func:`append_metrics_row` (one more row);
 * ``summary.json`` — :func:`summary_record` (how the run ended, its first and last metrics, what it
   ran on), :func:`write_summary`;
 * ``model.pt`` — :func:`save_model` (the reported model and its round), :func:`load_model`.
@@ -27,9 +27,9 @@ from . import checkpoint as ckpt
 from .files import RunExistsError, append_row, create_json, read_json_object, read_metrics, write_json, write_jsonl
 
 __all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "COMPARISON", "SEEDS",
-           "run_folder_name", "write_config", "api_config_record", "write_partition", "metrics_row", "write_metrics",
-           "append_metrics_row", "final_row", "summary_record", "write_summary", "save_model", "load_model",
-           "read_config", "read_metrics", "read_summary", "group_runs"]
+           "run_folder_name", "write_config", "api_config_record", "write_partition", "metric_round", "metrics_row",
+           "write_metrics", "append_metrics_row", "final_row", "summary_record", "write_summary", "save_model",
+           "load_model", "read_config", "read_metrics", "read_summary", "group_runs"]
 
 CONFIG, PARTITION, METRICS = "config.json", "partition.json", "metrics.jsonl"
 SUMMARY, MODEL = "summary.json", "model.pt"
@@ -86,6 +86,13 @@ def write_partition(out_dir: str, partition: str, parts: Sequence, histograms=No
 
 
 # --------------------------------------------------------------------------- metrics.jsonl
+
+
+def metric_round(t: int, rounds: int, metrics_every: int) -> bool:
+    """Whether round ``t`` of a run of ``rounds`` rounds gets the objective metrics in its row, for
+    every engine: every ``metrics_every``-th round and the last one (``metrics_every=0``: none, a
+    timings-only run)."""
+    return bool(metrics_every) and (t % metrics_every == 0 or t == rounds)
 
 
 def metrics_row(round_: int, *, wall_time: float, elapsed: float, prox_time: float, prox_evals: int, up: int,

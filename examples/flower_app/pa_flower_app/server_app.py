@@ -5,11 +5,9 @@ a failed node continues from it with ``--run-config "resume=true"`` (every Super
 ``state-dir`` in its node config, where it keeps its own state).
 """
 
-import os
-
 from flwr.serverapp import ServerApp
 
-from python_algos.deploy.flower import load_server_checkpoint, run_server, save_result, write_error
+from python_algos.deploy.flower import checkpoint_to_resume, run_server, save_result, write_error
 
 from . import task
 
@@ -20,7 +18,7 @@ app = ServerApp()
 def main(grid, context) -> None:
     cfg = context.run_config
     path = str(cfg["checkpoint"]) or None
-    resume = load_server_checkpoint(path) if cfg["resume"] and path and os.path.exists(path) else None
+    resume = checkpoint_to_resume(path, bool(cfg["resume"]))  # resume=true with no checkpoint there: refused
     try:
         result = run_server(grid, task.algorithm(cfg), task.model_fn(cfg), round_timeout=float(cfg["round-timeout"]),
                             checkpoint=path, resume=resume, **task.settings(cfg))
