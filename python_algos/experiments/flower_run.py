@@ -186,12 +186,15 @@ SETUP_FLAGS = {"algorithm": "the algorithm (-a)", "hparams": "the algorithm's hy
 
 
 def _python_path() -> str:
-    """The folders holding python_algos and fedkernels, so that Flower's app processes import them."""
+    """The folders holding python_algos and fedkernels, so that Flower's app processes import them,
+    and the command's own folder: a user's algorithm or penalty given as module:Class (imported from
+    there by this process, as ``python -m`` puts the current folder first) is imported by every node."""
     import fedkernels
     import python_algos
 
     dirs = [os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))) for m in (python_algos, fedkernels)]
     dirs += [d for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d]
+    dirs.append(os.getcwd())
     return os.pathsep.join(dict.fromkeys(dirs))
 
 
