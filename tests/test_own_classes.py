@@ -190,3 +190,17 @@ def test_workers_and_flower_equal_one_process(tmp_path):
     got = _params(tmp_path / "fl")
     assert got.dtype == torch.float64
     assert float((got - want).abs().max()) <= 1e-10 * (1 + float(want.abs().max()))
+
+
+def test_an_installed_package_registers_its_algorithm_by_name(lab, capsys):
+    """An entry point in the fedkernels.algorithms group (what pip install of a package with
+    [project.entry-points."fedkernels.algorithms"] leaves): -a NAME runs it, `algorithms` lists it."""
+    info = lab / "mylab_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mylab-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[fedkernels.algorithms]\nproxavgm = mylab:ProxAvgM\n")
+    assert main(["algorithms"]) == 0
+    assert "proxavgm  (mylab:ProxAvgM)" in capsys.readouterr().out
+    assert main(["run", "-a", "proxavgm", *OWN[2:], *COMMON, "--out", "plugin"]) == 0
+    assert main(["run", *OWN, *COMMON, "--out", "one"]) == 0
+    assert torch.equal(_params(lab / "plugin"), _params(lab / "one"))

@@ -34,7 +34,7 @@ from .scaffold import SCAFFOLD
 from .za1 import ZA1
 
 __all__ = ["Entry", "ALGORITHMS", "ENTRY_POINT_GROUP", "make", "build", "algorithm_entry", "algorithm_names",
-           "is_reference", "typed_hparams", "markdown_table"]
+           "is_reference", "typed_hparams", "markdown_table", "installed_algorithms_text"]
 
 # Where an installed package lists its algorithms by name: in its pyproject.toml,
 # [project.entry-points."fedkernels.algorithms"] mymethod = "mypkg.methods:MyMethod"
@@ -169,6 +169,18 @@ def typed_hparams(name: str, cls: type, values: dict) -> dict:
             raise ValueError(f"{name}: {k} must be {'a' if t is not int else 'an'} {t.__name__}, got {v!r} "
                              f"(--alg-opt {k}=VALUE)")
     return out
+
+
+def installed_algorithms_text() -> str:
+    """The algorithms installed packages register (:data:`ENTRY_POINT_GROUP`), one line each, or a
+    line saying how to add one."""
+    plugins = _plugins()
+    if not plugins:
+        return ("No algorithm of an installed package (entry-point group fedkernels.algorithms). Your own class "
+                "runs as -a package.module:Class.")
+    lines = ["Installed by packages (entry-point group fedkernels.algorithms):"]
+    lines += [f"  {name}  ({ep.value})" for name, ep in sorted(plugins.items())]
+    return "\n".join(lines)
 
 
 def markdown_table() -> str:

@@ -12,7 +12,7 @@ import time
 import warnings
 from typing import Optional, Sequence
 
-from ...algorithms.registry import markdown_table
+from ...algorithms.registry import installed_algorithms_text, markdown_table
 from ...runfolder.files import read_json_object
 from ...runfolder.folder import unused_claims_removed
 from ...runfolder.records import COMPARISON
@@ -232,6 +232,8 @@ def cmd_plot(cmd: PlotCommand) -> int:
 
 def cmd_algorithms(cmd: AlgorithmsCommand) -> int:
     print(markdown_table())
+    print()
+    print(installed_algorithms_text())
     return 0
 
 
