@@ -395,3 +395,32 @@ def test_regularizers_differing_in_the_8th_digit_are_told_apart(problem, tmp_pat
                       num_clients=N, clients_per_round=2, seed=SEED, batch_size=BATCH, resume=snap)
     assert pf.fingerprint(_alg("scaffold"), other, SEED, BATCH, N, torch.zeros(3))["regularizer"] != \
         pf.fingerprint(_alg("scaffold"), REG, SEED, BATCH, N, torch.zeros(3))["regularizer"]
+
+
+@pytest.mark.parametrize("name,ov,k", [("fedcanon", {}, None), ("scaffold", {}, 2), ("fednmap", {}, None)])
+def test_later_rounds_take_the_node_state_from_the_saved_one(problem, monkeypatch, name, ov, k):
+    """A node runs ``init`` and the data probe in its first round only; later rounds assemble the State
+    from the saved one, bit for bit what ``init`` followed by the restore gives (the layout withheld)."""
+    from python_algos.clients import sequential
+    from python_algos.deploy import flower_client, nodes
+
+    probes, inits = [], []
+    real_check = sequential.check_clients
+    monkeypatch.setattr(sequential, "check_clients", lambda *a, **kw: (probes.append(a[3:]), real_check(*a, **kw)))
+    alg = _alg(name, **ov)
+    real_init = type(alg).init
+    monkeypatch.setattr(type(alg), "init", lambda self, x0, clients: (inits.append(clients.executor),
+                                                                       real_init(self, x0, clients))[1])
+    got, grid = _flower(problem, alg, k)
+    took_part = {i for m in got.metrics for i in m["participants"]}
+    assert inits.count("flower-node") == len(took_part) and len(probes) == len(took_part)
+    assert sum(len(m["participants"]) for m in got.metrics) > len(took_part)  # some node took part twice
+
+    monkeypatch.setattr(flower_client, "node_state", lambda *a: nodes.node_state(*a[:4], None))  # init every round
+    inits.clear()
+    slow, _ = _flower(problem, alg, k)
+    assert inits.count("flower-node") == sum(len(m["participants"]) for m in got.metrics)
+    assert torch.equal(got.params, slow.params)
+    for f, v in got.state._asdict().items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, getattr(slow.state, f)), f
