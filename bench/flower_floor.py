@@ -18,8 +18,10 @@ import os
 import random
 import time
 
+_T0 = {"cpu": time.process_time(), "wall": time.time()}  # when Flower started importing this app
+
 __all__ = [
-    "run_floor", "FLOOR_FILE",
+    "run_floor", "FLOOR_FILE", "process_clock",
     "clientapp",  # noqa: F822 -- built on first use by the module __getattr__ below (needs Flower)
     "serverapp",  # noqa: F822 -- likewise
 ]
@@ -27,10 +29,31 @@ __all__ = [
 FLOOR_FILE = "floor.json"
 
 
+def process_clock() -> dict:
+    """This process's CPU seconds and wall seconds since it started (Linux: /proc/self/stat)."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        up = float(f.read().split()[0])
+    return {"cpu": time.process_time(), "wall": up - start_ticks / os.sysconf("SC_CLK_TCK")}
+
+
+def app_start() -> dict:
+    """CPU and wall seconds of this process when Flower started importing the app (Flower's part before it)."""
+    now = process_clock()
+    return {"cpu": _T0["cpu"], "wall": now["wall"] - (time.time() - _T0["wall"])}
+
+
 def _client_echo(msg, context):
     import flwr.app as fapp
 
-    return fapp.Message(fapp.RecordDict({"up": msg.content["vectors"]}), reply_to=msg)
+    reply = fapp.Message(fapp.RecordDict({"up": msg.content["vectors"]}), reply_to=msg)
+    where = str(context.run_config.get("timing-file", ""))
+    if where:  # bench.flower_breakdown: Flower's own part of a message, as the timed run --flower app records it
+        start = app_start()
+        with open(where, "a") as f:
+            f.write(json.dumps({"kind": "echo", "flower before the app": (start["cpu"], start["wall"])}) + "\n")
+    return reply
 
 
 def _wait_nodes(grid, n: int, timeout: float) -> list:
@@ -90,7 +113,8 @@ def __getattr__(name):  # the apps are built on first use (Flower imports this m
     raise AttributeError(name)
 
 
-def _write_app(folder: str, nodes: int, per_round: int, rounds: int, arrays: int, dim: int, seed: int) -> str:
+def _write_app(folder: str, nodes: int, per_round: int, rounds: int, arrays: int, dim: int, seed: int,
+               timing_file: str = "") -> str:
     app = os.path.join(folder, "pa-floor-app")  # Flower's rule: the folder name is a valid app name
     os.makedirs(app, exist_ok=True)
     with open(os.path.join(app, "pyproject.toml"), "w") as f:
@@ -119,21 +143,23 @@ rounds = {int(rounds)}
 arrays = {int(arrays)}
 dim = {int(dim)}
 seed = {int(seed)}
+timing-file = {json.dumps(timing_file)}
 result-dir = ""
 """)
     return app
 
 
 def run_floor(nodes: int, per_round: int, rounds: int, arrays: int, dim: int, seed: int = 0,
-              timeout: float = 900.0) -> dict:
-    """Run the echo app through a fresh local deployment; per-round records and the command's seconds."""
+              timeout: float = 900.0, timing_file: str = "") -> dict:
+    """Run the echo app through a fresh local deployment; per-round records and the command's seconds.
+    ``timing_file``: each echo appends its process's seconds before the app to it (JSON lines)."""
     from python_algos.deploy.local import LocalDeployment
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join([root, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
     t0 = time.perf_counter()
     with LocalDeployment(nodes, env={"PYTHONPATH": path}) as dep:
-        app = _write_app(dep.dir, nodes, per_round, rounds, arrays, dim, seed)
+        app = _write_app(dep.dir, nodes, per_round, rounds, arrays, dim, seed, timing_file)
         run = dep.start_run(app, {})
         deadline = time.monotonic() + timeout
         while run.proc.poll() is None and time.monotonic() < deadline:

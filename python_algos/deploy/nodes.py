@@ -161,10 +161,12 @@ def state_layout(state, names: tuple, server_scalars: dict) -> Optional[str]:
     cls = type(state)
     own = {f: v for f, v in state._asdict().items() if f not in names and f not in server_scalars
            and not isinstance(v, torch.Tensor)}
+    if not all(v is None or type(v) in (bool, int, float, str) for v in own.values()):
+        return None  # JSON would not give it back as it was (a tuple comes back a list)
     try:
         return json.dumps({"class": f"{cls.__module__}:{cls.__qualname__}", "names": list(names), "own": own},
                           allow_nan=False)
-    except (TypeError, ValueError):
+    except ValueError:  # inf or nan
         return None
 
 
