@@ -424,3 +424,29 @@ def test_later_rounds_take_the_node_state_from_the_saved_one(problem, monkeypatc
     for f, v in got.state._asdict().items():
         if isinstance(v, torch.Tensor):
             assert torch.equal(v, getattr(slow.state, f)), f
+
+
+@pytest.mark.parametrize("bad", ["not json", '{"class": "no.such.module:State", "names": [], "own": {}}',
+                                 "python_algos.algorithms.scaffold:SCAFFOLDState"])
+def test_a_node_layout_that_cannot_be_used_falls_back_to_init(problem, monkeypatch, bad):
+    from python_algos.deploy import nodes
+
+    alg = _alg("scaffold")
+
+    def node():
+        return nodes.NodeClients(problem.model(), problem.loss, problem.data[1], 1, N, BATCH, SEED)
+
+    with torch.no_grad():
+        first, names, layout = nodes.node_state(alg, node(), None, {"t": 3})
+        first.c_i.add_(1.5)
+        saved = pf.decode_vectors(pf.encode_vectors(nodes.save_node(first, names, node(), None)))
+        inits = []
+        real_init = type(alg).init
+        monkeypatch.setattr(type(alg), "init", lambda self, x0, cs: (inits.append(1), real_init(self, x0, cs))[1])
+        fast, _, kept = nodes.node_state(alg, node(), saved, {"t": 4}, layout)
+        assert inits == [] and kept == layout
+        slow, _, rebuilt = nodes.node_state(alg, node(), saved, {"t": 4}, bad)
+        assert inits == [1] and rebuilt == layout
+    for a, b in zip(fast, slow, strict=True):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    assert fast.t == 4 and torch.equal(fast.c_i, first.c_i)

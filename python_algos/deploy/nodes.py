@@ -132,6 +132,8 @@ def node_state(alg: ServerClientAlgorithm, clients: NodeClients, saved: Optional
     ``init``, whose tensors would be overwritten anyway), else ``init`` runs and they are copied in.
     The server's tensor fields are ``None``, its counters as sent."""
     cls = _layout_class(layout) if saved is not None else None
+    if cls is not None and not all("state:" + f in saved for f in json.loads(layout)["names"]):
+        cls = None  # saved by another State than the layout's: init, and restore what it makes
     if cls is not None:
         spec = json.loads(layout)
         names = tuple(spec["names"])
@@ -184,6 +186,7 @@ def _layout_class(layout: Optional[str]):
         return None
     fields = getattr(cls, "_fields", None)
     if not (isinstance(cls, type) and issubclass(cls, tuple) and fields is not None
+            and isinstance(spec.get("own"), dict) and isinstance(spec.get("names"), list)
             and set(spec["names"]) | set(spec["own"]) <= set(fields)):
         return None
     return cls
