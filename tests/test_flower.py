@@ -505,3 +505,58 @@ def test_an_upload_other_than_the_declared_vectors_stops_the_run_naming_the_node
             warnings.simplefilter("ignore")
             pf.run_server(TamperGrid(app, N, node=node, tamper=tamper), alg, problem.model, regularizer=REG,
                           rounds=ROUNDS, num_clients=N, seed=SEED, batch_size=BATCH)
+
+
+@pytest.mark.parametrize("name,ov,k", [("fedcanon", {}, None), ("scaffold", {}, 2), ("fednmap", {}, None)])
+def test_later_rounds_take_the_node_state_from_the_saved_one(problem, monkeypatch, name, ov, k):
+    """A node runs ``init`` and the data probe in its first round only; later rounds assemble the State
+    from the saved one, bit for bit what ``init`` followed by the restore gives (the layout withheld)."""
+    from python_algos.clients import sequential
+    from python_algos.deploy import flower_client, nodes
+
+    probes, inits = [], []
+    real_check = sequential.check_clients
+    monkeypatch.setattr(sequential, "check_clients", lambda *a, **kw: (probes.append(a[3:]), real_check(*a, **kw)))
+    alg = _alg(name, **ov)
+    real_init = type(alg).init
+    monkeypatch.setattr(type(alg), "init", lambda self, x0, clients: (inits.append(clients.executor),
+                                                                       real_init(self, x0, clients))[1])
+    got, grid = _flower(problem, alg, k)
+    took_part = {i for m in got.metrics for i in m["participants"]}
+    assert inits.count("flower-node") == len(took_part) and len(probes) == len(took_part)
+    assert sum(len(m["participants"]) for m in got.metrics) > len(took_part)  # some node took part twice
+
+    monkeypatch.setattr(flower_client, "node_state", lambda *a: nodes.node_state(*a[:4], None))  # init every round
+    inits.clear()
+    slow, _ = _flower(problem, alg, k)
+    assert inits.count("flower-node") == sum(len(m["participants"]) for m in got.metrics)
+    assert torch.equal(got.params, slow.params)
+    for f, v in got.state._asdict().items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, getattr(slow.state, f)), f
+
+
+@pytest.mark.parametrize("bad", ["not json", '{"class": "no.such.module:State", "names": [], "own": {}}',
+                                 "python_algos.algorithms.scaffold:SCAFFOLDState"])
+def test_a_node_layout_that_cannot_be_used_falls_back_to_init(problem, monkeypatch, bad):
+    from python_algos.deploy import nodes
+
+    alg = _alg("scaffold")
+
+    def node():
+        return nodes.NodeClients(problem.model(), problem.loss, problem.data[1], 1, N, BATCH, SEED)
+
+    with torch.no_grad():
+        first, names, layout = nodes.node_state(alg, node(), None, {"t": 3})
+        first.c_i.add_(1.5)
+        saved = pf.decode_vectors(pf.encode_vectors(nodes.save_node(first, names, node(), None)))
+        inits = []
+        real_init = type(alg).init
+        monkeypatch.setattr(type(alg), "init", lambda self, x0, cs: (inits.append(1), real_init(self, x0, cs))[1])
+        fast, _, kept = nodes.node_state(alg, node(), saved, {"t": 4}, layout)
+        assert inits == [] and kept == layout
+        slow, _, rebuilt = nodes.node_state(alg, node(), saved, {"t": 4}, bad)
+        assert inits == [1] and rebuilt == layout
+    for a, b in zip(fast, slow, strict=True):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    assert fast.t == 4 and torch.equal(fast.c_i, first.c_i)

@@ -41,6 +41,8 @@ class SequentialClients(ClientSet):
         flat: an existing ``fk.FlatParams(model)`` to reuse.
         first_client: the global index of ``data[0]`` when this process holds a shard of the
             federation (client i's generator is seeded by its global index).
+        check_data: run :func:`~python_algos.clients.probe.check_clients` on the data (default);
+            ``False`` only where the same data already passed it (a deployed node's later rounds).
 
     Module buffers (e.g. BatchNorm running statistics) are shared by all clients here.
     ``grad_seconds`` / ``grad_evals`` accumulate the time in, and number of, gradient calls
@@ -51,7 +53,8 @@ class SequentialClients(ClientSet):
     executor = "sequential"
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
-                 seed: int = 0, chunk: int = 2048, flat: Optional[fk.FlatParams] = None, first_client: int = 0):
+                 seed: int = 0, chunk: int = 2048, flat: Optional[fk.FlatParams] = None, first_client: int = 0,
+                 check_data: bool = True):
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -76,7 +79,8 @@ class SequentialClients(ClientSet):
         self._binders: dict[tuple, Callable[[int], None]] = {}
         self.coupled: Optional[str] = None  # why samples are coupled ("": they are not); probed when first needed
         self._scratch: Optional[torch.Tensor] = None
-        check_clients(model, loss_fn, self.clients, self.batch_size, first_client)  # before the run starts
+        if check_data:
+            check_clients(model, loss_fn, self.clients, self.batch_size, first_client)  # before the run starts
 
     # -- client-local work ------------------------------------------------------------
     def gradients_(self, X, G, ids=None):

@@ -29,7 +29,7 @@ final model equals ``simulate``'s (tested to 1e-10).
 from __future__ import annotations
 
 from .exchange import POLL
-from .flower_client import client_app, handle_hello, handle_round
+from .flower_client import client_app, handle_hello, handle_round, node_client_id
 from .flower_server import ServerProgram, checkpoint_to_resume, load_server_checkpoint, run_server, server_app
 from .wire import (
     HELLO,
@@ -50,7 +50,8 @@ from .wire import (
 __all__ = [
     "server_app", "client_app", "run_server", "ServerProgram",
     "AlgorithmStrategy",  # noqa: F822 -- provided lazily by the module __getattr__ below (needs Flower)
-    "load_server_checkpoint", "checkpoint_to_resume", "handle_round", "handle_hello", "FlowerResult", "NodeFailure",
+    "load_server_checkpoint", "checkpoint_to_resume", "handle_round", "handle_hello", "node_client_id", "FlowerResult",
+    "NodeFailure",
     "encode_vectors", "decode_vectors", "payload_bytes", "fingerprint", "save_result", "write_error",
     "INSTALL", "HELLO", "ROUND", "NODE_KEY", "POLL", "flwr_modules",
 ]

@@ -11,12 +11,22 @@ import fedkernels as fk
 from ..algorithms.base import ServerClientAlgorithm
 from .nodes import NodeClients, check_no_node_state, node_round, node_state, receives, save_node
 from .persist import NodeStore
-from .wire import NODE_KEY, check_algorithm, decode_vectors, encode_vectors, fingerprint, flat_x0, flwr_modules
+from .wire import (
+    LAYOUT_KEY,
+    NODE_KEY,
+    check_algorithm,
+    decode_vectors,
+    encode_vectors,
+    fingerprint,
+    flat_x0,
+    flwr_modules,
+)
 
-__all__ = ["client_app", "handle_hello", "handle_round"]
+__all__ = ["client_app", "handle_hello", "handle_round", "node_client_id"]
 
 
-def _client_id(context) -> int:
+def node_client_id(context) -> int:
+    """The client a node stands for: its node config's ``partition-id`` (a clear error without one)."""
     cfg = context.node_config
     if "partition-id" not in cfg:
         raise ValueError(f"node {context.node_id}: its node config has no partition-id (the client index): start "
@@ -29,7 +39,7 @@ def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_siz
     on a few of its samples from ``load_data``, that the model keeps no state outside its parameters)."""
     fapp, _, _ = flwr_modules()
     server = json.loads(msg.content["config"]["fingerprint"])
-    cid = _client_id(context)
+    cid = node_client_id(context)
     if "num-partitions" in context.node_config and int(context.node_config["num-partitions"]) != server["num_clients"]:
         raise ValueError(f"client {cid}: num-partitions={context.node_config['num-partitions']} in its node config, "
                          f"the server runs num_clients={server['num_clients']}")
@@ -55,8 +65,9 @@ def _restore_node(context, cid: int, restore: dict) -> None:
     ``state-dir``, and the files of rounds after r dropped (they belong to the rounds that are redone)."""
     r, last = int(restore["round"]), int(restore["last_round"][str(cid)])
     store = _store(context, cid, restore["run_key"])
-    if NODE_KEY in context.state:  # a fresh Flower run's context is empty; a reused one is not
-        del context.state[NODE_KEY]
+    for key in (NODE_KEY, LAYOUT_KEY):  # a fresh Flower run's context is empty; a reused one is not
+        if key in context.state:
+            del context.state[key]
     if store is not None:
         store.drop_after(r)
     if last == 0:
@@ -73,28 +84,41 @@ def _restore_node(context, cid: int, restore: dict) -> None:
 
 
 def handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, seed, batch_size):
-    """One round on a client node (see the module docstring); its state lives in ``context.state``."""
+    """One round on a client node (see the module docstring); its state lives in ``context.state``.
+
+    Its first round runs the data probe and ``init``; later ones take the State from the saved one
+    (:func:`~.nodes.node_state`). Each vector is converted once each way (:func:`decode_vectors`,
+    :func:`encode_vectors`), a download shared by two names copied once more."""
     fapp, _, _ = flwr_modules()
     plan = json.loads(msg.content["config"]["plan"])
     vecs = decode_vectors(msg.content["vectors"])
-    cid = _client_id(context)
+    cid = node_client_id(context)
     store = _store(context, cid, plan["run_key"])
-    model = model_fn()
-    clients = NodeClients(model, loss_fn, load_data(cid, context), cid, plan["num_clients"], batch_size, seed)
-    x0 = clients.flat.params.detach().clone()
     saved = decode_vectors(context.state[NODE_KEY]) if NODE_KEY in context.state else None
-    state, names = node_state(algorithm, x0, clients, saved, plan["scalars"])
+    layout = str(context.state[LAYOUT_KEY]["layout"]) if saved is not None and LAYOUT_KEY in context.state else None
+    clients = NodeClients(model_fn(), loss_fn, load_data(cid, context), cid, plan["num_clients"], batch_size, seed,
+                          check_data=saved is None)
+    state, names, layout = node_state(algorithm, clients, saved, plan["scalars"], layout)
+    taken: set = set()
 
-    def cast(v):
-        return v.to(dtype=clients.dtype, device=clients.device)
+    def cast(key):  # a vector handed out twice (to recv and down, or under two names) is copied for the second
+        v = vecs[key].to(dtype=clients.dtype, device=clients.device)
+        if key in taken and v.data_ptr() == vecs[key].data_ptr():
+            v = v.clone()
+        taken.add(key)
+        return v
 
-    recv = None if plan["recv"] is None else {n: cast(vecs[key]) for n, key in plan["recv"].items()}
-    down = {n: cast(vecs[key]).clone() for n, key in plan["down"].items()}
+    recv = None if plan["recv"] is None else {n: cast(key) for n, key in plan["recv"].items()}
+    down = {n: cast(key) for n, key in plan["down"].items()}
     down.update(plan["settings"])
     up = node_round(algorithm, regularizer, clients, state, saved, recv, down)
     reply = encode_vectors({name: v[0] for name, v in up.items()})
     keep = save_node(state, names, clients, up if receives(algorithm) else None)
     context.state[NODE_KEY] = encode_vectors(keep)
+    if layout is not None:
+        context.state[LAYOUT_KEY] = fapp.ConfigRecord({"layout": layout})
+    elif LAYOUT_KEY in context.state:
+        del context.state[LAYOUT_KEY]
     if store is not None:  # on disk too: a resume after a failure (this node's or another's) reads it
         store.save(plan["round"], keep)
         store.prune(plan["committed"])

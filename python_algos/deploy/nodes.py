@@ -12,6 +12,7 @@ silently using a stale copy.
 
 from __future__ import annotations
 
+import importlib
 import json
 from typing import Optional
 
@@ -24,7 +25,7 @@ from ..clients.separable import side_effect_free, training_side_effects
 from ..clients.sequential import SequentialClients
 
 __all__ = ["NodeClients", "ServerClients", "NeedsClientData", "client_names", "receives",
-           "node_state", "save_node", "node_round", "server_state", "scalars", "check_no_node_state"]
+           "node_state", "state_layout", "save_node", "node_round", "server_state", "scalars", "check_no_node_state"]
 
 
 class NeedsClientData(RuntimeError):
@@ -40,8 +41,10 @@ class NodeClients(SequentialClients):
 
     executor = "flower-node"
 
-    def __init__(self, model, loss_fn, data, client_id: int, num_clients: int, batch_size=None, seed: int = 0):
-        super().__init__(model, loss_fn, [data], batch_size=batch_size, seed=seed, first_client=int(client_id))
+    def __init__(self, model, loss_fn, data, client_id: int, num_clients: int, batch_size=None, seed: int = 0,
+                 check_data: bool = True):
+        super().__init__(model, loss_fn, [data], batch_size=batch_size, seed=seed, first_client=int(client_id),
+                         check_data=check_data)
         self.client_id, self.num_clients = int(client_id), int(num_clients)
 
     def gradients_(self, X, G, ids=None):
@@ -119,20 +122,74 @@ def _probe_reg():
     return fk.Zero()
 
 
-def node_state(alg: ServerClientAlgorithm, x0: torch.Tensor, clients: NodeClients, saved: Optional[dict],
-               server_scalars: dict):
-    """The node's State: ``init`` on its own row (the first time), or the saved rows, copies and
-    generator state restored into it; the server's tensor fields ``None``, its counters as sent."""
-    state = alg.init(x0, clients)  # the first time, its draws are simulate's init draws for this client
-    fields, copies = client_names(alg, state)
-    if saved is not None:  # later: the generators as they were after the node's last round
+def node_state(alg: ServerClientAlgorithm, clients: NodeClients, saved: Optional[dict], server_scalars: dict,
+               layout: Optional[str] = None):
+    """The node's State, its client field and copy names, and its :func:`state_layout`.
+
+    The first time (``saved`` None): ``init`` on its own row (its draws are simulate's init draws for
+    this client). Later: the saved rows and copies, and the generators as they were after the node's
+    last round; with the ``layout`` recorded then, the State is assembled from them directly (no
+    ``init``, whose tensors would be overwritten anyway), else ``init`` runs and they are copied in.
+    The server's tensor fields are ``None``, its counters as sent."""
+    cls = _layout_class(layout) if saved is not None else None
+    if cls is not None and not all("state:" + f in saved for f in json.loads(layout)["names"]):
+        cls = None  # saved by another State than the layout's: init, and restore what it makes
+    if cls is not None:
+        spec = json.loads(layout)
+        names = tuple(spec["names"])
+        state = cls(**{f: None for f in cls._fields})._replace(**spec["own"])
+        state = state._replace(**{f: saved["state:" + f].to(dtype=clients.dtype, device=clients.device)
+                                  for f in names})
+    else:
+        state = alg.init(clients.flat.params.detach().clone(), clients)
+        fields, copies = client_names(alg, state)
+        names = fields + copies
+    if saved is not None:
         bases = {k[4:].split("#")[0] for k in saved if k.startswith("rng:")}
         clients.set_rng_state({b: _rng_value(saved, "rng:" + b) for b in bases})
-        for f in fields + copies:
-            getattr(state, f).copy_(saved["state:" + f])
-    drop = {f: None for f, v in state._asdict().items()
-            if isinstance(v, torch.Tensor) and f not in fields + copies}
-    return state._replace(**drop, **server_scalars), fields + copies
+        if cls is None:
+            for f in names:
+                getattr(state, f).copy_(saved["state:" + f])
+    drop = {f: None for f, v in state._asdict().items() if isinstance(v, torch.Tensor) and f not in names}
+    state = state._replace(**drop, **server_scalars)
+    return state, names, layout if cls is not None else state_layout(state, names, server_scalars)
+
+
+def state_layout(state, names: tuple, server_scalars: dict) -> Optional[str]:
+    """What a node needs, besides its saved tensors, to assemble its State without ``init``: the
+    State's class, its client fields and copies, and the fields that neither they nor the server's
+    counters set (as ``init`` left them). None if one of those is not a JSON value (``init`` then
+    runs every round)."""
+    cls = type(state)
+    own = {f: v for f, v in state._asdict().items() if f not in names and f not in server_scalars
+           and not isinstance(v, torch.Tensor)}
+    if not all(v is None or type(v) in (bool, int, float, str) for v in own.values()):
+        return None  # JSON would not give it back as it was (a tuple comes back a list)
+    try:
+        return json.dumps({"class": f"{cls.__module__}:{cls.__qualname__}", "names": list(names), "own": own},
+                          allow_nan=False)
+    except ValueError:  # inf or nan
+        return None
+
+
+def _layout_class(layout: Optional[str]):
+    """The State class a :func:`state_layout` names (None: no usable layout)."""
+    if not layout:
+        return None
+    try:
+        spec = json.loads(layout)
+        module, qualname = spec["class"].split(":")
+        cls = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+    except (ValueError, KeyError, AttributeError, ImportError, TypeError):
+        return None
+    fields = getattr(cls, "_fields", None)
+    if not (isinstance(cls, type) and issubclass(cls, tuple) and fields is not None
+            and isinstance(spec.get("own"), dict) and isinstance(spec.get("names"), list)
+            and set(spec["names"]) | set(spec["own"]) <= set(fields)):
+        return None
+    return cls
 
 
 def _rng_value(saved: dict, key: str):
@@ -142,15 +199,16 @@ def _rng_value(saved: dict, key: str):
 
 
 def save_node(state, names, clients: NodeClients, last_up: Optional[dict]) -> dict:
-    """What the node keeps between rounds, as named tensors (its rows, copies, generators, last upload)."""
-    out = {"state:" + f: getattr(state, f).detach().clone() for f in names}
+    """What the node keeps between rounds, as named tensors (its rows, copies, generators, last upload):
+    the State's own tensors, not copies (they are serialized at once, and the State is not used after)."""
+    out = {"state:" + f: getattr(state, f).detach() for f in names}
     for k, v in clients.rng_state().items():
         if isinstance(v, list):
             out.update({f"rng:{k}#{j}": s for j, s in enumerate(v)})
         else:
             out["rng:" + k] = v
     for name, v in (last_up or {}).items():
-        out["up:" + name] = v.detach().clone()
+        out["up:" + name] = v.detach()
     return out
 
 

@@ -19,13 +19,14 @@ import fedkernels as fk
 from ..algorithms.base import ServerClientAlgorithm
 from ..runfolder.setup_record import describe_regularizer
 
-__all__ = ["INSTALL", "HELLO", "ROUND", "NODE_KEY", "NodeFailure", "FlowerResult", "encode_vectors", "decode_vectors",
-           "payload_bytes", "fingerprint", "save_result", "write_error", "ERROR_FILE",
+__all__ = ["INSTALL", "HELLO", "ROUND", "NODE_KEY", "LAYOUT_KEY", "NodeFailure", "FlowerResult", "encode_vectors",
+           "decode_vectors", "payload_bytes", "fingerprint", "save_result", "write_error", "ERROR_FILE",
            "flwr_modules", "check_algorithm", "flat_x0", "new_message"]
 
 INSTALL = 'pip install ".[flower]"  (flwr==1.41.0)'
 HELLO, ROUND = "query.hello", "train.round"
-NODE_KEY = "python_algos.node"  # context.state record of a client node
+NODE_KEY = "python_algos.node"  # context.state record of a client node: its saved tensors
+LAYOUT_KEY = "python_algos.node.layout"  # and the layout of its State (nodes.state_layout), a ConfigRecord
 ERROR_FILE = "error.txt"  # written by a ServerApp that stopped on an error, beside where result.pt would be
 
 
@@ -57,15 +58,22 @@ class FlowerResult:
 
 
 def encode_vectors(vectors: dict):
-    """Named tensors -> a Flower ``ArrayRecord`` (numpy arrays, exact bytes: float64 stays float64)."""
+    """Named tensors -> a Flower ``ArrayRecord`` (numpy arrays, exact bytes: float64 stays float64).
+    A contiguous CPU tensor is handed over as a numpy view: Flower's serialization is its only copy."""
     fapp, _, _ = flwr_modules()
     return fapp.ArrayRecord({k: fapp.Array(np.ascontiguousarray(v.detach().cpu().numpy()))
                              for k, v in vectors.items()})
 
 
 def decode_vectors(record) -> dict:
-    """An ``ArrayRecord`` -> named tensors (writable copies)."""
-    return {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
+    """An ``ArrayRecord`` -> named writable tensors. Flower's deserialization already gives each
+    array a buffer of its own, which the tensor shares (``torch.from_numpy``); an array that is not
+    writable is copied once."""
+    out = {}
+    for k, a in record.items():
+        arr = a.numpy()
+        out[k] = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+    return out
 
 
 def payload_bytes(record) -> int:

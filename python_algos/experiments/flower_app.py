@@ -6,8 +6,10 @@ programs themselves are :mod:`python_algos.deploy.flower`'s.
 Flower starts the ServerApp and each ClientApp in processes of its own, so the apps cannot be handed
 Python objects: they rebuild them from the run's settings. The run config names a ``config.json``
 (a :class:`~python_algos.experiments.config.Config`, written by the parent command); every process
-builds the data split, the model, the algorithm and the regularizer from it with the command line's
-own builders (``experiments.build``), which are deterministic in the Config's seeds. So the node of
+builds the model, the algorithm and the regularizer from it with the command line's own builders
+(``experiments.build``), which are deterministic in the Config's seeds, and the server the data
+split. A node needs only its own rows: its first message builds the split and keeps them in the
+node's ``state-dir`` (:mod:`.node_data`), the following ones read them from there. So the node of
 client i holds exactly the rows ``run`` gives client i, starts from the same model, and draws its
 minibatches from a generator seeded as in simulation (:mod:`python_algos.deploy.flower`); the handshake of
 :func:`~python_algos.deploy.flower.run_server` compares every node's settings with the server's anyway.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Optional
 
 import torch
 
@@ -44,6 +47,7 @@ from ..deploy.flower import (
     flwr_modules,
     handle_hello,
     handle_round,
+    node_client_id,
     run_server,
     save_result,
     write_error,
@@ -56,12 +60,12 @@ from ..simulate import objective_metrics
 __all__ = [
     "clientapp",  # noqa: F822 -- built on first use by the module __getattr__ below (needs Flower)
     "serverapp",  # noqa: F822 -- likewise
-    "load_setup", "STATUS_FILE", "ROUNDS_FILE",
+    "load_setup", "node_setup", "STATUS_FILE", "ROUNDS_FILE",
 ]
 
 STATUS_FILE = "status.pt"
 ROUNDS_FILE = "rounds.jsonl"  # one line per round as it ends (the parent command's progress display)
-_CACHE: dict = {}  # config path -> setup (one process may serve several messages)
+_CACHE: dict = {}  # config path (and client) -> setup (one process may serve several messages)
 
 
 def load_setup(path: str, threads: int = 1) -> dict:
@@ -82,6 +86,30 @@ def load_setup(path: str, threads: int = 1) -> dict:
     setup = {"cfg": cfg, "fed": fed, "model_fn": model_fn, "loss": loss_function(fed.dataset.task),
              "algorithm": build_algorithm(cfg), "regularizer": build_run_regularizer(cfg, model_fn())}
     _CACHE[path] = setup
+    return setup
+
+
+def node_setup(path: str, client_id: int, state_dir: Optional[str], threads: int = 1) -> dict:
+    """A client node's pieces: its own rows (cached in its ``state_dir``: :mod:`.node_data`), the
+    model builder, loss, algorithm and h, without the rest of the data."""
+    key = (path, int(client_id), state_dir)
+    if key in _CACHE:
+        return _CACHE[key]
+    from .build import build_algorithm, build_model, build_run_regularizer
+    from .folders import read_config_json
+    from .losses import loss_function
+    from .node_data import node_rows
+
+    torch.set_num_threads(max(1, int(threads)))
+    cfg = read_config_json(path)
+    rows, shape = node_rows(cfg, int(client_id), state_dir)
+
+    def model_fn():
+        return build_model(cfg, shape)  # seeded: the same parameters in every process
+
+    setup = {"cfg": cfg, "rows": rows, "model_fn": model_fn, "loss": loss_function(shape.task),
+             "algorithm": build_algorithm(cfg), "regularizer": build_run_regularizer(cfg, model_fn())}
+    _CACHE[key] = setup
     return setup
 
 
@@ -130,6 +158,14 @@ def _objective(setup: dict):
     return evaluate
 
 
+def _node(context) -> dict:
+    rc = context.run_config
+    state_dir = context.node_config.get("state-dir")
+    return node_setup(str(rc["config-path"]), node_client_id(context), str(state_dir) if state_dir else None,
+                      int(rc.get("threads", 1)))
+
+
+
 def server_main(grid, context) -> None:
     s = _setup(context)
     cfg, alg, reg = s["cfg"], s["algorithm"], s["regularizer"]
@@ -158,7 +194,7 @@ def server_main(grid, context) -> None:
 
 def _client_load(s):
     def load(i, context):
-        return s["fed"].clients[i]
+        return s["rows"]
     return load
 
 
@@ -169,14 +205,14 @@ def _make_apps():
 
     @client.query("hello")
     def hello(msg, context):
-        s = _setup(context)
+        s = _node(context)
         cfg = s["cfg"]
         return handle_hello(msg, context, s["algorithm"], s["model_fn"], s["regularizer"], cfg.seed, cfg.batch_size,
                             _client_load(s))
 
     @client.train("round")
     def train(msg, context):
-        s = _setup(context)
+        s = _node(context)
         cfg = s["cfg"]
         return handle_round(msg, context, s["algorithm"], s["model_fn"], s["loss"], _client_load(s), s["regularizer"],
                             cfg.seed, cfg.batch_size)
