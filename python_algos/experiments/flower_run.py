@@ -5,9 +5,10 @@
     prep = prepare_flower(None, "results/my-run", resume=True)   # continue a run a failed node stopped
 
 What runs where: :class:`~python_algos.deploy.local.LocalDeployment` starts one SuperLink and one
-SuperNode per client on 127.0.0.1 (``--insecure`` on loopback only). The apps are
-:mod:`.flower_app`: every Flower process rebuilds the data split, the model, the
-algorithm and h from the run's ``config.json`` with the command line's own builders, so the node of
+SuperNode per client on 127.0.0.1 (only the deploying user may connect: :mod:`~python_algos.deploy.same_user`).
+The apps are :mod:`.flower_app`: every Flower process builds the model, the algorithm and h from the
+run's ``config.json`` with the command line's own builders, and each node its own client's rows
+(built once at the handshake, cached in its state folder), so the node of
 client i holds client i's rows and draws its minibatches from a generator seeded exactly as in
 simulation. In float64 the final model equals the one-process ``run``'s (tested to 1e-10).
 
