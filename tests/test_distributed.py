@@ -292,7 +292,7 @@ def test_an_invalid_setting_under_torchrun_stops_every_rank_before_any_write(tmp
     (["-N", "2", "--workers", "3"], "-N 2: 2 client(s) cannot be split over 3 processes"),  # as typed
     (["--device", "cuda"], "--device cuda: CUDA is not available here"),
     (["--reg-param", "net.0.weight=bogus"], "--reg-param net.0.weight=bogus: unknown regularizer"),
-    (["-a", "fedavg", "bogus"], "--algorithm bogus: unknown algorithm(s)"),
+    (["-a", "fedavg", "bogus"], "--algorithm bogus: unknown algorithm 'bogus'"),
 ], ids=["lr", "fewer-clients-than-workers", "cuda-without-gpu", "regularizer-spec", "compare-unknown-algorithm"])
 def test_workers_launcher_checks_the_settings_before_starting_processes(tmp_path, capsys, bad, expect):
     """Caught before torchrun starts: one line naming the flag, no torchrun failure report, no folder."""
