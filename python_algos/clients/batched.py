@@ -272,7 +272,7 @@ class BatchedClients(ClientSet):
         :meth:`_gradients`; ``chunk_clients`` when given)."""
         if self.chunk_clients is not None:
             return self.chunk_clients
-        if self.chain is not None:  # a pass's batch and activations kept in cache, see CHAIN_CACHE_BYTES
+        if self.chain is not None and self.device.type == "cpu":  # batch and activations kept in cache
             itemsize = self.X_all.element_size()
             per_client = batch * (self.chain.in_features + 2 * self.chain.act_width) * itemsize
             return max(2, min(self.budget_rows(batch), CHAIN_CACHE_BYTES // per_client))
