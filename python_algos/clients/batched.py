@@ -5,6 +5,10 @@ Python, autograd and (on a GPU) kernel-launch overhead. Here the N passes of one
 pass: ``torch.func.vmap`` over ``grad(functional_call(model, row_params, batch))``, where
 ``row_params`` are *views* of the ``[n, d]`` client stack (no per-client copy of the model), and the
 per-client gradients are written straight into the rows of ``G`` (one ``torch.cat`` per chunk).
+Models that are a chain of ``Linear`` layers and elementwise activations under the cross-entropy
+(logistic regression, MLPs; recognised and checked against the model at construction,
+``clients.chain``) skip ``torch.func``: their passes are explicit ``torch.bmm`` products writing each
+gradient into its slice of ``G`` (:mod:`.chain`), over small passes whose batch stays in cache.
 
 Same trajectory as the sequential executor. Each client draws its minibatch from its own
 generator, seeded by its global index, with the same call the sequential executor makes
@@ -72,6 +76,7 @@ from torch.func import functional_call, grad_and_value, vmap
 import fedkernels as fk
 
 from .base import ClientSet, client_generators
+from .chain import plan_chain
 from .data import TensorData, client_data
 from .probe import check_clients
 from .separable import coupling, side_effect_free
@@ -79,6 +84,10 @@ from .separable import coupling, side_effect_free
 __all__ = ["BatchedClients", "default_memory_budget", "STATEFUL_NORMS"]
 
 STATEFUL_NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
+
+# Bytes of gathered batch and activations per pass of a LinearChain model on CPU: small passes
+# whose data stay in the L2 cache between the gather, the forward and the backward products.
+CHAIN_CACHE_BYTES = 2 << 20
 
 
 def default_memory_budget(device: torch.device) -> int:
@@ -185,7 +194,7 @@ class BatchedClients(ClientSet):
         self._consts = {n: p for n, p in model.named_parameters() if not p.requires_grad}
         self._consts.update(dict(model.named_buffers()))
 
-        self._whole_idx = self._xbuf = self._ybuf = None
+        self._whole_idx = self._xbuf = self._ybuf = self._perm = None
         self._vgrad_same = vmap(grad_and_value(self._client_loss), in_dims=(0, 0, 0, 0), randomness="different")
         self._vgrad_masked = vmap(grad_and_value(self._client_loss_masked), in_dims=(0, 0, 0, 0),
                                   randomness="different")
@@ -202,6 +211,10 @@ class BatchedClients(ClientSet):
         # are exact); otherwise why not, and every batch is then computed whole, unpadded.
         with side_effect_free(model, self.device):
             self.coupled = coupling(model, loss_fn, self.X_all[:4], self.y_all[:4])
+            # a Linear/activation chain under cross-entropy: explicit bmm passes (None: torch.func)
+            self.chain = None if self.coupled else plan_chain(model, loss_fn, list(self.flat.sizes),
+                                                               self.X_all[:4], self.y_all[:4], self.y_all)
+        self._gbuf = None
 
     # -- what the model must allow --------------------------------------------------------------
     @classmethod
@@ -259,6 +272,10 @@ class BatchedClients(ClientSet):
         :meth:`_gradients`; ``chunk_clients`` when given)."""
         if self.chunk_clients is not None:
             return self.chunk_clients
+        if self.chain is not None and self.device.type == "cpu":  # batch and activations kept in cache
+            itemsize = self.X_all.element_size()
+            per_client = batch * (self.chain.in_features + 2 * self.chain.act_width) * itemsize
+            return max(2, min(self.budget_rows(batch), CHAIN_CACHE_BYTES // per_client))
         return max(2, self.budget_rows(batch))
 
     def budget_rows(self, batch: int) -> int:
@@ -291,7 +308,30 @@ class BatchedClients(ClientSet):
     # -- client-local work ------------------------------------------------------------------------
     def _batch_indices(self, clients: list) -> list:
         """Per client, the global sample indices of this call's batch (drawing from the client's
-        generator exactly as the sequential executor does)."""
+        generator exactly as the sequential executor does: ``randperm(n_i)[:B]``). The
+        permutations are drawn into client i's slot of one preallocated index vector laid out as
+        ``X_all`` (``randperm(..., out=)`` consumes the generator as ``randperm`` does), and the
+        ``[:B]`` heads shifted to global indices by one gather for all clients."""
+        B = self.batch_size
+        if B is None or any(B >= self.sizes[i] for i in clients):
+            return self._batch_indices_mixed(clients)
+        if self._perm is None:
+            self._perm = torch.empty(sum(self.sizes), dtype=torch.long)
+            self._perm_slots = [self._perm[o : o + n] for o, n in zip(self.offsets, self.sizes)]
+            self._heads = {}
+        for i in clients:
+            torch.randperm(self.sizes[i], generator=self.generators[i], out=self._perm_slots[i])
+        key = (clients[0], len(clients)) if clients == list(range(clients[0], clients[0] + len(clients))) else None
+        pos = self._heads.get(key) if key is not None else None
+        if pos is None:
+            start = torch.tensor([self.offsets[i] for i in clients]).unsqueeze(1)
+            pos = (start, start + torch.arange(B))  # slot starts [c, 1]; positions of the heads [c, B]
+            if key is not None:
+                self._heads[key] = pos
+        return list(self._perm[pos[1]].add_(pos[0]).unbind(0))
+
+    def _batch_indices_mixed(self, clients: list) -> list:
+        """:meth:`_batch_indices` when some clients take their whole data (``B`` None or ``>= n_i``)."""
         out = []
         B = self.batch_size
         for i in clients:
@@ -367,43 +407,77 @@ class BatchedClients(ClientSet):
             rows_at, batches = rows_at * 2, batches * 2
         k = len(batches)
         lengths = [int(b.numel()) for b in batches]
-        if all(b == P for b in lengths):
+        R = self._rows_per_client(P)  # >= P: samples P.. R are gathered only to align the next client's
+        if all(b == P for b in lengths) and R == P:
             idx = torch.cat(batches)
-            w = None
         else:
+            idx = torch.cat([torch.cat([b, b[:1].expand(R - b.numel())]) for b in batches])
+        w = None
+        if any(b != P for b in lengths):
             assert not self.coupled, "padding a coupled batch"
-            idx = torch.cat([torch.cat([b, b[:1].expand(P - b.numel())]) for b in batches])
             w = torch.zeros(k, P, dtype=self.dtype)
             for r, b in enumerate(lengths):
                 w[r, :b] = 1.0 / b
             w = w.to(self.device)
-        xb, yb = self._gather(idx, k, P)
+        xb, yb = self._gather(idx, k, R)
+        if R != P:
+            xb, yb = xb[:, :P], yb[:, :P]
         a = rows_at[0]
         contiguous = c > 1 and rows_at == list(range(a, a + c))
         pos = None if contiguous else torch.tensor(rows_at, device=self.device)
         rows = X[a : a + c] if contiguous else X.index_select(0, pos)
+        # the usual case: straight into G's rows (a [c, d] temporary costs its page faults)
+        out = G[a : a + c] if contiguous else self._scratch(k)
         t1 = time.perf_counter()
-        with torch.enable_grad():
-            if w is None:
-                ones = torch.ones(k, dtype=self.dtype, device=self.device)
-                grads, vals = self._vgrad_same(self._params(rows), xb, yb, ones)
-            else:
-                grads, vals = self._vgrad_masked(self._params(rows), xb, yb, w)
+        vals = self._fwd_bwd(rows, xb, yb, w, out)
         fb = time.perf_counter() - t1
-        parts = [grads[n].reshape(k, -1) for n in self._names]
-        if contiguous:  # the usual case: straight into G's rows (a [c, d] temporary costs its page faults)
-            torch.cat(parts, dim=1, out=G[a : a + c])
+        if contiguous:
             if values is not None:
                 values[a : a + c] = vals.detach()
         else:
-            flat = torch.cat(parts, dim=1)
-            G[rows_at[0]].copy_(flat[0]) if c == 1 else G.index_copy_(0, pos, flat)
+            G[rows_at[0]].copy_(out[0]) if c == 1 else G.index_copy_(0, pos, out)
             if values is not None:
                 if c == 1:
                     values[rows_at[0]] = vals.detach()[0]
                 else:
                     values.index_copy_(0, pos, vals.detach())
         return fb
+
+    def _rows_per_client(self, P: int) -> int:
+        """Rows a client's batch of ``P`` samples takes in the gathered block: ``P``, or for an
+        explicit chain (:mod:`.chain`) the least ``R >= P`` whose ``R`` samples fill whole 64-byte
+        lines, so that each client's samples start on one (see :func:`.chain.aligned`)."""
+        if self.chain is None:
+            return P
+        row = self.X_all[0].numel() * self.X_all.element_size()
+        R = P
+        while (R * row) % 64:
+            R += 1
+        return R
+
+    def _scratch(self, k: int) -> torch.Tensor:
+        """A reused ``[k, d]`` block for passes whose rows are not consecutive rows of G."""
+        if self._gbuf is None or self._gbuf.shape[0] < k:
+            self._gbuf = torch.empty(k, self.dim, dtype=self.dtype, device=self.device)
+        return self._gbuf[:k]
+
+    def _fwd_bwd(self, rows, xb, yb, w, out, scale: float = 1.0) -> torch.Tensor:
+        """``out[j] <- gradient of client j's loss`` at ``rows[j]`` over its batch ``xb[j], yb[j]``
+        (weighted mean with sample weights ``w[j]``, or the plain mean when ``w`` is None), times
+        ``scale``; returns the losses ``[k]``. The one place a pass's forward/backward runs."""
+        k, P = xb.shape[0], xb.shape[1]
+        if self.chain is not None:
+            if w is None:
+                w = torch.full((k, P), scale / P, dtype=self.dtype, device=self.device)
+            return self.chain.grads_(rows, xb, yb, w, out)
+        with torch.enable_grad():
+            if w is None:
+                s = torch.full((k,), scale, dtype=self.dtype, device=self.device)
+                grads, vals = self._vgrad_same(self._params(rows), xb, yb, s)
+            else:
+                grads, vals = self._vgrad_masked(self._params(rows), xb, yb, w)
+        torch.cat([grads[n].reshape(k, -1) for n in self._names], dim=1, out=out)
+        return vals
 
     def _one_client_in_pieces(self, X, G, j, batch, values) -> float:
         """One client's batch longer than ``chunk`` samples: pieces of ``chunk`` samples (a fixed
@@ -414,20 +488,26 @@ class BatchedClients(ClientSet):
         g = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
         total = 0.0
         fb = 0.0
+        out = self._scratch(1)
         for s in range(0, b, step):
             piece = batch[s : s + step]
             xb, yb = self._gather(piece, 1, int(piece.numel()))
-            scale = torch.full((1,), piece.numel() / b, dtype=self.dtype, device=self.device)
             t1 = time.perf_counter()
-            with torch.enable_grad():
-                grads, val = self._vgrad_same(self._params(X[j : j + 1]), xb, yb, scale)
+            val = self._fwd_bwd(X[j : j + 1], xb, yb, None, out, scale=piece.numel() / b)
             fb += time.perf_counter() - t1
-            g += torch.cat([grads[k].reshape(-1) for k in self._names])
+            g += out[0]
             total += float(val)
         G[j].copy_(g)
         if values is not None:
             values[j] = total
         return fb
+
+    def _aligned_rows(self, k: int) -> torch.Tensor:
+        """An uninitialised ``[k, d]`` block whose rows all start on a 64-byte boundary (row
+        stride rounded up), so a row's alignment is the same at every position of the block."""
+        per_line = max(1, 64 // torch.empty((), dtype=self.dtype).element_size())
+        stride = -(-self.dim // per_line) * per_line
+        return torch.empty(k, stride, dtype=self.dtype, device=self.device)[:, : self.dim]
 
     # -- aggregation ------------------------------------------------------------------------------
     def _mean(self, S, divisor=None):
@@ -448,9 +528,11 @@ class BatchedClients(ClientSet):
         grad_out.zero_()
         blocks = _even_parts(range(N), max(1, min(N, self._chunk_rows(max(self.sizes)))))
         block = len(blocks[0])
-        G = torch.empty(block, self.dim, dtype=self.dtype, device=self.device)
+        G = self._aligned_rows(block)
         losses = torch.empty(N, dtype=self.dtype, device=self.device)  # client i's loss f_i(x)
-        rows = x.expand(block, -1).contiguous()  # real rows, as a stack's (a stride-0 batch may take other kernels)
+        rows = self._aligned_rows(block).copy_(x.expand(block, -1))  # real rows, as a stack's (a stride-0
+        # batch may take other kernels), each starting on a cache line: a strided matrix product's
+        # bits can depend on its operands' alignment, which must not change with a row's position
         longest = max(self.sizes)  # of the whole pass, not of a block: padding must not depend on the blocks
         with side_effect_free(self.model, self.device):
             for ids in blocks:
