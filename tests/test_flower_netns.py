@@ -24,7 +24,7 @@ import torch
 pytest.importorskip("flwr", reason='Flower is not installed: pip install ".[flower]"')
 
 import python_algos as pa  # noqa: E402
-from python_algos.deploy.credentials import make_credentials  # noqa: E402
+from python_algos.deploy import credentials  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP = os.path.join(ROOT, "examples", "flower_app")
@@ -207,7 +207,9 @@ def _start_superlink(procs, ns, creds, home):
 
 def test_superlink_and_supernodes_in_separate_network_namespaces_equal_simulate(netns, tmp_path):
     server, clients = netns
-    creds = make_credentials(str(tmp_path / "creds"), [SERVER_IP], NODES + 1)  # node-3: never registered
+    # as docs/flower.md shows it; node-3's key is never registered
+    assert credentials.main([str(tmp_path / "creds"), "--server-address", SERVER_IP, "--nodes", str(NODES + 1)]) == 0
+    creds = {f: str(tmp_path / "creds" / f) for f in os.listdir(tmp_path / "creds")}
     assert oct(os.stat(tmp_path / "creds").st_mode & 0o777) == "0o700"
     assert {oct(os.stat(p).st_mode & 0o777) for p in creds.values()} == {"0o600"}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, APP, os.environ.get("PYTHONPATH", "")]),
