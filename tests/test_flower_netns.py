@@ -2,8 +2,10 @@
 SuperNodes in another, joined only by a veth pair (10.77.0.1 <-> 10.77.0.2), with the TLS certificate
 and SuperNode keys of ``python -m python_algos.deploy.credentials``, SuperNode authentication on and
 each node's public key registered with ``flwr supernode register``. The example app's final model
-equals ``python_algos.simulate``'s to 1e-10 (float64); a SuperNode whose key was not registered is
-refused. Needs root and ``ip netns`` (skipped, with the reason, elsewhere).
+equals ``python_algos.simulate``'s to 1e-10 (float64); a SuperNode whose key was not registered, and
+one that trusts another CA, are refused. Needs root and ``ip netns`` (skipped, with the reason,
+elsewhere). Every process left in the two namespaces is killed and the namespaces are deleted, on
+success or failure.
 """
 
 from __future__ import annotations
@@ -189,11 +191,22 @@ def _toml(v):
     return repr(v) if isinstance(v, (int, float)) else '"' + str(v) + '"'
 
 
-def _supernode(i, creds, state):
+def _supernode(i, creds, state, ca=None, partition=None):
+    """Client i's SuperNode (key node-<i>), trusting ``ca`` (default: the deployment's CA)."""
     return [os.path.join(BIN, "flower-supernode"), "--superlink", f"{SERVER_IP}:{PORT}",
-            "--root-certificates", creds["ca.crt"], "--auth-supernode-private-key", creds[f"node-{i}.key"],
+            "--root-certificates", ca or creds["ca.crt"], "--auth-supernode-private-key", creds[f"node-{i}.key"],
             "--port", str(9094 + i),  # each node's local API for its ClientApps (127.0.0.1 of its namespace)
-            "--node-config", f'partition-id={i} num-partitions={NODES} state-dir="{state}"']
+            "--max-retries", "3", "--max-wait-time", "60",  # a refused node gives up instead of retrying forever
+            "--node-config", f'partition-id={i if partition is None else partition} num-partitions={NODES} '
+                             f'state-dir="{state}"']
+
+
+def _register(procs, ns, home, pub, name):
+    """``flwr supernode register``: the node id the SuperLink gave the key."""
+    rc = procs.run(name, ns, [os.path.join(BIN, "flwr"), "supernode", "register", pub, "pa-net"], home, 120)
+    found = re.search(r"SuperNode (\d+) registered", procs.log(name))
+    assert rc == 0 and found, procs.log(name)
+    return found.group(1)
 
 
 def _start_superlink(procs, ns, creds, home):
@@ -205,10 +218,38 @@ def _start_superlink(procs, ns, creds, home):
     procs.wait_for("superlink", f"running on https://{SERVER_IP}:{PORT}", 120)
 
 
+def _start_nodes(procs, ns, creds, folder, cli_home):
+    """Clients 0..N-1 (registered keys), node N (a key never registered) and node N+1 (a registered
+    key, but trusting another CA than the SuperLink's): the node ids of N+1."""
+    ids = [_register(procs, ns, cli_home, creds[f"node-{i}.pub"], f"register-{i}") for i in (*range(NODES), NODES + 1)]
+    for i in range(NODES + 1):
+        procs.start(f"supernode-{i}", ns, _supernode(i, creds, folder / "state"), str(folder / f"node-home-{i}"))
+    credentials.make_credentials(str(folder / "other"), [SERVER_IP], 1)
+    procs.start(f"supernode-{NODES + 1}", ns, _supernode(NODES + 1, creds, folder / "state",
+                                                          ca=str(folder / "other" / "ca.crt"), partition=NODES + 1),
+                str(folder / f"node-home-{NODES + 1}"))
+    return ids
+
+
+def _check_refused(procs, untrusting_id):
+    """Node N (unregistered key) and node N+1 (another CA) were refused; nothing reached the SuperLink
+    but over the veth link."""
+    log = procs.log("superlink", tail=None)
+    for i in (NODES, NODES + 1):
+        assert procs.procs[f"supernode-{i}"].wait(timeout=120) != 0, procs.log(f"supernode-{i}")
+    assert "Failed to activate SuperNode" in procs.log(f"supernode-{NODES}", tail=None)
+    assert "No SuperNode found with the given public key" in log
+    assert "CERTIFICATE_VERIFY_FAILED" in procs.log(f"supernode-{NODES + 1}", tail=None)
+    assert f"Activated node_id={untrusting_id}" not in log
+    peers = _peers(log)
+    # everything came over the veth link: the clients' end, and the server's own app processes
+    assert CLIENT_IP in peers and peers <= {CLIENT_IP, SERVER_IP}, peers
+
+
 def test_superlink_and_supernodes_in_separate_network_namespaces_equal_simulate(netns, tmp_path):
     server, clients = netns
-    # as docs/flower.md shows it; node-3's key is never registered
-    assert credentials.main([str(tmp_path / "creds"), "--server-address", SERVER_IP, "--nodes", str(NODES + 1)]) == 0
+    # as docs/flower.md shows it
+    assert credentials.main([str(tmp_path / "creds"), "--server-address", SERVER_IP, "--nodes", str(NODES + 2)]) == 0
     creds = {f: str(tmp_path / "creds" / f) for f in os.listdir(tmp_path / "creds")}
     assert oct(os.stat(tmp_path / "creds").st_mode & 0o777) == "0o700"
     assert {oct(os.stat(p).st_mode & 0o777) for p in creds.values()} == {"0o600"}
@@ -220,24 +261,12 @@ def test_superlink_and_supernodes_in_separate_network_namespaces_equal_simulate(
     procs = Processes(str(tmp_path), env, [server, clients])
     try:
         _start_superlink(procs, server, creds, str(tmp_path / "server-home"))
-        for i in range(NODES):
-            rc = procs.run(f"register-{i}", clients, [os.path.join(BIN, "flwr"), "supernode", "register",
-                                                      creds[f"node-{i}.pub"], "pa-net"], cli_home, 120)
-            assert rc == 0, procs.log(f"register-{i}")
-        for i in range(NODES + 1):
-            procs.start(f"supernode-{i}", clients, _supernode(i, creds, tmp_path / "state"),
-                        str(tmp_path / f"node-home-{i}"))
+        ids = _start_nodes(procs, clients, creds, tmp_path, cli_home)
         over = {k: cfg[k] for k in ("rounds", "num-clients", "clients-per-round", "algorithm", "round-timeout")}
         run_config = " ".join(f"{k}={_toml(v)}" for k, v in {**over, "result-dir": str(tmp_path / "result")}.items())
         run = [os.path.join(BIN, "flwr"), "run", APP, "pa-net", "--stream", "--run-config", run_config]
         assert procs.run("flwr-run", clients, run, cli_home, 400) == 0, procs.log("flwr-run")
-        unregistered = procs.procs[f"supernode-{NODES}"]
-        assert unregistered.wait(timeout=60) != 0, procs.log(f"supernode-{NODES}")
-        assert "Failed to activate SuperNode" in procs.log(f"supernode-{NODES}", tail=None)
-        assert "No SuperNode found with the given public key" in procs.log("superlink", tail=None)
-        peers = _peers(procs.log("superlink", tail=None))
-        # everything came over the veth link: the clients' end, and the server's own app processes
-        assert CLIENT_IP in peers and peers <= {CLIENT_IP, SERVER_IP}, peers
+        _check_refused(procs, ids[-1])
     finally:
         procs.close()
     assert [n for n in (server, clients) if _netns_pids(n)] == []
