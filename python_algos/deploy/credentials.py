@@ -8,8 +8,8 @@ writes into the new folder ``creds`` (mode 0700, every file 0600):
 * ``ca.crt`` (give it to every SuperNode and to ``flwr``: ``--root-certificates``, ``root-certificates``)
   and ``ca.key`` (keep it off the network: it signs server certificates);
 * ``server.pem`` / ``server.key``: the SuperLink's certificate, signed by the CA, valid for every
-  ``--server-address`` (an IP address or a DNS name; 127.0.0.1 and localhost are always added, since
-  Flower's own processes on the server machine reach the SuperLink on loopback);
+  ``--server-address`` (an IP address or a DNS name; 127.0.0.1 and localhost are always added: a
+  SuperLink listening on 0.0.0.0 has its own app processes reach it on 127.0.0.1);
 * ``node-<i>.key`` / ``node-<i>.pub``: SuperNode i's key (ECDSA P-384, OpenSSH format, what
   ``flower-supernode --auth-supernode-private-key`` reads); its ``.pub`` is registered with
   ``flwr supernode register node-<i>.pub CONNECTION`` before the SuperNode starts.
@@ -102,12 +102,15 @@ def _certificate(subject: str, issuer: str, public_key, signing_key, days: int, 
 def make_credentials(folder: str, server_addresses: Sequence[str], nodes: int, days: int = 365) -> dict:
     """Write the CA, the SuperLink's certificate (valid for ``server_addresses``, loopback added) and
     ``nodes`` SuperNode key pairs into the new folder ``folder``; return {name: path}."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
     _check(folder, list(server_addresses), nodes)
     if isinstance(days, bool) or not isinstance(days, int) or days < 1:
         raise ValueError(f"--days must be an integer >= 1, got {days!r}")
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+    except ImportError:
+        raise ImportError('making credentials needs the cryptography package (installed with Flower: '
+                          'pip install ".[flower]")') from None
     pem, pkcs8 = serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8
     plain = serialization.NoEncryption()
     ca_key, server_key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
