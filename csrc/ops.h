@@ -259,11 +259,14 @@ struct Za1StepOp {
   ProxCoef<T> k;
   explicit Za1StepOp(const Za1StepArgs& a)
       : zhat(a.zhat), z(a.z), g(a.g), c(a.c), eta(static_cast<T>(a.eta)), k(a.plan) {}
-  FK_HD void operator()(int64_t r, int64_t j) const {
+  FK_HD void operator()(int64_t r, int64_t j) const { apply(r, j, z.p, z.at(r, j)); }
+  // The body with element (r, j) of z at zout[iz]: the CPU backend writes a block of z to a small
+  // buffer first and streams it to memory from there (csrc/cpu/kernels.cpp, cpu_for_each_streamed).
+  FK_HD void apply(int64_t r, int64_t j, S* zout, int64_t iz) const {
     const int64_t ih = zhat.at(r, j);
     const T pre = cv_step_elem(load(zhat.p, ih), load(g.p, g.at(r, j)), load(c.p, c.at(r, j)), eta);
     store(zhat.p, ih, pre);
-    store(z.p, z.at(r, j), prox_elem<IMPL>(pre, k));
+    store(zout, iz, prox_elem<IMPL>(pre, k));
   }
 };
 

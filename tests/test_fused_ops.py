@@ -102,6 +102,20 @@ def test_za1_step(kind, p1, p2, step, shape, dtype):
     assert_close(z, ref_prox(kind, pre, step, p1, p2), dtype)
 
 
+@pytest.mark.parametrize("shape, offset", [((4_195_307,), 5), ((3, 1_400_001), 0)])
+def test_za1_step_on_a_z_streamed_to_memory(shape, offset):
+    # 16 MiB or more of z: the CPU backend streams z with non-temporal stores (kStreamMinBytes);
+    # offset 5: z does not start on a cache line
+    dtype = torch.float32
+    zhat, g, c = rnd(shape, dtype), rnd(shape, dtype), rnd(shape, dtype)
+    z = torch.full((zhat.numel() + offset,), 7.0, dtype=dtype)[offset:].view(shape)
+    eta, (kind, p1, p2) = 0.05, PENALTIES[4]
+    pre = up(zhat) - eta * (up(g) + up(c))
+    fk.raw.za1_step_(zhat, z, g, c, eta, kind, 0.2, p1, p2)
+    assert_close(zhat, pre, dtype)
+    assert_close(z, ref_prox(kind, pre, 0.2, p1, p2), dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("kind,p1,p2", PENALTIES)

@@ -84,6 +84,21 @@ def test_every_op_has_the_same_bits_in_every_variant_and_thread_count(name, dtyp
                     assert torch.equal(_bits(g), _bits(w)), (name, n, offset, isa, threads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_za1_step_streaming_z_has_the_same_bits_in_every_variant_and_thread_count(dtype):
+    # z of 16 MiB or more is written with non-temporal stores (csrc/cpu/kernels.cpp, kStreamMinBytes):
+    # 4,194,304 float32 / 8,388,608 bfloat16 values; offset 5: z's head is not on a cache line
+    op = _ops()["za1_step scad"]
+    n = (16 << 20) // torch.tensor([], dtype=dtype).element_size() + 1003
+    for offset in (0, 5):
+        want = _run(op, n, dtype, offset, "baseline", 1)
+        for isa in VARIANTS:
+            for threads in (1, 2):
+                got = _run(op, n, dtype, offset, isa, threads)
+                for g, w in zip(got, want):
+                    assert torch.equal(_bits(g), _bits(w)), (n, offset, isa, threads)
+
+
 @pytest.mark.parametrize("cols", [0, 1, 63, 64, 65, 4096, 70_003, 5_844_756 * 2 + 1, 11_689_512])
 @pytest.mark.parametrize("threads", [1, 2, 3, 16])
 def test_each_threads_share_starts_on_a_cache_line_and_the_shares_tile_the_row(cols, threads):

@@ -8,6 +8,13 @@
 // memory roofline.
 #include <omp.h>
 
+#include <cstring>
+#include <type_traits>
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include "../dispatch.h"
 #include "isa.h"
 
@@ -17,9 +24,107 @@ namespace {
 
 int threads_for(int64_t n) { return cpu_threads_for(n); }
 
+// An output the op writes without reading it (za1_step's z). A plain store to a line that is not
+// in the cache first reads it from memory (read-for-ownership): za1_step then moves 6 values per
+// element (zhat, g, c, z read; zhat, z written) for the 5 it needs. Non-temporal stores write
+// whole lines without that read, but they also take the line out of the cache, so they are only
+// used where z could not stay there anyway: z alone at least kStreamMinBytes (the call then moves
+// at least four times that, twice the 32 MiB L3 of the dev machine).
 template <class Op>
+struct StreamedOutput : std::false_type {};
+template <typename S, int IMPL>
+struct StreamedOutput<Za1StepOp<S, IMPL>> : std::true_type {};
+
+constexpr int64_t kStreamMinBytes = int64_t(16) << 20;
+// Elements computed into an L1-resident buffer before they are streamed out (2-4 KiB).
+constexpr int64_t kStreamBlock = 512;
+
+// Copies n bytes to dst with non-temporal stores where dst is 64-byte aligned (plain stores for
+// the unaligned head and the tail). Only bytes move: results are those of the plain path.
+void stream_bytes(char* dst, const char* src, int64_t n) {
+  int64_t head = static_cast<int64_t>((64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
+  head = head < n ? head : n;
+  std::memcpy(dst, src, static_cast<size_t>(head));
+  int64_t i = head;
+#if defined(__AVX512F__)
+  for (; i + 64 <= n; i += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
+#elif defined(__AVX2__)
+  for (; i + 32 <= n; i += 32)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+#elif defined(__SSE2__)
+  for (; i + 16 <= n; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+#endif
+  std::memcpy(dst + i, src + i, static_cast<size_t>(n - i));
+}
+
+// Non-temporal stores are weakly ordered: fence them before the thread leaves the parallel region.
+void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+// cpu_for_each's column-share loop for an op with a streamed output: each block of z is computed
+// into `block` by the op's own body (Op::apply), then streamed to z.
+template <class Op>
+void cpu_for_each_streamed(const Op& op, int64_t rows, int64_t cols, int nt) {
+  using S = std::remove_pointer_t<decltype(op.z.p)>;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    const Op local = op;
+    alignas(64) S block[kStreamBlock];
+    const ColumnShare share = cpu_column_share(cols, omp_get_thread_num(), omp_get_num_threads());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j0 = share.begin; j0 < share.end; j0 += kStreamBlock) {
+        const int64_t j1 = j0 + kStreamBlock < share.end ? j0 + kStreamBlock : share.end;
+#pragma omp simd
+        for (int64_t j = j0; j < j1; ++j) local.apply(r, j, block, j - j0);
+        stream_bytes(reinterpret_cast<char*>(local.z.p + local.z.at(r, j0)), reinterpret_cast<const char*>(block),
+                     (j1 - j0) * static_cast<int64_t>(sizeof(S)));
+      }
+    }
+    stream_fence();
+  }
+}
+
+// One row's columns [begin, end) as an `omp simd` loop; Lanes > 0 asks for that many lanes.
+template <int Lanes, class Op>
+inline void simd_columns(const Op& op, int64_t r, int64_t begin, int64_t end) {
+  if constexpr (Lanes > 0) {
+#pragma omp simd simdlen(Lanes)
+    for (int64_t j = begin; j < end; ++j) op(r, j);
+  } else {
+#pragma omp simd
+    for (int64_t j = begin; j < end; ++j) op(r, j);
+  }
+}
+
+// Lanes of the loop of an op: the compiler's choice, except for the ops without a prox formula in
+// the AVX-512 variant, which run 256-bit vectors. Those updates (cv_step, control_update,
+// normalized_delta, box_tensor, the scale passes) take at most 3 arithmetic instructions per
+// element, far below what the memory allows at either width, and on the dev machine's Zen 4 the
+// 512-bit loops of the 3-stream ones ran ~15 % slower than the same loop with 256-bit vectors
+// (cv_step, 1 thread, fastest of 20-100 calls: 6.0-7.5 ms against 5.2-5.5 ms; torch's
+// x.addcmul_(g, c) on the same buffers 5.1-6.5 ms). Same operations at either width: same bits.
+template <class Op, bool Prox>
+constexpr int loop_lanes() {
+#if defined(__AVX512F__)
+  return Prox ? 0 : static_cast<int>(32 / sizeof(typename Op::T));
+#else
+  return 0;
+#endif
+}
+
+template <class Op, int Lanes = 0>
 void cpu_for_each(const Op& op, int64_t rows, int64_t cols) {
   const int nt = threads_for(rows * cols);
+  if constexpr (StreamedOutput<Op>::value) {
+    const int64_t z_bytes = rows * cols * static_cast<int64_t>(sizeof(*op.z.p));
+    if (!cpu_split_rows(rows, cols) && z_bytes >= kStreamMinBytes) return cpu_for_each_streamed(op, rows, cols, nt);
+  }
   if (cpu_split_rows(rows, cols)) {
     // Short rows ([N, small d] stacks): whole rows per thread. Splitting a 10-element row across
     // threads costs a work-sharing construct per row and puts neighbours on one cache line.
@@ -27,10 +132,7 @@ void cpu_for_each(const Op& op, int64_t rows, int64_t cols) {
     {
       const Op local = op;  // a private copy: its scalars cannot alias the buffers being written
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
-#pragma omp simd
-        for (int64_t j = 0; j < cols; ++j) local(r, j);
-      }
+      for (int64_t r = 0; r < rows; ++r) simd_columns<Lanes>(local, r, 0, cols);
     }
     return;
   }
@@ -38,10 +140,7 @@ void cpu_for_each(const Op& op, int64_t rows, int64_t cols) {
   {
     const Op local = op;  // a private copy: its scalars cannot alias the buffers being written
     const ColumnShare share = cpu_column_share(cols, omp_get_thread_num(), omp_get_num_threads());
-    for (int64_t r = 0; r < rows; ++r) {
-#pragma omp simd
-      for (int64_t j = share.begin; j < share.end; ++j) local(r, j);
-    }
+    for (int64_t r = 0; r < rows; ++r) simd_columns<Lanes>(local, r, share.begin, share.end);
   }
 }
 
@@ -73,11 +172,12 @@ double chunk_sum(const Term& term, int64_t r, int64_t k, int64_t cols) {
   return live > 0 ? lanes[0] : 0.0;
 }
 
+template <bool Prox>
 struct CpuRun {
   const Launch& L;
   template <class Op>
   void operator()(const Op& op) const {
-    cpu_for_each(op, L.rows, L.cols);
+    cpu_for_each<Op, loop_lanes<Op, Prox>()>(op, L.rows, L.cols);
   }
 };
 
@@ -86,7 +186,7 @@ struct CpuRun {
 #define FK_DEFINE_CPU(name, Args, Op, prox)              \
   void name(const Launch& L, const Args& a) {            \
     if (L.rows * L.cols == 0) return;                    \
-    dispatch_op<Op, prox>(L, a, CpuRun{L});              \
+    dispatch_op<Op, prox>(L, a, CpuRun<prox>{L});        \
   }
 FK_ELEMENTWISE_OPS(FK_DEFINE_CPU)
 #undef FK_DEFINE_CPU
