@@ -106,33 +106,11 @@ def __getattr__(name):
 
 
 def _app(folder: str, config: dict) -> str:
-    app = os.path.join(folder, "pa-breakdown-app")
-    os.makedirs(app, exist_ok=True)
-    lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in config.items())
-    with open(os.path.join(app, "pyproject.toml"), "w") as f:
-        f.write(f"""[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
+    from python_algos.deploy.app_project import write_app_project
 
-[project]
-name = "pa-breakdown-app"
-version = "1.0.0"
-description = "run --flower with timed client handlers"
-license = "Apache-2.0"
-dependencies = []
-
-[tool.flwr.app]
-publisher = "python-algos"
-
-[tool.flwr.app.components]
-serverapp = "python_algos.experiments.flower_app:serverapp"
-clientapp = "bench.flower_breakdown:clientapp"
-
-[tool.flwr.app.config]
-{lines}
-result-dir = ""
-""")
-    return app
+    return write_app_project(folder, "pa-breakdown-app", "run --flower with timed client handlers",
+                             "python_algos.experiments.flower_app:serverapp", "bench.flower_breakdown:clientapp",
+                             {**config, "result-dir": ""})
 
 
 def run_ours(rounds: int, folder: str) -> list:

@@ -115,38 +115,13 @@ def __getattr__(name):  # the apps are built on first use (Flower imports this m
 
 def _write_app(folder: str, nodes: int, per_round: int, rounds: int, arrays: int, dim: int, seed: int,
                timing_file: str = "") -> str:
-    app = os.path.join(folder, "pa-floor-app")  # Flower's rule: the folder name is a valid app name
-    os.makedirs(app, exist_ok=True)
-    with open(os.path.join(app, "pyproject.toml"), "w") as f:
-        f.write(f"""[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
+    from python_algos.deploy.app_project import write_app_project  # here: the echo app itself imports no torch
 
-[project]
-name = "pa-floor-app"
-version = "1.0.0"
-description = "Flower's floor: an echo ClientApp"
-license = "Apache-2.0"
-dependencies = []
-
-[tool.flwr.app]
-publisher = "python-algos"
-
-[tool.flwr.app.components]
-serverapp = "bench.flower_floor:serverapp"
-clientapp = "bench.flower_floor:clientapp"
-
-[tool.flwr.app.config]
-nodes = {int(nodes)}
-per-round = {int(per_round)}
-rounds = {int(rounds)}
-arrays = {int(arrays)}
-dim = {int(dim)}
-seed = {int(seed)}
-timing-file = {json.dumps(timing_file)}
-result-dir = ""
-""")
-    return app
+    return write_app_project(folder, "pa-floor-app", "Flower's floor: an echo ClientApp",
+                             "bench.flower_floor:serverapp", "bench.flower_floor:clientapp",
+                             {"nodes": int(nodes), "per-round": int(per_round), "rounds": int(rounds),
+                              "arrays": int(arrays), "dim": int(dim), "seed": int(seed), "timing-file": timing_file,
+                              "result-dir": ""})
 
 
 def run_floor(nodes: int, per_round: int, rounds: int, arrays: int, dim: int, seed: int = 0,

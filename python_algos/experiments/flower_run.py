@@ -50,6 +50,7 @@ import fedkernels as fk
 
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients import resolve_executor
+from ..deploy.app_project import write_app_project
 from ..deploy.flower_server import check_checkpoint, server_setup
 from ..deploy.local import DeploymentError, LocalDeployment, stop_signals_held
 from ..deploy.nodes import ServerClients, check_no_node_state, server_state
@@ -201,40 +202,13 @@ def _python_path() -> str:
 
 def _write_app(folder: str, config_path: str, threads: int, round_timeout: float) -> str:
     """A Flower app folder whose components are :mod:`.flower_app`, configured with the run's Config."""
-    app = os.path.join(folder, "pa-run-app")  # Flower's rule: the folder name is a valid app name
-    os.makedirs(app, exist_ok=True)
-    with open(os.path.join(app, "pyproject.toml"), "w") as f:
-        f.write(f"""[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "pa-run-app"
-version = "1.0.0"
-description = "python -m python_algos run --flower"
-license = "Apache-2.0"
-dependencies = []
-
-[tool.flwr.app]
-publisher = "python-algos"
-
-[tool.flwr.app.components]
-serverapp = "python_algos.experiments.flower_app:serverapp"
-clientapp = "python_algos.experiments.flower_app:clientapp"
-
-[tool.flwr.app.config]
-config-path = {json.dumps(config_path)}
-threads = {int(threads)}
-round-timeout = {float(round_timeout)}
-connect-timeout = {CONNECT_TIMEOUT}
-result-dir = ""
-checkpoint = ""
-resume = false
-points-dir = ""
-run-key = ""
-recorded-config = ""
-""")
-    return app
+    return write_app_project(folder, "pa-run-app", "python -m python_algos run --flower",
+                             "python_algos.experiments.flower_app:serverapp",
+                             "python_algos.experiments.flower_app:clientapp",
+                             {"config-path": config_path, "threads": int(threads),
+                              "round-timeout": float(round_timeout), "connect-timeout": CONNECT_TIMEOUT,
+                              "result-dir": "", "checkpoint": "", "resume": False, "points-dir": "", "run-key": "",
+                              "recorded-config": ""})
 
 
 def _metric_rows(prep: PreparedRun, records: list, points: RoundFiles, diverged: Optional[str],
