@@ -8,16 +8,14 @@ Slow (Flower starts one ClientApp process per message): marked ``slow``.
 from __future__ import annotations
 
 import os
-import sys
-import warnings
 
 import pytest
-import tomllib
 import torch
 
 pytest.importorskip("flwr", reason='Flower is not installed: pip install ".[flower]"')
 
-import python_algos as pa  # noqa: E402
+import _example_app as example_app  # noqa: E402
+
 from python_algos.deploy.local import DeploymentError, LocalDeployment  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,19 +23,8 @@ APP = os.path.join(ROOT, "examples", "flower_app")
 pytestmark = pytest.mark.slow
 
 
-def _task():
-    sys.path.insert(0, APP)
-    try:
-        from pa_flower_app import task
-    finally:
-        sys.path.remove(APP)
-    return task
 
 
-def _config(**over):
-    with open(os.path.join(APP, "pyproject.toml"), "rb") as f:
-        cfg = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
-    return {**cfg, **over}
 
 
 def _env():
@@ -45,15 +32,6 @@ def _env():
     return {"PYTHONPATH": path}
 
 
-def _simulate(cfg):
-    task = _task()
-    s = task.settings(cfg)
-    data = [task.load_data(cfg)(i, None) for i in range(s["num_clients"])]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return pa.simulate(task.algorithm(cfg), task.model_fn(cfg)(), task.loss, data, s["rounds"], s["regularizer"],
-                           batch_size=s["batch_size"], seed=s["seed"], clients_per_round=s["clients_per_round"],
-                           metrics_every=0)
 
 
 def _close(got, want):
@@ -65,15 +43,16 @@ def _close(got, want):
 # every message, and an idle SuperNode polls every 3 s), so the three algorithms run at the same time
 # on one deployment: each node handles the runs' messages in turn.
 def test_local_deployment_equals_simulate():
-    cfgs = {a: _config(rounds=2, **{"num-clients": 2, "algorithm": a}) for a in ("fedcanon", "za1", "fednmap")}
+    cfgs = {a: example_app.config(rounds=2, **{"num-clients": 2, "algorithm": a})
+            for a in ("fedcanon", "za1", "fednmap")}
     with LocalDeployment(2, env=_env()) as dep:
         runs = {a: dep.start_run(APP, cfg) for a, cfg in cfgs.items()}
         got = {a: run.wait(timeout=400) for a, run in runs.items()}
         started = dep.procs.copy()
     for a, cfg in cfgs.items():
-        want = _simulate(cfg)
+        want = example_app.simulate(cfg)
         assert _close(got[a]["params"], want.params), a
-        assert not torch.equal(got[a]["params"], _task().model_fn(cfg)().weight.detach().reshape(-1))
+        assert not torch.equal(got[a]["params"], example_app.task().model_fn(cfg)().weight.detach().reshape(-1))
     assert all(p.poll() is not None for p in started.values())
 
 
@@ -88,7 +67,7 @@ def test_a_killed_supernode_stops_the_run_naming_the_client_and_the_run_resumes_
     server = tmp_path / "server.pt"
     # round-timeout: long enough for a round on a slow or loaded 2-core machine (each message starts a
     # ClientApp process: ~5 s of imports there), since the dead node is found only when it runs out
-    cfg = _config(rounds=3, **{"num-clients": 3, "round-timeout": 45.0, "algorithm": "scaffold",
+    cfg = example_app.config(rounds=3, **{"num-clients": 3, "round-timeout": 45.0, "algorithm": "scaffold",
                                "clients-per-round": 2, "checkpoint": str(server)})
     # watch_nodes=False: the server must find the dead node itself (its round timeout)
     with LocalDeployment(3, env=_env(), node_config={"state-dir": str(tmp_path / "nodes")},
@@ -107,6 +86,6 @@ def test_a_killed_supernode_stops_the_run_naming_the_client_and_the_run_resumes_
         dep.start_node(2)
         got = dep.run(APP, {**cfg, "resume": True}, timeout=400)
         groups = dict(dep.procs)
-    assert _close(got["params"], _simulate(cfg).params)
+    assert _close(got["params"], example_app.simulate(cfg).params)
     assert [m["round"] for m in got["metrics"]] == [1, 2, 3]
     assert [p for p in groups.values() if p.poll() is None] == []

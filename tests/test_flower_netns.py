@@ -17,15 +17,14 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 
 import pytest
-import tomllib
 import torch
 
 pytest.importorskip("flwr", reason='Flower is not installed: pip install ".[flower]"')
 
-import python_algos as pa  # noqa: E402
+import _example_app as example_app  # noqa: E402
+
 from python_algos.deploy import credentials  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,30 +35,10 @@ NODES = 3
 pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 
-# -- the example app and its one-process reference (as tests/test_flower_deploy.py builds them) ------
-def _task():
-    sys.path.insert(0, APP)
-    try:
-        from pa_flower_app import task
-    finally:
-        sys.path.remove(APP)
-    return task
 
 
-def _config(**over):
-    with open(os.path.join(APP, "pyproject.toml"), "rb") as f:
-        return {**tomllib.load(f)["tool"]["flwr"]["app"]["config"], **over}
 
 
-def _simulate(cfg):
-    task = _task()
-    s = task.settings(cfg)
-    data = [task.load_data(cfg)(i, None) for i in range(s["num_clients"])]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return pa.simulate(task.algorithm(cfg), task.model_fn(cfg)(), task.loss, data, s["rounds"], s["regularizer"],
-                           batch_size=s["batch_size"], seed=s["seed"], clients_per_round=s["clients_per_round"],
-                           metrics_every=0)
 
 
 # -- two network namespaces joined by a veth pair ------------------------------------------------------
@@ -256,7 +235,7 @@ def test_superlink_and_supernodes_in_separate_network_namespaces_equal_simulate(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, APP, os.environ.get("PYTHONPATH", "")]),
            "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
     cli_home = _flwr_home(str(tmp_path / "cli-home"), creds)
-    cfg = _config(rounds=2, **{"num-clients": NODES, "clients-per-round": 2, "algorithm": "scaffold",
+    cfg = example_app.config(rounds=2, **{"num-clients": NODES, "clients-per-round": 2, "algorithm": "scaffold",
                                "round-timeout": 120.0})
     procs = Processes(str(tmp_path), env, [server, clients])
     try:
@@ -271,6 +250,6 @@ def test_superlink_and_supernodes_in_separate_network_namespaces_equal_simulate(
         procs.close()
     assert [n for n in (server, clients) if _netns_pids(n)] == []
     got = torch.load(tmp_path / "result" / "result.pt", weights_only=True)
-    want = _simulate(cfg).params
+    want = example_app.simulate(cfg).params
     assert float((got["params"] - want).abs().max()) <= 1e-10 * (1 + float(want.abs().max()))
-    assert not torch.equal(got["params"], _task().model_fn(cfg)().weight.detach().reshape(-1))
+    assert not torch.equal(got["params"], example_app.task().model_fn(cfg)().weight.detach().reshape(-1))
