@@ -204,3 +204,14 @@ def test_an_installed_package_registers_its_algorithm_by_name(lab, capsys):
     assert main(["run", "-a", "proxavgm", *OWN[2:], *COMMON, "--out", "plugin"]) == 0
     assert main(["run", *OWN, *COMMON, "--out", "one"]) == 0
     assert torch.equal(_params(lab / "plugin"), _params(lab / "one"))
+
+
+@pytest.mark.slow
+def test_an_optuna_search_over_the_users_own_field(lab):
+    pytest.importorskip("optuna")
+    assert main(["sweep", "-a", "mylab:ProxAvgM", "--optuna", "2", "--space", "momentum=float:0:0.9", *OWN[4:],
+                 *COMMON, "--out", "search"]) == 0
+    summaries = [read_summary(d) for d, _, fs in os.walk(lab / "search") if "summary.json" in fs and "seed-" in d]
+    assert len(summaries) == 2 and all(s["status"] == "completed" for s in summaries)
+    assert all(0 <= s["hparams"]["momentum"] <= 0.9 for s in summaries)
+    assert all(os.sep + "mylab-ProxAvgM" + os.sep in d for d, _, fs in os.walk(lab / "search") if "seed-" in d)

@@ -32,7 +32,7 @@ import threading
 from typing import Callable, Dict, Optional, Sequence
 
 from ..runfolder.folder import check_group_start, open_group_folder
-from ..runfolder.records import SUMMARY, read_summary
+from ..runfolder.records import SUMMARY, read_summary, run_folder_name
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
@@ -281,7 +281,7 @@ def _start_study(cfg: Config, algorithms, space: dict, trials: int, seeds: list,
     for a in algorithms:  # data, model and folder checks before anything is written
         base = plan_point(cfg, a, {}, alg_opts)
         if base["config"] is not None:
-            prepare_run(base["config"], os.path.join(out_dir, a, "check"), replace=False)
+            prepare_run(base["config"], os.path.join(out_dir, run_folder_name(a), "check"), replace=False)
             break
     open_group_folder(out_dir, SWEEP_FILE, {
         "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": {}, "space": space, "optuna": trials,
@@ -317,7 +317,7 @@ def _evaluate(optuna, study, number: int, point: dict, cfg: Config, algorithm: s
         _tell(optuna, study, number, TS.PRUNED, None, f"{_RULE}: {plan['skip']}")
         log(f"{head}: pruned ({plan['skip']})")
         return
-    d = os.path.join(out_dir, algorithm, plan["name"])
+    d = os.path.join(out_dir, run_folder_name(algorithm), plan["name"])
     tasks = [{"dir": os.path.join(d, SEED_DIR.format(s)), "config": c.to_dict(), "label": algorithm,
               "tensorboard": tensorboard} for s, c in seed_configs(plan["config"], seeds, reseed_data)]
     todo = [t for t in tasks if finished_run(t["dir"], t["config"]["rounds"]) is None]
