@@ -222,7 +222,7 @@ def _run_rounds(prep: PreparedRun, cbs: list, eval_fn, executor: str, executor_o
 
 
 def _status(status: dict) -> str:
-    """summary.json's status of a run that ended with ``status`` (:func:`_run_rounds`)."""
+    """The run summary's status (``records.SUMMARY``) of a run that ended with ``status`` (:func:`_run_rounds`)."""
     if status["interrupted"]:
         return "interrupted"
     return "diverged" if status["diverged"] else "stopped" if status["stopped"] else "completed"

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from ...algorithms.registry import installed_algorithms_text, markdown_table
 from ...runfolder.files import read_json_object
 from ...runfolder.folder import unused_claims_removed
-from ...runfolder.records import COMPARISON
+from ...runfolder.records import COMPARISON, SUMMARY
 from ...runfolder.signals import exit_code, terminate_as_interrupt
 from .. import launch
 from ..compare import compare_experiments, comparison_table, verdict_line
@@ -278,7 +278,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except Interrupted as e:  # Ctrl-C during a run: its summary is written
             if launch.is_main():
                 print(f"\ninterrupted: {e.summary['message']}; the summary so far is in "
-                      f"{os.path.join(e.summary['out_dir'], 'summary.json')}\nresume with: "
+                      f"{os.path.join(e.summary['out_dir'], SUMMARY)}\nresume with: "
                       f"{e.summary['resume_command']}", file=sys.stderr)
             launch.leave_interrupted(exit_code(e))
             return exit_code(e)
