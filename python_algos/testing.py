@@ -39,7 +39,7 @@ from .clients.base import seeds
 from .clients.sequential import SequentialClients
 from .simulate import simulate
 
-__all__ = ["check_algorithm", "AlgorithmCheckError"]
+__all__ = ["check_algorithm", "AlgorithmCheckError", "one_client_at_a_time", "ProgramError"]
 
 N_CLIENTS, DIM, SAMPLES, BATCH, SEED, ROUNDS = 6, 10, 15, 5, 11, 4
 
@@ -164,46 +164,58 @@ def _states_of_simulate(alg, fed, reg, k) -> list:
     return states
 
 
-def _one_client_at_a_time(alg, fed, reg, k, failures) -> list:
-    """The programs as a deployment drives them: each client on its own 1-row stacks and copies,
-    the uploads averaged here, the server program once a round."""
-    clients = _clients(fed)
-    clients.set_participation(k, SEED)
-    server_rng = torch.Generator().manual_seed(seeds(SEED, 1, stream=1)[0])  # simulate's server generator
-    msgs, states = alg.messages(), []
+class ProgramError(AssertionError):
+    """The client or server program broke a rule a deployment relies on (what it sends, or the
+    clients' copies of replicated state drifting apart)."""
+
+
+def one_client_at_a_time(alg, clients, reg, rounds: int, *, clients_per_round: Optional[int] = None,
+                         seed: int = 0) -> list:
+    """The programs of the server–client ``alg`` driven as a deployment drives them: each client on
+    its own 1-row stacks and its own copies of replicated state, the uploads averaged here, the
+    server program once a round (``simulate``'s participant draw and server generator for ``seed``).
+    Returns the state after every round (copies, as dicts); raises :class:`ProgramError` when a
+    program sends other messages than it declares or the clients' copies disagree."""
+    clients.set_participation(clients_per_round, seed)
+    server_rng = torch.Generator().manual_seed(seeds(seed, 1, stream=1)[0])  # simulate's server generator
+    msgs, states, n = alg.messages(), [], clients.num_clients
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
+        alg.validate(reg)
         state = alg.init(clients.flat.params.detach().clone(), clients)
         fields = type(state).client_fields
         copies = [{f: getattr(state, f).clone() for f in getattr(type(state), "client_copies", ())
-                   if getattr(state, f) is not None} for _ in range(N_CLIENTS)]
-        for _ in range(ROUNDS):
+                   if getattr(state, f) is not None} for _ in range(n)]
+        for _ in range(rounds):
             ids = clients.participants() if alg.partial_participation else None
-            part = list(range(N_CLIENTS)) if ids is None else ids.tolist()
+            part = list(range(n)) if ids is None else ids.tolist()
 
             def node(i, st):
                 return st._replace(**{f: getattr(st, f)[i:i + 1] for f in fields}, **copies[i])
 
             down = alg.download(state, server_rng)
-            extra = {n for n, v in down.items() if isinstance(v, torch.Tensor)} - set(msgs.down)
+            extra = {m for m, v in down.items() if isinstance(v, torch.Tensor)} - set(msgs.down)
             if extra:
-                failures.append(f"download sends {sorted(extra)}, not declared in messages().down {msgs.down}")
-                return []
+                raise ProgramError(f"download sends {sorted(extra)}, not declared in messages().down {msgs.down}")
             ups = {}
             for i in part:
                 up = alg.client_update(node(i, state), down, clients, reg, torch.tensor([i]))
                 if set(up) != set(msgs.up):
-                    failures.append(f"client_update returns {sorted(up)}, messages().up declares {sorted(msgs.up)}")
-                    return []
-                ups[i] = {n: v.clone() for n, v in up.items()}
-            means = {n: sum(ups[i][n][0] for i in part) / (N_CLIENTS if n in msgs.up_over_all or ids is None
-                                                           else len(part)) for n in msgs.up}
+                    raise ProgramError(f"client_update returns {sorted(up)}, messages().up declares "
+                                       f"{sorted(msgs.up)}")
+                ups[i] = {m: v.clone() for m, v in up.items()}  # what node i sent
+            means = {m: sum(ups[i][m][0] for i in part) / (n if m in msgs.up_over_all or ids is None else len(part))
+                     for m in msgs.up}
             state, sent = alg.server_update(state, means, down, reg)
             if set(sent) != set(msgs.down):
-                failures.append(f"server_update sends {sorted(sent)}, messages().down declares {sorted(msgs.down)}")
-                return []
+                raise ProgramError(f"server_update sends {sorted(sent)}, messages().down declares "
+                                   f"{sorted(msgs.down)}")
             for i in part:
                 alg.client_receive(node(i, state), sent, ups[i], clients, reg, torch.tensor([i]))
+            for f, v in copies[part[0]].items():  # replicated client state: every client holds the same
+                if not all(torch.equal(c[f], v) for c in copies if c):
+                    raise ProgramError(f"the clients' copies of {f!r} differ after a round: it is not the same "
+                                       "on every client, so it is not client_copies state")
             state = state._replace(**copies[part[0]])
             states.append({f: (v.clone() if isinstance(v, torch.Tensor) else v) for f, v in state._asdict().items()})
     return states
@@ -212,12 +224,13 @@ def _one_client_at_a_time(alg, fed, reg, k, failures) -> list:
 def _check_programs(alg, fed, reg, k, failures) -> None:
     who = "all clients" if k is None else f"{k} clients per round"
     try:
-        got = _one_client_at_a_time(alg, fed, reg, k, failures)
+        got = one_client_at_a_time(alg, _clients(fed), reg, ROUNDS, clients_per_round=k, seed=SEED)
+    except ProgramError as e:
+        failures.append(str(e))
+        return
     except Exception as e:  # the user's programs: report where it broke
         failures.append(f"the client/server programs, one client at a time ({who}), raised "
                         f"{type(e).__name__}: {e}")
-        return
-    if not got:
         return
     want = _states_of_simulate(alg, fed, reg, k)
     for t, (a, b) in enumerate(zip(got, want), 1):

@@ -22,7 +22,7 @@ import fedkernels as fk
 import python_algos as pa
 from python_algos.algorithms.base import ServerClientAlgorithm
 from python_algos.algorithms.registry import ALGORITHMS, make
-from python_algos.clients.base import seeds
+from python_algos.testing import one_client_at_a_time
 
 VARIANTS = [(name, {}) for name in ALGORITHMS if name != "depositum"] + [
     ("fednmap", {"downlink": "z"}), ("fednmap", {"c_update_at": "round_end"}),
@@ -75,47 +75,11 @@ def _simulate(problem, alg, k):
 
 
 def _one_client_at_a_time(problem, alg, k):
-    """The programs driven as a deployment would: each client's programs on its own 1-row stacks,
-    the uploads averaged here (plain sums), the server program once per round."""
+    """The programs driven as a deployment would (python_algos.testing.one_client_at_a_time, the
+    battery users run on their own algorithms): each client's programs on its own 1-row stacks, the
+    uploads averaged there, the server program once per round."""
     clients = pa.SequentialClients(problem.model(), problem.loss, problem.data, batch_size=BATCH, seed=SEED)
-    clients.set_participation(k, SEED)
-    server_rng = torch.Generator().manual_seed(seeds(SEED, 1, stream=1)[0])  # simulate's server generator
-    n, msgs = clients.num_clients, alg.messages()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        alg.validate(REG)
-        state = alg.init(clients.flat.params.detach().clone(), clients)  # FedDR's uses the clients' gradients
-        fields, states = type(state).client_fields, []
-        # each node keeps its own copy of the client state that is replicated in a simulation
-        copies = [{f: getattr(state, f).clone() for f in getattr(type(state), "client_copies", ())
-                   if getattr(state, f) is not None} for _ in range(n)]
-        for _ in range(ROUNDS):
-            ids = clients.participants() if alg.partial_participation else None
-            part = list(range(n)) if ids is None else ids.tolist()
-
-            def node(i, st):  # client i's state: its own rows and copies; the server's fields as sent
-                return st._replace(**{f: getattr(st, f)[i:i + 1] for f in fields}, **copies[i])
-
-            down = alg.download(state, server_rng)
-            assert {name for name, v in down.items() if isinstance(v, torch.Tensor)} <= set(msgs.down)
-            ups = {}
-            for i in part:
-                up = alg.client_update(node(i, state), down, clients, REG, torch.tensor([i]))
-                assert set(up) == set(msgs.up)
-                ups[i] = {name: v.clone() for name, v in up.items()}  # what node i sent
-            means = {}
-            for name in msgs.up:
-                total = sum(ups[i][name][0] for i in part)
-                means[name] = total / (n if name in msgs.up_over_all or ids is None else len(part))
-            state, sent = alg.server_update(state, means, down, REG)
-            assert set(sent) == set(msgs.down)
-            for i in part:
-                alg.client_receive(node(i, state), sent, ups[i], clients, REG, torch.tensor([i]))
-            for f, v in copies[part[0]].items():  # the clients' copies agree; simulate keeps one
-                assert all(torch.equal(c[f], v) for c in copies if c), f
-            state = state._replace(**copies[part[0]])
-            states.append({f: (v.clone() if isinstance(v, torch.Tensor) else v) for f, v in state._asdict().items()})
-    return states
+    return one_client_at_a_time(alg, clients, REG, ROUNDS, clients_per_round=k, seed=SEED)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
