@@ -250,10 +250,15 @@ def _add_run_command(p: Parser, sub) -> None:
     r.add_argument("--round-timeout", type=_seconds, default=S, metavar="SECONDS", dest="round_timeout",
                    help="with --flower: seconds the server waits for a round's answers before it stops the run, "
                         "naming the client that did not answer (default 300; the run can then be resumed)")
-    r.add_argument("--replace", action="store_true", default=S,
-                   help="with --out or --name: replace the run already in that folder (all of it: metrics, "
-                        "checkpoints, TensorBoard events, figures); a folder holding other files is refused")
+    _add_replace_flag(r, "the run already in that folder (all of it: metrics, checkpoints, TensorBoard events, "
+                         "figures)")
     _add_config_flags(r, single=True)
+
+
+def _add_replace_flag(command, what: str) -> None:
+    """``--replace`` of a command that writes a folder: one rule for run, compare and sweep."""
+    command.add_argument("--replace", action="store_true", default=S,
+                         help=f"with --out or --name: replace {what}; a folder holding other files is refused")
 
 
 def _add_compare_command(p: Parser, sub) -> None:
@@ -268,9 +273,7 @@ def _add_compare_command(p: Parser, sub) -> None:
     c.add_argument("--workers", type=_workers, default=S, metavar="P",
                    help="run every algorithm on P local processes (torchrun ranks, clients split between them; "
                         "see docs/scaling-out.md); under torchrun, the ranks are torchrun's")
-    c.add_argument("--replace", action="store_true", default=S,
-                   help="with --out or --name: replace the comparison already in that folder (all its runs, records "
-                        "and figures); a folder holding other files is refused")
+    _add_replace_flag(c, "the comparison already in that folder (all its runs, records and figures)")
     _add_config_flags(c, single=False)
 
 
@@ -293,9 +296,7 @@ def _add_sweep_command(p: Parser, sub) -> None:
     w.add_argument("--space", type=_kv_text, action="append", default=S, dest="space_items", metavar="KEY=SPEC",
                    help="with --optuna: a key and its range: log:1e-3:1 (log-uniform), float:0:1, int:1:20, "
                         "intlog:1:64, or a list a,b,c (a choice); a config file's [space] table holds the same")
-    w.add_argument("--replace", action="store_true", default=S,
-                   help="with --out or --name: replace the sweep already in that folder (every point's runs, "
-                        "records and figures); a folder holding other files is refused")
+    _add_replace_flag(w, "the sweep already in that folder (every point's runs, records and figures)")
     w.add_argument("--jobs", type=_jobs, default=S, metavar="P",
                    help="worker processes running points in parallel (default 1: one after another in this process); "
                         "with --optuna, a trial's seeds run in parallel and trials one after another")
