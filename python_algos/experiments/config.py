@@ -320,7 +320,10 @@ def _registry(key: str):
         if key == "reg" and isinstance(v, str) and v.lower() == "group_lasso":
             return ("group_lasso needs a parameter's shape (its rows or columns are the groups): give it per "
                     "parameter, e.g. --reg-param 'net.0.weight=group_lasso,lam=0.01,groups=cols'")
-        valid = algorithm_names() if key == "algorithm" else names  # with those of installed packages
+        if isinstance(v, str) and v.lower() in names:
+            return None
+        # not a built-in: the names installed packages register (read only now: it scans the installed packages)
+        valid = algorithm_names() if key == "algorithm" else names
         if not isinstance(v, str) or v.lower() not in valid:
             return f"unknown {key}; valid: {', '.join(valid)}" + (
                 " or your own class as package.module:Class" if key in ("reg", "algorithm") else "")
