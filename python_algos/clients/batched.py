@@ -306,12 +306,15 @@ class BatchedClients(ClientSet):
         return min(fit, len(lengths) / len(groups))
 
     # -- client-local work ------------------------------------------------------------------------
-    def _batch_indices(self, clients: list) -> list:
+    def _batch_indices(self, clients: list):
         """Per client, the global sample indices of this call's batch (drawing from the client's
         generator exactly as the sequential executor does: ``randperm(n_i)[:B]``). The
         permutations are drawn into client i's slot of one preallocated index vector laid out as
         ``X_all`` (``randperm(..., out=)`` consumes the generator as ``randperm`` does), and the
-        ``[:B]`` heads shifted to global indices by one gather for all clients."""
+        ``[:B]`` heads shifted to global indices by one gather for all clients.
+
+        Returns a ``[c, B]`` index block when every client draws ``B`` of its samples (the usual
+        minibatch call: no per-client tensors), else a list of ``c`` index vectors."""
         B = self.batch_size
         if B is None or any(B >= self.sizes[i] for i in clients):
             return self._batch_indices_mixed(clients)
@@ -328,7 +331,7 @@ class BatchedClients(ClientSet):
             pos = (start, start + torch.arange(B))  # slot starts [c, 1]; positions of the heads [c, B]
             if key is not None:
                 self._heads[key] = pos
-        return list(self._perm[pos[1]].add_(pos[0]).unbind(0))
+        return self._perm[pos[1]].add_(pos[0])
 
     def _batch_indices_mixed(self, clients: list) -> list:
         """:meth:`_batch_indices` when some clients take their whole data (``B`` None or ``>= n_i``)."""
@@ -370,7 +373,7 @@ class BatchedClients(ClientSet):
         self.grad_evals += len(clients)
         return G
 
-    def _gradients(self, X: torch.Tensor, G: torch.Tensor, batches: list, values: Optional[torch.Tensor],
+    def _gradients(self, X: torch.Tensor, G: torch.Tensor, batches, values: Optional[torch.Tensor],
                    longest: Optional[int] = None) -> float:
         """``G[j] <- gradient of client j's loss over batches[j]`` at ``X[j]`` (``X`` may be a
         stride-0 expanded vector); ``values[j]`` <- that loss if given. Returns the seconds spent in
@@ -380,7 +383,19 @@ class BatchedClients(ClientSet):
         function of each client's own batch), and a group runs in passes of at least two rows (a
         pass of one client is computed on a duplicated row: a lone matrix product may take a
         different kernel than a batched one). A batch longer than ``chunk`` samples (when samples
-        are not coupled) is split in pieces of ``chunk``, as the sequential executor splits it."""
+        are not coupled) is split in pieces of ``chunk``, as the sequential executor splits it.
+
+        ``batches``: a list of index vectors, or a ``[c, P]`` block (every batch ``P`` samples): the
+        same passes as its rows as a list would make (one group, never padded), without a Python
+        object per client."""
+        if isinstance(batches, torch.Tensor):
+            P = batches.shape[1]
+            if P <= self.chunk or self.coupled:
+                fb = 0.0
+                for part in _even_parts(range(batches.shape[0]), self._chunk_rows(P)):
+                    fb += self._pass(X, G, list(part), batches[part[0] : part[-1] + 1], P, values)
+                return fb
+            batches = list(batches.unbind(0))
         lengths = [int(b.numel()) for b in batches]
         longest = max(lengths) if longest is None else longest
         groups: dict[int, list] = {}
@@ -399,16 +414,20 @@ class BatchedClients(ClientSet):
                 fb += self._pass(X, G, part, [batches[j] for j in part], P, values)
         return fb
 
-    def _pass(self, X, G, rows_at: list, batches: list, P: int, values) -> float:
+    def _pass(self, X, G, rows_at: list, batches, P: int, values) -> float:
         """One vectorized pass: clients ``rows_at`` (rows of X / G), each batch padded to ``P``
-        samples with zero-weight copies of its first sample (only ever when samples are not coupled)."""
+        samples with zero-weight copies of its first sample (only ever when samples are not coupled).
+        ``batches``: a list of index vectors, or a ``[c, P]`` block of them."""
         c = len(batches)
+        block = isinstance(batches, torch.Tensor)
         if c == 1:  # see _gradients: never a one-row pass
-            rows_at, batches = rows_at * 2, batches * 2
+            rows_at, batches = rows_at * 2, (batches.expand(2, -1) if block else batches * 2)
         k = len(batches)
-        lengths = [int(b.numel()) for b in batches]
+        lengths = [P] * k if block else [int(b.numel()) for b in batches]
         R = self._rows_per_client(P)  # >= P: samples P.. R are gathered only to align the next client's
-        if all(b == P for b in lengths) and R == P:
+        if block:
+            idx = (batches if R == P else torch.cat([batches, batches[:, :1].expand(k, R - P)], 1)).reshape(-1)
+        elif all(b == P for b in lengths) and R == P:
             idx = torch.cat(batches)
         else:
             idx = torch.cat([torch.cat([b, b[:1].expand(R - b.numel())]) for b in batches])
