@@ -98,16 +98,16 @@ inline void prefetch_lines(const char* p, int64_t bytes) {
 // ---- forward: out[k, p] = sum_e W[k, e] * X[idx[p], e] ----------------------------------------
 
 // One S-sample x K-output block over all inputs. rows: the S sample rows; out: &out[k0, p0] (row
-// stride P). next (or nullptr): S rows to prefetch, a line per step, for the following block.
+// stride P). next[0 .. n_next): rows to prefetch for the following block, a line of each per step.
 template <class T, int S, int K>
-void forward_block(const T* w, int64_t inputs, const T* const* rows, T* out, int64_t P, const T* const* next) {
+void forward_block(const T* w, int64_t inputs, const T* const* rows, T* out, int64_t P, const T* const* next,
+                   int n_next) {
   using V = Vec<T>;
   constexpr int L = kLanes<T>;
   V acc[S][K] = {};
   const int64_t full = inputs / L * L;
   for (int64_t e = 0; e < full; e += L) {
-    if (next)
-      for (int s = 0; s < S; ++s) prefetch(next[s] + e);
+    for (int s = 0; s < n_next; ++s) prefetch(next[s] + e);
     V xv[S];
     for (int s = 0; s < S; ++s) xv[s] = load(rows[s] + e);
     for (int k = 0; k < K; ++k) {
@@ -129,7 +129,7 @@ void forward_block(const T* w, int64_t inputs, const T* const* rows, T* out, int
 }
 
 template <class T>
-using ForwardFn = void (*)(const T*, int64_t, const T* const*, T*, int64_t, const T* const*);
+using ForwardFn = void (*)(const T*, int64_t, const T* const*, T*, int64_t, const T* const*, int);
 
 // forward_block<T, s + 1, k + 1> at [s][k], for the partial blocks at the edges.
 template <class T, int S, int... Ks>
@@ -150,19 +150,22 @@ void forward_client(const T* w, const T* x, const int64_t* idx, const int64_t* n
     const int ns = static_cast<int>(P - p0 < kFwdSamples ? P - p0 : kFwdSamples);
     const T* rows[kFwdSamples];
     const T* next[kFwdSamples];
-    bool any_next = false;
+    int n_next = 0;
     for (int s = 0; s < kFwdSamples; ++s) {
       rows[s] = x + idx[p0 + (s < ns ? s : 0)] * inputs;
       // the rows of the next block: this client's, then the next client's first ones
       const int64_t q = p0 + kFwdSamples + s;
       const int64_t* src = q < P ? idx + q : (next_idx && q - P < P ? next_idx + (q - P) : nullptr);
-      next[s] = src ? x + *src * inputs : rows[0];
-      any_next = any_next || src;
+      if (src) next[n_next++] = x + *src * inputs;
     }
-    for (int64_t k0 = 0; k0 < outputs; k0 += kFwdOutputs) {
+    // The prefetches are spread over the output blocks (row s in block s mod blocks), so that they
+    // go out at about the rate the rows are consumed instead of in one burst.
+    const int64_t blocks = (outputs + kFwdOutputs - 1) / kFwdOutputs;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t k0 = b * kFwdOutputs;
       const int nk = static_cast<int>(outputs - k0 < kFwdOutputs ? outputs - k0 : kFwdOutputs);
-      table[ns - 1][nk - 1](w + k0 * inputs, inputs, rows, out + k0 * P + p0, P,
-                            k0 == 0 && any_next ? next : nullptr);
+      const int first = static_cast<int>(b * n_next / blocks), last = static_cast<int>((b + 1) * n_next / blocks);
+      table[ns - 1][nk - 1](w + k0 * inputs, inputs, rows, out + k0 * P + p0, P, next + first, last - first);
     }
   }
 }
@@ -171,15 +174,19 @@ void forward_client(const T* w, const T* x, const int64_t* idx, const int64_t* n
 
 // K outputs x C vector chunks from column e0, summed over the P rows in order p = 0, 1, ...
 // (C == 1 with tail > 0: one chunk of `tail` lanes). pf (or nullptr): P row pointers already offset
-// to the slab to prefetch, pf_bytes long each.
+// to the slab to prefetch, pf_bytes long each; this block prefetches rows pf_first, + pf_step, ...
 template <class T, int K, int C>
 void grad_block(const T* d, int64_t P, const T* const* rows, int64_t e0, int64_t tail, T* out, int64_t inputs,
-                const T* const* pf, int64_t pf_bytes) {
+                const T* const* pf, int64_t pf_bytes, int64_t pf_first, int64_t pf_step) {
   using V = Vec<T>;
   constexpr int L = kLanes<T>;
   V acc[K][C] = {};
+  int64_t pf_next = pf ? pf_first : P;
   for (int64_t p = 0; p < P; ++p) {
-    if (pf) prefetch_lines(reinterpret_cast<const char*>(pf[p]), pf_bytes);
+    if (p == pf_next) {
+      prefetch_lines(reinterpret_cast<const char*>(pf[p]), pf_bytes);
+      pf_next += pf_step;
+    }
     V xv[C];
     if (C == 1 && tail > 0) {
       xv[0] = load_part(rows[p] + e0, tail);
@@ -202,7 +209,7 @@ void grad_block(const T* d, int64_t P, const T* const* rows, int64_t e0, int64_t
 
 template <class T>
 using GradFn = void (*)(const T*, int64_t, const T* const*, int64_t, int64_t, T*, int64_t, const T* const*,
-                        int64_t);
+                        int64_t, int64_t, int64_t);
 
 template <class T, int K, int... Cs>
 constexpr std::array<GradFn<T>, sizeof...(Cs)> grad_row(std::integer_sequence<int, Cs...>) {
@@ -232,15 +239,21 @@ void grad_client(const T* d, const std::vector<const T*>& rows, const std::vecto
     const bool prefetching = !pf_src->empty();
     if (prefetching)
       for (int64_t p = 0; p < P; ++p) pf[p] = (*pf_src)[p] + pf_col;
-    for (int64_t k0 = 0; k0 < outputs; k0 += kGradOutputs) {
+    // spread over the output blocks: block b prefetches rows b, b + blocks, ...
+    const int64_t blocks = (outputs + kGradOutputs - 1) / kGradOutputs;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t k0 = b * kGradOutputs;
       const int nk = static_cast<int>(outputs - k0 < kGradOutputs ? outputs - k0 : kGradOutputs);
       const T* dk = d + k0 * P;
       T* ok = out + k0 * inputs;
-      const bool pf_now = prefetching && k0 == 0;
+      const T* const* pf_now = prefetching && chunks > 0 ? pf.data() : nullptr;
       if (chunks > 0)
-        table[nk - 1][chunks - 1](dk, P, rows.data(), e0, 0, ok, inputs, pf_now ? pf.data() : nullptr,
-                                  pf_cols * static_cast<int64_t>(sizeof(T)));
-      if (tail > 0) table[nk - 1][0](dk, P, rows.data(), e0 + chunks * L, tail, ok, inputs, nullptr, 0);
+        table[nk - 1][chunks - 1](dk, P, rows.data(), e0, 0, ok, inputs, pf_now,
+                                  pf_cols * static_cast<int64_t>(sizeof(T)), b, blocks);
+      if (tail > 0)
+        table[nk - 1][0](dk, P, rows.data(), e0 + chunks * L, tail, ok, inputs,
+                         prefetching && chunks == 0 ? pf.data() : nullptr, pf_cols * static_cast<int64_t>(sizeof(T)),
+                         b, blocks);
     }
   }
 }
