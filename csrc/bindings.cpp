@@ -193,9 +193,16 @@ PYBIND11_MODULE(_C, m) {
 
   // Gathered batched linear products (CPU only; fedkernels.raw.linear_gathered*): mat is W [c, o, i]
   // (forward) or D [c, o, P] (weight grad), out [c, o, P] or [c, o, i]; strides between clients.
-  m.def("linear_gathered", [](bool weight_grad, int dtype, int64_t c, int64_t o, int64_t i, int64_t P,
+  // Throws (writing nothing) if an entry of idx is outside [0, n).
+  m.def("linear_gathered", [](bool weight_grad, int dtype, int64_t c, int64_t o, int64_t i, int64_t P, int64_t n,
                               uintptr_t mat, int64_t mat_stride, uintptr_t x, uintptr_t idx, uintptr_t out,
                               int64_t out_stride) {
+    const int64_t* rows = reinterpret_cast<const int64_t*>(idx);
+    for (int64_t k = 0; k < c * P; ++k)
+      if (rows[k] < 0 || rows[k] >= n)
+        throw std::invalid_argument("idx must hold row numbers of X in [0, " + std::to_string(n) + "), got " +
+                                    std::to_string(rows[k]) + " at idx[" + std::to_string(k / P) + ", " +
+                                    std::to_string(k % P) + "]");
     GatherLinearArgs a;
     a.dtype = dtype;
     a.clients = c;

@@ -58,10 +58,11 @@ def _run(weight_grad, mat, X, idx, out, c, o, i, P) -> None:
     if c == 0:
         return
     # A single client's stride is never used; pass its block size so the kernel sees a valid layout.
-    ms = mat.stride(0) if c > 1 else mat[0].numel()
-    os_ = out.stride(0) if c > 1 else out[0].numel()
-    _C.linear_gathered(weight_grad, _DTYPE_CODES[X.dtype], c, o, i, P, mat.data_ptr(), ms, X.data_ptr(),
-                       idx.data_ptr(), out.data_ptr(), os_)
+    ms = mat.stride(0) if c > 1 else o * mat.shape[2]
+    os_ = out.stride(0) if c > 1 else o * out.shape[2]
+    # The kernel checks 0 <= idx < n (one pass over idx) before it writes anything.
+    _C.linear_gathered(weight_grad, _DTYPE_CODES[X.dtype], c, o, i, P, X.shape[0], mat.data_ptr(), ms,
+                       X.data_ptr(), idx.data_ptr(), out.data_ptr(), os_)
     torch._C._increment_version((out,))
 
 
@@ -71,7 +72,7 @@ def _check(mat_name, mat, X, idx, out, out_name, *, weight_grad):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     for name, t in named:
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             raise ValueError(f"{name} is on {t.device}: the gathered linear kernels run on CPU tensors only; on "
                              f"CUDA use torch.index_select (or X[idx]) and torch.bmm")
     for name, t in ((mat_name, mat), ("X", X), (out_name, out)):
@@ -85,13 +86,13 @@ def _check(mat_name, mat, X, idx, out, out_name, *, weight_grad):
     for name, t, dims in ((mat_name, mat, 3), ("X", X, 2), ("idx", idx, 2), (out_name, out, 3)):
         if t.dim() != dims:
             raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
-    (n, i), (c, P) = X.shape, idx.shape
+    i, (c, P) = X.shape[1], idx.shape
     o = mat.shape[1]
     mat_shape, out_shape = ((c, o, P), (c, o, i)) if weight_grad else ((c, o, i), (c, o, P))
-    if tuple(mat.shape) != mat_shape:
+    if mat.shape != mat_shape:
         raise ValueError(f"{mat_name} has shape {tuple(mat.shape)}, expected {mat_shape} (from idx [c, P] = "
                          f"{tuple(idx.shape)} and X [n, i] = {tuple(X.shape)})")
-    if tuple(out.shape) != out_shape:
+    if out.shape != out_shape:
         raise ValueError(f"{out_name} has shape {tuple(out.shape)}, expected {out_shape}")
     if not X.is_contiguous():
         raise ValueError("X must be contiguous (the sample matrix is read row by row in place)")
@@ -102,11 +103,6 @@ def _check(mat_name, mat, X, idx, out, out_name, *, weight_grad):
     V.not_tracked(out_name, out)
     if out.numel() > 0 and not _C.is_writable(out.data_ptr(), 1):
         raise ValueError(f"{out_name} is backed by read-only memory")
-    if idx.numel() > 0:
-        lo, hi = idx.min().item(), idx.max().item()
-        if lo < 0 or hi >= n:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"idx must hold row numbers of X in [0, {n}), got {bad}")
     for name, t in ((mat_name, mat), ("X", X), ("idx", idx)):
         if _overlap(out, t):
             raise ValueError(f"{out_name} shares memory with {name}; the output must not overlap an input")
@@ -115,22 +111,24 @@ def _check(mat_name, mat, X, idx, out, out_name, *, weight_grad):
 
 def _check_client_blocks(name: str, t: torch.Tensor) -> None:
     """Each client's [o, k] block contiguous; clients at least a block apart (any stride(0))."""
-    if t.shape[0] == 0:
+    c, o, k = t.shape
+    s0, s1, s2 = t.stride()
+    if c == 0 or o * k == 0:
         return
-    if not t[0].is_contiguous():
-        raise ValueError(f"{name} must have a contiguous [{t.shape[1]}, {t.shape[2]}] block per client (strides "
-                         f"(s, {t.shape[2]}, 1) with any s >= {t.shape[1] * t.shape[2]}), got strides {t.stride()}")
-    if t.shape[0] > 1 and t[0].numel() > 0 and t.stride(0) < t[0].numel():
-        raise ValueError(f"{name} has stride(0) = {t.stride(0)}, less than its per-client block of "
-                         f"{t[0].numel()} elements: the clients' blocks overlap")
+    if (o > 1 and s1 != k) or (k > 1 and s2 != 1):
+        raise ValueError(f"{name} must have a contiguous [{o}, {k}] block per client (strides (s, {k}, 1) with any "
+                         f"s >= {o * k}), got strides {t.stride()}")
+    if c > 1 and s0 < o * k:
+        raise ValueError(f"{name} has stride(0) = {s0}, less than its per-client block of {o * k} elements: the "
+                         f"clients' blocks overlap")
 
 
 def _blocks(t: torch.Tensor) -> tuple[int, int, int, int]:
     """Memory of t as `count` byte intervals [start + k * step, start + k * step + length)."""
+    size = t.element_size()
     if t.dim() == 3 and t.shape[0] > 1:
-        size = t.element_size()
-        return t.data_ptr(), t.stride(0) * size, t[0].numel() * size, t.shape[0]
-    return t.data_ptr(), 0, t.numel() * t.element_size(), 1
+        return t.data_ptr(), t.stride(0) * size, t.shape[1] * t.shape[2] * size, t.shape[0]
+    return t.data_ptr(), 0, t.numel() * size, 1
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
