@@ -167,7 +167,14 @@ void forward_client(const T* w, const T* x, const int64_t* idx, const int64_t* n
       const int64_t k0 = b * kFwdOutputs;
       const int nk = static_cast<int>(outputs - k0 < kFwdOutputs ? outputs - k0 : kFwdOutputs);
       const int first = static_cast<int>(b * n_next / blocks), last = static_cast<int>((b + 1) * n_next / blocks);
-      table[ns - 1][nk - 1](w + k0 * inputs, inputs, rows, out + k0 * P + p0, P, next + first, last - first);
+      const T* pf[kFwdSamples + kFwdOutputs];
+      int n_pf = 0;
+      for (int s = first; s < last; ++s) pf[n_pf++] = next[s];
+      // The first sample block also brings in the next output block's rows of W (o * i values per
+      // client: from o = 64 on, W comes from memory and its rows are read kFwdOutputs at a time).
+      if (p0 == 0)
+        for (int64_t k = k0 + kFwdOutputs; k < k0 + 2 * kFwdOutputs && k < outputs; ++k) pf[n_pf++] = w + k * inputs;
+      table[ns - 1][nk - 1](w + k0 * inputs, inputs, rows, out + k0 * P + p0, P, pf, n_pf);
     }
   }
 }
@@ -183,6 +190,14 @@ void grad_block(const T* d, int64_t P, const T* const* rows, int64_t e0, int64_t
   using V = Vec<T>;
   constexpr int L = kLanes<T>;
   V acc[K][C] = {};
+  // The output lines of the next slab of these K rows: each block writes short pieces of rows
+  // `inputs` apart, a pattern the hardware prefetchers miss, and for o >= 64 the output (o * i
+  // values per client) does not stay in L2, so the stores would wait for their lines.
+  const int64_t next_col = e0 + C * L;
+  if (next_col < inputs) {
+    const int64_t bytes = (inputs - next_col < C * L ? inputs - next_col : C * L) * static_cast<int64_t>(sizeof(T));
+    for (int k = 0; k < K; ++k) prefetch_lines(reinterpret_cast<const char*>(out + k * inputs + next_col), bytes);
+  }
   int64_t pf_next = pf ? pf_first : P;
   for (int64_t p = 0; p < P; ++p) {
     if (p == pf_next) {
