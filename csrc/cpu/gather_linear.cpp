@@ -2,7 +2,8 @@
 // kernels.cpp. The rows X[idx[j, p]] are read in place: they are scattered over a sample matrix far
 // larger than the caches, so each one comes from DRAM, and the loops prefetch the rows (or row
 // slabs) they will need next while computing with the current ones; a plain gather of random
-// 3 KiB rows runs at about half the bandwidth of a prefetched one.
+// 3 KiB rows runs at about half the bandwidth of a prefetched one. From o = 64 on, W (forward) and
+// the gradient (weight grad) no longer fit in L2 either, and their next lines are prefetched too.
 //
 // Both products are register-blocked on the widest vector of the variant (GCC vector extensions,
 // so one source serves every ISA). Each client is computed by one thread in one fixed order, so its
@@ -161,8 +162,8 @@ void forward_client(const T* w, const T* x, const int64_t* idx, const int64_t* n
       const int64_t* src = q < P ? idx + q : (next_idx && q - P < P ? next_idx + (q - P) : nullptr);
       if (src) next[n_next++] = x + *src * inputs;
     }
-    // The prefetches are spread over the output blocks (row s in block s mod blocks), so that they
-    // go out at about the rate the rows are consumed instead of in one burst.
+    // The prefetches are spread over the output blocks (each takes an even share of the next rows),
+    // so that they go out at about the rate the rows are consumed instead of in one burst.
     const int64_t blocks = (outputs + kFwdOutputs - 1) / kFwdOutputs;
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t k0 = b * kFwdOutputs;
