@@ -191,6 +191,37 @@ PYBIND11_MODULE(_C, m) {
     FK_RUN(group_scale, make_launch(dtype, device, stream, blocks * rows, cols), scale);
   });
 
+  // Gathered batched linear products (CPU only; fedkernels.raw.linear_gathered*): mat is W [c, o, i]
+  // (forward) or D [c, o, P] (weight grad), out [c, o, P] or [c, o, i]; strides between clients.
+  // Throws (writing nothing) if an entry of idx is outside [0, n).
+  m.def("linear_gathered", [](bool weight_grad, int dtype, int64_t c, int64_t o, int64_t i, int64_t P, int64_t n,
+                              uintptr_t mat, int64_t mat_stride, uintptr_t x, uintptr_t idx, uintptr_t out,
+                              int64_t out_stride) {
+    const int64_t* rows = reinterpret_cast<const int64_t*>(idx);
+    for (int64_t k = 0; k < c * P; ++k)
+      if (rows[k] < 0 || rows[k] >= n)
+        throw std::invalid_argument("idx must hold row numbers of X in [0, " + std::to_string(n) + "), got " +
+                                    std::to_string(rows[k]) + " at idx[" + std::to_string(k / P) + ", " +
+                                    std::to_string(k % P) + "]");
+    GatherLinearArgs a;
+    a.dtype = dtype;
+    a.clients = c;
+    a.outputs = o;
+    a.inputs = i;
+    a.samples = P;
+    a.mat = mat;
+    a.mat_stride = mat_stride;
+    a.x = x;
+    a.idx = idx;
+    a.out = out;
+    a.out_stride = out_stride;
+    py::gil_scoped_release release;
+    if (weight_grad)
+      linear_gathered_weight_grad_cpu(a);
+    else
+      linear_gathered_cpu(a);
+  });
+
   m.def("plan_prox", [](int kind, double step, double p1, double p2) {
     const ProxPlan p = plan_checked(kind, step, p1, p2);
     return std::make_tuple(p.impl, p.c0, p.c1, p.c2, p.c3, p.c4);

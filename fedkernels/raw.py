@@ -19,6 +19,7 @@ import torch
 
 from . import _validate as V
 from ._backend import _C, DTYPE_CODES, backend_for
+from ._gathered import linear_gathered, linear_gathered_weight_grad
 from .profiling import run_counted
 
 # Bumps autograd's version counter of tensors written here, as torch's own in-place ops do: a
@@ -42,6 +43,8 @@ __all__ = [
     "normal_map_step_",
     "za1_step_",
     "depositum_step_",
+    "linear_gathered",
+    "linear_gathered_weight_grad",
 ]
 
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "../dispatch.h"
+#include "gather_linear.h"
 
 #ifndef FK_CPU_ISA
 #define FK_CPU_ISA baseline
@@ -47,16 +48,22 @@ namespace baseline {
 FK_ELEMENTWISE_OPS(FK_DECLARE_ISA)
 FK_DECLARE_ISA(l2_ball_factors, SumSqArgs, unused, false)
 FK_DECLARE_ISA(group_lasso_factors, GroupSumSqArgs, unused, false)
+void linear_gathered(const GatherLinearArgs& a);
+void linear_gathered_weight_grad(const GatherLinearArgs& a);
 }  // namespace baseline
 namespace avx2 {
 FK_ELEMENTWISE_OPS(FK_DECLARE_ISA)
 FK_DECLARE_ISA(l2_ball_factors, SumSqArgs, unused, false)
 FK_DECLARE_ISA(group_lasso_factors, GroupSumSqArgs, unused, false)
+void linear_gathered(const GatherLinearArgs& a);
+void linear_gathered_weight_grad(const GatherLinearArgs& a);
 }  // namespace avx2
 namespace avx512 {
 FK_ELEMENTWISE_OPS(FK_DECLARE_ISA)
 FK_DECLARE_ISA(l2_ball_factors, SumSqArgs, unused, false)
 FK_DECLARE_ISA(group_lasso_factors, GroupSumSqArgs, unused, false)
+void linear_gathered(const GatherLinearArgs& a);
+void linear_gathered_weight_grad(const GatherLinearArgs& a);
 }  // namespace avx512
 #undef FK_DECLARE_ISA
 

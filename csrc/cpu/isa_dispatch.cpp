@@ -106,6 +106,23 @@ FK_DEFINE_DISPATCH(l2_ball_factors, SumSqArgs, unused, false)
 FK_DEFINE_DISPATCH(group_lasso_factors, GroupSumSqArgs, unused, false)
 #undef FK_DEFINE_DISPATCH
 
+#if defined(FK_HAVE_X86_VARIANTS)
+#define FK_DEFINE_GATHER_DISPATCH(name)                 \
+  void name##_cpu(const GatherLinearArgs& a) {          \
+    switch (isa()) {                                    \
+      case Isa::kAvx512: return avx512::name(a);        \
+      case Isa::kAvx2: return avx2::name(a);            \
+      default: return baseline::name(a);                \
+    }                                                   \
+  }
+#else
+#define FK_DEFINE_GATHER_DISPATCH(name) \
+  void name##_cpu(const GatherLinearArgs& a) { return baseline::name(a); }
+#endif
+FK_DEFINE_GATHER_DISPATCH(linear_gathered)
+FK_DEFINE_GATHER_DISPATCH(linear_gathered_weight_grad)
+#undef FK_DEFINE_GATHER_DISPATCH
+
 std::string cpu_isa() { return isa_name(isa()); }
 
 std::string cpu_isa_source() {
