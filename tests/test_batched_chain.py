@@ -78,13 +78,15 @@ def _net(make):
 
 
 @pytest.mark.parametrize("name", list(_models()))
-@pytest.mark.parametrize("batch_size", [BATCH, None], ids=["minibatch", "full"])
+@pytest.mark.parametrize("batch_size", [BATCH, 2, None], ids=["minibatch", "minibatch-every-client", "full"])
 def test_gradients_equal_sequential(name, batch_size):
+    """``batch_size=2`` is below every client's size: one [c, B] block of indices, never padded."""
     make, chain = _models()[name]
     clients = _clients()
     bc = BatchedClients(_net(make), F.cross_entropy, clients, batch_size=batch_size, seed=2, chunk_clients=3)
     sc = SequentialClients(_net(make), F.cross_entropy, clients, batch_size=batch_size, seed=2)
     assert (bc.chain is not None) == chain
+    assert bc.rows_in_place == chain  # the first layer reads the samples in place (fedkernels.raw.linear_gathered)
     torch.manual_seed(5)
     X = bc.new_stack(bc.flat.params.detach()) + 0.1 * torch.randn(len(clients), bc.dim, dtype=torch.float64)
     Gb, Gs = bc.new_stack(), sc.new_stack()

@@ -41,7 +41,7 @@ def _count_rows(cs):
     inner = cs._fwd_bwd
 
     def counting(rows_, xb, *args, **kw):
-        rows.append(int(xb.shape[0]))
+        rows.append(int(rows_.shape[0]))  # clients in the pass (xb may be every client's samples)
         return inner(rows_, xb, *args, **kw)
 
     cs._fwd_bwd = counting

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+import fedkernels as fk
+
 __all__ = ["LinearChain", "plan_chain"]
 
 _ACTS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid"}
@@ -43,20 +45,30 @@ class LinearChain:
         self.act_width = sum(lay[3] for lay in layers if lay[0] == "linear")
         self.first_linear = next(k for k, lay in enumerate(layers) if lay[0] == "linear")
 
+    def reads_rows_in_place(self) -> bool:
+        """Whether the first layer can read its samples straight from the clients' sample matrix
+        (``idx`` of :meth:`grads_`): the chain starts with a ``Linear`` layer, on CPU, where the
+        fused kernels ``fedkernels.raw.linear_gathered*`` replace the gather of every step's
+        batch (a copy of random rows from DRAM) and the first layer's two products."""
+        return self.layers[0][0] == "linear"
+
     def grads_(self, rows: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, w: torch.Tensor,
-               G: torch.Tensor) -> torch.Tensor:
+               G: torch.Tensor, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``G[j] <- d/dx sum_p w[j, p] * CE(model_{rows[j]}(xb[j, p]), yb[j, p])`` for every row j;
         returns those weighted losses ``[c]``. ``rows``, ``G``: ``[c, d]`` (rows of a stack);
-        ``xb``: ``[c, P, ...]``; ``yb``: ``[c, P]`` class indices; ``w``: ``[c, P]`` sample weights."""
-        c, P = xb.shape[0], xb.shape[1]
-        h = xb.reshape(c, P, self.in_features)  # samples x features (the gathered batch)
-        hT = h.transpose(1, 2)  # every later activation is kept features x samples: [c, f, P]
+        ``xb``: ``[c, P, ...]``; ``yb``: ``[c, P]`` class indices; ``w``: ``[c, P]`` sample weights.
+        With ``idx`` (``[c, P]`` row numbers; only when :meth:`reads_rows_in_place`), ``xb`` is the
+        ``[n, in_features]`` sample matrix and client j's samples are its rows ``idx[j]``."""
+        c, P = yb.shape
+        # every activation is kept features x samples, [c, f, P]; None: the samples read in place
+        hT = None if idx is not None else xb.reshape(c, P, self.in_features).transpose(1, 2)
         saved = []  # (layer, its input transposed) for the backward pass
         for lay in self.layers:
             if lay[0] == "linear":
                 _, ws, bs, o, i = lay
                 W = rows[:, ws : ws + o * i].view(c, o, i)
-                z = torch.bmm(W, hT, out=aligned(c, o, P, rows))
+                out = aligned(c, o, P, rows)
+                z = fk.raw.linear_gathered(W, xb, idx, out) if hT is None else torch.bmm(W, hT, out=out)
                 if bs is not None:
                     z.add_(rows[:, bs : bs + o].unsqueeze(2))
                 saved.append((lay, hT))
@@ -64,9 +76,9 @@ class LinearChain:
             else:
                 hT = _act_(lay[0], hT)
                 saved.append((lay, hT))
-        return self._backward(rows, saved, hT, yb, w, G)
+        return self._backward(rows, saved, hT, yb, w, G, (xb, idx))
 
-    def _backward(self, rows, saved, logitsT, yb, w, G):
+    def _backward(self, rows, saved, logitsT, yb, w, G, source):
         c = logitsT.shape[0]
         # cross-entropy per sample: -log_softmax at the label; d/dlogits = softmax - onehot
         lsm = torch.log_softmax(logitsT, dim=1)  # [c, K, P]
@@ -81,7 +93,10 @@ class LinearChain:
                 _act_grad_(lay[0], d, inT)
                 continue
             _, ws, bs, o, i = lay
-            torch.bmm(d, inT.transpose(1, 2), out=G[:, ws : ws + o * i].view(c, o, i))
+            if inT is None:  # the first layer, its samples read in place (grads_'s idx)
+                fk.raw.linear_gathered_weight_grad(d, *source, G[:, ws : ws + o * i].view(c, o, i))
+            else:
+                torch.bmm(d, inT.transpose(1, 2), out=G[:, ws : ws + o * i].view(c, o, i))
             if bs is not None:
                 torch.sum(d, 2, out=G[:, bs : bs + o])
             if k > self.first_linear:  # the input's gradient, unless no parameter comes before
