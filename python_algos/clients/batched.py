@@ -8,7 +8,9 @@ per-client gradients are written straight into the rows of ``G`` (one ``torch.ca
 Models that are a chain of ``Linear`` layers and elementwise activations under the cross-entropy
 (logistic regression, MLPs; recognised and checked against the model at construction,
 ``clients.chain``) skip ``torch.func``: their passes are explicit ``torch.bmm`` products writing each
-gradient into its slice of ``G`` (:mod:`.chain`), over small passes whose batch stays in cache.
+gradient into its slice of ``G`` (:mod:`.chain`); on CPU the first layer's two products read each
+step's random samples straight from the clients' data (``fedkernels.raw.linear_gathered``, with
+prefetch) instead of from a gathered copy of them.
 
 Same trajectory as the sequential executor. Each client draws its minibatch from its own
 generator, seeded by its global index, with the same call the sequential executor makes
