@@ -117,6 +117,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--rounds", type=int, default=50, help="timed calls of each path (default 50)")
     ap.add_argument("--threads", type=int, default=1, help="threads for torch and fedkernels (default 1)")
     args = ap.parse_args(argv)
+    for flag, v in (("--clients", args.clients), ("--batch", args.batch), ("--inputs", args.inputs),
+                    ("--rounds", args.rounds), ("--threads", args.threads), ("--o", min(args.o))):
+        if v < 1:
+            ap.error(f"{flag} must be >= 1, got {v}")
     if args.rows < args.clients * BLOCK:
         ap.error(f"--rows must be at least clients * {BLOCK} = {args.clients * BLOCK}")
     torch.set_num_threads(args.threads)
