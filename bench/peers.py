@@ -276,7 +276,9 @@ def _table_row(r: dict, ref: Optional[float], floor: float) -> str:
     over_floor = f"{r['s_per_round'] / (floor / r['procs']):.1f}×"
     no_dev = r["name"] == "fedkernels sequential" or r["rel_dev"] is None
     dev = "–" if no_dev else f"{r['rel_dev']:.1e} ({r['reference']})"
-    return f"| {r['name']} | {r['procs']} | {r['s_per_round']:.3f} | {ratio} | {over_floor} | {r['loss']:.4f} | {dev} |"
+    s = r["s_per_round"]
+    secs = f"{s:.4f}" if s < 0.1 else f"{s:.3f}"  # 3 significant digits down to 10 ms
+    return f"| {r['name']} | {r['procs']} | {secs} | {ratio} | {over_floor} | {r['loss']:.4f} | {dev} |"
 
 
 def render_markdown(res: dict) -> str:
