@@ -2,8 +2,10 @@
 // kernels.cpp. The rows X[idx[j, p]] are read in place: they are scattered over a sample matrix far
 // larger than the caches, so each one comes from DRAM, and the loops prefetch the rows (or row
 // slabs) they will need next while computing with the current ones; a plain gather of random
-// 3 KiB rows runs at about half the bandwidth of a prefetched one. From o = 64 on, W (forward) and
-// the gradient (weight grad) no longer fit in L2 either, and their next lines are prefetched too.
+// 3 KiB rows runs at about half the bandwidth of a prefetched one, and on 4 KiB pages every row
+// also costs a page walk (X on huge pages: forward ~20 % faster at o = 10). From o = 64 on, W
+// (forward) and the gradient (weight grad) no longer fit in L2 either, and their next lines are
+// prefetched too.
 //
 // The forward's dot products end in lane sums: they are folded in trees over the block's
 // accumulators (lane_sums), about 3 instructions per output instead of ~28 for a scalar sum of lanes
@@ -222,7 +224,8 @@ void forward_client(const T* w, const T* x, const int64_t* idx, const int64_t* n
       if (src) next[n_next++] = x + *src * inputs;
       // The first line of each row of the block after that: its page's translation is then ready
       // when the row's other lines are prefetched (a random row is a TLB miss on 4 KiB pages, and a
-      // page walk delays every prefetch behind it): forward 6-9 % faster at c = 80, o = 10.
+      // page walk delays every prefetch behind it): forward 6-9 % faster at c = 80, o = 10 on 4 KiB
+      // pages; no change with X on huge pages (fedkernels.raw.huge_page_copy), which is faster still.
       const int64_t q2 = q + kFwdSamples;
       const int64_t* src2 = q2 < P ? idx + q2 : (next_idx && q2 - P < P ? next_idx + (q2 - P) : nullptr);
       if (src2) prefetch_first_line(x + *src2 * inputs);
