@@ -2,7 +2,7 @@
 
     python -m bench.gather_linear                       # o = 10, 64, 128; c = 40, P = 32, i = 784
     python -m bench.gather_linear --o 10 --rounds 100 --threads 2
-    THP_MEM_ALLOC_ENABLE=1 python -m bench.gather_linear   # the sample matrix on huge pages
+    python -m bench.gather_linear --huge-pages          # the sample matrix on huge pages
 
 One call is one local step of c clients of a batched executor, each with a minibatch of P rows of
 a shared sample matrix X ([n, i] float32, n = 256,000 rows: 800 MB, far beyond the caches). Client
@@ -116,6 +116,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--rows", type=int, default=256_000, help="rows of X, n (default 256,000)")
     ap.add_argument("--rounds", type=int, default=50, help="timed calls of each path (default 50)")
     ap.add_argument("--threads", type=int, default=1, help="threads for torch and fedkernels (default 1)")
+    ap.add_argument("--huge-pages", action="store_true",
+                    help="X copied onto transparent huge pages (fedkernels.raw.huge_page_copy), as the executor does")
     args = ap.parse_args(argv)
     for flag, v in (("--clients", args.clients), ("--batch", args.batch), ("--inputs", args.inputs),
                     ("--rounds", args.rounds), ("--threads", args.threads), ("--o", min(args.o))):
@@ -127,8 +129,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     fk.set_num_threads(args.threads)
     info = machine_info()
     X = torch.randn(args.rows, args.inputs)
+    if args.huge_pages:
+        X = fk.raw.huge_page_copy(X)
     print(machine_line(info))
-    print(f"fedkernels CPU variant: {fk.backend_info().get('cpu_isa', '?')}; {_huge_pages()}")
+    print(f"fedkernels CPU variant: {fk.backend_info().get('cpu_isa', '?')}; {_huge_pages()}; "
+          f"--huge-pages: {args.huge_pages}")
     print(f"c={args.clients} P={args.batch} i={args.inputs} n={args.rows} float32, {args.threads} thread(s), "
           f"median of {args.rounds} alternated calls; ms per call")
     print("load average before: " + ", ".join(f"{x:.2f}" for x in info["loadavg"]))

@@ -226,6 +226,10 @@ class BatchedClients(ClientSet):
         # the chain's first layer reads every step's samples straight from X_all, no gathered copy
         # (fedkernels.raw.linear_gathered: CPU only; faster than gather + bmm at 10 to 128 outputs)
         self.rows_in_place = self.chain is not None and self.device.type == "cpu" and self.chain.reads_rows_in_place()
+        if self.rows_in_place:
+            # on huge pages: the random rows of every step then cost no page walk each (1,000-client
+            # logistic regression: forward product ~20 % faster); the old copy is freed
+            self.X_all = fk.raw.huge_page_copy(self.X_all)
         self._X_rows = self.X_all.reshape(self.X_all.shape[0], -1) if self.rows_in_place else None
         self._gbuf = None
 
