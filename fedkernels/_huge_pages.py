@@ -2,10 +2,12 @@
 
 Kernels that read rows at random from a large sample matrix (``fedkernels.raw.linear_gathered``)
 take a TLB miss, and a page walk, for nearly every row on 4 KiB pages; on 2 MiB pages the rows of
-a whole client's data share a few translations. ``huge_page_copy`` copies the matrix once into an
-anonymous mapping advised with ``MADV_HUGEPAGE`` (which takes effect when the system's setting,
+a whole client's data share a few translations. ``huge_page_empty`` gives an uninitialised tensor in
+an anonymous mapping advised with ``MADV_HUGEPAGE`` (which takes effect when the system's setting,
 ``/sys/kernel/mm/transparent_hugepage/enabled``, is ``always`` or ``madvise``): the memory is then
-faulted in as huge pages by the copy itself. Elsewhere it is a plain contiguous copy.
+faulted in as huge pages by whatever first writes it (``torch.cat(..., out=)``, a copy).
+``huge_page_copy`` is that plus a copy. Elsewhere (no ``MADV_HUGEPAGE``) they are ``torch.empty`` and
+a plain contiguous copy.
 """
 
 from __future__ import annotations
@@ -14,30 +16,37 @@ import mmap
 
 import torch
 
-__all__ = ["huge_page_copy"]
+__all__ = ["huge_page_empty", "huge_page_copy"]
 
 HUGE_PAGE = 2 << 20  # bytes: the x86-64 and arm64 (4 KiB base page) transparent huge page
 
 
-def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of the CPU tensor ``t``, on transparent huge pages where the system allows.
+def huge_page_empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised contiguous CPU tensor of ``shape`` and ``dtype``, on transparent huge pages where
+    the system allows (its first 2 MiB boundary aligned with the data's start). The memory is freed
+    with the returned tensor (and every view of it)."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"shape must have sizes >= 0, got {shape}")
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0 or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty(shape, dtype=dtype)
+    # One huge page more than needed, so that the data can start on a huge-page boundary.
+    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: the first write faults huge pages in
+    raw = torch.frombuffer(m, dtype=torch.uint8)  # keeps the mapping alive as long as it is used
+    start = -raw.data_ptr() % HUGE_PAGE
+    return raw[start:start + nbytes].view(dtype).view(shape)
 
-    Same shape, dtype and values as ``t``; it shares no memory with ``t``. The memory is freed with
-    the returned tensor (and every view of it). Without ``MADV_HUGEPAGE`` (not Linux) it is
-    ``t.contiguous()`` copied.
-    """
+
+def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of the CPU tensor ``t``, on transparent huge pages where the system allows
+    (:func:`huge_page_empty`, then the copy). Same shape, dtype and values as ``t``; it shares no
+    memory with ``t``."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"t must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_cpu:
         raise ValueError(f"t is on {t.device}: huge_page_copy copies CPU tensors only")
-    nbytes = t.numel() * t.element_size()
-    if nbytes == 0 or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return t.clone(memory_format=torch.contiguous_format)
-    # One huge page more than needed, so that the data can start on a huge-page boundary.
-    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    m.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: the copy below faults huge pages in
-    raw = torch.frombuffer(m, dtype=torch.uint8)  # keeps the mapping alive as long as it is used
-    start = -raw.data_ptr() % HUGE_PAGE
-    out = raw[start:start + nbytes].view(t.dtype).view(t.shape)
-    out.copy_(t)
-    return out
+    return huge_page_empty(t.shape, t.dtype).copy_(t)

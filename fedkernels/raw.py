@@ -20,7 +20,7 @@ import torch
 from . import _validate as V
 from ._backend import _C, DTYPE_CODES, backend_for
 from ._gathered import linear_gathered, linear_gathered_weight_grad
-from ._huge_pages import huge_page_copy
+from ._huge_pages import huge_page_copy, huge_page_empty
 from .profiling import run_counted
 
 # Bumps autograd's version counter of tensors written here, as torch's own in-place ops do: a
@@ -47,6 +47,7 @@ __all__ = [
     "linear_gathered",
     "linear_gathered_weight_grad",
     "huge_page_copy",
+    "huge_page_empty",
 ]
 
 

@@ -57,3 +57,35 @@ def test_refuses_what_it_cannot_copy():
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="CPU tensors only"):
             fk.raw.huge_page_copy(torch.ones(2, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_empty_has_the_shape_and_dtype_and_is_writable(dtype):
+    t = fk.raw.huge_page_empty((3, 4, 5), dtype)
+    assert t.shape == (3, 4, 5) and t.dtype == dtype and t.is_contiguous() and t.is_cpu
+    t.copy_(torch.arange(60, dtype=dtype).view(3, 4, 5))
+    assert int(t.sum()) == sum(range(60))
+    assert fk.raw.huge_page_empty((0, 7), dtype).shape == (0, 7)
+
+
+def test_empty_refuses_bad_arguments():
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        fk.raw.huge_page_empty((2,), "float32")
+    with pytest.raises(ValueError, match="shape must have sizes >= 0"):
+        fk.raw.huge_page_empty((2, -1), torch.float32)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or _thp_setting() not in ("always", "madvise"),
+                    reason="transparent huge pages unavailable")
+def test_batched_executor_keeps_large_sample_matrices_on_huge_pages():
+    """Every local step reads random rows of the clients' samples: beyond 32 MB they are held on
+    huge pages, with the same values as the clients' own tensors."""
+    import torch.nn.functional as F
+
+    from python_algos.clients import BatchedClients
+
+    g = torch.Generator().manual_seed(0)
+    clients = [(torch.randn(5_400, 784, generator=g), torch.randint(10, (5_400,), generator=g)) for _ in range(2)]
+    bc = BatchedClients(torch.nn.Linear(784, 10), F.cross_entropy, clients, batch_size=8)
+    assert torch.equal(bc.X_all, torch.cat([X for X, _ in clients]))
+    assert _anon_huge_kb(bc.X_all.data_ptr()) >= 8 * 2048
