@@ -162,8 +162,10 @@ def flops_per_step(model_name: str, batch: int = 32) -> int:
     return int(counter.get_total_flops())
 
 
-def bmm_rate(device="cpu", c: int = 64, repeats: int = 5) -> float:
-    """FLOP/s of ``torch.bmm`` on the MLP's first-layer shapes per client ([c, 32, 784] x [c, 784, 128])."""
+def bmm_rate(device="cpu", c: int = 64, repeats: int = 25) -> float:
+    """FLOP/s of ``torch.bmm`` on the MLP's first-layer shapes per client ([c, 32, 784] x [c, 784, 128]):
+    the fastest of ``repeats`` calls (~4 ms each on one CPU core), so that a busy moment of a shared
+    machine does not lower the floor (5 calls left it 20-30 % apart between runs)."""
     a = torch.randn(c, 32, 784, device=device)
     b = torch.randn(c, 784, 128, device=device)
     torch.bmm(a, b)
