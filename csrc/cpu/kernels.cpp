@@ -36,8 +36,11 @@ template <typename S, int IMPL>
 struct StreamedOutput<Za1StepOp<S, IMPL>> : std::true_type {};
 
 constexpr int64_t kStreamMinBytes = int64_t(16) << 20;
-// Elements computed into an L1-resident buffer before they are streamed out (2-4 KiB).
-constexpr int64_t kStreamBlock = 512;
+// Elements computed into an L1-resident buffer before they are streamed out (256-512 bytes: a few
+// lines at a time keep the streaming stores interleaved with the loads; bursts of 512 elements ran
+// za1_step at 72-73 % of the probe with 1 thread against 80-83 % for 64, alternated 3 times on the
+// AVX-512 dev machine, float32; 2 threads 79-91 % against 86-94 %).
+constexpr int64_t kStreamBlock = 64;
 
 // Copies n bytes to dst with non-temporal stores where dst is 64-byte aligned (plain stores for
 // the unaligned head and the tail). Only bytes move: results are those of the plain path.
