@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Optional
 
 import torch
 
 from .wire import HELLO, NodeFailure, decode_vectors, flwr_modules, new_message
 
-__all__ = ["handshake", "collect", "check_replies", "check_upload", "POLL"]
+__all__ = ["handshake", "collect", "check_replies", "check_upload", "nonfinite_entries", "POLL"]
 
 POLL = 0.1  # seconds between two pulls of replies from the SuperLink
 
@@ -57,8 +58,13 @@ def check_upload(record, names, dim: int, dtype: torch.dtype, who: str, t: int) 
     """The vectors of one participant's upload (``record``: its reply's ``up`` ArrayRecord), checked
     against what the algorithm declares before any enters the server's average: exactly the names
     ``names`` (``messages().up``), each a vector of ``dim`` entries of the run's ``dtype`` (a float32
-    upload is not widened: the run would no longer be the one-process run), all finite. Raises
-    :class:`NodeFailure` naming ``who`` (client and node), the vector and the rule."""
+    upload is not widened: the run would no longer be the one-process run). Raises
+    :class:`NodeFailure` naming ``who`` (client and node), the vector and the rule.
+
+    NaN/Inf entries are not refused here: a client whose local steps blew up uploads them in one
+    process too, where they reach the server's model and the run ends "diverged" at that round
+    (``StopOnDivergence``); a Flower run must end the same way (:func:`nonfinite_entries` names the
+    client for a warning)."""
     got, want = sorted(record.keys()), sorted(names)
     if got != want:
         raise NodeFailure(f"round {t}: {who} uploaded {got}, expected {want} (the algorithm's messages().up)")
@@ -67,13 +73,19 @@ def check_upload(record, names, dim: int, dtype: torch.dtype, who: str, t: int) 
         if str(a.dtype) != wanted_dtype or tuple(a.shape) != (int(dim),):
             raise NodeFailure(f"round {t}: {who} uploaded {name!r} as {a.dtype} of shape {tuple(a.shape)}, expected "
                               f"{wanted_dtype} of shape ({int(dim)},) (every node must build the server's model)")
-    ups = decode_vectors(record)
-    for name in want:
-        bad = int((~torch.isfinite(ups[name])).sum())
-        if bad:
-            raise NodeFailure(f"round {t}: {who} uploaded {name!r} with {bad} NaN/Inf entries of {int(dim)} (its "
-                              f"local steps diverged, or the node is faulty: a smaller step size, or check the node)")
-    return ups
+    return decode_vectors(record)
+
+
+def nonfinite_entries(ups: dict, who: str, t: int) -> Optional[str]:
+    """What is not finite in one participant's checked upload (:func:`check_upload`), naming ``who``
+    (client and node), or None when every entry is finite."""
+    bad = {name: int((~torch.isfinite(v)).sum()) for name, v in ups.items()}
+    bad = {name: n for name, n in bad.items() if n}
+    if not bad:
+        return None
+    what = ", ".join(f"{name!r} with {n} NaN/Inf entries of {ups[name].numel()}" for name, n in bad.items())
+    return (f"round {t}: {who} uploaded {what} (its local steps diverged, or the node is faulty: a smaller "
+            f"step size, or check the node)")
 
 
 def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, restore: dict) -> dict:

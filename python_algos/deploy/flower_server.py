@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import time
+import warnings
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -31,7 +32,7 @@ from ..runfolder.callbacks import Checkpoint, MetricsFile, RunView, as_callbacks
 from ..runfolder.records import metric_round, metrics_row
 from ..runfolder.setup_record import check_same_setup
 from ..simulate import checked_clients_per_round
-from .exchange import check_replies, check_upload, collect, handshake
+from .exchange import check_replies, check_upload, collect, handshake, nonfinite_entries
 from .nodes import ServerClients, receives, scalars, server_state
 from .persist import history_path, load_server, rewrite_records, save_server
 from .wire import (
@@ -240,8 +241,12 @@ class ServerProgram:
                                           "No server checkpoint was written (give checkpoint=PATH to resume a run)")
                               ) from None
         msgs = alg.messages()
-        ups = {i: check_upload(got[i].content["up"], msgs.up, self.cs.dim, self.dtype,
-                               f"client {i} (node {self.nodes[i]})", t) for i in part}
+        who = {i: f"client {i} (node {self.nodes[i]})" for i in part}
+        ups = {i: check_upload(got[i].content["up"], msgs.up, self.cs.dim, self.dtype, who[i], t) for i in part}
+        for i in part:  # averaged as one process averages them: the divergence check then ends the run
+            why = nonfinite_entries(ups[i], who[i], t)
+            if why is not None:
+                warnings.warn(why, RuntimeWarning, stacklevel=2)
         stacked = {name: torch.stack([ups[i][name] for i in part]) for name in msgs.up}
         with torch.no_grad(), fk.prox_stats() as stats:
             means = alg.aggregate(stacked, self.cs, ids)
