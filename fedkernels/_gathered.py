@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 
 from . import _validate as V
-from ._backend import _C
+from ._backend import _C, DTYPE_CODES
 
 __all__ = ["linear_gathered", "linear_gathered_weight_grad"]
 
-_DTYPE_CODES = {torch.float32: 0, torch.float64: 1}  # the kernels' float32 / float64 codes
+_FLOATS = (torch.float32, torch.float64)  # the dtypes the gathered kernels are built for
 
 
 def linear_gathered(W: torch.Tensor, X: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -61,7 +61,7 @@ def _run(weight_grad, mat, X, idx, out, c, o, i, P) -> None:
     ms = mat.stride(0) if c > 1 else o * mat.shape[2]
     os_ = out.stride(0) if c > 1 else o * out.shape[2]
     # The kernel checks 0 <= idx < n (one pass over idx) before it writes anything.
-    _C.linear_gathered(weight_grad, _DTYPE_CODES[X.dtype], c, o, i, P, X.shape[0], mat.data_ptr(), ms,
+    _C.linear_gathered(weight_grad, DTYPE_CODES[X.dtype], c, o, i, P, X.shape[0], mat.data_ptr(), ms,
                        X.data_ptr(), idx.data_ptr(), out.data_ptr(), os_)
     torch._C._increment_version((out,))
 
@@ -76,7 +76,7 @@ def _check(mat_name, mat, X, idx, out, out_name, *, weight_grad):
             raise ValueError(f"{name} is on {t.device}: the gathered linear kernels run on CPU tensors only; on "
                              f"CUDA use torch.index_select (or X[idx]) and torch.bmm")
     for name, t in ((mat_name, mat), ("X", X), (out_name, out)):
-        if t.dtype not in _DTYPE_CODES:
+        if t.dtype not in _FLOATS:
             raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
     for name, t in ((mat_name, mat), (out_name, out)):
         if t.dtype != X.dtype:
