@@ -388,14 +388,13 @@ class BatchedClients(ClientSet):
         need = c * b
         if self._xbuf is None or self._xbuf.shape[0] < need:
             self._xbuf = torch.empty((need, *self.X_all.shape[1:]), dtype=self.X_all.dtype, device=self.device)
-            self._ybuf = torch.empty((need, *self.y_all.shape[1:]), dtype=self.y_all.dtype, device=self.device)
         idx = idx.to(self.device)
         xb = torch.index_select(self.X_all, 0, idx, out=self._xbuf[:need])
-        yb = torch.index_select(self.y_all, 0, idx, out=self._ybuf[:need])
-        return xb.view(c, b, *self.X_all.shape[1:]), yb.view(c, b, *self.y_all.shape[1:])
+        return xb.view(c, b, *self.X_all.shape[1:]), self._gather_labels(idx, c, b)
 
     def _gather_labels(self, idx: torch.Tensor, c: int, b: int) -> torch.Tensor:
-        """``y_all[idx]`` shaped ``[c, b, ...]`` (:meth:`_gather` without the samples)."""
+        """``y_all[idx]`` shaped ``[c, b, ...]``, into a buffer reused across calls (the labels of
+        :meth:`_gather`; alone when the samples are read in place)."""
         if self._ybuf is None or self._ybuf.shape[0] < c * b:
             self._ybuf = torch.empty((c * b, *self.y_all.shape[1:]), dtype=self.y_all.dtype, device=self.device)
         yb = torch.index_select(self.y_all, 0, idx.to(self.device), out=self._ybuf[: c * b])
