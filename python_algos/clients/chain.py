@@ -47,9 +47,9 @@ class LinearChain:
 
     def reads_rows_in_place(self) -> bool:
         """Whether the first layer can read its samples straight from the clients' sample matrix
-        (``idx`` of :meth:`grads_`): the chain starts with a ``Linear`` layer, on CPU, where the
-        fused kernels ``fedkernels.raw.linear_gathered*`` replace the gather of every step's
-        batch (a copy of random rows from DRAM) and the first layer's two products."""
+        (``idx`` of :meth:`grads_`): the chain starts with a ``Linear`` layer. The kernels that do it
+        (``fedkernels.raw.linear_gathered*``, in place of the gather of every step's batch and the
+        first layer's two products) run on CPU only: the executor checks the device."""
         return self.layers[0][0] == "linear"
 
     def grads_(self, rows: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, w: torch.Tensor,
