@@ -90,8 +90,9 @@ def test_a_failing_peer_is_retried_once_then_shown_with_its_reason(monkeypatch):
     assert [r["s_per_round"] for r in rows] == [None, None]
     assert "attempt 1: ConnectionError: gloo rendezvous timed out (1)" in rows[0]["failure"]
     assert "attempt 2: ConnectionError: gloo rendezvous timed out (2)" in rows[0]["failure"]
-    line = peers._table_row(rows[1], None, 1.0)
+    line = peers._table_row(rows[1], None, 1.0, 100)
     assert line.startswith("| pfl on 2 processes (torchrun, gloo) | 2 | failed |") and "(4)" in line
+    assert line.count("|") == 9  # all 8 columns of the header, as a measured row
 
 
 def test_cross_device_workload_shape_and_flags(capsys, tmp_path):
@@ -103,8 +104,54 @@ def test_cross_device_workload_shape_and_flags(capsys, tmp_path):
     assert (w.model, w.clients, w.cohort, w.samples, w.K, w.batch) == ("logreg", 1000, 100, 32, 5, 8)
     assert sum(p.numel() for p in peers.make_model(w.model).parameters()) <= 10_000
     assert parse("mlp").K == 256 // 32  # one local epoch, what pfl runs
+    # pfl-research's CIFAR-10 benchmark: 50 of 1,000 users of 50 images per round, one epoch of batch 10
+    w = parse("cifar10")
+    assert (w.model, w.clients, w.cohort, w.samples, w.K, w.batch) == ("cifar_cnn", 1000, 50, 50, 5, 10)
     out = tmp_path / "t.md"
     with pytest.raises(SystemExit):
         peers.main(["--workload", "cross-device", "--cohort", "2000", "--out", str(out)])
     assert "--cohort (2000) must be at most --clients (1000)" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_sampled_cohort_rows_share_draws_with_the_sequential_executor(tmp_path, monkeypatch):
+    """With clients sampled per round, the plain PyTorch loop draws python_algos' cohorts (its own
+    copy of the sampler) and minibatches: its final model is the sequential executor's up to
+    float32 summation order, and so is the batched executor's."""
+    monkeypatch.setattr(peers, "distributed_available", lambda: False)
+    out = tmp_path / "t.md"
+    peers.main(["--workload", "cross-device", "--clients", "12", "--cohort", "3", "--samples", "16", "--batch", "4",
+                "-K", "2", "--rounds", "2", "--no-pfl", "--out", str(out)])
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert [r["name"] for r in res["rows"]][2] == "plain PyTorch loop (deepcopy + SGD)"
+    for r in res["rows"][1:]:
+        assert r["rel_dev"] < 1e-5, r
+    assert "| client updates / s |" in out.read_text()
+
+
+def test_plain_loop_cohorts_are_python_algos_participants():
+    import python_algos as pa
+
+    from .clients import cohorts
+
+    cs = pa.SequentialClients(peers.make_model("logreg"), torch.nn.functional.cross_entropy, make_clients(12, 4))
+    cs.set_participation(3, seed=0)
+    got = cohorts(12, 3, 4)
+    assert got == [cs.participants().tolist() for _ in range(4)]
+    assert len({tuple(c) for c in got}) > 1 and all(len(set(c)) == 3 for c in got)
+    assert cohorts(12, None, 2) == [list(range(12))] * 2
+
+
+def test_cifar10_model_is_pfl_researchs_cnn():
+    """pfl-research's CIFAR-10 CNN, counted layer by layer: 3x3 convs 3->32->64 (valid), 2x2 pool to
+    14x14, dense 12,544->128->10."""
+    from .clients import input_shape
+
+    model = peers.make_model("cifar_cnn")
+    expected = (3 * 9 * 32 + 32) + (32 * 9 * 64 + 64) + (64 * 14 * 14 * 128 + 128) + (128 * 10 + 10)
+    assert sum(p.numel() for p in model.parameters()) == expected == 1_626_442
+    assert input_shape("cifar_cnn") == (3, 32, 32)
+    assert model(torch.zeros(2, *input_shape("cifar_cnn"))).shape == (2, 10)
+    assert peers.draws_random_numbers("cifar_cnn") and not peers.draws_random_numbers("mlp")
+    X, y = make_clients(2, 5, in_shape=input_shape("cifar_cnn"))[0]
+    assert X.shape == (5, 3, 32, 32) and y.shape == (5,)

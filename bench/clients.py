@@ -17,7 +17,7 @@ import copy
 import dataclasses
 import statistics
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +26,11 @@ from torch import nn
 import python_algos as pa
 from python_algos.experiments.models import CNN, MLP
 
-__all__ = ["MODELS", "Workload", "WORKLOADS", "make_model", "make_clients", "time_executor", "time_plain_loop",
-           "flops_per_step", "bmm_rate", "ALGORITHMS"]
+__all__ = ["MODELS", "Workload", "WORKLOADS", "make_model", "make_clients", "input_shape", "time_executor",
+           "time_plain_loop", "cohorts", "flops_per_step", "bmm_rate", "ALGORITHMS"]
 
 IN_SHAPE = (1, 28, 28)  # MNIST-shaped inputs (784 features)
+CIFAR_SHAPE = (3, 32, 32)
 
 
 class LogReg(nn.Module):
@@ -43,7 +44,32 @@ class LogReg(nn.Module):
         return self.lin(torch.flatten(x, 1))
 
 
-MODELS: Dict[str, Callable[[], nn.Module]] = {"logreg": LogReg, "mlp": MLP, "cnn": CNN}
+class CifarCNN(nn.Sequential):
+    """The CNN of pfl-research's CIFAR-10 benchmark (1,626,442 parameters) on 3x32x32 inputs.
+
+    Two unpadded 3x3 convolutions (3 -> 32 -> 64 channels, each followed by ReLU), a 2x2 max-pool
+    (28x28 -> 14x14), dropout 0.25, a dense layer 12,544 -> 128 with ReLU, dropout 0.5 and a dense
+    layer 128 -> 10; weights Glorot-uniform, biases PyTorch's default, as there. pfl's model takes
+    channels-last images and transposes them first; this one takes channels-first images, so the
+    arithmetic is the same without the transpose."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__(
+            nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.25),
+            nn.Flatten(), nn.Linear(64 * 14 * 14, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, num_classes))
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.xavier_uniform_(m.weight)
+
+
+MODELS: Dict[str, Callable[[], nn.Module]] = {"logreg": LogReg, "mlp": MLP, "cnn": CNN, "cifar_cnn": CifarCNN}
+# Each model's input: MNIST-shaped, but the CIFAR-10 CNN's.
+INPUT_SHAPES = {"cifar_cnn": CIFAR_SHAPE}
+
+
+def input_shape(model_name: str) -> tuple:
+    """The shape of one input sample of ``model_name`` (``make_clients``'s ``in_shape`` for it)."""
+    return INPUT_SHAPES.get(model_name, IN_SHAPE)
 
 ALGORITHMS: Dict[str, Callable[[float, int], pa.Algorithm]] = {
     "FedAvg": lambda lr, K: pa.FedAvg(lr_local=lr, local_steps=K),
@@ -54,7 +80,7 @@ ALGORITHMS: Dict[str, Callable[[float, int], pa.Algorithm]] = {
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """One FedAvg round's shape: ``cohort`` of ``clients`` clients train, each K steps of ``batch``
-    of its ``samples`` samples (MNIST-shaped, ``make_clients``), on ``model``."""
+    of its ``samples`` samples (synthetic, shaped for the model: ``make_clients``), on ``model``."""
 
     name: str
     model: str
@@ -68,16 +94,20 @@ class Workload:
         params = sum(p.numel() for p in make_model(self.model).parameters())
         who = (f"{self.cohort} of {self.clients:,} clients sampled per round" if self.cohort < self.clients
                else f"{self.clients:,} clients")
-        return (f"workload {self.name}: {self.model} ({params:,} parameters), {who}, {self.samples} samples each, "
-                f"K = {self.K} local steps of batch {self.batch}")
+        shape = "x".join(map(str, input_shape(self.model)))
+        return (f"workload {self.name}: {self.model} ({params:,} parameters), {who}, {self.samples} samples "
+                f"({shape}) each, K = {self.K} local steps of batch {self.batch}")
 
 
-# The peers table's two workloads: silo-like (few clients with much data and a 109 k-parameter MLP,
-# one local epoch, bound by arithmetic) and cross-device (many clients, few samples each, a small
-# model: bound by per-client overhead).
+# The peers table's workloads: silo-like (few clients with much data and a 109 k-parameter MLP,
+# one local epoch, bound by arithmetic), cross-device (many clients, few samples each, a small
+# model: bound by per-client overhead), and the configuration of pfl-research's CIFAR-10 benchmark
+# (its 1.63 M-parameter CNN; CIFAR-10's 50,000 training images as 1,000 users of 50; 50 users per
+# round, one local epoch of batch 10), with synthetic images of CIFAR-10's shape.
 WORKLOADS = {
     "mlp": Workload("mlp", "mlp", clients=100, samples=256, batch=32, K=8, cohort=100),
     "cross-device": Workload("cross-device", "logreg", clients=1000, samples=32, batch=8, K=5, cohort=100),
+    "cifar10": Workload("cifar10", "cifar_cnn", clients=1000, samples=50, batch=10, K=5, cohort=50),
 }
 
 
@@ -86,14 +116,16 @@ def make_model(name: str, device="cpu", seed: int = 0) -> nn.Module:
     return MODELS[name]().to(device)
 
 
-def make_clients(num_clients: int, samples: int = 256, device="cpu", seed: int = 0) -> List[tuple]:
-    """MNIST-shaped synthetic clients: x = mean[y] + noise (float32), labels skewed per client."""
+def make_clients(num_clients: int, samples: int = 256, device="cpu", seed: int = 0,
+                 in_shape: Sequence[int] = IN_SHAPE) -> List[tuple]:
+    """Synthetic clients, samples of ``in_shape`` (default MNIST's; ``input_shape(model)``):
+    x = mean[y] + noise (float32), labels skewed per client."""
     g = torch.Generator().manual_seed(seed)
-    means = torch.randn(10, *IN_SHAPE, generator=g)
+    means = torch.randn(10, *in_shape, generator=g)
     out = []
     for i in range(num_clients):
         y = (torch.randint(0, 10, (samples,), generator=g) + i) % 10
-        X = means[y] + torch.randn(samples, *IN_SHAPE, generator=g)
+        X = means[y] + torch.randn(samples, *in_shape, generator=g)
         out.append((X.to(device), y.to(device)))
     return out
 
@@ -119,17 +151,29 @@ def time_executor(model_name: str, algorithm: str, clients, executor: str, *, K:
             "params": hist.params}
 
 
+def cohorts(num_clients: int, clients_per_round: Optional[int], rounds: int, seed: int = 0) -> List[List[int]]:
+    """The clients of each round as python_algos samples them (``ClientSet.set_participation``:
+    uniformly without replacement from a generator seeded by ``seeds(seed, 1, stream=2)``), sorted;
+    every client each round when ``clients_per_round`` is None."""
+    if clients_per_round is None or clients_per_round == num_clients:
+        return [list(range(num_clients))] * rounds
+    g = torch.Generator().manual_seed(pa.clients.seeds(seed, 1, stream=2)[0])
+    return [torch.randperm(num_clients, generator=g)[:clients_per_round].sort().values.tolist()
+            for _ in range(rounds)]
+
+
 def time_plain_loop(model_name: str, clients, *, K: int = 10, batch: int = 32, rounds: int = 2, lr: float = 0.01,
-                    device="cpu") -> dict:
-    """FedAvg as a plain PyTorch loop (deepcopy + SGD per client, same per-client minibatch draws as
-    python_algos: client i's generator is seeded by python_algos.clients.seeds)."""
+                    device="cpu", clients_per_round: Optional[int] = None) -> dict:
+    """FedAvg as a plain PyTorch loop (deepcopy + SGD per client, same cohorts and per-client minibatch
+    draws as python_algos: client i's generator is seeded by python_algos.clients.seeds)."""
     model = make_model(model_name, device)
     gens = pa.clients.client_generators(0, len(clients))
     times = []
-    for _ in range(rounds):
+    for cohort in cohorts(len(clients), clients_per_round, rounds):
         t0 = time.perf_counter()
         total = [torch.zeros_like(p) for p in model.parameters()]
-        for i, (X, y) in enumerate(clients):
+        for i in cohort:
+            X, y = clients[i]
             local = copy.deepcopy(model)
             opt = torch.optim.SGD(local.parameters(), lr=lr)
             for _ in range(K):
@@ -142,7 +186,7 @@ def time_plain_loop(model_name: str, clients, *, K: int = 10, batch: int = 32, r
                     t.add_(p)
         with torch.no_grad():
             for p, t in zip(model.parameters(), total):
-                p.copy_(t.div_(len(clients)))
+                p.copy_(t.div_(len(cohort)))
         _sync(device)
         times.append(time.perf_counter() - t0)
     rows = times[1:] if len(times) > 1 else times
@@ -155,7 +199,7 @@ def flops_per_step(model_name: str, batch: int = 32) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     model = make_model(model_name)
-    X = torch.randn(batch, *IN_SHAPE)
+    X = torch.randn(batch, *input_shape(model_name))
     y = torch.randint(0, 10, (batch,))
     with FlopCounterMode(display=False) as counter:
         F.cross_entropy(model(X), y).backward()

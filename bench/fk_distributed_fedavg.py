@@ -26,7 +26,7 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--inner", default="sequential", choices=["sequential", "batched"])
-    p.add_argument("--model", default="mlp", help="a bench.clients model (mlp, logreg, cnn)")
+    p.add_argument("--model", default="mlp", help="a bench.clients model (mlp, logreg, cnn, cifar_cnn)")
     p.add_argument("--steps", type=int, default=None, help="local steps per round (default: samples / batch)")
     p.add_argument("--cohort", type=int, default=None, help="clients per round (default: all)")
     p.add_argument("--out", required=True)
@@ -37,12 +37,13 @@ def main(argv=None) -> None:
     import python_algos as pa
     from python_algos.experiments.launch import finish
 
-    from .clients import make_clients, make_model
+    from .clients import input_shape, make_clients, make_model
 
     fk.set_num_threads(1)
     K = args.steps or args.samples // args.batch  # default: one local epoch, as pfl
     hist = pa.simulate(pa.FedAvg(lr_local=args.lr, local_steps=K), make_model(args.model), F.cross_entropy,
-                       make_clients(args.clients, args.samples), args.rounds, batch_size=args.batch,
+                       make_clients(args.clients, args.samples, in_shape=input_shape(args.model)), args.rounds,
+                       batch_size=args.batch,
                        metrics_every=0, executor="distributed", executor_options={"inner": args.inner},
                        clients_per_round=args.cohort)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -21,8 +21,10 @@ Steps (``--steps``, default all, in this order):
    ResNet-101-sized float32 and bfloat16 vectors against the device-to-device copy bandwidth of the
    same run; forward+backward vs prox for ResNet-18/34/50/101.
 5. **clients**: ``python -m bench.gpu_clients``: 100 MLP clients, FedAvg, s/round of the batched
-   executor against the sequential one (skipped if ``python_algos.clients.EXECUTORS`` has no
-   "batched").
+   executor against the sequential one and a plain PyTorch loop (the batched row is skipped if
+   ``python_algos.clients.EXECUTORS`` has no "batched"); and pfl-research's CIFAR-10 benchmark
+   configuration (its 1.63 M-parameter CNN, 50 of 1,000 clients x 50 images per round, one local
+   epoch of batch 10) in client updates per second.
 
 Each step writes ``<out without .md>/<step>.json`` (and its logs) and the report is rendered from
 every part present, so steps run by separate commands land in one report. Exit status: 0 if every
@@ -345,7 +347,8 @@ def step_clients(ctx: Context) -> dict:
         from . import gpu_clients
 
         t0 = time.perf_counter()
-        res = gpu_clients.run(device="cpu", clients=3, samples=8, rounds=1, local_steps=1, batch=4, log=ctx.log)
+        res = gpu_clients.run(device="cpu", clients=3, samples=8, rounds=1, local_steps=1, batch=4,
+                              cifar10=gpu_clients.cifar10_workload(2), log=ctx.log)
         secs = time.perf_counter() - t0
     else:
         out = ctx.parts / "clients_raw.json"
@@ -361,6 +364,9 @@ def step_clients(ctx: Context) -> dict:
                    f"{res['rows'][0]['s_per_round']:.4f} s/round: {res['speedup']:.1f}x")
     else:
         summary = f"sequential {res['rows'][0]['s_per_round']:.4f} s/round; batched: {res['skipped']}"
+    if "cifar10" in res:
+        best = res["cifar10"]["best"]
+        summary += f"; CIFAR-10 configuration {best['client_updates_per_s']:.1f} client updates/s ({best['executor']})"
     return {"status": "pass", "seconds": secs, "summary": summary, "result": res}
 
 

@@ -1,24 +1,38 @@
-"""Seconds per round of the batched client executor against the sequential one (FedAvg, MLP).
+"""Seconds per round of the client executors on one device: the batched executor against the
+sequential one and a plain PyTorch loop (FedAvg, 100 MLP clients), and pfl-research's CIFAR-10
+benchmark configuration in client updates per second.
 
     python -m bench.gpu_clients --json bench/results/gpu_check/clients.json          # on a GPU
-    python -m bench.gpu_clients --device cpu --clients 4 --rounds 1                    # smoke
+    python -m bench.gpu_clients --device cpu --clients 4 --rounds 1 --cifar10-clients 4   # smoke
 
-The setting of the clients table (``bench/clients.py``): ``--clients`` (default 100) clients of
+**MLP** (the clients table's setting, ``bench/clients.py``): ``--clients`` (default 100) clients of
 ``--samples`` (default 256) MNIST-shaped synthetic samples, the MLP (109,386 parameters), FedAvg
 with K = ``--local-steps`` (default 10) minibatch steps of ``--batch`` (default 32), lr 0.01, no
-metric passes. Each executor first runs one untimed round (allocations, first launches, kernel
-loading), then ``--rounds`` (default 5) rounds from the same initial model, timed as a whole with
-the device synchronized before and after (``simulate``'s per-round ``wall_time`` does not wait for
-queued GPU work). Both executors draw the same minibatches, so their final models agree up to
-summation order; the largest difference is reported.
+metric passes. Rows: the sequential and batched executors, and the plain PyTorch loop of
+``bench.clients`` (``copy.deepcopy(model)`` + ``torch.optim.SGD`` per client, what most FL code does).
+
+**CIFAR-10** (``bench.clients.WORKLOADS["cifar10"]``, as ``python -m bench.peers --workload cifar10``):
+pfl-research's CNN (1,626,442 parameters, two dropout layers), ``--cifar10-clients`` (default 1,000)
+clients of 50 synthetic 3x32x32 images, 50 sampled per round, one local epoch of batch 10 (K = 5).
+Its measure is client updates per second: clients per round / seconds per round.
+
+Each executor first runs one untimed round (allocations, first launches, kernel loading), then
+``--rounds`` (default 5) rounds from the same initial model, timed as a whole with the device
+synchronized before and after (``simulate``'s per-round ``wall_time`` does not wait for queued GPU
+work). The plain loop runs ``--rounds`` rounds, synchronizes after every round and reports the median
+round after its first.
+All three draw the same cohorts and minibatches, so on the MLP their final models agree up to
+summation order: the largest difference from the sequential executor's is reported. (The CIFAR-10
+CNN draws dropout masks, which differ between them.)
 
 Executors are looked up at run time in ``python_algos.clients.EXECUTORS``; without a "batched"
-entry only the sequential row is measured and the comparison is reported as skipped.
+entry only the sequential and loop rows are measured and the comparison is reported as skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -30,9 +44,10 @@ import torch.nn.functional as F
 import python_algos as pa
 from python_algos.clients import EXECUTORS
 
-from .clients import ALGORITHMS, make_clients, make_model
+from .clients import ALGORITHMS, WORKLOADS, Workload, input_shape, make_clients, make_model, time_plain_loop
 
 MODEL, ALGORITHM, LR = "mlp", "FedAvg", 0.01
+LOOP = "plain loop"
 
 
 def _sync(device):
@@ -40,13 +55,15 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_executor(name: str, clients, device, *, rounds: int, local_steps: int, batch: int) -> dict:
+def time_executor(name: str, clients, device, *, rounds: int, local_steps: int, batch: int, model: str = MODEL,
+                  clients_per_round: Optional[int] = None) -> dict:
     def once(r):
-        model = make_model(MODEL, device)
+        net = make_model(model, device)
         _sync(device)
         t0 = time.perf_counter()
-        hist = pa.simulate(ALGORITHMS[ALGORITHM](LR, local_steps), model, F.cross_entropy, clients, r,
-                           batch_size=batch, seed=0, metrics_every=0, executor=name)
+        hist = pa.simulate(ALGORITHMS[ALGORITHM](LR, local_steps), net, F.cross_entropy, clients, r,
+                           batch_size=batch, seed=0, metrics_every=0, executor=name,
+                           clients_per_round=clients_per_round)
         _sync(device)
         return time.perf_counter() - t0, hist
 
@@ -56,57 +73,110 @@ def time_executor(name: str, clients, device, *, rounds: int, local_steps: int, 
             "s_per_round": seconds / rounds, "params": hist.params.detach().cpu()}
 
 
+def time_loop(clients, device, *, rounds: int, local_steps: int, batch: int, model: str = MODEL,
+              clients_per_round: Optional[int] = None) -> dict:
+    # `rounds` rounds, as the executors' timed run, so that the final models compare; the median
+    # leaves out the first round (first launches), except in a one-round smoke run
+    r = time_plain_loop(model, clients, K=local_steps, batch=batch, rounds=rounds, lr=LR, device=device,
+                        clients_per_round=clients_per_round)
+    return {"executor": LOOP, "ran_as": LOOP, "rounds": rounds, "s_per_round": r["s_per_round"],
+            "params": r["params"].detach().cpu()}
+
+
+def _rows(clients, device, *, model: str, rounds: int, local_steps: int, batch: int, cohort: Optional[int],
+          log, label: str) -> tuple:
+    """Sequential, batched (where registered) and the plain loop on ``clients``: (rows, final models)."""
+    names = ["sequential"] + (["batched"] if "batched" in EXECUTORS else [])
+    common = dict(rounds=rounds, local_steps=local_steps, batch=batch, model=model, clients_per_round=cohort)
+    rows, params = [], {}
+    for name in names + [LOOP]:
+        r = (time_loop(clients, device, **common) if name == LOOP
+             else time_executor(name, clients, device, **common))
+        params[name] = r.pop("params")
+        rows.append(r)
+        log(f"  {label} {name:<10} {r['s_per_round']:.4f} s/round ({device})")
+    return rows, params
+
+
+def run_cifar10(w: Workload, device, *, rounds: int, log=print) -> dict:
+    """pfl-research's CIFAR-10 configuration ``w`` on ``device``: client updates per second."""
+    data = make_clients(w.clients, w.samples, device=device, in_shape=input_shape(w.model))
+    cohort = w.cohort if w.cohort < w.clients else None
+    rows, _ = _rows(data, device, model=w.model, rounds=rounds, local_steps=w.K, batch=w.batch, cohort=cohort,
+                    log=log, label="cifar10")
+    for r in rows:
+        r["client_updates_per_s"] = w.cohort / r["s_per_round"]
+    out = {"workload": dataclasses.asdict(w), "description": w.describe(), "rounds": rounds, "rows": rows,
+           "params": sum(p.numel() for p in make_model(w.model).parameters())}
+    best = max(rows, key=lambda r: r["client_updates_per_s"])
+    out["best"] = {"executor": best["executor"], "client_updates_per_s": best["client_updates_per_s"]}
+    log(f"  cifar10: best {best['executor']} at {best['client_updates_per_s']:.1f} client updates/s")
+    return out
+
+
 def run(*, device="cuda", clients: int = 100, samples: int = 256, rounds: int = 5, local_steps: int = 10,
-        batch: int = 32, log=print) -> dict:
+        batch: int = 32, cifar10: Optional[Workload] = WORKLOADS["cifar10"], log=print) -> dict:
     device = torch.device(device)
     data = make_clients(clients, samples, device=device)
     out = {"device": str(device), "clients": clients, "samples": samples, "rounds": rounds, "local_steps": local_steps,
            "batch": batch, "model": MODEL, "algorithm": ALGORITHM, "lr": LR,
            "params": sum(p.numel() for p in make_model(MODEL).parameters()),
-           "executors_available": sorted(EXECUTORS), "rows": []}
-    names = ["sequential"] + (["batched"] if "batched" in EXECUTORS else [])
-    params = {}
-    for name in names:
-        r = time_executor(name, data, device, rounds=rounds, local_steps=local_steps, batch=batch)
-        params[name] = r.pop("params")
-        out["rows"].append(r)
-        log(f"  {name:<10} {r['s_per_round']:.4f} s/round ({clients} clients, {ALGORITHM} K={local_steps}, {device})")
+           "executors_available": sorted(EXECUTORS)}
+    out["rows"], params = _rows(data, device, model=MODEL, rounds=rounds, local_steps=local_steps, batch=batch,
+                                cohort=None, log=log, label="mlp")
+    seq = out["rows"][0]["s_per_round"]
+    for r in out["rows"][1:]:
+        r["max_abs_diff"] = float((params[r["executor"]] - params["sequential"]).abs().max())
     if "batched" in params:
-        seq = out["rows"][0]["s_per_round"]
         bat = out["rows"][1]["s_per_round"]
         out["speedup"] = seq / bat if bat > 0 else float("nan")
-        out["max_abs_diff"] = float((params["batched"] - params["sequential"]).abs().max())
+        out["max_abs_diff"] = out["rows"][1]["max_abs_diff"]
         log(f"  batched is {out['speedup']:.1f}x the sequential speed; final models differ by at most "
             f"{out['max_abs_diff']:.2e}")
     else:
         out["skipped"] = ("python_algos.clients.EXECUTORS has no 'batched' executor (available: "
                           + ", ".join(sorted(EXECUTORS)) + ")")
         log("  " + out["skipped"])
+    del data
+    if cifar10 is not None:
+        out["cifar10"] = run_cifar10(cifar10, device, rounds=rounds, log=log)
     return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--clients", type=int, default=100)
-    ap.add_argument("--samples", type=int, default=256, help="samples per client")
+    ap.add_argument("--clients", type=int, default=100, help="MLP clients")
+    ap.add_argument("--samples", type=int, default=256, help="samples per MLP client")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--local-steps", type=int, default=10)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--local-steps", type=int, default=10, help="MLP local steps")
+    ap.add_argument("--batch", type=int, default=32, help="MLP batch size")
+    ap.add_argument("--cifar10-clients", type=int, default=WORKLOADS["cifar10"].clients,
+                    help="clients of the CIFAR-10 configuration (50 of them, or all if fewer, per round)")
+    ap.add_argument("--no-cifar10", action="store_true", help="leave out the CIFAR-10 configuration")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
-    for flag in ("clients", "samples", "rounds", "local_steps", "batch"):
+    for flag in ("clients", "samples", "rounds", "local_steps", "batch", "cifar10_clients"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_clients: --device cuda needs a CUDA GPU visible to torch (none here)", file=sys.stderr)
         return 2
     res = run(device=args.device, clients=args.clients, samples=args.samples, rounds=args.rounds,
-              local_steps=args.local_steps, batch=args.batch)
+              local_steps=args.local_steps, batch=args.batch, cifar10=cifar10_workload(args.cifar10_clients,
+                                                                                      args.no_cifar10))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     return 0
+
+
+def cifar10_workload(clients: int, leave_out: bool = False) -> Optional[Workload]:
+    """The CIFAR-10 configuration with ``clients`` clients (a cohort of 50, or all of them if fewer)."""
+    if leave_out:
+        return None
+    w = WORKLOADS["cifar10"]
+    return dataclasses.replace(w, clients=clients, cohort=min(w.cohort, clients))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
                                                          # (cross-device: the block "peers-cross-device-table")
     python -m bench.peers --no-pfl               # our rows only
     python -m bench.peers --workload cross-device   # 1,000 clients, 100 per round, logistic regression
+    python -m bench.peers --workload cifar10        # pfl-research's CIFAR-10 benchmark configuration (~5 min)
 
 Workloads (``bench.clients.WORKLOADS``), FedAvg with local SGD (lr ``--lr``), float32, 1 torch thread
 per process:
@@ -16,6 +17,11 @@ per process:
 * ``cross-device``: 1,000 clients x 32 samples, 100 sampled per round, logistic regression (7,850
   parameters), K = 5 local steps of batch 8 (pfl walks each sampled user's 32 samples and again its
   first 8). Bound by per-client overhead, where a simulator earns its keep.
+* ``cifar10``: the configuration of pfl-research's CIFAR-10 benchmark: its CNN (1,626,442 parameters,
+  ``bench.clients.CifarCNN``, with its two dropout layers), 1,000 clients x 50 synthetic 3x32x32
+  images (CIFAR-10's 50,000 training images as 1,000 users), 50 sampled per round, one local epoch
+  of batch 10 (K = 5). Bound by convolution arithmetic. The training loss is taken over the first
+  100 clients' 5,000 samples (a pass over all 50,000 would take longer than the rounds).
 
 Contenders, timed in one run:
 
@@ -26,7 +32,8 @@ Contenders, timed in one run:
 * fedkernels on 2 processes (``executor="distributed"`` under ``torchrun``) where this checkout has it.
 
 Each reports the median seconds per round over ``--rounds`` rounds after one untimed warm-up round
-(pfl's warm-up round also evaluates). The FLOP floor column is the round's forward+backward FLOPs
+(pfl's warm-up round also evaluates), and the client updates per second it makes of them (clients per
+round / seconds per round). The FLOP floor column is the round's forward+backward FLOPs
 (torch's flop counter on one client step, x clients per round x K) at ``torch.bmm``'s rate measured in
 the same run (as ``bench.clients_table``), divided by the process count for the multi-process rows.
 A launched run that fails is retried once; a second failure is a row with its reason. The training loss over all
@@ -60,6 +67,7 @@ from .clients import (
     Workload,
     bmm_rate,
     flops_per_step,
+    input_shape,
     make_clients,
     make_model,
     time_executor,
@@ -95,8 +103,9 @@ def uptime() -> str:
 
 @torch.no_grad()
 def training_loss(params: torch.Tensor, clients, model_name: str = "mlp") -> float:
-    """Mean cross-entropy over every sample of every client of ``model_name`` with flat ``params``."""
-    model = make_model(model_name)
+    """Mean cross-entropy over every sample of every client of ``model_name`` with flat ``params``
+    (in eval mode: dropout off)."""
+    model = make_model(model_name).eval()
     torch.nn.utils.vector_to_parameters(params.to(torch.float32), model.parameters())
     total = sum(F.cross_entropy(model(X), y, reduction="sum").item() for X, y in clients)
     return total / sum(len(y) for _, y in clients)
@@ -156,6 +165,7 @@ def _launch(module: str, procs: int, w: Workload, args, extra=()) -> dict:
 
 def _row(name: str, procs: int, s_per_round: float, params: torch.Tensor, clients, model_name: str, ref_name: str,
          ref: Optional[torch.Tensor], **extra) -> dict:
+    """``clients``: those the training loss is taken over (``loss_clients``)."""
     return {"name": name, "procs": procs, "s_per_round": s_per_round,
             "loss": training_loss(params, clients, model_name), "reference": ref_name,
             "rel_dev": None if ref is None else _rel_dev(params, ref), **extra}
@@ -178,33 +188,53 @@ def _launch_retrying(module: str, procs: int, w: Workload, args, extra, log):
     return None, "; ".join(reasons)
 
 
+# Workloads whose local work is one epoch (what pfl's loop runs): K = samples / batch unless -K is given.
+ONE_EPOCH = ("mlp", "cifar10")
+# Clients whose samples the training loss is taken over (None: all): a CNN pass over all 50,000
+# CIFAR-shaped samples would take longer than the timed rounds.
+LOSS_CLIENTS = {"cifar10": 100}
+
+
 def workload_from_args(args) -> Workload:
     """--workload's shape, with --clients / --samples / --batch / -K / --cohort where given."""
     w = WORKLOADS[args.workload]
     given = {k: getattr(args, k) for k in ("clients", "samples", "batch", "K", "cohort")
              if getattr(args, k) is not None}
-    if args.workload == "mlp" and "K" not in given:  # one local epoch, what pfl's loop runs
+    if args.workload in ONE_EPOCH and "K" not in given:
         given["K"] = given.get("samples", w.samples) // given.get("batch", w.batch)
     if args.workload == "mlp" and "cohort" not in given:
         given["cohort"] = given.get("clients", w.clients)
+    if "cohort" not in given and given.get("clients", w.clients) < w.cohort:  # a small --clients: all of them
+        given["cohort"] = given["clients"]
     return dataclasses.replace(w, **given)
 
 
+def loss_clients(w: Workload, clients: list) -> list:
+    """The clients whose samples the training loss is taken over."""
+    return clients[: LOSS_CLIENTS.get(w.name, len(clients))]
+
+
+def draws_random_numbers(model_name: str) -> bool:
+    """Whether the model's training pass draws random numbers (dropout): then the executors, each
+    drawing its own masks, end at different models, not only up to summation order."""
+    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in make_model(model_name).modules())
+
+
 def _in_process_rows(w: Workload, clients, args, log):
-    """fedkernels sequential and batched, and (full participation only) the plain PyTorch loop."""
+    """fedkernels sequential and batched, and the plain PyTorch loop (same cohorts and minibatches)."""
     rows, seq = [], None
-    common = dict(K=w.K, batch=w.batch, rounds=args.rounds + 1, lr=args.lr)
-    cohort = w.cohort if w.cohort < w.clients else None
+    common = dict(K=w.K, batch=w.batch, rounds=args.rounds + 1, lr=args.lr,
+                  clients_per_round=w.cohort if w.cohort < w.clients else None)
+    scored = loss_clients(w, clients)
     for ex in ("sequential", "batched"):
-        r = time_executor(w.model, "FedAvg", clients, ex, clients_per_round=cohort, **common)
+        r = time_executor(w.model, "FedAvg", clients, ex, **common)
         seq = r["params"] if seq is None else seq
-        rows.append(_row(f"fedkernels {ex}", 1, r["s_per_round"], r["params"], clients, w.model, "sequential", seq))
+        rows.append(_row(f"fedkernels {ex}", 1, r["s_per_round"], r["params"], scored, w.model, "sequential", seq))
         log(f"fedkernels {ex}: {r['s_per_round']:.3f} s/round")
-    if cohort is None:  # the plain loop trains every client
-        r = time_plain_loop(w.model, clients, **common)
-        rows.append(_row("plain PyTorch loop (deepcopy + SGD)", 1, r["s_per_round"], r["params"], clients, w.model,
-                         "sequential", seq))
-        log(f"plain loop: {r['s_per_round']:.3f} s/round")
+    r = time_plain_loop(w.model, clients, **common)
+    rows.append(_row("plain PyTorch loop (deepcopy + SGD)", 1, r["s_per_round"], r["params"], scored, w.model,
+                     "sequential", seq))
+    log(f"plain loop: {r['s_per_round']:.3f} s/round")
     return rows, seq
 
 
@@ -227,7 +257,7 @@ def _launches(w: Workload, args, notes, log) -> list:
 
 
 def _launched_rows(w: Workload, clients, seq, args, notes, log) -> list:
-    rows, in_order = [], None
+    rows, in_order, scored = [], None, loss_clients(w, clients)
     for label, module, procs, extra in _launches(w, args, notes, log):
         where = " in one process" if procs == 1 else f" on {procs} processes (torchrun, gloo)"
         res, reason = _launch_retrying(module, procs, w, args, extra, log)
@@ -242,7 +272,7 @@ def _launched_rows(w: Workload, clients, seq, args, notes, log) -> list:
             ref_name, ref = ("in-order loop", in_order) if w.cohort == w.clients else ("–", None)
         else:
             ref_name, ref = ("sequential", seq)
-        rows.append(_row(name, procs, statistics.median(res["round_s"][1:]), torch.tensor(res["params"]), clients,
+        rows.append(_row(name, procs, statistics.median(res["round_s"][1:]), torch.tensor(res["params"]), scored,
                          w.model, ref_name, ref, threads=res.get("threads")))
         log(f"{name}: {rows[-1]['s_per_round']:.3f} s/round")
     return rows
@@ -257,28 +287,36 @@ def run(args, log=print) -> dict:
     rate = bmm_rate("cpu")
     floor = w.cohort * w.K * flops_per_step(w.model, w.batch) / rate
     log(f"{w.describe()}; FLOP floor {floor:.4f} s/round at {rate / 1e9:.1f} GFLOP/s")
-    clients = make_clients(w.clients, w.samples)
+    clients = make_clients(w.clients, w.samples, in_shape=input_shape(w.model))
     notes = []
+    if draws_random_numbers(w.model):
+        notes.append("The model has dropout layers: each contender draws its own dropout masks (the batched "
+                     "executor one stream per client), so final models differ by more than summation order; "
+                     "compare the training losses.")
     rows, seq = _in_process_rows(w, clients, args, log)
     rows += _launched_rows(w, clients, seq, args, notes, log)
-    start_loss = training_loss(torch.nn.utils.parameters_to_vector(make_model(w.model).parameters()), clients, w.model)
+    scored = loss_clients(w, clients)
+    start_loss = training_loss(torch.nn.utils.parameters_to_vector(make_model(w.model).parameters()), scored, w.model)
     return {"machine": info, "uptime_before": up_before, "uptime_after": uptime(), "threads": 1,
             "workload": dataclasses.asdict(w), "description": w.describe(), "bmm_gflops": rate / 1e9,
             "flop_floor_s": floor, "clients": w.clients, "samples": w.samples, "batch": w.batch, "K": w.K,
-            "rounds": args.rounds, "lr": args.lr, "start_loss": start_loss, "rows": rows, "notes": notes,
+            "rounds": args.rounds, "lr": args.lr, "start_loss": start_loss, "loss_clients": len(scored),
+            "rows": rows, "notes": notes,
             "load_after": list(os.getloadavg())}
 
 
-def _table_row(r: dict, ref: Optional[float], floor: float) -> str:
+def _table_row(r: dict, ref: Optional[float], floor: float, cohort: int) -> str:
     if r["s_per_round"] is None:
-        return f"| {r['name']} | {r['procs']} | failed | – | – | – | {r['failure']} |"
+        return f"| {r['name']} | {r['procs']} | failed | – | – | – | – | {r['failure']} |"
     ratio = "–" if ref is None else f"{r['s_per_round'] / ref:.2f}×"
     over_floor = f"{r['s_per_round'] / (floor / r['procs']):.1f}×"
     no_dev = r["name"] == "fedkernels sequential" or r["rel_dev"] is None
     dev = "–" if no_dev else f"{r['rel_dev']:.1e} ({r['reference']})"
     s = r["s_per_round"]
     secs = f"{s:.4f}" if s < 0.1 else f"{s:.3f}"  # 3 significant digits down to 10 ms
-    return f"| {r['name']} | {r['procs']} | {secs} | {ratio} | {over_floor} | {r['loss']:.4f} | {dev} |"
+    updates = cohort / s
+    rate = f"{updates:,.0f}" if updates >= 100 else f"{updates:.3g}"
+    return f"| {r['name']} | {r['procs']} | {secs} | {rate} | {ratio} | {over_floor} | {r['loss']:.4f} | {dev} |"
 
 
 def render_markdown(res: dict) -> str:
@@ -294,13 +332,18 @@ def render_markdown(res: dict) -> str:
         f"FLOP floor: {floor:.4f} s per round on one process (the round's forward+backward FLOPs at `torch.bmm`'s "
         f"{res['bmm_gflops']:.1f} GFLOP/s measured in this run; half that on 2 processes).",
         "",
-        f"| contender | processes | s / round | × fedkernels batched | × FLOP floor | training loss after "
-        f"{res['rounds'] + 1} rounds | final model vs reference (rel. dev.) |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        f"| contender | processes | s / round | client updates / s | × fedkernels batched | × FLOP floor | "
+        f"training loss after {res['rounds'] + 1} rounds | final model vs reference (rel. dev.) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    lines += [_table_row(r, ref, floor) for r in res["rows"]]
-    lines += ["", f"Training loss: mean cross-entropy over all {res['clients'] * res['samples']:,} samples "
-                  f"(start: {res['start_loss']:.4f}). python_algos and the plain loop draw the same random "
+    cohort = res["workload"]["cohort"]
+    lines += [_table_row(r, ref, floor, cohort) for r in res["rows"]]
+    scored = res.get("loss_clients", res["clients"])
+    over = (f"all {res['clients'] * res['samples']:,} samples" if scored == res["clients"]
+            else f"the first {scored:,} clients' {scored * res['samples']:,} samples")
+    lines += ["", f"Client updates / s: clients per round ({cohort}) / s per round. "
+                  f"Training loss: mean cross-entropy over {over}, dropout off "
+                  f"(start: {res['start_loss']:.4f}). python_algos and the plain loop draw the same cohorts and random "
                   "minibatches (reference: the sequential executor's final model); pfl walks each client's data in "
                   "order, so its loss is close to ours but not equal, and its reference is a plain PyTorch FedAvg "
                   "loop that walks the data in order the same way (in `bench/peers.py`, independent of pfl; "
@@ -315,11 +358,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp",
                    help="mlp: 100 clients x 256 samples, one local epoch; cross-device: 1,000 clients x 32 samples, "
-                        "100 per round, logistic regression, K = 5 steps of batch 8")
+                        "100 per round, logistic regression, K = 5 steps of batch 8; cifar10: pfl-research's CIFAR-10 "
+                        "benchmark configuration (1.63 M-parameter CNN, 50 of 1,000 clients x 50 images per round, "
+                        "one local epoch of batch 10)")
     p.add_argument("--clients", type=int, default=None, help="clients (default: the workload's)")
     p.add_argument("--samples", type=int, default=None, help="samples per client (default: the workload's)")
     p.add_argument("--batch", type=int, default=None, help="local batch size (default: the workload's)")
-    p.add_argument("-K", type=int, default=None, help="local steps (default: the workload's; mlp: one epoch)")
+    p.add_argument("-K", type=int, default=None, help="local steps (default: the workload's; mlp, cifar10: one epoch)")
     p.add_argument("--cohort", type=int, default=None, help="clients sampled per round (default: the workload's)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds, after one warm-up round")
     p.add_argument("--lr", type=float, default=0.01)
@@ -348,7 +393,7 @@ def _check_args(p: argparse.ArgumentParser, args) -> None:
     w = workload_from_args(args)
     if w.cohort > w.clients:
         p.error(f"--cohort ({w.cohort}) must be at most --clients ({w.clients})")
-    if args.workload == "mlp" and w.samples % w.batch:
+    if args.workload in ONE_EPOCH and args.K is None and w.samples % w.batch:
         p.error(f"--samples ({w.samples}) must be a multiple of --batch ({w.batch}): every contender "
                 "runs one whole local epoch")
     if not args.lr > 0:

@@ -14,7 +14,8 @@ start), ``bench.clients.make_clients`` data, local ``torch.optim.SGD`` with ``--
 with lr 1 on the averaged model difference (x <- mean of the local models), ``--cohort`` users
 sampled per round by pfl's sampler. pfl walks a user's data in order, one epoch per round, so each
 user's dataset is its first ``--steps`` x ``--batch`` samples, taken cyclically (the mlp workload: its
-256 samples, 8 steps of 32; cross-device: its 32 samples and again its first 8, 5 steps of 8).
+256 samples, 8 steps of 32; cross-device: its 32 samples and again its first 8, 5 steps of 8;
+cifar10: its 50 images, 5 steps of 10).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--model", default="mlp", help="a bench.clients model (mlp, logreg, cnn)")
+    p.add_argument("--model", default="mlp", help="a bench.clients model (mlp, logreg, cnn, cifar_cnn)")
     p.add_argument("--steps", type=int, default=None, help="local steps per round (default: samples / batch)")
     p.add_argument("--cohort", type=int, default=None, help="users per round (default: all)")
     p.add_argument("--out", required=True)
@@ -80,9 +81,9 @@ def main(argv=None) -> None:
     from pfl.internal.ops import pytorch_ops
     from pfl.model.pytorch import PyTorchModel
 
-    from .clients import make_clients, make_model
+    from .clients import input_shape, make_clients, make_model
 
-    data = make_clients(args.clients, args.samples)
+    data = make_clients(args.clients, args.samples, in_shape=input_shape(args.model))
     steps = args.steps or args.samples // args.batch
     walk = torch.arange(steps * args.batch) % args.samples  # one in-order epoch = `steps` batches
     users = list(range(args.clients))

@@ -28,7 +28,10 @@ def test_cpu_smoke_writes_the_report(tmp_path):
     for title in gpu_report.TITLES.values():
         assert f"| {title} |" in text
     assert "| fail |" not in text and "| not run |" not in text
-    assert "## Ops against the copy bandwidth" in text and "## Batched vs sequential client executor" in text
+    assert "## Ops against the copy bandwidth" in text and "## Client executors" in text
+    for row in ("| sequential |", "| batched |", "| plain loop |"):  # the MLP table, then the CIFAR-10 one
+        assert text.count(row) == 2, row
+    assert "## pfl-research's CIFAR-10 benchmark configuration" in text and "client updates per second" in text
     for step in gpu_report.STEPS + ("machine",):
         assert (tmp_path / "report" / f"{step}.json").exists()
 
