@@ -348,7 +348,7 @@ def step_clients(ctx: Context) -> dict:
 
         t0 = time.perf_counter()
         res = gpu_clients.run(device="cpu", clients=3, samples=8, rounds=1, local_steps=1, batch=4,
-                              cifar10=gpu_clients.cifar10_workload(2), log=ctx.log)
+                              cifar10=gpu_clients.cifar10_workload(2), pfl=False, log=ctx.log)
         secs = time.perf_counter() - t0
     else:
         out = ctx.parts / "clients_raw.json"

@@ -14,7 +14,9 @@ metric passes. Rows: the sequential and batched executors, and the plain PyTorch
 **CIFAR-10** (``bench.clients.WORKLOADS["cifar10"]``, as ``python -m bench.peers --workload cifar10``):
 pfl-research's CNN (1,626,442 parameters, two dropout layers), ``--cifar10-clients`` (default 1,000)
 clients of 50 synthetic 3x32x32 images, 50 sampled per round, one local epoch of batch 10 (K = 5).
-Its measure is client updates per second: clients per round / seconds per round.
+Its measure is client updates per second: clients per round / seconds per round. Where pfl-research
+(PyPI ``pfl``) is importable, its own FedAvg runs the same configuration in a child process
+(``bench.pfl_fedavg``, data on the device, pfl training on the GPU; median round after the first).
 
 Each executor first runs one untimed round (allocations, first launches, kernel loading), then
 ``--rounds`` (default 5) rounds from the same initial model, timed as a whole with the device
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 import time
 from typing import Optional, Sequence
@@ -48,6 +51,8 @@ from .clients import ALGORITHMS, WORKLOADS, Workload, input_shape, make_clients,
 
 MODEL, ALGORITHM, LR = "mlp", "FedAvg", 0.01
 LOOP = "plain loop"
+PFL_MISSING = ("pfl is not installed: carry its wheels to include it (docs/install.md, 'GPU check'); it is "
+               "never a dependency of fedkernels")
 
 
 def _sync(device):
@@ -98,24 +103,53 @@ def _rows(clients, device, *, model: str, rounds: int, local_steps: int, batch: 
     return rows, params
 
 
-def run_cifar10(w: Workload, device, *, rounds: int, log=print) -> dict:
-    """pfl-research's CIFAR-10 configuration ``w`` on ``device``: client updates per second."""
+def pfl_row(w: Workload, device, *, rounds: int, log=print) -> Optional[dict]:
+    """pfl-research's own FedAvg on ``w`` in one process (``bench.pfl_fedavg``; pfl trains on the GPU
+    when torch sees one), or None where pfl is not installed. A failed run is a row with its reason."""
+    from . import peers
+
+    if not peers.pfl_available():
+        log(f"  pfl row left out: {PFL_MISSING}")
+        return None
+    args = argparse.Namespace(rounds=rounds, lr=LR, timeout=600)
+    res, reason = peers.launch_retrying("bench.pfl_fedavg", 1, w, args, ("--device", str(device)), log)
+    if res is None:
+        return {"executor": "pfl", "ran_as": "pfl", "failure": reason}
+    row = {"executor": f"pfl {res['pfl_version']}", "ran_as": f"pfl on {res.get('device', '?')}",
+           "rounds": rounds, "s_per_round": statistics.median(res["round_s"][1:])}
+    log(f"  cifar10 {row['executor']} {row['s_per_round']:.4f} s/round ({row['ran_as']})")
+    return row
+
+
+def run_cifar10(w: Workload, device, *, rounds: int, pfl: bool = True, log=print) -> dict:
+    """pfl-research's CIFAR-10 configuration ``w`` on ``device``: client updates per second of our
+    executors, the plain loop and (``pfl``, where installed) pfl-research itself."""
     data = make_clients(w.clients, w.samples, device=device, in_shape=input_shape(w.model))
     cohort = w.cohort if w.cohort < w.clients else None
     rows, _ = _rows(data, device, model=w.model, rounds=rounds, local_steps=w.K, batch=w.batch, cohort=cohort,
                     log=log, label="cifar10")
+    del data
+    failed = []
+    if pfl:
+        row = pfl_row(w, device, rounds=rounds, log=log)
+        if row is not None and "failure" in row:
+            failed.append(row)
+        elif row is not None:
+            rows.append(row)
     for r in rows:
         r["client_updates_per_s"] = w.cohort / r["s_per_round"]
     out = {"workload": dataclasses.asdict(w), "description": w.describe(), "rounds": rounds, "rows": rows,
-           "params": sum(p.numel() for p in make_model(w.model).parameters())}
-    best = max(rows, key=lambda r: r["client_updates_per_s"])
+           "failed": failed, "params": sum(p.numel() for p in make_model(w.model).parameters()),
+           "pfl": "measured" if rows[-1]["executor"].startswith("pfl") else
+                  (failed[0]["failure"] if failed else ("left out" if not pfl else PFL_MISSING))}
+    best = max((r for r in rows if r["executor"] in EXECUTORS), key=lambda r: r["client_updates_per_s"])
     out["best"] = {"executor": best["executor"], "client_updates_per_s": best["client_updates_per_s"]}
-    log(f"  cifar10: best {best['executor']} at {best['client_updates_per_s']:.1f} client updates/s")
+    log(f"  cifar10: fedkernels' best, {best['executor']}, at {best['client_updates_per_s']:.1f} client updates/s")
     return out
 
 
 def run(*, device="cuda", clients: int = 100, samples: int = 256, rounds: int = 5, local_steps: int = 10,
-        batch: int = 32, cifar10: Optional[Workload] = WORKLOADS["cifar10"], log=print) -> dict:
+        batch: int = 32, cifar10: Optional[Workload] = WORKLOADS["cifar10"], pfl: bool = True, log=print) -> dict:
     device = torch.device(device)
     data = make_clients(clients, samples, device=device)
     out = {"device": str(device), "clients": clients, "samples": samples, "rounds": rounds, "local_steps": local_steps,
@@ -139,7 +173,7 @@ def run(*, device="cuda", clients: int = 100, samples: int = 256, rounds: int = 
         log("  " + out["skipped"])
     del data
     if cifar10 is not None:
-        out["cifar10"] = run_cifar10(cifar10, device, rounds=rounds, log=log)
+        out["cifar10"] = run_cifar10(cifar10, device, rounds=rounds, pfl=pfl, log=log)
     return out
 
 
@@ -154,6 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--cifar10-clients", type=int, default=WORKLOADS["cifar10"].clients,
                     help="clients of the CIFAR-10 configuration (50 of them, or all if fewer, per round)")
     ap.add_argument("--no-cifar10", action="store_true", help="leave out the CIFAR-10 configuration")
+    ap.add_argument("--no-pfl", action="store_true", help="leave out pfl-research's row of the CIFAR-10 configuration")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     for flag in ("clients", "samples", "rounds", "local_steps", "batch", "cifar10_clients"):
@@ -164,7 +199,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     res = run(device=args.device, clients=args.clients, samples=args.samples, rounds=args.rounds,
               local_steps=args.local_steps, batch=args.batch, cifar10=cifar10_workload(args.cifar10_clients,
-                                                                                      args.no_cifar10))
+                                                                                      args.no_cifar10),
+              pfl=not args.no_pfl)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -90,8 +90,11 @@ def targets(parts: dict) -> List[tuple]:
         c10 = cl.get("cifar10")
         if c10:
             b = c10["best"]
+            pfl = next((r for r in c10["rows"] if r["executor"].startswith("pfl")), None)
+            vs = f"; pfl-research {pfl['client_updates_per_s']:.1f}" if pfl else ""
             rows.append(("pfl-research's CIFAR-10 configuration, client updates per second (no target: "
-                         "the number to publish)", f"{b['client_updates_per_s']:.1f} ({b['executor']})", "–"))
+                         "the number to publish)", f"{b['client_updates_per_s']:.1f} (fedkernels {b['executor']}){vs}",
+                         "–"))
     return rows
 
 
@@ -217,6 +220,10 @@ def _clients(cl: dict) -> List[str]:
                 "| executor | s/round | client updates / s |", "|---|---:|---:|"]
         for r in c10["rows"]:
             out.append(f"| {r['executor']} | {r['s_per_round']:.4f} | {r['client_updates_per_s']:.1f} |")
+        for r in c10.get("failed", []):
+            out.append(f"| {r['executor']} | failed: {r['failure']} | – |")
+        if c10.get("pfl") not in (None, "measured") and not c10.get("failed"):
+            out += ["", f"pfl-research: {c10['pfl']}."]
     return out
 
 

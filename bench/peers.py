@@ -175,8 +175,10 @@ def _failed_row(name: str, procs: int, reason: str) -> dict:
     return {"name": name, "procs": procs, "s_per_round": None, "failure": reason}
 
 
-def _launch_retrying(module: str, procs: int, w: Workload, args, extra, log):
-    """The run's result, or (None, reason) after a failure and one retry."""
+def launch_retrying(module: str, procs: int, w: Workload, args, extra, log):
+    """``python -m module`` on workload ``w`` in ``procs`` processes (``args``: ``rounds`` timed after
+    a warm-up, ``lr``, ``timeout`` s): (its result, None), or (None, reason) after a failure and one
+    retry."""
     reasons = []
     for attempt in (1, 2):
         try:
@@ -260,7 +262,7 @@ def _launched_rows(w: Workload, clients, seq, args, notes, log) -> list:
     rows, in_order, scored = [], None, loss_clients(w, clients)
     for label, module, procs, extra in _launches(w, args, notes, log):
         where = " in one process" if procs == 1 else f" on {procs} processes (torchrun, gloo)"
-        res, reason = _launch_retrying(module, procs, w, args, extra, log)
+        res, reason = launch_retrying(module, procs, w, args, extra, log)
         if res is None:
             rows.append(_failed_row(label + where, procs, reason))
             continue

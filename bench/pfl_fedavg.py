@@ -64,6 +64,8 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="mlp", help="a bench.clients model (mlp, logreg, cnn, cifar_cnn)")
     p.add_argument("--steps", type=int, default=None, help="local steps per round (default: samples / batch)")
     p.add_argument("--cohort", type=int, default=None, help="users per round (default: all)")
+    p.add_argument("--device", default="cpu",
+                   help="where the clients' data is put; pfl itself trains on the GPU whenever torch sees one")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -83,9 +85,9 @@ def main(argv=None) -> None:
 
     from .clients import input_shape, make_clients, make_model
 
-    data = make_clients(args.clients, args.samples, in_shape=input_shape(args.model))
+    data = make_clients(args.clients, args.samples, device=args.device, in_shape=input_shape(args.model))
     steps = args.steps or args.samples // args.batch
-    walk = torch.arange(steps * args.batch) % args.samples  # one in-order epoch = `steps` batches
+    walk = (torch.arange(steps * args.batch) % args.samples).to(args.device)  # one in-order epoch = `steps` batches
     users = list(range(args.clients))
     fed = FederatedDataset(lambda u: Dataset(raw_data=[data[u][0][walk], data[u][1][walk]], user_id=u),
                            get_user_sampler("minimize_reuse", users))
@@ -95,13 +97,18 @@ def main(argv=None) -> None:
 
     ends = []
 
+    def stamp():
+        if torch.cuda.is_available():  # a round ends when its queued GPU work has
+            torch.cuda.synchronize()
+        ends.append(time.perf_counter())
+
     class RoundClock(TrainingProcessCallback):
         def on_train_begin(self, *, model):
-            ends.append(time.perf_counter())
+            stamp()
             return super().on_train_begin(model=model)
 
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
-            ends.append(time.perf_counter())
+            stamp()
             return False, type(aggregate_metrics)()
 
     FederatedAveraging().run(
@@ -118,8 +125,9 @@ def main(argv=None) -> None:
 
     dist = pytorch_ops.distributed
     if dist.global_rank == 0:
-        flat = torch.cat([q.detach().reshape(-1) for q in module.net.parameters()])
+        flat = torch.cat([q.detach().reshape(-1) for q in module.net.parameters()]).cpu()
         res = {"round_s": [b - a for a, b in zip(ends, ends[1:])], "params": flat.tolist(),
+               "device": str(next(module.parameters()).device),
                "world_size": dist.world_size, "threads": torch.get_num_threads(),
                "pfl_version": _pfl_version()}
         tmp = args.out + ".tmp"

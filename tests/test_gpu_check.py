@@ -63,3 +63,35 @@ def test_sanitizer_summary_parsing():
     assert gpu_check._sanitizer_errors("========= ERROR SUMMARY: 3 errors\n") == 3
     assert gpu_check._sanitizer_errors("RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)") == 2
     assert gpu_check._sanitizer_errors("Traceback ...") is None
+
+
+def test_clients_report_shows_pfl_rows_and_failures(monkeypatch):
+    """The CIFAR-10 section: pfl-research's row where its run succeeded, its reason where it failed,
+    and fedkernels' best executor (never pfl's or the loop's) as the number to publish."""
+    from bench import gpu_clients, peers
+
+    w = gpu_clients.cifar10_workload(2)
+    monkeypatch.setattr(peers, "pfl_available", lambda: True)
+    monkeypatch.setattr(peers, "launch_retrying", lambda *a, **k: (
+        {"round_s": [9.0, 0.5, 0.25, 0.75], "pfl_version": "0.6.0", "device": "cuda:0"}, None))
+    row = gpu_clients.pfl_row(w, "cuda", rounds=3, log=lambda s: None)
+    assert row["s_per_round"] == 0.5 and row["ran_as"] == "pfl on cuda:0"  # median after the warm-up round
+    monkeypatch.setattr(peers, "launch_retrying", lambda *a, **k: (None, "attempt 2: out of memory"))
+    assert gpu_clients.pfl_row(w, "cuda", rounds=3, log=lambda s: None)["failure"] == "attempt 2: out of memory"
+
+    def rows(*names_and_s):
+        return [{"executor": n, "s_per_round": s, "client_updates_per_s": 2 / s} for n, s in names_and_s]
+
+    cl = {"clients": 3, "samples": 8, "params": 10, "local_steps": 1, "batch": 4, "rounds": 1, "device": "cuda",
+          "rows": rows(("sequential", 1.0), ("batched", 0.5), ("plain loop", 1.0)), "speedup": 2.0,
+          "cifar10": {"description": "d", "rounds": 1, "failed": [], "pfl": "measured",
+                      "rows": rows(("sequential", 1.0), ("batched", 0.5), ("plain loop", 0.25), ("pfl 0.6.0", 0.2)),
+                      "best": {"executor": "batched", "client_updates_per_s": 4.0}}}
+    text = gpu_report.render({"clients": {"status": "pass", "result": cl}})
+    assert "| pfl 0.6.0 | 0.2000 | 10.0 |" in text
+    assert "4.0 (fedkernels batched); pfl-research 10.0" in text
+    cl["cifar10"]["rows"].pop()
+    cl["cifar10"].update(failed=[{"executor": "pfl", "failure": "attempt 2: out of memory"}],
+                         pfl="attempt 2: out of memory")
+    text = gpu_report.render({"clients": {"status": "pass", "result": cl}})
+    assert "| pfl | failed: attempt 2: out of memory | – |" in text
