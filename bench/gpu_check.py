@@ -4,6 +4,7 @@
     python -m bench.gpu_check --no-build               # fedkernels already installed with CUDA
     python -m bench.gpu_check --steps roofline,clients --out /tmp/gpu.md
     python -m bench.gpu_check --cpu-smoke --out /tmp/smoke.md   # the pipeline at tiny sizes, no GPU
+    python -m bench.gpu_check --no-build --steps clients --readme docs/performance.md   # publish the report there
 
 Steps (``--steps``, default all, in this order):
 
@@ -451,6 +452,8 @@ def parse_args(argv):
     ap.add_argument("--rounds", type=int, default=20, help="timing rounds per op (default %(default)s)")
     ap.add_argument("--clients", type=int, default=100, help="clients of the executor comparison (default %(default)s)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per subprocess (default %(default)s)")
+    ap.add_argument("--readme", help="also write the report (every part present, earlier commands' too) into the "
+                    "gpu-check block of this file, e.g. docs/performance.md; not with --cpu-smoke")
     args = ap.parse_args(argv)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     bad = [s for s in steps if s not in STEPS]
@@ -463,6 +466,10 @@ def parse_args(argv):
         ap.error(f"--sanitizer-tools: unknown {bad}; choose from {','.join(SANITIZER_TOOLS + ('initcheck',))}")
     if not args.out.endswith(".md"):
         ap.error(f"--out must name a .md file, got {args.out!r}")
+    if args.readme and args.cpu_smoke:
+        ap.error("--readme: a --cpu-smoke run's numbers say nothing about a GPU; they are never written into the docs")
+    if args.readme and not os.path.isfile(args.readme):
+        ap.error(f"--readme {args.readme}: no such file")
     if args.rounds < 1 or args.clients < 1 or args.timeout <= 0:
         ap.error("--rounds and --clients must be >= 1 and --timeout > 0")
     args.steps = [s for s in STEPS if s in steps]
@@ -508,8 +515,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     machine = step_machine(ctx)
     machine["mode"] = ctx.mode
     (parts / "machine.json").write_text(json.dumps(machine, indent=1, default=str))
-    out.write_text(gpu_report.render(gpu_report.load_parts(parts)))
+    loaded = gpu_report.load_parts(parts)
+    out.write_text(gpu_report.render(loaded))
     log(f"report: {out}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    if args.readme:
+        try:
+            gpu_report.publish_readme(loaded, args.readme)
+            log(f"report written into the {gpu_report.README_BLOCK} block of {args.readme}")
+        except ValueError as e:
+            log(str(e))
+            return 1
     return 1 if failed else 0
 
 

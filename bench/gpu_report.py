@@ -1,6 +1,7 @@
 """The markdown report of ``python -m bench.gpu_check``, rendered from the JSON its steps leave.
 
     python -m bench.gpu_report bench/results/gpu_check          # re-render gpu_check.md from the parts
+    python -m bench.gpu_report bench/results/gpu_check --readme docs/performance.md   # and publish it there
 
 Each step (machine, build, tests, sanitizer, roofline, clients, distributed) writes ``<parts>/<step>.json``; the
 report shows every part present, so steps run by separate commands (``--steps``) end up in one
@@ -227,17 +228,70 @@ def _clients(cl: dict) -> List[str]:
     return out
 
 
+README_BLOCK = "gpu-check"  # the block of docs/performance.md that --readme rewrites
+
+
+def demote_headings(md: str, levels: int) -> str:
+    """``md`` with every heading ``levels`` deeper (``#`` -> ``###``), code blocks left alone: the
+    report as a section of a longer page."""
+    out, fenced = [], False
+    for line in md.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            line = "#" * levels + line
+        out.append(line)
+    return "\n".join(out)
+
+
+def not_publishable(parts: dict) -> Optional[str]:
+    """Why these parts must not go into the docs, or None: a CPU smoke run, or no GPU in the machine part."""
+    if not parts:
+        return "no parts of a gpu_check run"
+    if any(p.get("mode") == "cpu-smoke" for p in parts.values()):
+        return "they are a --cpu-smoke run, whose numbers say nothing about a GPU"
+    if not parts.get("machine", {}).get("gpus"):
+        return "their machine part names no GPU"
+    return None
+
+
+def publish_readme(parts: dict, readme: str) -> None:
+    """Replace the ``gpu-check`` block of ``readme`` with the report (headings two levels deeper).
+    Refuses (ValueError, ``readme`` untouched) parts that are not a GPU run's."""
+    why = not_publishable(parts)
+    if why:
+        raise ValueError(f"--readme {readme}: not writing these results into the docs: {why}")
+    from .readme_block import markers, update_readme
+
+    update_readme(readme, demote_headings(render(parts), 2), *markers(README_BLOCK))
+
+
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m bench.gpu_report PARTS_DIR   (writes PARTS_DIR.md)", file=sys.stderr)
-        return 2
-    parts = Path(argv[0])
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_report",
+                                 description="Re-render a gpu_check report (PARTS_DIR.md) from its parts.")
+    ap.add_argument("parts", help="the folder of a gpu_check run's parts (the report's path without .md)")
+    ap.add_argument("--readme", help="also replace the gpu-check block of this file (docs/performance.md) with "
+                    "the report; refused for a --cpu-smoke run")
+    args = ap.parse_args(argv)
+    parts = Path(args.parts)
     if not parts.is_dir():
         print(f"gpu_report: {parts} is not a folder of gpu_check parts", file=sys.stderr)
         return 2
+    if args.readme and not Path(args.readme).is_file():
+        print(f"gpu_report: --readme {args.readme}: no such file", file=sys.stderr)
+        return 2
+    loaded = load_parts(parts)
+    if args.readme:
+        try:
+            publish_readme(loaded, args.readme)
+        except ValueError as e:
+            print(f"gpu_report: {e}", file=sys.stderr)
+            return 2
+        print(f"updated the {README_BLOCK} block of {args.readme}")
     md = parts.with_suffix(".md")
-    md.write_text(render(load_parts(parts)))
+    md.write_text(render(loaded))
     print(f"wrote {md}")
     return 0
 

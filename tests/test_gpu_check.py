@@ -95,3 +95,31 @@ def test_clients_report_shows_pfl_rows_and_failures(monkeypatch):
                          pfl="attempt 2: out of memory")
     text = gpu_report.render({"clients": {"status": "pass", "result": cl}})
     assert "| pfl | failed: attempt 2: out of memory | – |" in text
+
+
+def test_readme_block_takes_a_gpu_run_and_refuses_a_smoke_run(tmp_path, capsys):
+    """--readme writes the report into the gpu-check block (headings demoted, code untouched) for a
+    GPU run's parts, and leaves the file untouched, with the reason, for a smoke run's."""
+    readme = tmp_path / "performance.md"
+    begin, end = (f"<!-- gpu-check:{w} -->" for w in ("begin", "end"))
+    readme.write_text(f"# Perf\n\n## On a GPU\n\n{begin}\nold\n{end}\n\n## After\n")
+    parts = {"machine": {"gpus": ["NVIDIA H100 80GB HBM3"], "date": "today"},
+             "tests": {"status": "fail", "seconds": 1.0, "summary": "1 failed", "details": ["```", "# not a heading",
+                                                                                          "```"]}}
+    gpu_report.publish_readme(parts, str(readme))
+    text = readme.read_text()
+    assert text.startswith("# Perf\n\n## On a GPU\n\n" + begin + "\n### GPU check\n")
+    assert text.endswith(end + "\n\n## After\n") and "old" not in text
+    assert "* GPU: NVIDIA H100 80GB HBM3" in text and "#### Summary" in text and "\n# not a heading\n" in text
+
+    before = readme.read_text()
+    for bad in ({**parts, "tests": {**parts["tests"], "mode": "cpu-smoke"}}, {"tests": parts["tests"]}, {}):
+        with pytest.raises(ValueError, match="not writing these results into the docs"):
+            gpu_report.publish_readme(bad, str(readme))
+    assert readme.read_text() == before
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--cpu-smoke", "--readme", str(readme)])
+    assert "never written into the docs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--readme", str(tmp_path / "missing.md")])
+    assert "no such file" in capsys.readouterr().err
