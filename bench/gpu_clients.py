@@ -129,6 +129,8 @@ def run_cifar10(w: Workload, device, *, rounds: int, pfl: bool = True, log=print
     rows, _ = _rows(data, device, model=w.model, rounds=rounds, local_steps=w.K, batch=w.batch, cohort=cohort,
                     log=log, label="cifar10")
     del data
+    if device.type == "cuda":  # pfl's child process allocates its own copy: give back our cached blocks
+        torch.cuda.empty_cache()
     failed = []
     if pfl:
         row = pfl_row(w, device, rounds=rounds, log=log)
