@@ -131,19 +131,21 @@ def run_cifar10(w: Workload, device, *, rounds: int, pfl: bool = True, log=print
     del data
     if device.type == "cuda":  # pfl's child process allocates its own copy: give back our cached blocks
         torch.cuda.empty_cache()
-    failed = []
+    failed, pfl_status = [], "left out"
     if pfl:
         row = pfl_row(w, device, rounds=rounds, log=log)
-        if row is not None and "failure" in row:
+        if row is None:
+            pfl_status = PFL_MISSING
+        elif "failure" in row:
             failed.append(row)
-        elif row is not None:
+            pfl_status = row["failure"]
+        else:
             rows.append(row)
+            pfl_status = "measured"
     for r in rows:
         r["client_updates_per_s"] = w.cohort / r["s_per_round"]
     out = {"workload": dataclasses.asdict(w), "description": w.describe(), "rounds": rounds, "rows": rows,
-           "failed": failed, "params": sum(p.numel() for p in make_model(w.model).parameters()),
-           "pfl": "measured" if rows[-1]["executor"].startswith("pfl") else
-                  (failed[0]["failure"] if failed else ("left out" if not pfl else PFL_MISSING))}
+           "failed": failed, "params": sum(p.numel() for p in make_model(w.model).parameters()), "pfl": pfl_status}
     best = max((r for r in rows if r["executor"] in EXECUTORS), key=lambda r: r["client_updates_per_s"])
     out["best"] = {"executor": best["executor"], "client_updates_per_s": best["client_updates_per_s"]}
     log(f"  cifar10: fedkernels' best, {best['executor']}, at {best['client_updates_per_s']:.1f} client updates/s")

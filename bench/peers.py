@@ -216,10 +216,13 @@ def loss_clients(w: Workload, clients: list) -> list:
     return clients[: LOSS_CLIENTS.get(w.name, len(clients))]
 
 
-def draws_random_numbers(model_name: str) -> bool:
-    """Whether the model's training pass draws random numbers (dropout): then the executors, each
-    drawing its own masks, end at different models, not only up to summation order."""
-    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in make_model(model_name).modules())
+def draws_random_numbers(model_name: str) -> str:
+    """What the model's training pass draws at random ("" if nothing), probed by python_algos' own
+    detector on a few zero inputs: then the executors, each drawing its own dropout masks, end at
+    different models, not only up to summation order."""
+    from python_algos.clients.separable import training_side_effects
+
+    return training_side_effects(make_model(model_name), torch.zeros(4, *input_shape(model_name)))
 
 
 def _in_process_rows(w: Workload, clients, args, log):
@@ -291,10 +294,11 @@ def run(args, log=print) -> dict:
     log(f"{w.describe()}; FLOP floor {floor:.4f} s/round at {rate / 1e9:.1f} GFLOP/s")
     clients = make_clients(w.clients, w.samples, in_shape=input_shape(w.model))
     notes = []
-    if draws_random_numbers(w.model):
-        notes.append("The model has dropout layers: each contender draws its own dropout masks (the batched "
-                     "executor one stream per client), so final models differ by more than summation order; "
-                     "compare the training losses.")
+    drawn = draws_random_numbers(w.model)
+    if drawn:
+        notes.append(f"{drawn[0].upper()}{drawn[1:]}: each contender draws its own masks (the batched executor "
+                     "one stream per client), so final models differ by more than summation order; compare the "
+                     "training losses.")
     rows, seq = _in_process_rows(w, clients, args, log)
     rows += _launched_rows(w, clients, seq, args, notes, log)
     scored = loss_clients(w, clients)
