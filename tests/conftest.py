@@ -44,3 +44,23 @@ REGULARIZERS = {
     "box": lambda: fk.Box(-0.5, 0.7),
     "nonneg": lambda: fk.NonNeg(),
 }
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-long", action="store_true", default=False,
+                     help="run the differential fuzzers (tests/test_fuzz_*.py) for many more examples: hours, not the "
+                          "default run's ~2 minutes; combine with --fuzz-seed to explore other seeds")
+    parser.addoption("--fuzz-seed", type=int, default=0,
+                     help="first seed of the differential fuzzers (default 0: the seeds CI runs)")
+
+
+@pytest.fixture
+def fuzz_budget(request):
+    """``budget(default_examples)`` -> (first seed, number of examples) for a seeded fuzzer: the default run
+    is fixed and reproducible; ``--fuzz-long`` multiplies the number of examples by 1000."""
+    long_run = request.config.getoption("--fuzz-long")
+    first = request.config.getoption("--fuzz-seed")
+
+    def budget(default_examples: int):
+        return first, default_examples * (1000 if long_run else 1)
+    return budget
