@@ -131,5 +131,5 @@ def test_other_losses_are_left_to_torch_func(loss_fn):
 def test_labels_out_of_range_are_left_to_torch_func():
     clients = _clients()
     clients[3] = (clients[3][0], torch.full_like(clients[3][1], -100))  # cross-entropy's ignore_index
-    bc = BatchedClients(_net(_models()["relu-mlp"][0]), F.cross_entropy, clients, batch_size=BATCH)
+    bc = BatchedClients(_net(_models()["relu-mlp"][0]), F.cross_entropy, clients)  # minibatches: refused
     assert bc.chain is None

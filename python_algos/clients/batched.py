@@ -28,8 +28,9 @@ whole batch exactly as the sequential executor calls it.
 
 Padding is exact only when ``loss_fn`` is a mean of per-sample losses and each sample's output
 depends on that sample alone. Before any round the constructor checks that
-(:func:`~python_algos.clients.separable.coupling`: BatchNorm in training mode, a probe of the
-model's rows on a few real samples, a probe of the loss against its per-sample mean);
+(:func:`~python_algos.clients.separable.separability`: BatchNorm in training mode, a probe of the
+model's rows on samples of several clients and labels, the loss's kind from its type, options and
+labels, or for another callable a probe against its per-sample mean, :mod:`.losses`);
 ``clients.coupled`` says why samples are coupled ("" when they are not). Coupled samples (e.g.
 ``BatchNorm1d(track_running_stats=False)``, a ``x - x.mean(0)`` layer, ``reduction="sum"``) are
 never padded nor split: only clients of equal batch length share a pass, so the result is the
@@ -81,7 +82,7 @@ from .base import ClientSet, client_generators
 from .chain import plan_chain
 from .data import TensorData, client_data
 from .probe import check_clients
-from .separable import coupling, side_effect_free
+from .separable import separability, side_effect_free
 
 __all__ = ["BatchedClients", "default_memory_budget", "STATEFUL_NORMS"]
 
@@ -235,11 +236,12 @@ class BatchedClients(ClientSet):
         self.chunk = chunk
         # "" when every loss is a mean of independent per-sample losses (padding and splitting
         # are exact); otherwise why not, and every batch is then computed whole, unpadded.
+        sep = separability(model, loss_fn, wrapped)
+        self.coupled, self.loss_kind = sep.coupled, sep.loss
         with side_effect_free(model, self.device):
-            self.coupled = coupling(model, loss_fn, self.X_all[:4], self.y_all[:4])
             # a Linear/activation chain under cross-entropy: explicit bmm passes (None: torch.func)
-            self.chain = None if self.coupled else plan_chain(model, loss_fn, list(self.flat.sizes),
-                                                               self.X_all[:4], self.y_all[:4], self.y_all)
+            self.chain = None if self.coupled else plan_chain(model, loss_fn, sep.loss, list(self.flat.sizes),
+                                                               sep.X, sep.y, self.y_all)
         # the chain's first layer reads every step's samples straight from X_all, no gathered copy
         # (fedkernels.raw.linear_gathered: CPU only; faster than gather + bmm at 10 to 128 outputs)
         self.rows_in_place = self.chain is not None and self.device.type == "cpu" and self.chain.reads_rows_in_place()

@@ -9,11 +9,16 @@ a features-by-samples layout, each gradient written by its ``bmm`` / ``sum`` str
 slice of the client's row of ``G``.
 
 Which models qualify is decided by :func:`plan_chain`: every leaf module a ``Linear``, ``ReLU``,
-``Tanh``, ``Sigmoid``, ``Flatten`` or ``Identity``, every parameter trainable and no buffer, the
-loss ``F.cross_entropy`` / ``nn.CrossEntropyLoss()`` (defaults) on integer class labels; then the
-hypothesis "the forward pass flattens its input and applies the leaves in order" is checked on
-real and random samples in float64 against the model itself and ``loss_fn`` (outputs, loss and
-gradients); any mismatch, or any exception, leaves the model to ``torch.func``.
+``Tanh``, ``Sigmoid``, ``Flatten`` or ``Identity`` (activations may come before the first
+``Linear``), every parameter trainable and no buffer, float32 or float64 parameters (float16 /
+bfloat16 go to ``torch.func``), the loss the plain mean cross-entropy on integer class labels
+(:class:`~python_algos.clients.losses.LossKind` ``plain_ce``: ``F.cross_entropy`` or
+``nn.CrossEntropyLoss`` without ``weight`` or ``label_smoothing``, no label equal to
+``ignore_index``; the others go to ``torch.func``, exact for them); then the hypothesis "the
+forward pass flattens its input and applies the leaves in order" is checked on copies of real
+samples and on random ones in float64 against the model itself and ``loss_fn`` (outputs, loss and
+gradients); any mismatch, or any exception, leaves the model to ``torch.func``. A pass never
+writes its inputs (the samples, the rows).
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
 import fedkernels as fk
+
+from .losses import LossKind
 
 __all__ = ["LinearChain", "plan_chain"]
 
@@ -73,8 +79,8 @@ class LinearChain:
                     z.add_(rows[:, bs : bs + o].unsqueeze(2))
                 saved.append((lay, hT))
                 hT = z
-            else:
-                hT = _act_(lay[0], hT)
+            else:  # before the first Linear, hT is the caller's samples: never written
+                hT = _act_(lay[0], hT) if len(saved) > self.first_linear else _act(lay[0], hT)
                 saved.append((lay, hT))
         return self._backward(rows, saved, hT, yb, w, G, (xb, idx))
 
@@ -87,7 +93,7 @@ class LinearChain:
         d = torch.exp(lsm, out=aligned(c, *lsm.shape[1:], lsm))
         d.scatter_add_(1, yb.unsqueeze(1), torch.full_like(picked, -1.0))
         d.mul_(w.unsqueeze(1))
-        for k in range(len(saved) - 1, -1, -1):
+        for k in range(len(saved) - 1, self.first_linear - 1, -1):  # no parameter before the first Linear
             lay, inT = saved[k]
             if lay[0] != "linear":
                 _act_grad_(lay[0], d, inT)
@@ -123,6 +129,13 @@ def _act_(kind: str, z: torch.Tensor) -> torch.Tensor:
     return z.sigmoid_()
 
 
+def _act(kind: str, x: torch.Tensor) -> torch.Tensor:
+    """The activation into a new tensor (for the samples, which are the caller's)."""
+    if kind == "relu":
+        return x.clamp_min(0)
+    return x.tanh() if kind == "tanh" else x.sigmoid()
+
+
 def _act_grad_(kind: str, d: torch.Tensor, a: torch.Tensor) -> None:
     """``d <- d * act'(z)`` in place, from the activation's output ``a`` (z itself is not kept)."""
     if kind == "relu":
@@ -131,13 +144,6 @@ def _act_grad_(kind: str, d: torch.Tensor, a: torch.Tensor) -> None:
         d.mul_(1 - a * a)
     else:
         d.mul_(a * (1 - a))
-
-
-def _is_cross_entropy(loss_fn) -> bool:
-    if loss_fn is F.cross_entropy:
-        return True
-    return (type(loss_fn) is nn.CrossEntropyLoss and loss_fn.weight is None and loss_fn.reduction == "mean"
-            and loss_fn.label_smoothing == 0.0)
 
 
 def _layers(model: nn.Module, flat_sizes: list) -> Optional[tuple]:
@@ -170,12 +176,14 @@ def _layers(model: nn.Module, flat_sizes: list) -> Optional[tuple]:
     return layers, first, width
 
 
-def plan_chain(model: nn.Module, loss_fn: Callable, flat_sizes: list, X: torch.Tensor,
-               y: torch.Tensor, labels: torch.Tensor) -> Optional[LinearChain]:
+def plan_chain(model: nn.Module, loss_fn: Callable, loss: LossKind, flat_sizes: list, X: Optional[torch.Tensor],
+               y: Optional[torch.Tensor], labels: torch.Tensor) -> Optional[LinearChain]:
     """A :class:`LinearChain` when the model is one (see the module docstring), else None.
-    ``X``, ``y``: a few real samples (and labels) to check the hypothesis on; ``labels``: every
-    client's labels (class indices in range, or the loss would not be the plain cross-entropy)."""
-    if not _is_cross_entropy(loss_fn) or labels.dtype != torch.int64 or labels.dim() != 1 or X.shape[0] < 1:
+    ``loss``: the kind of ``loss_fn`` (:mod:`.losses`); ``X``, ``y``: real samples (and labels)
+    to check the hypothesis on (copies are used); ``labels``: every client's labels (class indices in range, or the loss
+    would not be the plain cross-entropy)."""
+    if (not loss.plain_ce or X is None or X.shape[0] < 1 or labels.dtype != torch.int64 or labels.dim() != 1
+            or X.dtype not in (torch.float32, torch.float64)):  # float16 / bfloat16: torch.func
         return None
     found = _layers(model, flat_sizes)
     if found is None:
@@ -197,7 +205,7 @@ def _agrees(chain: LinearChain, model: nn.Module, loss_fn: Callable, X: torch.Te
     names = [n for n, _ in model.named_parameters()]
     d = sum(p.numel() for p in model.parameters())
     P = X.shape[0]
-    for Xp in (X.double(), torch.randn(X.shape, generator=g, dtype=torch.float64)):
+    for Xp in (X.to(torch.float64, copy=True), torch.randn(X.shape, generator=g, dtype=torch.float64)):
         row = torch.randn(1, d, generator=g, dtype=torch.float64) * 0.5
         params, s = {}, 0
         for n, p in zip(names, model.parameters()):

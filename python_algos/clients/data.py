@@ -38,13 +38,14 @@ read outside the batches.
 from __future__ import annotations
 
 import abc
-from typing import Iterator, Optional
+import warnings
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.utils.data
 from torch.utils.data import default_collate
 
-__all__ = ["ClientData", "TensorData", "DatasetData", "LoaderData", "client_data"]
+__all__ = ["ClientData", "TensorData", "DatasetData", "LoaderData", "client_data", "warn_nonfinite"]
 
 
 def _cast(t, dtype, device) -> torch.Tensor:
@@ -219,3 +220,24 @@ def client_data(client, dtype: torch.dtype, device) -> ClientData:
         raise ValueError(f"client data must be non-empty with matching lengths, got X {tuple(X.shape)}, "
                          f"y {tuple(y.shape)}")
     return TensorData(_cast(X, dtype, device), _cast(y, dtype, device))
+
+
+def warn_nonfinite(clients: Sequence[ClientData], first_client: int = 0) -> None:
+    """Warn (``RuntimeWarning``), naming the first client and row, when in-memory client data hold
+    a NaN or an infinity: every gradient of a batch that draws the row, and f, would be nan or
+    inf, and the run would end with f+h = nan and nothing saying why. Lazy clients (a Dataset, a
+    DataLoader) are not read here."""
+    bad = []
+    for j, c in enumerate(clients):
+        if not isinstance(c, TensorData):
+            continue
+        for name, t in (("X", c.X), ("y", c.y)):
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                rows = (~torch.isfinite(t.reshape(t.shape[0], -1))).any(1).nonzero()[:, 0]
+                bad.append((first_client + j, name, rows))
+    if bad:
+        i, name, rows = bad[0]
+        more = f"; {len(bad) - 1} more client(s) too: " + ", ".join(str(b[0]) for b in bad[1:6]) if len(bad) > 1 else ""
+        warnings.warn(f"client {i}: row {int(rows[0])} of its {name} holds a NaN or an infinity ({rows.numel()} such "
+                      f"row(s){more}); every gradient that reads it, and f, will be nan or inf: remove or impute "
+                      f"those samples", RuntimeWarning, stacklevel=3)

@@ -29,12 +29,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .data import ClientData, LoaderData
-from .separable import loss_is_mean, side_effect_free
+from .data import ClientData, LoaderData, warn_nonfinite
+from .losses import classify_loss
+from .separable import PROBE_SAMPLES, all_labels, separability, side_effect_free
 
 __all__ = ["check_clients"]
-
-PROBE_SAMPLES = 4  # samples of each client run through model and loss (as separable.coupling's probe)
 
 
 @contextlib.contextmanager
@@ -101,9 +100,10 @@ def check_clients(model: nn.Module, loss_fn: Callable, clients: Sequence[ClientD
     that ``model`` or ``loss_fn`` cannot take or a loss that does not return a scalar; and refuse
     a loss that is not a mean of per-sample losses when a client is trained on minibatches
     (``batch_size`` below its sample count, or a DataLoader client). See the module docstring."""
+    warn_nonfinite(clients, first_client)
     p = next(model.parameters(), None)
     device = p.device if p is not None else torch.device("cpu")
-    seen, mean_probe = set(), None
+    seen, out = set(), None
     with side_effect_free(model, device), _host_random_state_kept(), torch.no_grad():
         for j, c in enumerate(clients):
             batch = c.first(PROBE_SAMPLES)
@@ -114,19 +114,20 @@ def check_clients(model: nn.Module, loss_fn: Callable, clients: Sequence[ClientD
             if kind in seen:  # shape and dtype errors are the same for every client of a kind
                 continue
             seen.add(kind)
-            out, y = _probe_client(model, loss_fn, c, first_client + j, X, y, batch_size)
-            if mean_probe is None and isinstance(out, torch.Tensor) and out.dim() >= 1 \
-                    and out.shape[0] == y.shape[0] >= 2:
-                mean_probe = (out[:PROBE_SAMPLES], y[:PROBE_SAMPLES])
+            o, _ = _probe_client(model, loss_fn, c, first_client + j, X, y, batch_size)
+            out = o if out is None else out
         mini = next(((first_client + j, why) for j, c in enumerate(clients) if (why := _minibatched(c, batch_size))),
                     None)
-        if mini is None or mean_probe is None:
+        if mini is None:
             return
-        is_mean, why = loss_is_mean(loss_fn, *mean_probe)
-    if is_mean is False:  # shown not to be a mean (a loss that cannot be taken per sample is not refused)
+        # a known loss by its type, options and labels; any other callable probed (reads a few more samples)
+        loss = classify_loss(loss_fn, all_labels(clients), out)
+        loss = separability(model, loss_fn, clients).loss if loss is None else loss
+    if loss.mean is False:  # shown not to be a mean (one whose kind is unknown is not refused)
         i, how = mini
-        raise ValueError(f"{why}; client {i} {how}, and a minibatch's gradient then follows another objective than "
-                         f"the reported f (a sum of B losses scales every step by the batch size B, and weights "
-                         f"client i by B/m_i): make loss_fn a per-sample mean (reduction='mean'; for class weights "
-                         f"w: (w[y] * F.cross_entropy(out, y, reduction='none')).mean()), or train on full batches "
+        raise ValueError(f"{loss.why}; client {i} {how}, and a minibatch's gradient then follows another objective "
+                         f"than the reported f (a sum of B losses scales every step by the batch size B, and weights "
+                         f"client i by B/m_i; a weighted mean's minibatches divide by their own weights): make "
+                         f"loss_fn a per-sample mean (reduction='mean'; for class weights w: "
+                         f"(w[y] * F.cross_entropy(out, y, reduction='none')).mean()), or train on full batches "
                          f"(batch_size=None, with tensor or Dataset clients)")

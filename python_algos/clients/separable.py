@@ -9,24 +9,31 @@ per-sample losses and each sample's output depends on that sample alone:
 
 A BatchNorm in training mode (batch statistics, with or without running statistics), a layer such
 as ``x - x.mean(0)``, a ``reduction="sum"`` loss or a class-weighted mean couple the samples of a
-batch: padding or splitting would then change the loss. :func:`coupling` finds them before any
-round, by the module types and by a cheap probe on a few real samples, and the executors then
-compute every batch whole, exactly as ``loss_fn(model(X), y)`` is written (never a silent change
-of the objective).
+batch: padding or splitting would then change the loss. :func:`separability` finds them before any
+round: the module types, a probe of the model's rows on samples chosen to expose coupling (several
+clients and labels, :func:`probe_samples`), and the loss's kind (:mod:`.losses`: known losses by
+their type, options and labels; other callables probed on copies). The executors then compute
+every batch whole, exactly as ``loss_fn(model(X), y)`` is written (never a silent change of the
+objective).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Optional
+import dataclasses
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
-__all__ = ["coupling", "loss_is_mean", "side_effect_free", "training_side_effects"]
+from .data import ClientData, TensorData
+from .losses import LossKind, loss_kind
+
+__all__ = ["PROBE_SAMPLES", "Separability", "all_labels", "probe_samples", "separability", "side_effect_free",
+           "training_side_effects"]
 
 _BATCH_STAT_NORMS = (nn.modules.batchnorm._BatchNorm,)  # BatchNorm1d/2d/3d, SyncBatchNorm, Lazy*
-_PROBE_RTOL = 1e-4  # coupling effects are O(1); float32 rounding of a same-shape pass is ~1e-7
+PROBE_SAMPLES = 4  # samples of each probed client run through model and loss
 
 
 @contextlib.contextmanager
@@ -46,77 +53,110 @@ def side_effect_free(model: nn.Module, device: torch.device):
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    scale = max(float(a.abs().max()), float(b.abs().max()), 1e-30) if a.numel() else 1.0
-    return a.shape == b.shape and bool(((a - b).abs() <= _PROBE_RTOL * scale).all())
+    """Equal up to the rounding of the dtype (coupling effects are O(1)); float32: 1e-4."""
+    if a.shape != b.shape:
+        return False
+    if not a.numel():
+        return True
+    tol = 1e-9 if a.dtype == torch.float64 else 1e-4 if a.dtype == torch.float32 else 32 * torch.finfo(a.dtype).eps
+    scale = max(float(a.abs().max()), float(b.abs().max()), 1e-30)
+    return bool(((a.double() - b.double()).abs() <= tol * scale).all())
 
 
-def coupling(model: nn.Module, loss_fn: Callable, X: torch.Tensor, y: torch.Tensor) -> str:
-    """Why samples of a batch are coupled ("" if they are not), from ``X, y`` (a few real samples).
+@dataclasses.dataclass
+class Separability:
+    """``coupled``: why the samples of a batch are coupled ("" when they are not: padding and
+    splitting batches are exact); ``loss``: the loss's kind (:mod:`.losses`); ``X, y``: the probe
+    samples (None when no client could be read)."""
 
-    Checks, in order: (1) a BatchNorm module in training mode; (2) the model on the probe batch:
-    row i of ``model(X)`` must not change when another sample is altered or dropped; (3) the loss:
-    ``loss_fn(out, y)`` must equal the mean of ``loss_fn(out[i:i+1], y[i:i+1])`` (a sum, or a
-    class-weighted mean, does not), on the model's outputs and on perturbed ones (a loss that is
-    zero on the probe would prove nothing). The passes run without side effects and without grad."""
-    for name, m in model.named_modules():
-        if isinstance(m, _BATCH_STAT_NORMS) and m.training:
-            return (f"module {name or 'model'!r} ({type(m).__name__}) normalises each batch by its own statistics "
-                    f"in training mode, so a sample's output depends on the other samples of its batch")
-    k = min(4, int(X.shape[0]))
-    if k < 2:
-        return ""
-    X, y = X[:k], y[:k]
-    p = next(model.parameters(), None)
-    device = p.device if p is not None else X.device
+    coupled: str
+    loss: LossKind
+    X: Optional[torch.Tensor] = None
+    y: Optional[torch.Tensor] = None
 
+
+def _distinct_label_rows(clients: Sequence[ClientData], most: int = 8) -> list:
+    """(client, row) of the first sample of each of the first ``most`` label values met (integer
+    labels of in-memory clients): a class-weighted mean is a plain mean on samples of one label."""
+    seen, rows = set(), []
+    for j, c in enumerate(clients):
+        if not isinstance(c, TensorData) or c.y.is_floating_point() or c.y.dim() != 1:
+            continue
+        for v in c.y.unique().tolist():
+            if v not in seen and len(rows) < most:
+                seen.add(v)
+                rows.append((j, int((c.y == v).nonzero()[0, 0])))
+        if len(rows) >= most:
+            break
+    return rows
+
+
+def probe_samples(clients: Sequence[ClientData], per_client: int = PROBE_SAMPLES) -> Optional[tuple]:
+    """``(X, y)``: samples chosen to expose coupling: the first ``per_client`` samples of the first,
+    the largest, the smallest and the last client, and one sample of each label value (in-memory
+    clients); those of the first readable client's shape and dtype. None when none can be read."""
+    sizes = [c.n if c.n is not None else 0 for c in clients]
+    picks = dict.fromkeys([0, max(range(len(sizes)), key=sizes.__getitem__),
+                           min(range(len(sizes)), key=sizes.__getitem__), len(clients) - 1])
+    parts = [b for j in picks if (b := clients[j].first(per_client)) is not None]
+    parts += [(clients[j].X[r : r + 1], clients[j].y[r : r + 1]) for j, r in _distinct_label_rows(clients)]
+    if not parts:
+        return None
+    kind = (parts[0][0].shape[1:], parts[0][0].dtype, parts[0][1].shape[1:], parts[0][1].dtype)
+    parts = [p for p in parts if (p[0].shape[1:], p[0].dtype, p[1].shape[1:], p[1].dtype) == kind]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def all_labels(clients: Sequence[ClientData]) -> Optional[torch.Tensor]:
+    """Every client's labels when all are in memory (None otherwise)."""
+    if not all(isinstance(c, TensorData) for c in clients):
+        return None
+    return torch.cat([c.y.reshape(-1) for c in clients])
+
+
+def _rows_independent(model: nn.Module, X: torch.Tensor):
+    """(the model's output on X, "" or why a sample's output depends on the others)."""
     def fwd(inp):
         torch.manual_seed(0)  # the same dropout mask for the same shape: only coupling can differ
         return model(inp)
 
+    try:
+        out = fwd(X)
+        if not isinstance(out, torch.Tensor) or out.shape[:1] != X.shape[:1]:
+            return None, "the model's output is not one row per sample"
+        if X.shape[0] < 2:
+            return out, ""
+        Xq = X.clone()
+        Xq[-1] = X[0] * 1.5 + 1.0 if X.is_floating_point() else X[0]
+        alone = _close(fwd(Xq)[:-1], out[:-1]) and _close(fwd(X[:-1]), out[:-1])
+    except Exception as e:  # noqa: BLE001 -- cannot show independence: treat as coupled
+        return None, f"the model could not be probed on a few samples ({type(e).__name__}: {e})"
+    if not alone:
+        return out, ("the model's output for one sample changes with the other samples of its batch "
+                     "(a layer mixes samples, e.g. a batch statistic)")
+    return out, ""
+
+
+def separability(model: nn.Module, loss_fn: Callable, clients: Sequence[ClientData]) -> Separability:
+    """Whether padding and splitting batches is exact for ``model`` and ``loss_fn`` on ``clients``:
+    (1) a BatchNorm module in training mode couples samples; (2) the model on the probe samples
+    (:func:`probe_samples`): row i of ``model(X)`` must not change when another sample is altered
+    or dropped; (3) the loss must be a per-sample mean (:func:`.losses.loss_kind`: known losses by
+    their type and options and every client's labels, other callables probed on copies). The
+    passes run without side effects and without grad; ``clients`` are not consumed."""
+    p = next(model.parameters(), None)
+    device = p.device if p is not None else torch.device("cpu")
+    norm = next(((n, m) for n, m in model.named_modules() if isinstance(m, _BATCH_STAT_NORMS) and m.training), None)
+    batch = probe_samples(clients)
     with side_effect_free(model, device), torch.no_grad():
-        try:
-            out = fwd(X)
-            if not isinstance(out, torch.Tensor) or out.shape[:1] != X.shape[:1]:
-                return "the model's output is not one row per sample"
-            Xq = X.clone()
-            Xq[-1] = X[0] * 1.5 + 1.0 if X.is_floating_point() else X[0]
-            alone = _close(fwd(Xq)[:-1], out[:-1]) and _close(fwd(X[:-1]), out[:-1])
-        except Exception as e:  # noqa: BLE001 -- cannot show independence: treat as coupled
-            return f"the model could not be probed on a few samples ({type(e).__name__}: {e})"
-        if not alone:
-            return ("the model's output for one sample changes with the other samples of its batch "
-                    "(a layer mixes samples, e.g. a batch statistic)")
-        is_mean, why = loss_is_mean(loss_fn, out, y)
-        if not is_mean:
-            return why
-    return ""
-
-
-def loss_is_mean(loss_fn: Callable, out: torch.Tensor, y: torch.Tensor) -> tuple[Optional[bool], str]:
-    """Whether ``loss_fn(out, y)`` is the mean of its per-sample values ``loss_fn(out[i:i+1], y[i:i+1])``,
-    on the outputs ``out`` of a few real samples and on perturbed ones (a loss that is zero on the
-    probe would prove nothing): ``(True, "")``; ``(False, why)`` when it is shown not to be (a sum,
-    a class-weighted mean); ``(None, why)`` when it cannot be evaluated on one sample. The one
-    source of truth for both uses: padding and splitting batches (:func:`coupling`) and refusing
-    minibatches of a loss that is not a mean (:func:`python_algos.clients.probe.check_clients`).
-    Call it without grad, inside :func:`side_effect_free`."""
-    k = int(out.shape[0])
-    g = torch.Generator(device="cpu").manual_seed(0)
-    noise = torch.randn(out.shape, generator=g, dtype=out.dtype).to(out.device) if out.is_floating_point() else 0
-    for o in (out, out + noise):
-        try:
-            whole = loss_fn(o, y)
-            each = torch.stack([loss_fn(o[i : i + 1], y[i : i + 1]).reshape(()) for i in range(k)])
-        except Exception as e:  # noqa: BLE001 -- the loss cannot be taken per sample: cannot tell
-            return None, f"loss_fn cannot be evaluated on one sample ({type(e).__name__}: {e})"
-        if not isinstance(whole, torch.Tensor) or whole.numel() != 1:
-            return False, "loss_fn does not return one value per batch"
-        if not _close(whole.reshape(()), each.mean()):
-            return False, (f"loss_fn is not the mean of per-sample losses (e.g. reduction='sum', or a weighted "
-                           f"mean): its value on a batch is not the average of its values on the batch's samples "
-                           f"(on {k} samples: {float(whole):.6g}, the average of its per-sample values "
-                           f"{float(each.mean()):.6g})")
-    return True, ""
+        out, rows = _rows_independent(model, batch[0]) if batch is not None else (None, "")
+        kind = loss_kind(loss_fn, out, None if batch is None else batch[1], all_labels(clients))
+    if norm is not None:
+        coupled = (f"module {norm[0] or 'model'!r} ({type(norm[1]).__name__}) normalises each batch by its own "
+                   f"statistics in training mode, so a sample's output depends on the other samples of its batch")
+    else:
+        coupled = rows or ("" if kind.mean else kind.why)
+    return Separability(coupled, kind, *(batch if batch is not None else (None, None)))
 
 
 def training_side_effects(model: nn.Module, X: torch.Tensor) -> str:

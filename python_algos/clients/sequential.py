@@ -15,7 +15,7 @@ import fedkernels as fk
 from .base import ClientSet, client_generators
 from .data import LoaderData, TensorData, client_data
 from .probe import check_clients
-from .separable import coupling, side_effect_free
+from .separable import separability, side_effect_free
 
 __all__ = ["SequentialClients"]
 
@@ -36,8 +36,9 @@ class SequentialClients(ClientSet):
         chunk: full-data passes are split into chunks of at most this many samples (a chunk
             weighted by its share of the data, so the result is the same mean loss). Only when
             that is exact: if the model or the loss couples the samples of a batch (a BatchNorm in
-            training mode, ``reduction="sum"``; :func:`~python_algos.clients.separable.coupling`,
-            probed on the batch before its first split), a batch is always one pass.
+            training mode, ``reduction="sum"``, a class-weighted mean;
+            :func:`~python_algos.clients.separable.separability`, decided before the first split),
+            a batch is always one pass.
         flat: an existing ``fk.FlatParams(model)`` to reuse.
         first_client: the global index of ``data[0]`` when this process holds a shard of the
             federation (client i's generator is seeded by its global index).
@@ -161,25 +162,25 @@ class SequentialClients(ClientSet):
         self.grad_evals += 1
         return g
 
-    def _coupled(self, X, y) -> bool:
-        """Whether the samples of a batch are coupled (probed once, on the first batch to be split)."""
+    def _coupled(self) -> bool:
+        """Whether the samples of a batch are coupled (decided once, before the first split)."""
         if self.coupled is None:
-            self.coupled = coupling(self.model, self.loss_fn, X, y)
+            self.coupled = separability(self.model, self.loss_fn, self.clients).coupled
         return bool(self.coupled)
 
     def _piece_size(self, client) -> int:
         """Samples per piece of a Dataset client's batch: ``chunk``, or no split when coupled."""
         n = getattr(client, "n", None)
-        if n is not None and n > self.chunk and self.coupled is None:
-            self._coupled(*client.take(torch.arange(min(4, n))))
-        return sys.maxsize if self.coupled else self.chunk
+        if n is not None and n > self.chunk and self._coupled():
+            return sys.maxsize
+        return self.chunk
 
     def _accumulate(self, X, y, weight: float) -> float:
         """Backward of ``weight * loss`` over (X, y), in chunks (weighted by their share, when
         the loss is a mean of independent per-sample losses; one pass otherwise); gradients
         accumulate into the bound grad buffer. Returns the weighted loss."""
         n = X.shape[0]
-        step = self.chunk if n <= self.chunk or not self._coupled(X, y) else n
+        step = self.chunk if n <= self.chunk or not self._coupled() else n
         total = 0.0
         for s in range(0, n, step):
             Xc, yc = X[s : s + step], y[s : s + step]
