@@ -69,15 +69,17 @@ def test_replace_refuses_a_folder_holding_the_users_files(tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
 
 
-def test_a_folder_without_a_run_takes_one_beside_the_users_files(tmp_path):
-    """As before: --out of a folder holding no run writes the run there and deletes nothing."""
+def test_a_folder_of_the_users_files_without_a_run_is_refused(tmp_path):
+    """Issue 36, defect 14: --out of a folder holding the user's files and no run is refused (it used
+    to take the run beside them), and nothing in it changes."""
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     (out / "overview.png").write_text("mine too")  # named like a figure, but no run drew it
-    run_experiment(tiny(), str(out), progress=False, log=quiet)
-    assert (out / "notes.txt").read_text() == "mine" and (out / "summary.json").is_file()
-    assert (out / "overview.png").read_text() == "mine too"
+    with pytest.raises(RunFolderError, match=r"mine holds notes\.txt and no run"):
+        run_experiment(tiny(), str(out), progress=False, log=quiet)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "overview.png"]
+    assert (out / "notes.txt").read_text() == "mine" and (out / "overview.png").read_text() == "mine too"
 
 
 def test_history_save_overwrite_keeps_the_users_files(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import warnings
 from typing import Optional, Sequence
 
@@ -30,6 +31,7 @@ from .config import RESULT_KEYS, Config, ConfigError, flag
 from .data import FederatedData
 from .device import resolve_device
 from .folders import read_config_json, resume_command
+from .threads import choose_threads
 
 __all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size", "check_rounds_reach",
            "check_recorded_config"]
@@ -122,9 +124,11 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
         if not os.path.isdir(out_dir):
             raise RunFolderError(f"cannot resume {out_dir}: no such folder")
         if not os.path.isfile(cfg_path):
-            if os.path.isfile(os.path.join(out_dir, "comparison.json")):
-                raise RunFolderError(f"{out_dir} is a comparison: continue it with "
-                                     f"`python -m python_algos compare --resume {out_dir}`")
+            for record, what, command in (("comparison.json", "a comparison", "compare"),
+                                          ("sweep.json", "a sweep (or random search)", "sweep")):
+                if os.path.isfile(os.path.join(out_dir, record)):
+                    raise RunFolderError(f"{out_dir} is {what}, not one run: continue it with "
+                                         f"`python -m python_algos {command} --resume {shlex.quote(out_dir)}`")
             raise RunFolderError(f"cannot resume {out_dir}: it holds no config.json, so no run was started there "
                                  f"(a run stopped before it wrote its settings leaves none); start it again with `run`")
         ran_flower = os.path.isfile(os.path.join(out_dir, FLOWER_MARK))
@@ -157,6 +161,8 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     check_world_size(len(fed.parts), launch.world_size())
     model = build_model(cfg, fed.dataset)
     torch_rng = torch.get_rng_state()
+    if not resume and cfg.threads is None:  # recorded in config.json: a resume uses it, whatever its environment
+        cfg = cfg.replace(threads=choose_threads(None, sum(p.numel() for p in model.parameters()), device))
     algorithm = build_algorithm(cfg)
     reg = build_run_regularizer(cfg, model)
     with warnings.catch_warnings():  # simulate validates again and warns once

@@ -751,6 +751,9 @@ class Workers:
         self._batch = (done, total, t0)
         if results is not None:
             results[r["dir"]] = r
+        if r["status"] == "error":  # the run raised (bad data in this point, a full disk): failed, with the reason
+            r["status"] = "failed"
+            self.failed[r["dir"]] = r["message"]
         why = f" ({r['message']})" if r["message"] and r["status"] != "completed" else ""
         if self.progress is not None and r["status"] != "not started":
             spent = time.perf_counter() - t0

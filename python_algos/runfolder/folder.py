@@ -102,18 +102,32 @@ def foreign_entries(out_dir: str) -> List[str]:
     return sorted(e for e in os.listdir(out_dir) if not _of_a_run(e))
 
 
+def _file_on_the_way(path: str):
+    """``path`` or the nearest of its parents that exists, when that is not a folder; else None."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return None if os.path.isdir(path) else path
+
+
 def check_fresh_start(out_dir: str, replace: bool, *, how_to_resume: str = "") -> None:
     """Raise before anything is written unless a fresh run may start in ``out_dir``.
 
     A folder holding a run is refused (:class:`RunExistsError`) unless ``replace``; a replacement is
     refused (:class:`RunFolderError`) when the folder also holds entries no run writes, which
     :func:`clear_for_fresh_run` would have to keep beside the new run or delete. A folder without a
-    run takes the run beside what it holds, as it always has."""
+    run must be empty (or hold only what a run writes): a run among the user's own files is refused."""
     if not isinstance(replace, bool):  # a truthy string must not delete a run
         raise TypeError(f"replace must be True or False, got {replace!r}")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise RunFolderError(f"{out_dir} is a file, not a folder; choose another --out (nothing was changed)")
+    blocked = _file_on_the_way(out_dir)
+    if blocked is not None:
+        raise RunFolderError(f"{blocked} is a file, not a folder; choose another --out (nothing was changed)")
     if not holds_run(out_dir):
+        foreign = foreign_entries(out_dir)
+        if foreign:  # the user's own folder: a run written among its files could not be told apart or replaced
+            raise RunFolderError(f"{out_dir} holds {', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''} "
+                                 f"and no run: a run goes into a new or empty folder, so nothing was changed: "
+                                 f"choose another --out")
         return
     if not replace:
         raise RunExistsError(f"{out_dir} already holds a run: continue it with `{how_to_resume}`, or choose "

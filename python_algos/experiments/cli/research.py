@@ -7,7 +7,7 @@ import os
 import shlex
 import sys
 
-from ..config import Config
+from ..config import Config, ConfigError
 from ..optuna_search import parse_space, run_study  # optuna itself: imported when a study starts
 from ..plotting import plot_sweep  # matplotlib itself: imported when a figure is drawn
 from ..seeds import compare_seeds, is_seeds_folder, run_seeds, seed_list
@@ -16,6 +16,7 @@ from ..tensorboard import check_available, write_events  # the tensorboard packa
 from .options import Common, CompareCommand, Figures, GivenSettings, RunCommand, SweepCommand
 from .parser import formats_flag
 from .settings import (
+    RESEED_ALONE,
     check_resume_flags,
     compare_seed_settings,
     merge_settings,
@@ -163,6 +164,8 @@ def _new_sweep(cmd: SweepCommand, opts: dict) -> tuple:
                          "algorithms`)")
     seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
     reseed = merged.pop("reseed_data", False)
+    if reseed and len(seeds) < 2:
+        raise ConfigError("reseed_data", reseed, RESEED_ALONE)
     for k in ("jobs", "select"):
         if opts[k] is None:
             opts[k] = merged.pop(k, None)
@@ -215,9 +218,9 @@ def _report_sweep(cmd: SweepCommand, out: str, result: dict, figures: dict) -> i
             files = []
         for f in files:
             print(f"figure: {f}")
-    if result.get("failed"):  # a worker process died: its runs are listed in the table's notes
-        print(f"error: {len(result['failed'])} run(s) failed (their worker process died); run them again with "
-              f"`python -m python_algos sweep --resume {shlex.quote(out)}`", file=sys.stderr)
+    if result.get("failed"):  # a run raised, or its worker process died: listed with the reason below the table
+        print(f"error: {len(result['failed'])} run(s) failed (the reasons are listed below the table); run them "
+              f"again with `python -m python_algos sweep --resume {shlex.quote(out)}`", file=sys.stderr)
         return 1
     return 0
 

@@ -104,6 +104,8 @@ def merge_settings(given: Union[GivenSettings, argparse.Namespace], extra_keys: 
         raise ValueError(f"{given.config}: {unknown_keys_text(unknown, names)}")
     flags = set()
     for k, v in given.values.items():
+        if k == "reseed_data" and k not in names:  # a run or comparison of one seed: a flag that would do nothing
+            raise ConfigError("reseed_data", v, RESEED_ALONE)
         if k not in names or (v is None and k in extra_keys):  # compare's -a not given: the file's list stands
             continue
         flags.add(k)
@@ -123,6 +125,10 @@ def merge_settings(given: Union[GivenSettings, argparse.Namespace], extra_keys: 
                           "give --reg (one penalty for the whole model) or --reg-param / a [regularizers] table (one "
                           "per parameter), not both; a '*' pattern gives the remaining parameters a default")
     return base
+
+
+RESEED_ALONE = ("draws the data anew with each seed, so it needs several seeds (--seeds 0,1,2 or a --seed "
+                 "list); with one seed there is nothing to redraw: leave it out")
 
 
 def _swept(given: GivenSettings, base: dict) -> set:
@@ -278,6 +284,11 @@ def compare_seed_settings(given: GivenSettings, algorithms: Optional[Sequence[st
 def _compare_config(merged: dict, algorithms: Optional[Sequence[str]]):
     algorithms = list(algorithms or merged.pop("algorithms", None) or DEMO_ALGORITHMS)
     merged.pop("algorithms", None)
+    twice = sorted({a for a in algorithms if algorithms.count(a) > 1})
+    if twice:  # both would write one folder, OUT/<algorithm>
+        raise ValueError(f"-a/--algorithms {' '.join(algorithms)}: {', '.join(twice)} is given twice; a comparison "
+                         f"runs each algorithm once (into OUT/<algorithm>): give each once, or compare other "
+                         f"settings of one algorithm with `sweep`")
     per = split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
     cfg = Config.from_dict(merged)
     # the cheap checks here, before the "comparing ..." line: a misspelt name or a bad flag is then
@@ -309,5 +320,7 @@ def seed_settings(given: GivenSettings, extra=()):
     reseed = merged.pop("reseed_data", False)
     if not isinstance(reseed, bool):
         raise ValueError(f"reseed_data = {reseed!r}: must be true or false")
+    if reseed and len(seeds) < 2:
+        raise ConfigError("reseed_data", reseed, RESEED_ALONE)
     merged["seed"] = seeds[0]
     return merged, seeds, reseed

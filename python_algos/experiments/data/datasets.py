@@ -100,6 +100,11 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
     File datasets read ``data_dir`` and use their own test split; a missing file raises
     :class:`~python_algos.experiments.data.loaders.DataNotFoundError` saying what is expected where.
     """
+    return _checked(_load(name, data_dir, seed, test_fraction, opts))
+
+
+def _load(name: str, data_dir: Optional[str], seed: int, test_fraction: float, opts: dict) -> Dataset:
+    """:func:`load_dataset`'s data, before :func:`_checked`."""
     key = name.lower().replace("-", "_")
     if key == "fmnist":
         key = "fashion_mnist"
@@ -150,7 +155,12 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
         X, y, w, Xt, yt, _, names = loaders.load_femnist(data_dir)
         return Dataset(key, X, y, Xt if len(yt) else None, yt if len(yt) else None, "multiclass", 62, groups=w,
                        source=f"FEMNIST (LEAF JSON, {len(names)} writers) in {data_dir}")
-    # generic libsvm
+    return _load_libsvm(opts, data_dir, seed, test_fraction)
+
+
+def _load_libsvm(opts: dict, data_dir: Optional[str], seed: int, test_fraction: float) -> Dataset:
+    """``libsvm``: any LIBSVM file (``file=``, ``test_file=`` optional); integral labels with few
+    values are classes, other labels regression targets."""
     if "file" not in opts:
         raise ValueError("dataset 'libsvm' needs file=PATH (CLI: --data-opt file=PATH)")
     path = opts["file"]
@@ -177,6 +187,19 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
     if Xt is None:
         X, y, Xt, yt, _ = _take(X, y, None, *train_test_indices(X.shape[0], test_fraction, seed))
     return Dataset("libsvm", X, y, Xt, yt, task, C, source=f"LIBSVM file {path}")
+
+
+def _checked(ds: Dataset) -> Dataset:
+    """A data set a federated run can train on: 2 or more training samples and, for classification,
+    2 or more classes; refused naming where the data came from (before any run folder is written)."""
+    n = int(ds.X.shape[0])
+    if n < 2:
+        raise ValueError(f"{ds.source}: {n} sample{'' if n == 1 else 's'} to train on; a run needs at least 2 "
+                         f"(each client holds at least one, and the metrics average over them): give more data")
+    if ds.task == "multiclass" and ds.num_classes < 2:
+        raise ValueError(f"{ds.source}: its labels take {ds.num_classes} value(s); a classification needs at least 2 "
+                         f"classes")
+    return ds
 
 
 def federate(ds: Dataset, partition: str = "iid", num_clients: int = 10, seed: int = 0, eta: float = 0.5,
