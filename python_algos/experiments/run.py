@@ -221,6 +221,15 @@ def _run_rounds(prep: PreparedRun, cbs: list, eval_fn, executor: str, executor_o
     return hist, status
 
 
+def _write_failed(e: OSError, out_dir: str, last_ckpt: Optional[int]) -> OSError:
+    """The error of a run that could not write: what failed, and how the folder continues (config.json
+    is written first and every file but metrics.jsonl atomically, so the checkpoint is whole)."""
+    kept = (f"its checkpoint of round {last_ckpt} is kept" if last_ckpt is not None
+            else "no checkpoint was written, so it restarts at round 0")
+    return OSError(e.errno, f"{e.strerror or e}; the run stopped and {kept}: once the cause is fixed (free space, "
+                            f"a writable folder), continue it with `{resume_command(out_dir)}`", e.filename)
+
+
 def _status(status: dict) -> str:
     """The run summary's status (``records.SUMMARY``) of a run that ended with ``status`` (:func:`_run_rounds`)."""
     if status["interrupted"]:
@@ -248,7 +257,11 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     executor, executor_options = launch.executor_for(cfg.executor)
     t0 = time.perf_counter()
     threads = apply_threads(cfg.threads, sum(p.numel() for p in model.parameters()), prep.device)
-    hist, status = _run_rounds(prep, cbs, eval_fn, executor, executor_options)
+    try:
+        hist, status = _run_rounds(prep, cbs, eval_fn, executor, executor_options)
+    except OSError as e:  # a write failed (disk full, file system gone read-only): the folder stays resumable
+        raise _write_failed(e, out_dir, saver.last_round if saver.last_round is not None else
+                            (int(snap["round"]) if snap else None)) from None
     run_seconds = time.perf_counter() - t0
 
     # rank 0 wrote metrics.jsonl; another rank (maybe on another node) has the same rows in memory

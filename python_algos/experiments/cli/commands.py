@@ -246,6 +246,14 @@ def show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
 
 
+def error_text(e: Exception) -> str:
+    """One line: an ``OSError`` as ``PATH: what failed`` (its errno's words, not ``[Errno 28] ...``)."""
+    if isinstance(e, OSError) and e.strerror and not isinstance(e, DataNotFoundError):
+        paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p)
+        return f"{paths}: {e.strerror}" if paths else e.strerror
+    return str(e)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -270,9 +278,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             # a default folder claimed by a command that then failed before writing is removed
             with terminate_as_interrupt(), unused_claims_removed(), live, named_as(command.names):
                 code = handler(command)
-        except (DataNotFoundError, FileNotFoundError, ValueError, RuntimeError) as e:
+        except (DataNotFoundError, FileNotFoundError, ValueError, RuntimeError, OSError) as e:
             where = f" on rank {launch.rank()} of {launch.world_size()}" if launch.distributed() else ""
-            print(f"error{where}: {e}", file=sys.stderr)
+            print(f"error{where}: {error_text(e)}", file=sys.stderr)
             launch.finish(ok=False)
             return 1
         except Interrupted as e:  # Ctrl-C during a run: its summary is written
