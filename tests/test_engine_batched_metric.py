@@ -80,3 +80,25 @@ def test_metric_gradient_bits_do_not_depend_on_the_chunking_float32_torch_func()
     for chunking in CHUNKINGS:
         _, g = _metric(torch.float32, loss=_generic_cross_entropy, **chunking)
         assert torch.equal(g, g0), chunking
+
+
+def test_metric_f_bits_do_not_depend_on_the_chunking_float32_torch_func():
+    """Defect 12 (issue 35): f moved by 2.4e-8 with ``chunk_clients`` on the torch.func path in
+    float32 while the gradient did not: a client whose batch had its pass's length took loss_fn on
+    the batch when all its pass-mates did too, and the padded (weighted per-sample) form when one
+    of them was shorter. Unequal clients, every chunking against one pass of all of them."""
+    g = torch.Generator().manual_seed(0)
+    sizes = [30, 16, 15, 4, 26, 3, 9]
+    clients = [(torch.randn(m, FEATURES, generator=g) * (1 + 5 * i), torch.randint(CLASSES, (m,), generator=g))
+               for i, m in enumerate(sizes)]
+
+    def metric(**chunking):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES))
+        cs = BatchedClients(net, _generic_cross_entropy, clients, **chunking)
+        assert cs.chain is None
+        x = cs.flat.params.detach().clone()
+        return cs.full_objective_(x, torch.empty_like(x))
+
+    f0 = metric(chunk_clients=len(sizes))
+    assert [metric(chunk_clients=c) for c in range(2, len(sizes))] == [f0] * (len(sizes) - 2)

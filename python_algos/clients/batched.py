@@ -19,12 +19,13 @@ generator, seeded by its global index, with the same call the sequential executo
 summation order (the tests check 1e-10 relative in float64 for every algorithm).
 
 Unequal clients (pad and mask). Clients are grouped by the length their batch is computed at
-(:meth:`BatchedClients.padded_length`): a client with a shorter batch (full-batch gradients, or
-``B`` larger than its data) is padded, up to the next power of two (at most the call's longest
-batch), with copies of its own first sample that carry weight zero; its loss is then the mean of
-its *own* samples, the loss function applied per sample (``vmap`` over the batch) and averaged
-with weights ``1/b_i``. When a group's batches all have its length, ``loss_fn`` is called on each
-whole batch exactly as the sequential executor calls it.
+(:meth:`BatchedClients.padded_length`) and by whether it is padded: a client with a shorter batch
+(full-batch gradients, or ``B`` larger than its data) is padded, up to the next power of two (at
+most the call's longest batch), with copies of its own first sample that carry weight zero; its
+loss is then the mean of its *own* samples, the loss function applied per sample (``vmap`` over
+the batch) and averaged with weights ``1/b_i``. A client whose batch has its group's length is
+never in a padded pass: ``loss_fn`` is called on its whole batch exactly as the sequential
+executor calls it, whichever clients share its pass (so f's bits do not depend on the chunking).
 
 Padding is exact only when ``loss_fn`` is a mean of per-sample losses and each sample's output
 depends on that sample alone. Before any round the constructor checks that
@@ -334,7 +335,7 @@ class BatchedClients(ClientSet):
         B = self.batch_size
         lengths = [n if B is None else min(B, n) for n in self.sizes]
         longest = max(lengths)
-        groups = {self.padded_length(n, longest) for n in lengths}
+        groups = {(P := self.padded_length(n, longest), n < P) for n in lengths}  # as _gradients groups them
         fit = self.chunk_clients if self.chunk_clients is not None else self.budget_rows(longest)
         return min(fit, len(lengths) / len(groups))
 
@@ -437,14 +438,18 @@ class BatchedClients(ClientSet):
             batches = list(batches.unbind(0))
         lengths = [int(b.numel()) for b in batches]
         longest = max(lengths) if longest is None else longest
-        groups: dict[int, list] = {}
+        # a pass holds either clients whose batches all have its length P (their loss is loss_fn on
+        # the batch) or clients padded up to P (a weighted sum of per-sample losses): which of the
+        # two computes a client's loss depends on its own batch, never on its pass-mates (f's bits)
+        groups: dict[tuple, list] = {}
         for j, n in enumerate(lengths):
             if n > self.chunk and not self.coupled:
-                groups.setdefault(-1, []).append(j)  # split in pieces, one client at a time
+                groups.setdefault((-1, False), []).append(j)  # split in pieces, one client at a time
             else:
-                groups.setdefault(self.padded_length(n, longest), []).append(j)
+                P = self.padded_length(n, longest)
+                groups.setdefault((P, n < P), []).append(j)
         fb = 0.0
-        for P, members in groups.items():
+        for (P, _), members in groups.items():
             if P < 0:
                 for j in members:
                     fb += self._one_client_in_pieces(X, G, j, batches[j], values)
@@ -495,12 +500,9 @@ class BatchedClients(ClientSet):
             if values is not None:
                 values[a : a + c] = vals.detach()
         else:
-            G[rows_at[0]].copy_(out[0]) if c == 1 else G.index_copy_(0, pos, out)
+            G.index_copy_(0, pos[:c], out[:c])
             if values is not None:
-                if c == 1:
-                    values[rows_at[0]] = vals.detach()[0]
-                else:
-                    values.index_copy_(0, pos, vals.detach())
+                values.index_copy_(0, pos[:c], vals.detach()[:c])
         return fb
 
     def _rows_per_client(self, P: int) -> int:
