@@ -18,7 +18,7 @@ from python_algos.algorithms.registry import ALGORITHMS, make
 
 N_CLIENTS, IN, HIDDEN, CLASSES = 4, 5, 8, 3
 REGULARIZERS = [fk.Zero(), fk.L1(1e-2), fk.MCP(1e-2, 3.0), fk.SCAD(1e-2)]
-PROX_OUTPUT = {"fedcanon", "fedcanon2", "za1", "fednmap", "prox_fedavg", "fedmid", "fedda"}
+PROX_OUTPUT = {"fedcanon", "fedcanon2", "za1", "fednmap", "prox_fedavg", "fedmid", "fedda", "fastfedda"}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -158,7 +158,7 @@ def test_registry_table_lists_every_algorithm():
     table = pa.algorithms.registry.markdown_table()
     for name in ALGORITHMS:
         assert f"`{name}`" in table
-    assert len(ALGORITHMS) == 14
+    assert len(ALGORITHMS) == 15
 
 
 def test_chunked_full_batch_matches_one_pass():

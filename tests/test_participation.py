@@ -63,7 +63,7 @@ def max_rel_diff(a_list, b_list):
 
 
 FULL_ONLY = ["fedcanon", "fedcanon2", "fednmap", "za1", "scaffnew", "prox_fedavg", "depositum"]
-SAMPLED = ["fedmid", "fedda", "fedavg", "scaffold", "fedprox", "feddr", "fedadmm"]
+SAMPLED = ["fedmid", "fedda", "fastfedda", "fedavg", "scaffold", "fedprox", "feddr", "fedadmm"]
 
 
 def test_every_algorithm_declares_participation():
@@ -172,6 +172,30 @@ def fedda_reference(problem, sets, eta_c, K, eta_s=1.0):
     return out
 
 
+def fastfedda_reference(problem, sets, gamma, mu, K):
+    """§5.5 with h = KAPPA ||x||_1: primal(G, X, t) = soft(−a/b, KAPPA/b)."""
+    def primal(G, X, t):
+        b = mu / 2 + gamma / t
+        return soft(-(G / t - mu / 2 * X / t - gamma * problem.x0 / t) / b, KAPPA / b)
+
+    G, X, w, out = torch.zeros_like(problem.x0), problem.x0.clone(), problem.x0.clone(), []
+    for r, S in enumerate(sets):
+        Gs, Xs = [], []
+        for i in S.tolist():
+            Gi, Xi, v = G.clone(), X.clone(), w.clone()
+            for k in range(1, K + 1):
+                Gi = Gi + problem.grad_i(i, v)
+                v = primal(Gi, Xi, r * K + k)
+                Xi = Xi + v
+            Gs.append(Gi)
+            Xs.append(Xi)
+        G, X = torch.stack(Gs).mean(0), torch.stack(Xs).mean(0)
+        w = primal(G, X, (r + 1) * K)
+        X = X + w
+        out.append(w)
+    return out
+
+
 def fedprox_reference(problem, sets, lr, K, mu):
     x, out = problem.x0.clone(), []
     for S in sets:
@@ -252,6 +276,8 @@ CASES = {
                lambda p, S: fedmid_reference(p, S, 0.04, 3, 0.8)),
     "fedda": (pa.FedDA(lr_client=0.04, lr_server=0.8, local_steps=3), fk.L1(KAPPA),
               lambda p, S: fedda_reference(p, S, 0.04, 3, 0.8)),
+    "fastfedda": (pa.FastFedDA(gamma=8.0, mu=0.2, local_steps=3), fk.L1(KAPPA),
+                  lambda p, S: fastfedda_reference(p, S, 8.0, 0.2, 3)),
     "fedavg": (pa.FedAvg(lr_local=0.04, local_steps=3), fk.Zero(), lambda p, S: fedprox_reference(p, S, 0.04, 3, 0.0)),
     "fedprox": (pa.FedProx(lr_local=0.04, local_steps=3, mu=0.3), fk.Zero(),
                 lambda p, S: fedprox_reference(p, S, 0.04, 3, 0.3)),

@@ -12,6 +12,7 @@ which go through a :class:`~python_algos.clients.ClientSet`.
 from . import topology
 from .base import Algorithm, Costs, Messages, ServerClientAlgorithm
 from .depositum import DEPOSITUM, DEPOSITUMState
+from .fastfedda import FastFedDA, FastFedDAState
 from .fedadmm import FedADMM, FedADMMState
 from .fedavg import FedAvg, FedAvgState
 from .fedcanon import FedCanon, FedCanonState
@@ -31,7 +32,7 @@ __all__ = [
     "Algorithm", "ServerClientAlgorithm", "Messages", "Costs", "ALGORITHMS", "make", "topology",
     "FedCanon", "FedCanonState", "FedCanonII", "FedCanonIIState", "ZA1", "ZA1State",
     "FedNMap", "FedNMapState", "ProxFedAvg", "ProxFedAvgState", "FedMiD", "FedMiDState",
-    "FedDA", "FedDAState", "FedAvg", "FedAvgState", "SCAFFOLD", "SCAFFOLDState",
+    "FedDA", "FedDAState", "FastFedDA", "FastFedDAState", "FedAvg", "FedAvgState", "SCAFFOLD", "SCAFFOLDState",
     "SCAFFNEW", "SCAFFNEWState", "FedDR", "FedDRState", "FedADMM", "FedADMMState",
     "FedProx", "FedProxState", "DEPOSITUM", "DEPOSITUMState",
 ]

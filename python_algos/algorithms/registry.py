@@ -6,10 +6,11 @@
 
 ``Entry.from_lr(lr, K)`` maps one local step size and K local steps to each algorithm's own
 hyper-parameters with the usual matching (FedCanon's heuristic α = βK of its Remark 4, η_g = 1,
-η_s = 1, FedNMap λ = ηK, SCAFFNEW p = 1/K, FedDR / FedADMM η = lr·K with K inner steps of lr,
-FedProx μ = 0.01, DEPOSITUM α = lr, γ = 1, β = 0.9 on a ring gossiping every τ = K iterations —
-one DEPOSITUM round is one iteration). Tests, benchmarks and a CLI use it to run every
-algorithm on comparable settings. ``python -m python_algos algorithms`` prints the README table.
+η_s = 1, Fast-FedDA γ = 1/lr with μ = 0 (its primal is then FedDA's), FedNMap λ = ηK, SCAFFNEW
+p = 1/K, FedDR / FedADMM η = lr·K with K inner steps of lr, FedProx μ = 0.01, DEPOSITUM α = lr,
+γ = 1, β = 0.9 on a ring gossiping every τ = K iterations — one DEPOSITUM round is one iteration).
+Tests, benchmarks and a CLI use it to run every algorithm on comparable settings.
+``python -m python_algos algorithms`` prints the README table.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable
 
 from .base import Algorithm
 from .depositum import DEPOSITUM
+from .fastfedda import FastFedDA
 from .fedadmm import FedADMM
 from .fedavg import FedAvg
 from .fedcanon import FedCanon
@@ -58,6 +60,7 @@ ALGORITHMS: dict[str, Entry] = {
     "prox_fedavg": Entry(ProxFedAvg, lambda lr, K: dict(alpha=1.0, beta=lr, local_steps=K)),
     "fedmid": Entry(FedMiD, lambda lr, K: dict(lr_client=lr, lr_server=1.0, local_steps=K)),
     "fedda": Entry(FedDA, lambda lr, K: dict(lr_client=lr, lr_server=1.0, local_steps=K)),
+    "fastfedda": Entry(FastFedDA, lambda lr, K: dict(gamma=1.0 / lr, mu=0.0, local_steps=K)),
     "fedavg": Entry(FedAvg, lambda lr, K: dict(lr_local=lr, lr_global=1.0, local_steps=K)),
     "scaffold": Entry(SCAFFOLD, lambda lr, K: dict(lr_local=lr, lr_global=1.0, local_steps=K)),
     "scaffnew": Entry(SCAFFNEW, lambda lr, K: dict(lr=lr, p=1.0 / K)),
