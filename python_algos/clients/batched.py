@@ -235,8 +235,7 @@ class BatchedClients(ClientSet):
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be a positive int, got {chunk!r}")
         self.chunk = chunk
-        # "" when every loss is a mean of independent per-sample losses (padding and splitting
-        # are exact); otherwise why not, and every batch is then computed whole, unpadded.
+        # coupled: "" when padding and splitting are exact, else why (every batch then whole, unpadded)
         sep = separability(model, loss_fn, wrapped)
         self.coupled, self.loss_kind = sep.coupled, sep.loss
         with side_effect_free(model, self.device):

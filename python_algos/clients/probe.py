@@ -16,7 +16,10 @@ sample shape and dtype, so N clients of one kind cost one forward pass) through 
 NumPy's) global random state are restored, and the clients' minibatch generators are not touched
 (their first samples are sliced, not drawn), so the run's bits do not change. Every executor that
 runs clients in a process (sequential, batched, and each rank's inner one of the distributed
-executor) calls it from its constructor, before the run starts.
+executor) calls it from its constructor, before the run starts. Whether the loss is a per-sample
+mean is decided by :mod:`.losses` (a known loss by its type, options and every client's labels;
+another callable probed on samples of several clients and labels, :mod:`.separable`), and a NaN
+or infinity in in-memory data is warned naming the client and row (:func:`.data.warn_nonfinite`).
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ def check_clients(model: nn.Module, loss_fn: Callable, clients: Sequence[ClientD
     """Refuse, with ``ValueError`` naming the client (its global index ``first_client + j``), data
     that ``model`` or ``loss_fn`` cannot take or a loss that does not return a scalar; and refuse
     a loss that is not a mean of per-sample losses when a client is trained on minibatches
-    (``batch_size`` below its sample count, or a DataLoader client). See the module docstring."""
+    (``batch_size`` below its sample count, or a DataLoader client); warn of NaN / Inf data. See
+    the module docstring."""
     warn_nonfinite(clients, first_client)
     p = next(model.parameters(), None)
     device = p.device if p is not None else torch.device("cpu")
