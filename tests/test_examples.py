@@ -36,3 +36,19 @@ def test_feature_selection_quick(tmp_path, capsys):
     assert runs[0]["kept"] == 100  # no penalty: every column nonzero
     assert all(r["true_positives"] + r["false_negatives"] == 20 for r in runs)
     assert "| lam | features kept |" in capsys.readouterr().out
+
+
+def test_fastfedda_lasso_quick(tmp_path, capsys):
+    """Fast-FedDA's Lasso experiment in --quick mode: three runs, a report, the figure."""
+    import importlib
+
+    from examples import fastfedda_lasso
+
+    plot = [] if importlib.util.find_spec("matplotlib") else ["--no-plot"]
+    assert fastfedda_lasso.main(["--quick", "--out", str(tmp_path), *plot]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(data["results"]) == ["fastfedda", "fedda", "fedmid"] and data["outcome"]
+    assert all(len(r["dist"]) == 6 for r in data["results"].values())  # every round measured in --quick
+    assert "**Outcome:**" in (tmp_path / "RESULTS.md").read_text()
+    assert plot or (tmp_path / "lasso.png").exists()
+    assert "Fast-FedDA" in capsys.readouterr().out
