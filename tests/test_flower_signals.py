@@ -181,13 +181,8 @@ def _refusal(argv) -> str:
     return err.getvalue()
 
 
-def _start_orphan(env: dict) -> int:
-    """A sleeper in a session of its own whose parent has exited (as SuperExec leaves an app process);
-    its pid. Started through a Python parent rather than a shell's ``setsid``, so the pid is known."""
-    launcher = ("import subprocess, sys; p = subprocess.Popen(['sleep', '120'], start_new_session=True, "
-                "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)")
-    done = subprocess.run([sys.executable, "-c", launcher], env=env, check=True, capture_output=True, text=True)
-    return int(done.stdout)
+_LAUNCHER = ("import subprocess, sys; p = subprocess.Popen(['sleep', '120'], start_new_session=True, "
+             "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)")
 
 
 def _environ_of(pid: int) -> bytes | None:
@@ -200,13 +195,18 @@ def _environ_of(pid: int) -> bytes | None:
 
 def test_close_ends_a_deployment_process_that_left_every_group_and_parent(tmp_path):
     """Flower's SuperExec starts app processes in sessions of their own; one whose parent has already
-    ended points back to nothing. LocalDeployment.close finds it by the deployment's FLWR_HOME in its
-    environment (its ServerApp would otherwise write the run's checkpoint on after the command)."""
+    ended points back to nothing. LocalDeployment.close finds it by the token that every process
+    below one of its children carries in its environment (its ServerApp would otherwise write the
+    run's checkpoint on after the command): here the orphan of a child that was started as the
+    deployment starts its processes."""
     from python_algos.deploy.local import LocalDeployment
+    from python_algos.system import processes
 
     dep = LocalDeployment(1, workdir=str(tmp_path))
     marker = "FLWR_HOME=" + dep.env["FLWR_HOME"]
-    pid = _start_orphan(dep.env)
+    launcher = processes.spawn([sys.executable, "-c", _LAUNCHER], env=dep.env, stdout=subprocess.PIPE)
+    dep.procs["launcher"] = launcher
+    pid = int(launcher.popen.communicate(timeout=60)[0])
     try:
         deadline = time.monotonic() + 10
         while not _procs_with(marker) and time.monotonic() < deadline:

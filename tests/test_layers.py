@@ -1,7 +1,8 @@
 """The package's layers: ``import python_algos`` stays below the application, and no module of the
 package imports (directly or through others) a module that imports it back.
 
-Layers, bottom to top: ``runfolder`` (the run-folder files, checkpoints, the progress display),
+Layers, bottom to top: ``system`` (child processes, folder locks), ``runfolder`` (the run-folder
+files, checkpoints, the progress display),
 ``clients``, ``algorithms``, ``simulate``, ``experiments`` (the application, with ``__main__``).
 A module may import its own layer and the ones below it, never one above. The import graph is read
 from the source with ``ast`` (absolute and relative imports, module level and inside functions), so
@@ -19,7 +20,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = "python_algos"
-LAYERS = ("runfolder", "clients", "algorithms", "simulate", "deploy", "experiments")  # bottom to top
+LAYERS = ("system", "runfolder", "clients", "algorithms", "simulate", "deploy", "experiments")  # bottom to top
 # ``python_algos/__init__`` re-exports simulate and what is below it; ``__main__`` is the command line
 TOP = {"": LAYERS.index("simulate"), "testing": LAYERS.index("simulate"), "__main__": LAYERS.index("experiments")}
 

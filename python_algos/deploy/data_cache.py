@@ -5,7 +5,8 @@ computation over the whole federation (a generator seeded for the whole data set
 would redo it for every round. :func:`cached_client_data` does it once: the node's rows and a few
 facts about them are written to ``<state-dir>/data-cache/client-<i>.pt`` (atomically: a kill leaves
 the old file or the new one) together with the key they were built for (the settings that decide
-them) and a SHA-256 of their bytes. A later message reads the file only if its key equals the one
+them) and a SHA-256 of their bytes. The file is the client's training rows: readable by its owner only
+(0600, in a 0700 folder). A later message reads the file only if its key equals the one
 asked for and its bytes still hash to the recorded digest; a file of other settings, an unreadable
 or damaged one is rebuilt and replaced, never trusted.
 """
@@ -73,7 +74,7 @@ class ClientDataCache:
         """Write the entry of ``key`` (replacing any other), atomically."""
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         ckpt.atomic_save({"format": CACHE_FORMAT, "key": _key_text(key), "digest": _digest(tensors),
-                          "info": json.dumps(info), "tensors": tensors}, self.path)
+                          "info": json.dumps(info), "tensors": tensors}, self.path, private=True)
 
 
 def cached_client_data(state_dir: Optional[str], client_id: int, key: dict, build: Callable[[], dict]) -> dict:

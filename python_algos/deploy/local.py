@@ -10,31 +10,34 @@ so that leaving the ``with`` block, on success, error, Ctrl-C, SIGTERM or SIGHUP
 they raise ``KeyboardInterrupt``: :func:`~python_algos.runfolder.signals.terminate_as_interrupt`),
 ends the processes and everything they started (Flower's SuperExec and app processes, the ServerApp
 included: after the block no process of the deployment writes anything). Stopping is not itself
-interrupted: a second signal waits until every process has ended. The Flower CLI's home
-(``FLWR_HOME``) is a temporary folder: the user's is not touched.
+interrupted: a second signal waits until every process has ended. Every process is a child of
+:mod:`~python_algos.system.processes`, so the kernel and the command's watcher end them, and the
+temporary folder goes, when the command dies without leaving the block (SIGKILL, out of memory).
+The SuperLink's port is checked to be its own (no process of another user took it first) before any
+SuperNode joins, and each SuperNode checks it again. The Flower CLI's home (``FLWR_HOME``) is in
+that temporary folder: the user's is not touched.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Callable, Optional
 
 import torch
 
-from ..runfolder.signals import STOP_SIGNALS, terminate_as_interrupt
+from ..runfolder.signals import stop_signals_held, terminate_as_interrupt
+from ..system import processes
 from . import same_user
 from .wire import ERROR_FILE
 
-__all__ = ["LocalDeployment", "FlowerRun", "DeploymentError", "marked_processes", "stop_signals_held"]
+__all__ = ["LocalDeployment", "FlowerRun", "DeploymentError"]
 
 
 class DeploymentError(RuntimeError):
@@ -69,28 +72,30 @@ class LocalDeployment:
         self.num_clients, self.watch_nodes = num_clients, bool(watch_nodes)
         self.node_config = dict(node_config or {})
         self._own_dir = workdir is None
-        self.dir = workdir or tempfile.mkdtemp(prefix="pa-flower-")
+        self.dir = workdir or processes.temp_dir("pa-flower-")
         self.bin = os.path.dirname(sys.executable)  # Flower's commands, installed beside this Python
         self.env = {**os.environ, **(env or {}), "FLWR_HOME": os.path.join(self.dir, "flwr-home")}
         # Flower's SuperExecs look for a task (an app process to start) every second by default; on
         # loopback a tenth of that costs nothing and saves about half a second per message
         self.env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
         self.env["PATH"] = self.bin + os.pathsep + self.env.get("PATH", "")  # the SuperLink starts flower-superexec
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, processes.Child] = {}
         self.port: Optional[int] = None
         self.runs, self.result_dir = 0, None
         self._signals = contextlib.ExitStack()
 
     # -- processes --------------------------------------------------------------------------
-    def _start(self, name: str, args: list) -> subprocess.Popen:
-        """Start Flower's ``args[0]`` (``flower-superlink`` or ``flower-supernode``): its HTTP API
-        answers only this user's processes (:mod:`.same_user`)."""
-        log = open(os.path.join(self.dir, name + ".log"), "w")
-        # run as a file, not ``-m``: importing python_algos (torch) would cost each process seconds
-        p = subprocess.Popen([sys.executable, same_user.__file__, *args], stdout=log, stderr=subprocess.STDOUT,
-                             env=self.env, cwd=self.dir, start_new_session=True)  # its own group: killpg ends all
-        self.procs[name] = p
+    def _start(self, name: str, args: list) -> processes.Child:
+        """Start ``args`` (Flower's ``flower-superlink`` / ``flower-supernode`` through :mod:`.same_user`,
+        whose HTTP API then answers only this user's processes; or ``flwr run``), logging to ``name``."""
+        with open(os.path.join(self.dir, name + ".log"), "w") as log:
+            p = self.procs[name] = processes.spawn(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                                   cwd=self.dir)
         return p
+
+    def _guarded(self, name: str, args: list) -> processes.Child:
+        # run as a file, not ``-m``: importing python_algos (torch) would cost each process seconds
+        return self._start(name, [sys.executable, same_user.__file__, *args])
 
     def log(self, name: str, tail: int = 3000) -> str:
         try:
@@ -125,7 +130,7 @@ class LocalDeployment:
         with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as f:
             f.write(f'[superlink]\ndefault = "pa-local"\n\n[superlink.pa-local]\n'
                     f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
-        self._start("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(self.port),
+        self._guarded("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(self.port),
                                   "--database", os.path.join(self.dir, "superlink.db"),
                                   "--disable-runtime-dependency-installation"])
         self._wait_port(self.port, "superlink", 60)
@@ -139,7 +144,7 @@ class LocalDeployment:
     def start_node(self, i: int) -> None:
         """Start client i's SuperNode (again, after :meth:`kill_node`: it rejoins the SuperLink)."""
         cfg = {"partition-id": i, "num-partitions": self.num_clients, **self.node_config}
-        self._start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+        self._guarded(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
                                        "--host", "127.0.0.1", "--port", str(_free_port()),
                                        "--node-config", " ".join(f"{k}={_toml(v)}" for k, v in cfg.items())])
 
@@ -149,9 +154,14 @@ class LocalDeployment:
             if self.procs[name].poll() is not None:
                 raise DeploymentError(f"the {name} exited at start (code {self.procs[name].returncode}):\n"
                                       f"{self.log(name)}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
+            child = self.procs[name]
+            holder = same_user.listener(port)
+            if holder is not None:
+                if holder[1] in same_user.socket_inodes([child.pid, *processes.marked_processes(child.token)]):
                     return
+                raise DeploymentError(f"127.0.0.1:{port}, the port chosen for the {name}, was taken first by "
+                                      f"another process (uid {holder[0]}); the deployment was stopped before "
+                                      f"anything joined it: run the command again (it picks another port)")
             time.sleep(0.2)
         raise DeploymentError(f"the {name} did not listen on 127.0.0.1:{port} within {timeout:g} s:\n{self.log(name)}")
 
@@ -162,31 +172,15 @@ class LocalDeployment:
 
     def kill_node(self, i: int) -> None:
         """Kill client i's SuperNode and what it started (tests: a node dying mid-run)."""
-        p = self.procs[f"supernode-{i}"]
-        _killpg(p, signal.SIGKILL)
-        p.wait()
+        self.procs[f"supernode-{i}"].kill()
 
     def close(self) -> None:
-        """End every process started here and everything they started: each runs in its own process
-        group, and the processes that left it (Flower's SuperExec starts an app process in a group
-        of its own) are found as descendants before anything is stopped (once a parent is gone, its
-        orphans no longer point back to it), and then by the deployment's ``FLWR_HOME`` in their
-        environment (one started meanwhile). Ctrl-C, SIGTERM and SIGHUP wait until it is done."""
+        """End every process started here and everything they started, those that left its group
+        included (Flower's SuperExec starts an app process in a group of its own):
+        :func:`~python_algos.system.processes.stop_all`. Ctrl-C, SIGTERM and SIGHUP wait until
+        it is done."""
         with stop_signals_held():
-            family = _descendants([p.pid for p in self.procs.values() if p.poll() is None])
-            for p in self.procs.values():
-                _killpg(p, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            for p in self.procs.values():
-                try:
-                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-                _killpg(p, signal.SIGKILL)  # the group's stragglers (SuperExec, app processes) too
-                p.wait()
-            for pid in family:  # those in other groups (a ServerApp waiting on a node that died)
-                _kill(pid)
-            _kill_environ_marked("FLWR_HOME=" + self.env["FLWR_HOME"])
+            processes.stop_all(list(self.procs.values()), signal.SIGTERM, grace=10.0)
             self.procs.clear()
             if self._own_dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
@@ -201,11 +195,8 @@ class LocalDeployment:
         out = self.result_dir = os.path.join(self.dir, f"result-{k}")
         cfg = " ".join(f"{key}={_toml(v)}" for key, v in {**run_config, "result-dir": out}.items())
         name = "flwr-run" if k == 1 else f"flwr-run-{k}"
-        log = open(os.path.join(self.dir, name + ".log"), "w")
-        p = subprocess.Popen([os.path.join(self.bin, "flwr"), "run", os.path.abspath(app_dir), "--run-config", cfg,
-                              "--stream"], stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir,
-                             start_new_session=True)
-        self.procs[name] = p
+        p = self._start(name, [os.path.join(self.bin, "flwr"), "run", os.path.abspath(app_dir), "--run-config", cfg,
+                               "--stream"])
         return FlowerRun(self, name, p, out)
 
     def run(self, app_dir: str, run_config: dict, timeout: float = 600.0,
@@ -220,7 +211,7 @@ class LocalDeployment:
 class FlowerRun:
     """One ``flwr run`` of a :class:`LocalDeployment` (``result_dir``: where its ServerApp writes)."""
 
-    def __init__(self, dep: LocalDeployment, name: str, proc: subprocess.Popen, result_dir: str):
+    def __init__(self, dep: LocalDeployment, name: str, proc: processes.Child, result_dir: str):
         self.dep, self.name, self.proc, self.result_dir = dep, name, proc, result_dir
 
     def wait(self, timeout: float = 600.0, poll: Optional[Callable[[], None]] = None) -> dict:
@@ -232,7 +223,7 @@ class FlowerRun:
             poll()
             stopped = self.dep.stopped_nodes() if self.dep.watch_nodes else []
             if stopped:
-                _killpg(self.proc, signal.SIGTERM)  # the run's server goes with the deployment
+                self.proc.signal(signal.SIGTERM)  # the run's server goes with the deployment
                 raise DeploymentError("; ".join(
                     f"client {i}'s SuperNode stopped during the run ("
                     + (f"killed by signal {-code}" if code < 0 else f"exit status {code}") + ")"
@@ -250,79 +241,3 @@ class FlowerRun:
                     raise DeploymentError(f.read().strip())
             raise DeploymentError(f"the Flower run ended without a result:\n{self.dep.log(self.name)}")
         return torch.load(path, weights_only=True)  # tensors and plain containers: no code runs on load
-
-
-def _descendants(roots: list) -> list:
-    """Every live process below ``roots`` (Linux: read from /proc; elsewhere none)."""
-    children: dict = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
-        except (OSError, IndexError, ValueError):
-            continue
-    out, todo = [], list(roots)
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def marked_processes(marker: str) -> list:
-    """Live processes whose environment holds ``marker`` (Linux: read from /proc; elsewhere none)."""
-    found, me = [], os.getpid()
-    for env in glob.glob("/proc/[0-9]*/environ"):
-        pid = int(env.split("/")[2])
-        try:
-            with open(env, "rb") as f:
-                if pid == me or b"\0" + marker.encode() + b"\0" not in b"\0" + f.read() + b"\0":
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # a zombie has ended already
-                    found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
-def _kill_environ_marked(marker: str, timeout: float = 10.0) -> None:
-    """SIGKILL every process whose environment holds ``marker`` until none is left (a process
-    started while the others were being stopped is caught by the next look)."""
-    deadline = time.monotonic() + timeout
-    while (pids := marked_processes(marker)) and time.monotonic() < deadline:
-        for pid in pids:
-            _kill(pid)
-        time.sleep(0.05)
-
-
-@contextlib.contextmanager
-def stop_signals_held():
-    """Hold Ctrl-C, SIGTERM and SIGHUP in this thread, delivered when the block ends: for work that a
-    stop must not cut halfway (stopping the deployment, leaving processes behind; closing a run
-    folder without its summary)."""
-    held = {signal.SIGINT, *STOP_SIGNALS}
-    try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    except (AttributeError, ValueError, OSError):  # no POSIX signal masks here
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def _killpg(p: subprocess.Popen, sig) -> None:
-    try:
-        os.killpg(p.pid, sig)  # the process was started as a group leader (start_new_session)
-    except (ProcessLookupError, PermissionError):
-        pass

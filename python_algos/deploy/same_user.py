@@ -15,6 +15,12 @@ tens of milliseconds. :class:`SameUserOnly` answers 403 to every request whose c
 an established connection owned by the server's own uid (nor found: the check fails closed).
 ``python .../deploy/same_user.py flower-superlink|flower-supernode ARGS...`` runs Flower's command
 with that check in front of its HTTP app (run as a file: it imports nothing of python_algos).
+
+The other direction: a process of another user could listen first on the port chosen for the
+SuperLink, and SuperNodes joining it would run that user's ClientApps as the deploying user.
+:func:`listener` names the socket listening on a port (its owner and inode, from the same tables),
+so the deployment checks that it is one of its SuperLink's (:func:`socket_inodes`) before any node
+joins, and a SuperNode started here refuses a SuperLink whose listening socket is another user's.
 """
 
 from __future__ import annotations
@@ -26,10 +32,10 @@ import sys
 from typing import Optional
 
 __all__ = ["PEER_TABLES", "GUARD_HEADER", "SameUserOnly", "peer_uid", "listed_peer_uid", "check_peer_lookup",
-           "is_guarded", "main"]
+           "is_guarded", "listener", "socket_inodes", "main"]
 
 PEER_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")  # Linux: every TCP socket of this network namespace
-_ESTABLISHED = "01"
+_ESTABLISHED, _LISTEN = "01", "0A"
 REFUSED = b"this Flower deployment accepts only its own user's processes\n"
 GUARD_HEADER = "x-same-user-only"  # on every answer of a guarded server: the deployment checks it is there
 
@@ -112,6 +118,57 @@ def listed_peer_uid(client: tuple, server: tuple) -> Optional[int]:
     return None
 
 
+def listener(port: int) -> Optional[tuple]:
+    """(uid, socket inode) of a TCP socket listening on ``port`` of a loopback or any-address
+    (``0.0.0.0``, ``::``) address, or None when none listens there."""
+    for table in PEER_TABLES:
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != _LISTEN:
+                continue
+            try:
+                host, p = _address(fields[1])
+            except (ValueError, OSError):
+                continue
+            if p == int(port) and (host.startswith("127.") or host in ("0.0.0.0", "::", "::1")):
+                return int(fields[7]), int(fields[9])
+    return None
+
+
+def socket_inodes(pids) -> set:
+    """The inodes of the sockets that the processes ``pids`` hold open (those readable here)."""
+    found = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                found.add(int(link[len("socket:["):-1]))
+    return found
+
+
+def _check_superlink(argv: list) -> None:
+    """A SuperNode's start: refuse a loopback ``--superlink`` whose listening socket is another user's."""
+    address = argv[argv.index("--superlink") + 1] if "--superlink" in argv[:-1] else ""
+    host, _, port = address.rpartition(":")
+    if host.startswith("127.") and port.isdigit():
+        holder = listener(int(port))
+        if holder is not None and holder[0] != os.getuid():
+            raise SystemExit(f"the SuperLink at {address} listens on a socket of uid {holder[0]}, not yours "
+                             f"(uid {os.getuid()}): this SuperNode does not join it")
+
+
 def check_peer_lookup() -> None:
     """Raise OSError where this machine does not list its TCP sockets' owners (not Linux)."""
     if not os.access(PEER_TABLES[0], os.R_OK):
@@ -177,6 +234,7 @@ def main(argv: list) -> None:
         import flwr.superlink.main as served
         from flwr.superlink.cli.flower_superlink import flower_superlink as command
     else:
+        _check_superlink(argv)
         import flwr.supernode.main as served
         from flwr.supernode.cli.flower_supernode import flower_supernode as command
     # Flower's command imports create_app from this module when it starts serving

@@ -15,6 +15,7 @@ from typing import Callable, Optional, Sequence
 from ..runfolder.files import RunFolderError, read_json_object, write_json, write_text_atomically
 from ..runfolder.folder import check_group_start, open_group_folder
 from ..runfolder.records import COMPARISON, CONFIG, read_metrics, read_summary, run_folder_name
+from ..system.lock import lock_folder
 from . import launch
 from .build import prepare_data
 from .config import Config
@@ -30,6 +31,7 @@ COMPARISON_RECORDS = (COMPARISON, "comparison.md")  # a comparison's own files, 
 
 
 def _read_comparison(out_dir: str) -> dict:
+    lock_folder(out_dir)  # a resume: no other command in the folder meanwhile
     path = os.path.join(out_dir, COMPARISON)
     if not os.path.isfile(path):
         hint = (f"; it is a single run: `{resume_command(out_dir)}`"

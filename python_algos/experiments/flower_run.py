@@ -52,7 +52,7 @@ from ..algorithms.base import ServerClientAlgorithm
 from ..clients import resolve_executor
 from ..deploy.app_project import write_app_project
 from ..deploy.flower_server import check_checkpoint, server_setup
-from ..deploy.local import DeploymentError, LocalDeployment, stop_signals_held
+from ..deploy.local import DeploymentError, LocalDeployment
 from ..deploy.nodes import ServerClients, check_no_node_state, server_state
 from ..deploy.persist import RoundFiles, load_server
 from ..runfolder.callbacks import divergence
@@ -66,7 +66,7 @@ from ..runfolder.files import (
 )
 from ..runfolder.progress import Progress
 from ..runfolder.records import save_model, summary_record, write_config, write_metrics, write_summary
-from ..runfolder.signals import signal_of
+from ..runfolder.signals import signal_of, stop_signals_held
 from ..simulate import objective_metrics
 from .config import ConfigError
 from .evaluation import make_eval
@@ -150,6 +150,7 @@ def prepare_flower(cfg, out_dir: str, *, replace: bool = False, resume: bool = F
         raise ValueError(f"--flower -a {cfg.algorithm}: {e}") from None
     check_no_node_state(prep.model, prep.fed.clients[0], f"--flower with --model {cfg.model}",
                         fix="Choose a model without it (e.g. --model mlp), or run without --flower")
+    _python_path(cfg)  # a user's class from a folder that others can write: refused before anything is written
     snap, run_key = None, secrets.token_hex(8)
     if resume:
         snap, run_key = _check_server_checkpoint(prep, x0, out_dir)
@@ -187,16 +188,29 @@ SETUP_FLAGS = {"algorithm": "the algorithm (-a)", "hparams": "the algorithm's hy
                "clients_per_round": "--clients-per-round / --participation"}
 
 
-def _python_path() -> str:
-    """The folders holding python_algos and fedkernels, so that Flower's app processes import them,
-    and the command's own folder: a user's algorithm or penalty given as module:Class (imported from
-    there by this process, as ``python -m`` puts the current folder first) is imported by every node."""
+def _python_path(cfg) -> str:
+    """The ``PYTHONPATH`` of every Flower process: the folders holding python_algos and fedkernels,
+    this command's own ``PYTHONPATH``, and for a user's algorithm or penalty given as
+    package.module:Class the folder its top package was imported from, nothing else: the current
+    folder as such never (a ``sitecustomize.py`` there, put by anyone who can write the folder,
+    would run as you in every process). A user's folder that others can write is refused."""
     import fedkernels
     import python_algos
 
     dirs = [os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))) for m in (python_algos, fedkernels)]
     dirs += [d for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d]
-    dirs.append(os.getcwd())
+    for key in ("algorithm", "reg"):
+        spec = getattr(cfg, key)
+        if not (isinstance(spec, str) and ":" in spec):
+            continue
+        top = importlib.import_module(spec.split(":")[0].split(".")[0])  # imported already by the checks
+        where = os.path.abspath(getattr(top, "__file__", None) or "")
+        folder = os.path.dirname(os.path.dirname(where) if os.path.basename(where) == "__init__.py" else where)
+        if os.stat(folder).st_mode & 0o022:
+            raise ConfigError(key, spec, f"comes from {folder}, which other users can write: every Flower process "
+                                         f"would import from there as you; move the module to a folder only you can "
+                                         f"write (or `chmod go-w {folder}`)")
+        dirs.append(folder)
     return os.pathsep.join(dict.fromkeys(dirs))
 
 
@@ -316,7 +330,7 @@ def _deploy(fp: PreparedFlower, log, wait: float, progress: bool) -> _Outcome:
     shown = _RoundsShown(bar)
     t0 = time.perf_counter()
     try:
-        with LocalDeployment(n, env={"PYTHONPATH": _python_path()},
+        with LocalDeployment(n, env={"PYTHONPATH": _python_path(cfg)},
                              node_config={"state-dir": os.path.join(out_dir, NODES_DIR)}) as dep:
             config_path = os.path.join(dep.dir, "run-config.json")
             with open(config_path, "w") as f:

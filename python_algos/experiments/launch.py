@@ -25,8 +25,8 @@ holds a checkpoint resumes from it, so the job finishes with the uninterrupted r
 from __future__ import annotations
 
 import os
+import shutil
 import signal
-import subprocess
 import sys
 from typing import Optional, Sequence
 
@@ -34,6 +34,7 @@ import torch
 
 from ..clients import process_group
 from ..runfolder import checkpoint as ckpt
+from ..system import processes
 
 __all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "agree", "barrier", "restarting",
            "executor_for", "workers_command", "run_workers", "ShardedCheckpointer", "SingleFileCheckpointer",
@@ -179,70 +180,32 @@ STOP_GRACE = 60.0  # seconds the ranks get to write the interrupted summary afte
 def run_workers(argv: Sequence[str], workers: int, out: Optional[str]) -> int:
     """Launch the ranks with torchrun and wait; returns its exit status (a rank's error: 1).
 
-    torchrun runs in a session of its own, so a stop signal reaches it exactly once, from here:
-    Ctrl-C (SIGINT), SIGTERM or SIGHUP to this command (inside
+    torchrun is a child of this command (:mod:`~python_algos.system.processes`: it and its
+    ranks end when this command dies, however it dies), in a group of its own, so a stop signal
+    reaches it exactly once, from here: Ctrl-C (SIGINT), SIGTERM or SIGHUP to this command (inside
     :func:`~python_algos.runfolder.signals.terminate_as_interrupt`, all a ``KeyboardInterrupt``)
     is passed on to torchrun, which passes it to every rank (each in a session of its own); rank 0
     writes the summary ``interrupted``. The return value is then 128 + the signal's number. If
-    the ranks have not ended after :data:`STOP_GRACE` seconds, or a second stop signal arrives,
-    torchrun and every process under it are killed."""
+    the ranks have not ended after :data:`STOP_GRACE` seconds, or another stop signal arrives,
+    torchrun and every process under it are killed. ``out`` (a folder that exists) is locked for
+    the command's lifetime (:func:`~python_algos.system.lock.lock_folder`): the ranks, below
+    this command, use it; another command is refused."""
+    from ..runfolder.signals import exit_code, signal_of
+    from ..system.lock import lock_folder
+
+    if out is not None and os.path.isdir(out):
+        lock_folder(out)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank unless told otherwise (--threads)
-    cmd = workers_command(argv, workers, out)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    env["TMPDIR"] = processes.temp_dir("pa-torchrun-")  # torchrun's own files go with it, however it ends
+    proc = processes.spawn(workers_command(argv, workers, out), env=env)
     try:
         return proc.wait()
     except KeyboardInterrupt as e:
-        from ..runfolder.signals import exit_code
-
-        _stop(proc, _signal_of(e))
+        processes.stop_all([proc], signal_of(e), STOP_GRACE)
         return exit_code(e)
-
-
-def _signal_of(exc: BaseException) -> int:
-    """The signal behind a ``KeyboardInterrupt``: a ``Terminated``'s own, else SIGINT (Ctrl-C)."""
-    return int(getattr(exc, "signum", signal.SIGINT))
-
-
-def _stop(proc: subprocess.Popen, signum: int) -> None:
-    """Pass ``signum`` to torchrun and wait for it (and so for its ranks) to end; after
-    :data:`STOP_GRACE` seconds or a second interrupt, kill it and everything under it."""
-    try:
-        proc.send_signal(signum)
-        proc.wait(timeout=STOP_GRACE)
-        return
-    except (KeyboardInterrupt, subprocess.TimeoutExpired):
-        pass
-    for pid in [*_descendants(proc.pid), proc.pid]:  # the ranks sit in sessions of their own
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    proc.wait()
-
-
-def _descendants(pid: int) -> list:
-    """The process ids under ``pid`` (children, grandchildren, ...), from /proc (Linux); [] elsewhere."""
-    children: dict = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
+    finally:
+        shutil.rmtree(env["TMPDIR"], ignore_errors=True)
 
 
 def maybe_kill(t: int) -> None:

@@ -25,6 +25,7 @@ from ..runfolder.folder import check_fresh_start
 from ..runfolder.records import CONFIG
 from ..runfolder.setup_record import check_same_setup, describe_regularizer
 from ..simulate import checked_clients_per_round
+from ..system.lock import lock_folder
 from . import launch
 from .build import build_algorithm, build_model, build_run_regularizer, hparam_error, prepare_data
 from .config import RESULT_KEYS, Config, ConfigError, flag
@@ -96,6 +97,35 @@ def check_recorded_config(saved: Optional[dict], cfg: Config, ckpt_path: str) ->
                          "settings in a new folder", error=RunFolderError)
 
 
+def _resumed_config(out_dir: str, rounds: Optional[int], flower: bool):
+    """(config.json's Config with ``rounds`` when given, whether config.json must be rewritten) of a
+    run folder a resume may continue: one run (not a group's folder), run the same way (``flower``)."""
+    cfg_path = os.path.join(out_dir, CONFIG)
+    if not os.path.isdir(out_dir):
+        raise RunFolderError(f"cannot resume {out_dir}: no such folder")
+    if not os.path.isfile(cfg_path):
+        for record, what, command in (("comparison.json", "a comparison", "compare"),
+                                      ("sweep.json", "a sweep (or random search)", "sweep")):
+            if os.path.isfile(os.path.join(out_dir, record)):
+                raise RunFolderError(f"{out_dir} is {what}, not one run: continue it with "
+                                     f"`python -m python_algos {command} --resume {shlex.quote(out_dir)}`")
+        raise RunFolderError(f"cannot resume {out_dir}: it holds no config.json, so no run was started there "
+                             f"(a run stopped before it wrote its settings leaves none); start it again with `run`")
+    ran_flower = os.path.isfile(os.path.join(out_dir, FLOWER_MARK))
+    if ran_flower and not flower:
+        raise RunFolderError(f"{out_dir} ran through Flower (run --flower): continue it the same way, with "
+                             f"`{resume_command(out_dir)} --flower`; nothing was changed")
+    if flower and not ran_flower:
+        raise RunFolderError(f"{out_dir} ran in this process, not through Flower: continue it without --flower, "
+                             f"with `{resume_command(out_dir)}`; nothing was changed")
+    cfg = read_config_json(cfg_path)
+    if rounds is None:
+        return cfg, False
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ConfigError("rounds", rounds, "must be an integer >= 0")
+    return cfg.replace(rounds=rounds), rounds != cfg.rounds
+
+
 # settings that set one thing together: a refusal names both flags
 PAIRED = {"clients_per_round": "participation", "participation": "clients_per_round"}
 
@@ -116,34 +146,12 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     """
     if not isinstance(replace, bool):  # a truthy string must not delete a run
         raise TypeError(f"replace must be True or False, got {replace!r}")
-    cfg_path = os.path.join(out_dir, CONFIG)
+    lock_folder(out_dir)  # no other command in this folder while this one runs (--replace, --resume included)
     ckpt_path = os.path.join(out_dir, "checkpoint.pt")
     snap = None
     rewrite = not resume
     if resume:
-        if not os.path.isdir(out_dir):
-            raise RunFolderError(f"cannot resume {out_dir}: no such folder")
-        if not os.path.isfile(cfg_path):
-            for record, what, command in (("comparison.json", "a comparison", "compare"),
-                                          ("sweep.json", "a sweep (or random search)", "sweep")):
-                if os.path.isfile(os.path.join(out_dir, record)):
-                    raise RunFolderError(f"{out_dir} is {what}, not one run: continue it with "
-                                         f"`python -m python_algos {command} --resume {shlex.quote(out_dir)}`")
-            raise RunFolderError(f"cannot resume {out_dir}: it holds no config.json, so no run was started there "
-                                 f"(a run stopped before it wrote its settings leaves none); start it again with `run`")
-        ran_flower = os.path.isfile(os.path.join(out_dir, FLOWER_MARK))
-        if ran_flower and not flower:
-            raise RunFolderError(f"{out_dir} ran through Flower (run --flower): continue it the same way, with "
-                                 f"`{resume_command(out_dir)} --flower`; nothing was changed")
-        if flower and not ran_flower:
-            raise RunFolderError(f"{out_dir} ran in this process, not through Flower: continue it without --flower, "
-                                 f"with `{resume_command(out_dir)}`; nothing was changed")
-        cfg = read_config_json(cfg_path)
-        if rounds is not None:
-            if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-                raise ConfigError("rounds", rounds, "must be an integer >= 0")
-            rewrite = rounds != cfg.rounds
-            cfg = cfg.replace(rounds=rounds)
+        cfg, rewrite = _resumed_config(out_dir, rounds, flower)
     elif cfg is None:
         raise ValueError("cfg is required unless resume=True")
     else:

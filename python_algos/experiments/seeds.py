@@ -27,6 +27,7 @@ from typing import Callable, List, Optional, Sequence
 from ..runfolder.files import RunFolderError, read_json_object, write_json
 from ..runfolder.folder import check_group_start, open_group_folder
 from ..runfolder.records import COMPARISON, CONFIG, METRICS, SEEDS, read_metrics, run_folder_name
+from ..system.lock import lock_folder
 from .aggregate import SEED_DIR, write_aggregate
 from .config import Config, ConfigError
 
@@ -93,6 +94,7 @@ _HOLDS = {"run": "seeds of one run", "compare": "seeds of a comparison"}
 def read_seeds(out_dir: str, kind: Optional[str] = None) -> dict:
     """``out_dir``'s seeds.json; ``kind`` ("run" / "compare"): the command resuming it, which must
     be the one that wrote it (otherwise the error names the command that continues it)."""
+    lock_folder(out_dir)  # a resume: no other command in the folder meanwhile
     path = os.path.join(out_dir, SEEDS_FILE)
     d = read_json_object(path)  # a damaged file: RunFolderError naming the file and line
     try:

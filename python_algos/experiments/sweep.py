@@ -36,8 +36,9 @@ its summary (status interrupted); every worker process ends before the command d
 signal). A worker process that dies (killed, out of memory) fails its run with the reason
 (``worker process died (signal 9, SIGKILL)``, in the table's notes and ``summary.json``'s
 ``failed``); a fresh process runs the other points, the summary is written, the command exits 1,
-and ``--resume`` runs the failed run again. Every file is replaced atomically, so nothing is left
-half-written.
+and ``--resume`` runs the failed run again. A worker dies with the command, however the command
+dies (SIGKILL and out-of-memory kills included: :mod:`~python_algos.system.processes`). Every
+file is replaced atomically, so nothing is left half-written.
 
 ‖G_s‖² depends on s, so every point measures it at one s (:func:`sweep_metric_step`: ``--metric-step``,
 else the smallest lr·K of the grid), recorded in ``sweep.json`` and shown in the table's header. The
@@ -71,6 +72,8 @@ from ..runfolder.folder import check_group_start, open_group_folder
 from ..runfolder.progress import human_time
 from ..runfolder.records import CONFIG, METRICS, SUMMARY, read_summary, run_folder_name
 from ..runfolder.signals import STOP_SIGNALS, exit_code
+from ..system import processes
+from ..system.lock import folders_locked, lock_folder
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
@@ -455,8 +458,17 @@ def _worker_init(stop) -> None:
 
 def _worker_main(conn, stop) -> None:
     """A worker process: runs the tasks the parent sends on ``conn`` (one at a time, each answered
-    with :func:`run_point`'s result) until it is sent None or the parent is gone."""
+    with :func:`run_point`'s result) until it is sent None or the parent is gone. It dies with the
+    parent, however the parent dies (:mod:`~python_algos.system.processes`), sits in a process
+    group of its own (the parent alone decides what stops), and locks the folders it runs in."""
+    processes.die_with_parent(multiprocessing.parent_process().pid)
+    os.setpgid(0, 0)
     _worker_init(stop)
+    with folders_locked():
+        _serve(conn)
+
+
+def _serve(conn) -> None:
     kill_point = os.environ.get(KILL_POINT_ENV)
     while True:
         try:
@@ -550,6 +562,7 @@ def _run_point(task: dict) -> dict:
 def read_sweep(out_dir: str) -> dict:
     """``OUT/sweep.json`` of the sweep in ``out_dir``, its config a :class:`Config`; RunFolderError if
     absent or unreadable."""
+    lock_folder(out_dir)  # a resume: no other command in the folder meanwhile
     path = os.path.join(out_dir, SWEEP_FILE)
     if not os.path.isfile(path):
         raise RunFolderError(f"cannot resume the sweep {out_dir}: it holds no {SWEEP_FILE}")
@@ -655,6 +668,7 @@ class _Process:
     """One worker process, the parent's end of its pipe, and the task it runs (None: idle)."""
 
     def __init__(self, ctx, stop):
+        processes.supervise()  # the worker carries this command's token: it ends with the command
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, stop), name="sweep-worker", daemon=True)
         self.proc.start()

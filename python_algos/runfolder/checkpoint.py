@@ -2,11 +2,12 @@
 
     from python_algos import simulate
     from python_algos.runfolder import checkpoint
-    hist = simulate(..., checkpoint=checkpoint.Checkpointer("run/checkpoint.pt"), checkpoint_every=10)
+    from python_algos.runfolder.callbacks import Checkpoint
+    hist = simulate(..., callbacks=[Checkpoint(checkpoint.Checkpointer("run/checkpoint.pt"), 10)])
     snap = checkpoint.load("run/checkpoint.pt")               # after a crash / kill
     hist = simulate(..., resume=snap)                           # continues bit-identically
 
-A checkpoint holds the run state that ``simulate`` hands to its ``checkpoint`` hook: the
+A checkpoint holds the run state that ``simulate`` hands to its ``Checkpoint`` callback: the
 algorithm state (a NamedTuple of tensors: models, control variates, duals, trackers, counters),
 the server generator, every client generator (minibatch sampler positions), torch's global RNG,
 module buffers, round 0's metrics and the elapsed time: the state of one round, O(N·d), not the
@@ -25,18 +26,15 @@ no code from it. Every algorithm's state class is imported by then: importing th
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import signal
 import sys
-import threading
 from typing import Any, Optional
 
 import torch
 
 from . import faults
-from .signals import STOP_SIGNALS
+from .signals import stop_signals_held
 
 __all__ = ["save", "load", "atomic_save", "encode", "decode", "Checkpointer", "Diverged", "CheckpointError", "FORMAT",
            "nonfinite_entry"]
@@ -84,53 +82,17 @@ def decode(obj: Any) -> Any:
     return obj
 
 
-# the signals a write holds until it is done: Ctrl-C and the stop signals (kill, a closed terminal, a
-# scheduler's time limit), which runfolder.signals turns into the same KeyboardInterrupt
-HELD_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
-
-
-@contextlib.contextmanager
-def stop_signals_held():
-    """Hold SIGINT, SIGTERM and SIGHUP while the block runs, then act on the first that came as it
-    would have: a write that a KeyboardInterrupt (or a default SIGTERM death) cut in two would leave
-    a broken file behind, and torch reports a half-written zip as an unrelated error. A signal with
-    a Python handler gets it called; one with the default action is sent again once the handler is
-    back (the process then ends as it would have, after the write); an ignored signal stays ignored.
-    Only the main thread can swap signal handlers; elsewhere the block runs unchanged."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list = []
-    previous = {}
-    for s in HELD_SIGNALS:
-        old = signal.getsignal(s)
-        if old is signal.SIG_IGN or old is None:  # ignored, or set outside Python: left as it is
-            continue
-        previous[s] = old
-        signal.signal(s, lambda signum, frame: held.append((signum, frame)))
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
-        if held:
-            signum, frame = held[0]
-            old = previous[signum]
-            if callable(old):
-                old(signum, frame)  # e.g. Python's Ctrl-C handler raises KeyboardInterrupt here
-            else:  # SIG_DFL: what the signal would have done, now that the file is whole
-                os.kill(os.getpid(), signum)
-
-
-def atomic_save(obj: Any, path: str) -> None:
-    """``torch.save(obj, path)`` atomically: temp file in the same folder, fsync, ``os.replace``."""
+def atomic_save(obj: Any, path: str, private: bool = False) -> None:
+    """``torch.save(obj, path)`` atomically: temp file in the same folder, fsync, ``os.replace``.
+    ``private``: the file is created readable by its owner only (0600), a missing folder 0700."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700 if private else 0o777, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     with stop_signals_held():
         try:
-            with open(tmp, "wb") as f:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            with os.fdopen(os.open(tmp, flags, 0o600 if private else 0o666), "wb") as f:
                 torch.save(obj, f)
                 f.flush()
                 faults.point("checkpoint write")  # a kill here leaves a torn temp file, never a torn checkpoint
@@ -215,7 +177,7 @@ def nonfinite_entry(obj) -> Optional[str]:
 
 
 class Checkpointer:
-    """A ``simulate(checkpoint=...)`` hook that saves every snapshot it receives to ``path``.
+    """A ``Checkpoint(save)`` callback's ``save``: writes every snapshot it receives to ``path``.
 
     A snapshot whose algorithm state holds NaN/Inf is not written: :class:`Diverged` is raised
     instead, so the file keeps the last good state. ``on_save(snapshot)`` runs after each write.

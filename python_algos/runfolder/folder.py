@@ -28,6 +28,7 @@ import re
 import shutil
 from typing import Any, Iterator, List, Mapping, Sequence
 
+from ..system.lock import folders_locked, lock_folder
 from .files import RUN_DIRS, RUN_FILES, RUN_MARKS, RunExistsError, RunFolderError, create_json, holds_run
 
 __all__ = ["claim_new_folder", "timestamp", "check_fresh_start", "clear_for_fresh_run", "foreign_entries",
@@ -79,10 +80,12 @@ def _make_root(root: str) -> None:
 def unused_claims_removed() -> Iterator[None]:
     """Remove, on leaving, every folder claimed inside that is still empty (the command failed or was
     interrupted before it wrote anything). ``os.rmdir`` removes empty folders only, so nothing written
-    there by this command, its workers or anyone else is ever lost."""
+    there by this command, its workers or anyone else is ever lost. The folders the command opens
+    are locked meanwhile (:mod:`python_algos.system.lock`): no other command enters them."""
     start = len(_claimed)
     try:
-        yield
+        with folders_locked():
+            yield
     finally:
         for path in reversed(_claimed[start:]):  # a claimed folder before the results root made for it
             with contextlib.suppress(OSError):
@@ -150,6 +153,7 @@ def clear_for_fresh_run(out_dir: str, replace: bool = True) -> None:
     The files that mark a run (:func:`~.files.holds_run`) go last: a kill midway leaves a folder that
     still holds a run, which a later replacement clears of the rest."""
     os.makedirs(out_dir, exist_ok=True)
+    lock_folder(out_dir)
     if not (replace and holds_run(out_dir)):
         return
     entries = [e for e in os.listdir(out_dir) if _of_a_run(e)]
@@ -227,6 +231,7 @@ def check_group_start(out_dir: str, records: Sequence[str], replace: bool, *, ho
         raise TypeError(f"replace must be True or False, got {replace!r}")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise RunFolderError(f"{out_dir} is a file, not a folder; choose another --out (nothing was changed)")
+    lock_folder(out_dir)
     if not (os.path.isdir(out_dir) and os.listdir(out_dir)):
         return
     if not replace:
@@ -247,6 +252,7 @@ def open_group_folder(out_dir: str, mark: str, record: Mapping[str, Any], record
         clear_group(out_dir, records)
     else:
         os.makedirs(out_dir, exist_ok=True)
+    lock_folder(out_dir)
     try:
         if not replace and os.listdir(out_dir):
             raise FileExistsError(out_dir)
