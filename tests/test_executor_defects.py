@@ -184,3 +184,18 @@ def test_nan_row_in_client_data_is_warned_naming_client_and_row():
     model = nn.Sequential(nn.Linear(FEATURES, CLASSES)).double()
     with pytest.warns(RuntimeWarning, match=r"client 2: row 3 of its X holds a NaN"):
         pa.simulate(make("fedavg", lr=0.1, local_steps=1), model, F.cross_entropy, data, 1)
+
+
+def test_fuzzer_find_a_loss_that_promotes_the_dtype_runs_in_padded_passes():
+    """Found by tests/test_fuzz_executors.py (seed 769): a float32 model under a loss holding float64
+    weights returns float64 losses, which a padded metric pass could not copy into its float32 slots."""
+    loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([0.5, 2.0, 1.0], dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(m, FEATURES, generator=g), (torch.rand(m, CLASSES, generator=g) > 0.5).float())
+            for m in (2, 1, 1, 5)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(FEATURES, CLASSES))
+    x = fk_row(model)
+    want = sum(float(loss_fn(model(X), y)) for X, y in data) / len(data)
+    bc = BatchedClients(model, loss_fn, data, chunk_clients=2)
+    assert bc.full_objective_(x, torch.empty_like(x)) == pytest.approx(want, rel=1e-6)

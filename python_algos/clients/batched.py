@@ -501,7 +501,7 @@ class BatchedClients(ClientSet):
         else:
             G.index_copy_(0, pos[:c], out[:c])
             if values is not None:
-                values.index_copy_(0, pos[:c], vals.detach()[:c])
+                values.index_copy_(0, pos[:c], vals.detach()[:c].to(values.dtype))  # a loss may promote
         return fb
 
     def _rows_per_client(self, P: int) -> int:
