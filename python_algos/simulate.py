@@ -5,29 +5,13 @@
     hist.params            # flat [d] model the algorithm reports
     hist.metrics[-1]       # {"round": 100, "f": ..., "f+h": ..., "grad_map_sq": ..., ...}
 
-Metrics of one round (``History.metrics[t-1]``, round t = 1..T; ``History.initial`` holds the
-objective metrics at the starting point). Every round:
-
-* ``round``, ``wall_time`` (seconds in ``algorithm.round``), ``elapsed`` (cumulative),
-* ``prox_time`` / ``prox_evals`` (inside prox-bearing kernels, through ``fk.prox_stats``; the
-  metric pass below is not counted),
-* ``grad_time`` / ``grad_evals`` (client gradient calls: binding the client's row, batch
-  sampling, forward, backward), ``fwd_bwd_time`` (the forward + backward passes alone),
-* ``up`` / ``down`` (d-vectors each client sent / received this round),
-* ``sent_bytes`` / ``recv_bytes`` (executors that move data between processes, e.g.
-  ``"distributed"``: the bytes this process sent / received for the algorithm this round).
-
-Every ``metrics_every`` rounds (and after the last), on the reported model x (M7), using one
-extra full-gradient pass over all training data:
-
-* ``f``, ``h``, ``f+h``;
-* ``grad_map_sq`` = ||G_s(x)||², G_s(x) = (x − prox_{s h}(x − s ∇f(x)))/s (M1), with
-  ``grad_map_step`` s = ``metric_step`` or the algorithm's default (FedCanon: α; see docs/algorithms.md §3);
-* ``normal_map_sq`` = ||F_nor^λ(z)||², F_nor^λ(z) = ∇f(prox_{λh}(z)) + (z − prox_{λh}(z))/λ (M3),
-  where the algorithm has a normal-map variable z (FedNMap: z, λ; ZA1: x̂, η_g η τ; FedDA: the
-  dual z, the elapsed step) and λρ < 1; otherwise absent;
-* ``sparsity`` (fraction of exact zeros) and ``hoyer`` (M6);
-* whatever ``eval_fn(params)`` returns (called with the model holding ``params``).
+``History.metrics[t-1]`` is round t's row (``History.initial``: round 0), as docs/algorithms.md §3 lists:
+timings and counts every round (``wall_time``, ``elapsed``, ``prox_time`` / ``prox_evals``, ``grad_time`` /
+``grad_evals``, ``fwd_bwd_time``, ``up`` / ``down``; ``sent_bytes`` / ``recv_bytes`` for executors that
+move data between processes), and every ``metrics_every`` rounds and after the last, on the reported
+model x with one extra full-gradient pass: ``f``, ``h``, ``f+h``, ``grad_map_sq`` at ``grad_map_step``,
+``normal_map_sq`` where the algorithm has a normal-map variable, ``sparsity``, ``hoyer``, and what
+``eval_fn(params)`` returns.
 """
 
 from __future__ import annotations
@@ -50,7 +34,7 @@ from .algorithms.steps import prox
 from .clients import EXECUTORS, ClientSet, resolve_executor
 from .clients.base import seeds
 from .runfolder import setup_record
-from .runfolder.callbacks import Checkpoint, RunView, ShowProgress, as_callbacks, run_rounds
+from .runfolder.callbacks import Checkpoint, RunView, as_callbacks, run_rounds
 from .runfolder.history import load_history, save_history
 from .runfolder.records import metric_round, metrics_row
 
@@ -83,24 +67,17 @@ class History:
 
     def save(self, path: str, *, overwrite: bool = False, label: Optional[str] = None,
              f_star: Optional[float] = None, model: Optional[nn.Module] = None) -> str:
-        """Write this run as a run folder of the command line (config.json, metrics.jsonl,
-        summary.json, model.pt), so ``python -m python_algos plot PATH`` draws it. The folder is
-        written in full beside ``path`` and renamed into place: a failed call leaves no folder,
-        or the old one. An existing run folder is replaced, whole, only with ``overwrite=True``, and
-        never one that also holds files no run writes (``FileExistsError`` naming them).
-        ``label`` names the run in legends (default: the algorithm); ``f_star`` (the optimal
-        value F*, if known) lets ``plot`` draw the suboptimality f + h − F*; ``model`` adds its
-        ``state_dict`` to model.pt. The algorithm state is not saved. Returns ``path``."""
+        """Write this run (not its state) as a command-line run folder that ``plot`` draws, built beside
+        ``path`` and renamed into place; an existing run folder is replaced only with ``overwrite=True``,
+        never one holding other files (``FileExistsError``). ``label``: its legend (default: the
+        algorithm); ``f_star``: F*, for f + h − F*; ``model``: its ``state_dict`` into model.pt."""
         return save_history(self, path, overwrite=overwrite, label=label, f_star=f_star, model=model)
 
     @classmethod
     def load(cls, path: str) -> "History":
-        """A run folder written by :meth:`save` (or by the command line) as a History: metrics,
-        initial point, reported parameters, algorithm, hyper-parameters, setup (``state`` is None).
-        Values that were non-finite (stored as null) come back as NaN. A command-line run whose
-        resumed continuation stopped early has metrics past model.pt's round: only rounds 0..that
-        round are returned, with a warning; a folder whose model cannot be paired with its metrics
-        is refused."""
+        """A run folder of :meth:`save` or the command line as a History (``state`` None; null values
+        as NaN); rows past model.pt's round (a resumed run that stopped early) are left out with a
+        warning, and a model that cannot be paired with its rows is refused."""
         return cls(**load_history(path), state=None)
 
 
@@ -150,25 +127,20 @@ def objective_metrics(clients: ClientSet, reg: fk.Regularizer, x: torch.Tensor, 
         return out
 
 
-# what a snapshot must hold; "metrics" (the rows of rounds 1..round) is optional: a checkpoint file holds
-# the state, not the history (see simulate's ``resume``)
+# what a snapshot must hold ("metrics" is optional: a checkpoint file holds the state, not the history)
 _SNAPSHOT_KEYS = ("round", "algorithm", "hparams", "state", "rng", "client_rng", "torch_rng", "buffers", "initial",
                   "elapsed")
-
-
 # how a refused resume names each recorded setting: simulate's keyword that sets it
 _RESUME_LABELS = {**setup_record.LABELS, "algorithm": "algorithm", "model_buffers": "model (buffers)"}
 
 
 def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rounds: int) -> None:
-    """Refuse a snapshot that does not belong to this run, before anything is changed.
-
-    A snapshot restores the algorithm state and every generator, so the settings that produced it
-    must be the given ones (:mod:`.runfolder.setup_record`); otherwise the rounds after it would continue one run
-    under another's settings and the History would describe neither. Only ``rounds`` (and how the
-    clients execute) may differ. Every differing setting is named, with both values."""
+    """Refuse, before anything is changed, a snapshot whose recorded settings (:mod:`.runfolder.setup_record`)
+    are not this run's, naming each difference with both values: its rounds would continue one run under
+    another's settings, and the History describe neither. Only ``rounds`` and the executor may differ."""
     if not isinstance(snap, Mapping):
-        raise TypeError(f"resume must be a snapshot dict (as given to checkpoint), got {type(snap).__name__}")
+        raise TypeError(f"resume must be a snapshot dict (as given to a Checkpoint callback), got "
+                        f"{type(snap).__name__}")
     missing = [k for k in _SNAPSHOT_KEYS if k not in snap]
     if missing:
         raise ValueError(f"cannot resume: resume is not a simulate snapshot (it lacks {', '.join(missing)})")
@@ -190,16 +162,13 @@ def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rou
         raise ValueError(f"rounds must be >= the snapshot's round {snap['round']} to resume from it (a run cannot "
                          f"go back), got {rounds}")
     if recorded is None and not isinstance((snap.get("extra") or {}).get("config"), Mapping):
-        # a snapshot of an older version; the command line's own checkpoints carry the run's config,
-        # which the command line has compared already
-        warnings.warn("resume: the snapshot does not record its run's settings (written by an older version), so "
-                      "only the algorithm and its hyper-parameters were checked; the clients, regularizer, "
-                      "batch_size, seed and participation must be the run's own for a correct result",
-                      UserWarning, stacklevel=3)
+        # an older version's snapshot; the command line's own checkpoints carry the config it compared
+        raise ValueError("cannot resume: the snapshot does not record its run's settings (an older version wrote "
+                         "it), so nothing shows it belongs to this run: start a new run without resume")
 
 
 def _restore(snap: dict, model: nn.Module, cs: ClientSet, rng: torch.Generator):
-    """Undo a ``checkpoint`` snapshot that :func:`_check_resume` accepted: returns (state, initial,
+    """Undo a ``Checkpoint`` snapshot that :func:`_check_resume` accepted: returns (state, initial,
     metrics, elapsed, next round)."""
     rng.set_state(snap["rng"])
     cs.set_rng_state(snap["client_rng"])
@@ -295,124 +264,66 @@ def simulate(
     executor_options: Optional[dict] = None,
     backend: Optional[Callable[..., ClientSet]] = None,
     resume: Optional[dict] = None,
-    checkpoint: Optional[Callable[[dict], None]] = None,
-    checkpoint_every: int = 0,
     participation: Optional[float] = None,
     clients_per_round: Optional[int] = None,
-    progress: bool = False,
 ) -> History:
     """Run ``rounds`` rounds of ``algorithm`` from the model's current parameters.
 
     Args:
-        algorithm: an :class:`~python_algos.algorithms.Algorithm` (e.g.
-            ``FedCanon(alpha=.., beta=.., local_steps=..)``).
-        model: the ``nn.Module``. Its trainable parameters become views of flat buffers
-            (``fk.FlatParams``); on return the model holds ``History.params``. They must share one
-            dtype (one flat buffer holds them): a model mixing float32 and float64 parameters raises
-            ``ValueError`` (call ``model.to(torch.float64)`` first) instead of being cast.
-        loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss. Checked before the run
-            starts (:mod:`python_algos.clients.probe`), on each client's first samples: data the
-            model or the loss cannot take, and a loss that does not return a scalar, raise
-            ``ValueError`` naming the client; a loss that is not a mean of per-sample losses
-            (``reduction="sum"``, a class-weighted mean) is refused when clients train on
-            minibatches (``batch_size`` below a client's sample count, or DataLoader clients),
-            whose gradients would then follow another objective than the reported ``f``; with full
-            batches it is accepted, and ``f`` is then the mean over clients of ``loss_fn`` on each
-            client's whole data (here: per-client sums), the objective the gradients follow.
-        clients: one client each: an ``(X, y)`` pair of tensors, a ``Dataset`` (read lazily) or a
-            ``DataLoader`` (its own batches; :mod:`python_algos.clients.data`). Floating-point data
-            are cast to the model's dtype.
-        rounds: number of communication rounds T (DEPOSITUM, which has no server: iterations,
-            gossiping every ``period`` of them).
+        algorithm: an :class:`~python_algos.algorithms.Algorithm` (e.g. ``FedCanon(alpha=.., beta=..,
+            local_steps=..)``); ``algorithm.validate(h)`` runs first (e.g. FedCanon's alpha * rho < 1).
+        model: the ``nn.Module``; its trainable parameters, of one dtype (a mix raises ``ValueError``),
+            become views of one flat buffer (``fk.FlatParams``); on return it holds ``History.params``.
+        loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss, probed on every client's
+            data before the first round (:mod:`python_algos.clients.probe`: a loss that is not a mean of
+            per-sample losses is refused with minibatches).
+        clients: one client each: an ``(X, y)`` pair of tensors, a ``Dataset`` or a ``DataLoader``
+            (:mod:`python_algos.clients.data`); floating-point data are cast to the model's dtype.
+        rounds: communication rounds T (DEPOSITUM: iterations).
         regularizer: h (a ``fedkernels`` Regularizer), or a mapping from parameter names or fnmatch
-            patterns to Regularizers or None, one penalty per parameter (``{"0.weight":
-            fk.GroupLasso(1e-2, groups="cols"), "*.bias": None}``; built into
-            ``fk.PerParameter(model, mapping)``, whose docstring has the matching rules: an exact name
-            wins, then the first matching pattern; unmatched parameters get no penalty). A
-            ``GroupLasso`` needs a parameter's shape, so it is given per parameter only (a bare one
-            raises ``ValueError`` before any round).
-            ``algorithm.validate(h)`` runs first and raises ``ValueError`` for invalid step sizes
-            (e.g. FedCanon with alpha * rho >= 1; checked per parameter for a mapping).
-        batch_size: minibatch size B; ``None`` means full local gradients (deterministic run).
-        seed: seeds the per-client minibatch generators and the server generator (SCAFFNEW's coin).
-        eval_fn: ``eval_fn(params) -> dict`` merged into the metrics (e.g. test accuracy, distance
-            to x*); called on metric rounds with the model holding ``params``.
-        callbacks: after every round t = 1..T, in order: functions ``cb(t, state, metrics)``, or
-            :class:`python_algos.runfolder.callbacks.Callback` objects (``StopOnDivergence()``,
-            ``TimeBudget(seconds)``, ``MetricsFile(path)``, ...; their hooks also run before the first
-            round, once a round is final, and at the end); returning ``True`` stops the run after
-            that round, which is then not checkpointed.
-        metrics_every: compute the objective metrics every this many rounds and after the last
-            (0: only the per-round timing / count metrics).
+            patterns to Regularizers or None, one penalty per parameter (``fk.PerParameter``'s rules;
+            a ``GroupLasso`` is given per parameter only).
+        batch_size: minibatch size B; ``None``: full local gradients (a deterministic run).
+        seed: seeds the clients' minibatch and participation generators and the server's.
+        eval_fn: ``eval_fn(params) -> dict`` merged into the metrics rows of metric rounds.
+        callbacks: after every round t, in order: ``cb(t, state, metrics)`` functions or
+            :class:`~python_algos.runfolder.callbacks.Callback` objects (``StopOnDivergence()``,
+            ``TimeBudget(s)``, ``MetricsFile(path)``, ``ShowProgress()``: the command line's progress
+            display); ``True`` stops the run after that round. ``Checkpoint(save, every)``, put last,
+            hands ``save`` a snapshot (references to live state: write it out, e.g. with
+            :class:`~python_algos.runfolder.checkpoint.Checkpointer`) after round 0 of a fresh run,
+            every ``every`` rounds and after the last, once every callback before it accepted the round.
+        metrics_every: the objective metrics (module docstring) every this many rounds and after the
+            last (0: timings and counts only).
         metric_step: the step s of G_s (default ``algorithm.metric_step()``).
-        executor: how the clients' local work runs (the algorithm's result does not depend on it,
-            up to floating-point summation order): ``"sequential"`` (one client after another),
-            ``"batched"`` (all clients' forward/backward passes vectorized with ``torch.func``),
-            ``"distributed"`` (the clients sharded over ``torchrun`` processes), or ``"auto"``: a
-            fixed rule, not a timing (so the same call always runs the same executor and gives the
-            same bits): ``"batched"`` when it can run the model and the model is on a GPU, or has
-            no convolution and there are at least 64 clients, unless a vectorized pass would hold
-            fewer than 4 clients; otherwise ``"sequential"``
-            (:func:`python_algos.clients.registry.resolve_local`). See
-            :data:`python_algos.clients.EXECUTORS`.
-        executor_options: extra keyword arguments for the executor (e.g. ``{"memory_budget": 2**30}``
-            for ``"batched"``).
-        backend: ``backend(model, loss_fn, clients, batch_size=, seed=, flat=)`` -> ClientSet, a
-            custom executor; overrides ``executor``.
-        resume: a snapshot given earlier to ``checkpoint`` (e.g. saved and loaded by
-            :mod:`python_algos.runfolder.checkpoint`): instead of ``init``, restore the algorithm state, every
-            generator, module buffers, round 0's metrics and ``elapsed``, and continue with round
-            ``snapshot["round"] + 1`` up to ``rounds`` (>= the snapshot's round). With full or minibatch
-            gradients the result is bit-identical to an uninterrupted run on CPU. Every setting must be
-            the snapshot's, which records them (``snapshot["setup"]``, :mod:`python_algos.runfolder.setup_record`):
-            the algorithm and its hyper-parameters, ``clients`` (per-client sample counts and, for
-            tensor clients, a hash of their values), ``loss_fn``, ``regularizer``, ``batch_size``,
-            ``seed``, ``participation`` / ``clients_per_round``, ``metrics_every``, ``metric_step`` and
-            the model's parameter shapes, buffers, dtype and device; otherwise ``ValueError`` names every
-            differing one with both values, before anything (a generator, buffer or parameter) is
-            changed. Only ``rounds`` may differ, and the executor (it changes the summation order, not
-            the algorithm: a warning; with ``executor="auto"`` the snapshot's executor is reused). A
-            snapshot of an older version without ``"setup"`` resumes with a warning that only the
-            algorithm was checked. The resumed run continues in the snapshot's state tensors: load
-            the snapshot again to resume from it a second time. History: a checkpoint file holds the
-            state of its round, not the history (:func:`python_algos.runfolder.checkpoint.save`), so
-            the History of a resumed run holds the rounds this call ran (``History.initial`` is the
-            snapshot's round 0), preceded by the rows of rounds 1..round when ``snapshot["metrics"]``
-            begins with them (an in-memory snapshot's live list does, the rows appended after it
-            are left out; the command line reads them back from ``metrics.jsonl``); rows that do not
-            begin with exactly those rounds raise ``ValueError``.
-        checkpoint: ``checkpoint(snapshot)`` after round 0 of a fresh run, every ``checkpoint_every``
-            rounds and after the last round, once the callbacks have accepted the round (a round a
-            callback stops on is never checkpointed). The snapshot (``round``, ``algorithm``,
-            ``hparams``, ``state``, ``rng``, ``client_rng``, ``torch_rng``, ``buffers``, ``metrics``, ``executor``,
-            ``initial``, ``elapsed``, ``setup``) references live buffers: write it out before returning;
-            ``metrics`` is the live list of rows so far (a file written by
-            :func:`python_algos.runfolder.checkpoint.save` leaves it out: O(N·d) per write, not O(T)).
-            With ``checkpoint`` or ``resume`` the tensor clients are hashed once at the start (see
-            :mod:`python_algos.runfolder.setup_record` for the cost).
-        checkpoint_every: see ``checkpoint`` (0: only round 0 and the last round).
-        participation: fraction of clients sampled each round, k = max(1, round(participation * N))
-            uniformly without replacement (docs/algorithms.md §1.4); None or 1: full participation.
-        clients_per_round: the same as an int k (give at most one of the two). The sample comes
-            from the client set's own generator, seeded by ``seed``. Only algorithms with
-            ``partial_participation = True`` accept k < N (FedMiD, FedDA, FedAvg, SCAFFOLD, FedProx,
-            FedDR, FedADMM); the others raise ``ValueError``.
-        progress: show the command line's progress display on stderr (a bar with rounds, f+h,
-            accuracy and ETA on a terminal; a line every ~10 % of the rounds otherwise).
+        executor: ``"sequential"``, ``"batched"`` (``torch.func``), ``"distributed"`` (``torchrun``
+            ranks) or ``"auto"`` (a fixed rule: :func:`python_algos.clients.registry.resolve_local`);
+            the result differs only in floating-point summation order (docs/executors.md).
+        executor_options: the executor's keyword arguments (e.g. ``{"memory_budget": 2**30}``).
+        backend: ``backend(model, loss_fn, clients, batch_size=, seed=, flat=)`` -> ClientSet, a custom
+            executor instead of ``executor``.
+        resume: a snapshot a ``Checkpoint`` was given: restore the state, every generator and buffer,
+            round 0's metrics and ``elapsed``, and continue from ``snapshot["round"] + 1`` to ``rounds``,
+            bit-identical to an uninterrupted run on CPU. Every setting the snapshot records
+            (:mod:`python_algos.runfolder.setup_record`) must be this call's, else ``ValueError`` names
+            each difference before anything changes; only ``rounds`` (never below the snapshot's) and
+            the executor (a warning; ``"auto"`` reuses the snapshot's) may differ. The History holds
+            the rounds this call ran, after the rows of rounds 1..round when ``snapshot["metrics"]``
+            begins with them (a snapshot kept in memory; a checkpoint file holds none).
+        participation: the fraction of clients sampled each round, k = max(1, round(participation·N))
+            (docs/algorithms.md §1.4); ``clients_per_round``: k itself (give at most one). Only
+            algorithms with ``partial_participation`` accept k < N.
     """
     regularizer, k, step = _checked_inputs(algorithm, model, clients, rounds, regularizer, metrics_every,
-                                           metric_step, participation, clients_per_round, progress)
+                                           metric_step, participation, clients_per_round)
     settings = None  # what a snapshot records of the run (hashes the data once: only when snapshots are used)
-    takes_snapshots = checkpoint is not None or any(isinstance(cb, Checkpoint) for cb in callbacks)
-    if takes_snapshots or resume is not None:
+    if resume is not None or any(isinstance(cb, Checkpoint) for cb in callbacks):
         settings = setup_record.run_setup(model=model, loss_fn=loss_fn, clients=clients, regularizer=regularizer,
                                           batch_size=batch_size, seed=seed, clients_per_round=k,
                                           metrics_every=metrics_every, metric_step=step)
     if resume is not None:
         _check_resume(resume, algorithm, model, settings, int(rounds))  # before anything is built or changed
-    cbs = ([ShowProgress(algorithm.name)] if progress else []) + as_callbacks(callbacks)
-    if checkpoint is not None:  # (checks checkpoint_every) last: it saves what every callback accepted
-        cbs.append(Checkpoint(checkpoint, checkpoint_every))
+    cbs = as_callbacks(callbacks)
     executor, executor_options = _executor_of_resume(backend, executor, executor_options, resume)
     make = backend if backend is not None else resolve_executor(executor, model)
     flat = fk.FlatParams(model)
@@ -430,7 +341,7 @@ def simulate(
 
 
 def _checked_inputs(algorithm, model, clients, rounds, regularizer, metrics_every, metric_step, participation,
-                    clients_per_round, progress) -> tuple:
+                    clients_per_round) -> tuple:
     """simulate's arguments checked, before anything is built: (h, clients per round k, metric step s)."""
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"algorithm must be a python_algos Algorithm, got {type(algorithm).__name__}")
@@ -438,8 +349,6 @@ def _checked_inputs(algorithm, model, clients, rounds, regularizer, metrics_ever
         raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
     if isinstance(metrics_every, bool) or not isinstance(metrics_every, int) or metrics_every < 0:
         raise ValueError(f"metrics_every must be an int >= 0, got {metrics_every!r}")
-    if not isinstance(progress, bool):
-        raise TypeError(f"progress must be True or False, got {progress!r}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     _check_one_dtype(model)

@@ -37,6 +37,7 @@ import fedkernels as fk
 from .algorithms.base import Algorithm, ServerClientAlgorithm
 from .clients.base import seeds
 from .clients.sequential import SequentialClients
+from .runfolder.callbacks import Checkpoint
 from .simulate import simulate
 
 __all__ = ["check_algorithm", "AlgorithmCheckError", "one_client_at_a_time", "ProgramError"]
@@ -267,7 +268,7 @@ def _check_resume(alg, fed, reg, failures) -> None:
         saved["snap"] = buf.getvalue()
 
     try:
-        fed.run(alg, reg, rounds=ROUNDS + 2, checkpoint=keep, checkpoint_every=2, callbacks=[lambda t, s, m: t == 3])
+        fed.run(alg, reg, rounds=ROUNDS + 2, callbacks=[lambda t, s, m: t == 3, Checkpoint(keep, 2)])
     except Exception as e:  # e.g. a State class defined inside a function cannot be pickled
         failures.append(f"a checkpoint of the state could not be written: {type(e).__name__}: {e} (the State class "
                         "must be importable: defined at a module's top level)")

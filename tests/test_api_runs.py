@@ -1,6 +1,6 @@
 """History.save / History.load: a simulate() result as a command-line run folder (round trip, refusal
 to overwrite, no half-written folder, `run --resume` refuses it, `plot` draws it), and
-simulate(progress=True).
+simulate's progress display (the ShowProgress callback; no progress= keyword beside callbacks=).
 
 Ground truth: the History that simulate returned (save -> load must give it back), and the files
 the command line itself writes (the same names, readable by the same readers)."""
@@ -17,6 +17,7 @@ import fedkernels as fk
 from python_algos import FedCanon, FedMiD, History, simulate
 from python_algos.experiments.cli import main
 from python_algos.experiments.run import run_experiment
+from python_algos.runfolder.callbacks import Checkpoint, ShowProgress
 from python_algos.runfolder.files import read_metrics
 
 
@@ -27,11 +28,11 @@ def _problem(dtype=torch.float64):
     return model, clients
 
 
-def _run(rounds=4, progress=False, **kw):
+def _run(rounds=4, **kw):
     model, clients = _problem()
     nan_metric = lambda params: {"probe": float("nan") if params.abs().sum() > 0 else 0.0}  # noqa: E731
     return simulate(FedCanon(alpha=0.2, beta=0.05, local_steps=2), model, torch.nn.functional.cross_entropy,
-                    clients, rounds, regularizer=fk.L1(1e-2), eval_fn=nan_metric, progress=progress, **kw), model
+                    clients, rounds, regularizer=fk.L1(1e-2), eval_fn=nan_metric, **kw), model
 
 
 def _same(a, b) -> bool:
@@ -136,13 +137,14 @@ def test_load_reads_a_cli_run_folder(tmp_path):
 
 
 def test_progress_prints_only_when_asked(capsys):
-    _run(rounds=3, progress=True)
+    _run(rounds=3, callbacks=[ShowProgress("FedCanon")])
     err = capsys.readouterr().err
     assert "FedCanon round 3/3" in err and "f+h=" in err
     _run(rounds=3)
     assert capsys.readouterr().err == ""
-    with pytest.raises(TypeError, match="progress"):
-        _run(rounds=1, progress="yes")
+    for door in ("progress", "checkpoint", "checkpoint_every"):  # one way in: callbacks=
+        with pytest.raises(TypeError, match=door):
+            _run(rounds=1, **{door: True})
 
 
 def test_progress_counts_from_the_resumed_round(capsys):
@@ -150,10 +152,10 @@ def test_progress_counts_from_the_resumed_round(capsys):
     snaps = []
     alg = FedMiD(lr_client=0.1, local_steps=2)
     simulate(alg, model, torch.nn.functional.cross_entropy, clients, 2, regularizer=fk.L1(1e-2),
-             checkpoint=lambda s: snaps.append({**s, "metrics": list(s["metrics"])}))
+             callbacks=[Checkpoint(lambda s: snaps.append({**s, "metrics": list(s["metrics"])}))])
     capsys.readouterr()
     simulate(alg, model, torch.nn.functional.cross_entropy, clients, 4, regularizer=fk.L1(1e-2),
-             resume=snaps[-1], progress=True)
+             resume=snaps[-1], callbacks=[ShowProgress()])
     err = capsys.readouterr().err
     assert "round 4/4" in err and "round 1/4" not in err and "round 2/4" not in err
 

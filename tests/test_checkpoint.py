@@ -17,6 +17,7 @@ from python_algos.algorithms.registry import ALGORITHMS, make
 from python_algos.experiments.config import Config
 from python_algos.experiments.run import KILL_ENV, run_experiment
 from python_algos.runfolder import checkpoint as ckpt
+from python_algos.runfolder.callbacks import Checkpoint
 from python_algos.runfolder.files import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -160,7 +161,7 @@ def test_resume_is_bit_identical_for_every_algorithm(tmp_path, name):
     path = tmp_path / "ck.pt"
     saver = ckpt.Checkpointer(path)
     crash = lambda t, state, m: t == 5  # noqa: E731  (the process "dies" during round 5)
-    simulate(alg, tiny_model(bn=name == "fedavg"), **run, callbacks=[crash], checkpoint=saver, checkpoint_every=2)
+    simulate(alg, tiny_model(bn=name == "fedavg"), **run, callbacks=[crash, Checkpoint(saver, 2)])
     assert saver.last_round == 4
     snap = ckpt.load(path)
     assert snap["round"] == 4 and "metrics" not in snap  # the file holds the state, not the history
@@ -188,7 +189,7 @@ def test_resume_with_partial_participation(tmp_path, name):
     alg = make(name, lr=0.05, local_steps=2)
     full = simulate(alg, tiny_model(), **run)
     saver = ckpt.Checkpointer(tmp_path / "ck.pt")
-    simulate(alg, tiny_model(), **run, callbacks=[lambda t, s, m: t == 4], checkpoint=saver, checkpoint_every=3)
+    simulate(alg, tiny_model(), **run, callbacks=[lambda t, s, m: t == 4, Checkpoint(saver, 3)])
     snap = ckpt.load(tmp_path / "ck.pt")
     assert snap["round"] == 3 and "participation_rng" in snap["client_rng"]
     resumed = simulate(alg, tiny_model(), **run, resume=snap)

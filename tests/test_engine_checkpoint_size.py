@@ -19,6 +19,7 @@ from python_algos.algorithms import FedAvg
 from python_algos.experiments.config import Config
 from python_algos.experiments.run import run_experiment
 from python_algos.runfolder import checkpoint as ckpt
+from python_algos.runfolder.callbacks import Checkpoint
 from python_algos.runfolder.files import read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -42,7 +43,7 @@ def test_checkpoint_file_size_does_not_grow_with_the_round(tmp_path):
 
     model, clients = _tiny()
     simulate(FedAvg(lr_local=0.05, local_steps=1), model, nn.functional.cross_entropy, clients, 100,
-             regularizer=fk.Zero(), checkpoint=keep_size, checkpoint_every=10, metrics_every=0)
+             regularizer=fk.Zero(), callbacks=[Checkpoint(keep_size, 10)], metrics_every=0)
     assert abs(sizes[100] - sizes[10]) <= 64, sizes  # before: +150 bytes a round (its metrics row)
 
 

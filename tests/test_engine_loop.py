@@ -12,7 +12,7 @@ from torch import nn
 import fedkernels as fk
 from python_algos import simulate
 from python_algos.algorithms import FedAvg
-from python_algos.runfolder.callbacks import Callback
+from python_algos.runfolder.callbacks import Callback, Checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -51,8 +51,8 @@ class Recorder(Callback):
 
 def test_hooks_run_in_order_and_a_stopped_round_is_never_committed_or_checkpointed():
     log, saved, calls = [], [], []
-    hist = _run(5, callbacks=[Recorder(log, stop_at=3), lambda t, s, m: calls.append(t)],
-                checkpoint=lambda s: saved.append(s["round"]), checkpoint_every=1)
+    hist = _run(5, callbacks=[Recorder(log, stop_at=3), lambda t, s, m: calls.append(t),
+                              Checkpoint(lambda s: saved.append(s["round"]), 1)])
     assert log == [("start", 1, 5, 0), ("after", 1, 1), ("commit", 1), ("after", 2, 2), ("commit", 2),
                    ("after", 3, 3), ("end",)]
     assert calls == [1, 2, 3]  # a plain function callback, called every round up to the stop
@@ -80,7 +80,7 @@ def test_resume_from_an_in_memory_snapshot_keeps_each_round_once():
     def keep(s):  # the state copied now (it is live), the metrics as the live list
         snaps.append({**copy.deepcopy({k: v for k, v in s.items() if k != "metrics"}), "metrics": s["metrics"]})
 
-    _run(4, checkpoint=keep, checkpoint_every=2)
+    _run(4, callbacks=[Checkpoint(keep, 2)])
     assert snaps[1]["round"] == 2 and len(snaps[1]["metrics"]) == 4  # the live list
     resumed = _run(6, resume=snaps[1])
     assert [m["round"] for m in resumed.metrics] == [1, 2, 3, 4, 5, 6]
@@ -92,9 +92,10 @@ def test_a_resume_from_the_checkpoint_of_round_0_is_not_a_fresh_run():
     """Round 0 is neither checkpointed again nor its row written again (the run folder's metrics.jsonl
     would hold round 0 twice)."""
     snaps = []
-    _run(0, checkpoint=lambda s: snaps.append(copy.deepcopy({k: v for k, v in s.items() if k != "metrics"})))
+    _run(0, callbacks=[Checkpoint(lambda s: snaps.append(copy.deepcopy({k: v for k, v in s.items()
+                                                                        if k != "metrics"})))])
     assert [s["round"] for s in snaps] == [0]
     saved, log = [], []
-    hist = _run(2, resume=snaps[0], callbacks=[Recorder(log)], checkpoint=lambda s: saved.append(s["round"]))
+    hist = _run(2, resume=snaps[0], callbacks=[Recorder(log), Checkpoint(lambda s: saved.append(s["round"]))])
     assert saved == [2] and log[0] == ("start", 1, 2, 0)
     assert [m["round"] for m in hist.metrics] == [1, 2]

@@ -20,6 +20,7 @@ import fedkernels as fk
 import python_algos as pa
 from python_algos.algorithms.registry import ALGORITHMS, make
 from python_algos.clients import BatchedClients, SequentialClients, resolve_executor
+from python_algos.runfolder.callbacks import Checkpoint
 
 SIZES = [7, 12, 20, 33, 9, 16]  # unequal clients: B = 10 is larger than two of them
 FEATURES, CLASSES = 5, 3
@@ -203,7 +204,7 @@ def test_auto_keeps_the_trajectory_and_resume_keeps_the_executor():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pa.simulate(alg, net(), F.cross_entropy, data, 4, batch_size=4, seed=3, executor="sequential",
-                    checkpoint=snaps.append, checkpoint_every=2)
+                    callbacks=[Checkpoint(snaps.append, 2)])
         resumed = pa.simulate(alg, net(), F.cross_entropy, data, 6, batch_size=4, seed=3, executor="auto",
                               resume=snaps[1])
     assert snaps[1]["executor"] == "sequential" and resumed.executor == "sequential"

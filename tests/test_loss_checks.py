@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import python_algos as pa
 from python_algos.algorithms.registry import make
 from python_algos.clients import BatchedClients, SequentialClients
+from python_algos.runfolder.callbacks import Checkpoint
 
 FEATURES, CLASSES = 10, 3
 SIZES = [20, 30, 25]
@@ -57,8 +58,8 @@ def test_sum_loss_on_minibatches_is_refused_before_anything_runs(executor):
     calls = []
     with pytest.raises(ValueError, match=r"loss_fn is not the mean of per-sample losses.*client 0 is trained on "
                                          r"minibatches \(batch_size=4 < its 20 samples\).*reduction='mean'"):
-        run(sum_loss, clients(), executor, batch_size=4, checkpoint=calls.append,
-            callbacks=[lambda *a: calls.append(a)])
+        run(sum_loss, clients(), executor, batch_size=4,
+            callbacks=[lambda *a: calls.append(a), Checkpoint(calls.append)])
     assert calls == []  # no round ran, no snapshot was handed out
 
 

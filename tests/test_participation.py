@@ -17,6 +17,7 @@ from _problems import LeastSquares, soft
 import fedkernels as fk
 import python_algos as pa
 from python_algos.algorithms.registry import ALGORITHMS, make
+from python_algos.runfolder.callbacks import Checkpoint
 
 KAPPA = 0.3
 N = 6
@@ -123,7 +124,7 @@ def test_resume_continues_the_same_sample_sequence(problem):
     snaps = {}
     ckpt = lambda snap: snaps.setdefault(snap["round"], copy.deepcopy(snap))  # noqa: E731
     full, _, cs_full = run(problem, alg, 10, reg=fk.Zero(), clients_per_round=2, seed=4,
-                           checkpoint=ckpt, checkpoint_every=5)
+                           callbacks=[Checkpoint(ckpt, 5)])
     resumed, _, cs_res = run(problem, alg, 10, reg=fk.Zero(), clients_per_round=2, seed=4, resume=snaps[5])
     assert [s.tolist() for s in cs_res.sampled] == [s.tolist() for s in cs_full.sampled[5:]]
     assert torch.equal(full.params, resumed.params)

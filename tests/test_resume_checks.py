@@ -15,6 +15,7 @@ from python_algos import simulate
 from python_algos.algorithms.registry import ALGORITHMS, make
 from python_algos.runfolder import checkpoint as ckpt
 from python_algos.runfolder import setup_record as sc
+from python_algos.runfolder.callbacks import Checkpoint
 
 LOSS = nn.functional.cross_entropy
 
@@ -42,8 +43,8 @@ def saved(tmp_path_factory):
     continues in the snapshot's own state tensors."""
     path = tmp_path_factory.mktemp("ck") / "ck.pt"
     saver = ckpt.Checkpointer(path)
-    simulate(make(**ALG), tiny_model(), LOSS, problem(), 4, **BASE, checkpoint=saver, checkpoint_every=2,
-             callbacks=[lambda t, s, m: t == 3])  # "dies" in round 3
+    simulate(make(**ALG), tiny_model(), LOSS, problem(), 4, **BASE,
+             callbacks=[lambda t, s, m: t == 3, Checkpoint(saver, 2)])  # "dies" in round 3
     full = simulate(make(**ALG), tiny_model(), LOSS, problem(), 6, **BASE)
     return path, full
 
@@ -142,16 +143,15 @@ def test_other_algorithm_and_rounds_below_the_snapshot(saved):
         simulate(make(**ALG), tiny_model(), LOSS, problem(), 6, **BASE, resume=[snap])
 
 
-def test_old_snapshot_without_setup_resumes_with_a_warning(saved):
-    """Snapshots written before the settings were recorded still resume (bit-identically), but say
-    that only the algorithm was checked; a command-line checkpoint (its config compared by the
-    command line) resumes quietly."""
+def test_old_snapshot_without_setup_is_refused(saved):
+    """A snapshot that does not record its settings (an older version's) is refused: nothing shows it
+    belongs to the run (it used to resume with a warning); a command-line checkpoint (its config
+    compared by the command line) resumes quietly."""
     path, full = saved
     snap = ckpt.load(path)
     old = {k: v for k, v in snap.items() if k != "setup"}
-    with pytest.warns(UserWarning, match="does not record its run's settings"):
-        resumed = simulate(make(**ALG), tiny_model(), LOSS, problem(), 6, **BASE, resume=old)
-    assert torch.equal(resumed.params, full.params)
+    with pytest.raises(ValueError, match="does not record its run's settings"):
+        simulate(make(**ALG), tiny_model(), LOSS, problem(), 6, **BASE, resume=old)
     cli = {**old, "extra": {"config": {"algorithm": "fedmid"}}}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -163,7 +163,7 @@ def test_another_executor_resumes_with_a_warning():
     under another one too): a warning, and the same run up to rounding."""
     snaps = []
     full = simulate(make(**ALG), tiny_model(bn=False), LOSS, problem(), 4, **BASE, executor="sequential",
-                    checkpoint=lambda s: snaps.append(copy.deepcopy(s)), checkpoint_every=2)  # live references
+                    callbacks=[Checkpoint(lambda s: snaps.append(copy.deepcopy(s)), 2)])  # live references
     snap = snaps[1]
     assert snap["round"] == 2 and snap["executor"] == "sequential"
     with pytest.warns(UserWarning, match="not bit-identical"):

@@ -12,7 +12,7 @@ from torch import nn
 from python_algos import simulate
 from python_algos.algorithms import FedAvg
 from python_algos.experiments.cli import main
-from python_algos.runfolder.callbacks import TimeBudget
+from python_algos.runfolder.callbacks import Checkpoint, TimeBudget
 from python_algos.runfolder.files import read_metrics
 from python_algos.runfolder.records import load_model
 
@@ -98,8 +98,8 @@ def test_the_round_a_budget_stops_on_is_checkpointed_and_the_last_round_is_no_st
         saved = []
         torch.manual_seed(0)
         hist = simulate(FedAvg(lr_local=0.1, local_steps=1), nn.Linear(3, 2).double(), nn.functional.cross_entropy,
-                        _problem(), rounds, callbacks=[budget], metrics_every=0,
-                        checkpoint=lambda snap, s=saved: s.append(snap["round"]))
+                        _problem(), rounds, metrics_every=0,
+                        callbacks=[budget, Checkpoint(lambda snap, s=saved: s.append(snap["round"]))])
         assert len(hist.metrics) == (stops_at or rounds)
         assert saved == [0, stops_at or rounds]
         assert (budget.reason is None) == (stops_at is None), budget.reason

@@ -1,7 +1,7 @@
 """What a run leaves on disk and shows while it runs: the run-folder format, checkpoints, the progress display.
 
 This is the bottom layer of :mod:`python_algos`: it imports nothing from the rest of the package, so
-:func:`~python_algos.simulate.simulate` (``progress=True``, ``History.save`` / ``History.load``) and
+:func:`~python_algos.simulate.simulate` (``ShowProgress``, ``History.save`` / ``History.load``) and
 the command line (:mod:`python_algos.experiments`) share one format and one look without the library
 depending on the application.
 

@@ -51,6 +51,20 @@ def merge_identical(runs: list, metrics: Sequence[str]) -> list:
     return out
 
 
+def _checked_options(band: str, formats, f_star, x_axes) -> tuple:
+    """:func:`plot_runs`' options checked, each error naming its flag; returns the formats parsed."""
+    if band not in ("std", "minmax"):
+        raise ValueError(f"--band {band!r}: must be std or minmax")
+    formats = parse_formats(formats)
+    if f_star is not None and (isinstance(f_star, bool) or not isinstance(f_star, (int, float))
+                               or not math.isfinite(f_star)):
+        raise ValueError(f"--f-star {f_star!r}: must be a finite number (the optimal value F*)")
+    bad_x = [x for x in x_axes if x not in ("round", "elapsed")]
+    if bad_x:
+        raise ValueError(f"--x {' '.join(bad_x)}: unknown x axis; valid: round, elapsed")
+    return formats
+
+
 def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Optional[Sequence[str]] = None,
               x_axes: Sequence[str] = ("round", "elapsed"), title: Optional[str] = None,
               name: str = "overview", per_metric: bool = True, labels: Optional[Sequence[str]] = None,
@@ -68,15 +82,7 @@ def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Opti
     (``"minmax"``). Runs whose curves coincide exactly are drawn once, named together ("A = B").
     Every argument is checked before a file is written.
     """
-    if band not in ("std", "minmax"):
-        raise ValueError(f"--band {band!r}: must be std or minmax")
-    formats = parse_formats(formats)
-    if f_star is not None and (isinstance(f_star, bool) or not isinstance(f_star, (int, float))
-                               or not math.isfinite(f_star)):
-        raise ValueError(f"--f-star {f_star!r}: must be a finite number (the optimal value F*)")
-    bad_x = [x for x in x_axes if x not in ("round", "elapsed")]
-    if bad_x:
-        raise ValueError(f"--x {' '.join(bad_x)}: unknown x axis; valid: round, elapsed")
+    formats = _checked_options(band, formats, f_star, x_axes)
     runs = [load_run(p) for p in find_runs(paths)]
     if f_star is not None:
         for r in runs:
