@@ -1,5 +1,6 @@
 """The executors' defects of issue 35 (1, 2, 3, 5, 6, 7, and NaN data from Python), one failing-first
-test each; defect 12 is in tests/test_engine_batched_metric.py. Each failed on base 3347ecf.
+test each; defect 12 is in tests/test_engine_batched_metric.py. Each failed on base 3347ecf (the
+last test guards a fuzzer find in this issue's own change).
 
 Ground truth: each client's loss and gradient by plain autograd on the model itself, in float64
 (``_plain``), the sequential executor for whole runs, and for 16-bit runs "runs, close to the
@@ -187,8 +188,9 @@ def test_nan_row_in_client_data_is_warned_naming_client_and_row():
 
 
 def test_fuzzer_find_a_loss_that_promotes_the_dtype_runs_in_padded_passes():
-    """Found by tests/test_fuzz_executors.py (seed 769): a float32 model under a loss holding float64
-    weights returns float64 losses, which a padded metric pass could not copy into its float32 slots."""
+    """Found by tests/test_fuzz_executors.py (seed 769) in this issue's own first version of the
+    padded-pass copy (not on 3347ecf, whose one-client passes cast): a float32 model under a loss
+    holding float64 weights returns float64 losses, to be copied into the metric's float32 slots."""
     loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([0.5, 2.0, 1.0], dtype=torch.float64))
     g = torch.Generator().manual_seed(0)
     data = [(torch.randn(m, FEATURES, generator=g), (torch.rand(m, CLASSES, generator=g) > 0.5).float())
