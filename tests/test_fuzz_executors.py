@@ -16,14 +16,18 @@ construction is a failure too. float32 / bfloat16 / float16 examples must run or
 The user's data must come back unwritten.
 
 Default run: a fixed set of seeds (``fuzz_budget``); ``--fuzz-long`` for many more,
-``--fuzz-seed`` for others. The distributed executor runs the sequential or batched one per rank
-(tests/test_distributed.py, ``processes``); it is not fuzzed here.
+``--fuzz-seed`` for others. The distributed executor needs a process group: a separate
+``processes`` test runs it on 2 spawned ranks (gloo), each inner executor, full participation,
+against the same loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import socket
+import time
 import warnings
 from typing import Callable, Optional
 
@@ -107,7 +111,7 @@ def _clone(layer):
 
 def _loss(r: random.Random, k: int, classes: bool):
     """(description, loss_fn, is a per-sample mean for every batch by construction, labels to plant)."""
-    w = torch.rand(k, dtype=torch.float64) * 2 + 0.2
+    w = torch.rand(k, generator=torch.Generator().manual_seed(r.randrange(1 << 30)), dtype=torch.float64) * 2 + 0.2
     if classes:
         pick = r.choice(["F.ce", "F.ce", "CE", "CE", "CE", "NLL", "weighted-callable", "per-sample-weighted",
                          "sum-callable"])
@@ -162,7 +166,8 @@ def _partition(r: random.Random, keys: torch.Tensor, n_clients: int) -> tuple[st
         if all(parts):
             return how, [torch.tensor(q) for q in parts]
         how = "unequal"
-    order = keys.argsort(stable=True) if how == "label-sorted" else torch.randperm(n)
+    shuffled = torch.randperm(n, generator=torch.Generator().manual_seed(r.randrange(1 << 30)))
+    order = keys.argsort(stable=True) if how == "label-sorted" else shuffled
     cuts = sorted(r.sample(range(1, n), n_clients - 1))
     return how, [order[a:b] for a, b in zip([0, *cuts], [*cuts, n])]
 
@@ -335,4 +340,91 @@ def test_every_executor_is_exact_or_refuses(fuzz_budget):
             why = check(ex, name)
             if why is not None:
                 finds.append(f"{why}\n    {ex.desc}")
+    assert not finds, f"{len(finds)} finds:\n" + "\n".join(finds)
+
+
+# -- the distributed executor on 2 ranks -------------------------------------------------------------
+
+def _distributed_example(seed: int) -> Example:
+    return dataclasses.replace(draw(seed), ids=None, dtype=torch.float64)
+
+
+def _runs(ex: Example) -> bool:
+    """The plain loop runs the example (not, e.g., a BatchNorm in training mode on one sample): an
+    error inside a rank's pass would leave the other rank waiting in the next collective."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reference(ex)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def _rank_main(rank: int, world: int, port: int, out_dir: str, seeds: list) -> None:
+    """Spawned rank: every example with the distributed executor (each inner executor); saves, per
+    (seed, inner), this rank's rows, f and grad f, or the refusal's message."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    from python_algos.clients import DistributedClients
+    from python_algos.experiments.launch import finish
+
+    out = {}
+    for seed in seeds:
+        ex = _distributed_example(seed)
+        for inner in EXECUTORS:
+            try:
+                cs = DistributedClients(ex.build(torch.float64), ex.loss_fn, ex.data, batch_size=ex.batch_size,
+                                        seed=ex.seed, inner=inner, inner_options=ex.options[inner])
+            except ValueError as e:
+                out[(seed, inner)] = str(e)
+                continue
+            x0 = cs.flat.params.detach().clone()
+            X, G = cs.new_stack(x0), cs.new_stack()
+            for _ in range(STEPS):
+                cs.gradients_(X, G)
+                X -= LR * G
+            g = torch.empty_like(x0)
+            out[(seed, inner)] = (cs.lo, X, cs.full_objective_(x0, g), g)
+    torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    finish(ok=True)
+
+
+@pytest.mark.processes
+def test_distributed_executor_is_exact_or_refuses(tmp_path, fuzz_budget):
+    import torch.multiprocessing as mp
+
+    first, n = fuzz_budget(24)
+    seeds = [s for s in range(first, first + n) if _runs(_distributed_example(s))]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.start_processes(_rank_main, args=(2, port, str(tmp_path), seeds), nprocs=2, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + 600
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("2 ranks did not finish within 600 s")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    finds = []
+    for seed in seeds:
+        ex = _distributed_example(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rx0, rrows, rf, rgrad = reference(ex)
+        for inner in EXECUTORS:
+            got = [r[(seed, inner)] for r in ranks]
+            if isinstance(got[0], str):
+                if ex.mean and "not the mean" in got[0]:
+                    finds.append(f"distributed/{inner} refused a per-sample mean: {got[0][:200]}\n    {ex.desc}")
+                continue
+            rows = torch.cat([X for _, X, _, _ in sorted(got, key=lambda t: t[0])])
+            gap = _gap(rows, rrows, float((rrows - rx0).abs().max()))
+            f, g = got[0][2], got[0][3]
+            if gap > 1e-10 or abs(f - rf) > 1e-10 * abs(rf) or _gap(g, rgrad, float(rgrad.abs().max())) > 1e-10:
+                finds.append(f"distributed/{inner}: rows off by {gap:.3g}, f {f!r} vs {rf!r}\n    {ex.desc}")
     assert not finds, f"{len(finds)} finds:\n" + "\n".join(finds)
