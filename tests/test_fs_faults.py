@@ -9,7 +9,10 @@ stderr, the folders' files, and model.pt of the same run made on a file system w
 
 import json
 import os
+import pathlib
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 import torch
@@ -27,17 +30,23 @@ def _mount(path, *options):
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(("size=1m", *options)), "tmpfs", str(path)],
                        capture_output=True, text=True)
     if r.returncode != 0:
+        path.rmdir()
         pytest.skip(f"cannot mount a tmpfs here ({(r.stderr or r.stdout).strip() or 'mount failed'}): the "
                     f"file-system faults need one")
 
 
 @pytest.fixture
-def tmpfs(tmp_path):
-    """A 1 MiB tmpfs at tmp_path/fs (unmounted afterwards)."""
-    mnt = tmp_path / "fs"
+def tmpfs():
+    """A 1 MiB tmpfs (unmounted afterwards), outside pytest's own temporary folders: another pytest
+    session's cleanup may rename those, and a mount inside one would then outlive the test."""
+    mnt = pathlib.Path(tempfile.mkdtemp(prefix="fs-faults-"))
+    mnt.rmdir()
     _mount(mnt)
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        shutil.rmtree(mnt, ignore_errors=True)
 
 
 def _one_line_error(capsys) -> str:

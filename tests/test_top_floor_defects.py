@@ -127,3 +127,48 @@ def test_out_refuses_a_folder_of_the_users_own_files(tmp_path, capsys):
     err = _error(capsys)
     assert "notes.txt" in err and str(out) in err, err
     assert sorted(os.listdir(out)) == ["notes.txt"]
+
+
+# --- 6 (the part without Flower): a relative data path is recorded absolute ------------------------------ #
+
+
+def test_a_relative_data_file_is_recorded_absolute_and_resumes_from_another_folder(tmp_path, monkeypatch, capsys):
+    """config.json names the file absolutely, so a resume (or a Flower node) started in another folder
+    finds it; the path is read relative to the command's folder, as before."""
+    (tmp_path / "a").mkdir()
+    rows = "".join(f"{i % 2} 1:{i / 10:.1f} 2:{(i * 7 % 5) / 5:.1f}\n" for i in range(40))
+    (tmp_path / "a" / "d.txt").write_text(rows)
+    monkeypatch.chdir(tmp_path / "a")
+    out = tmp_path / "r"
+    assert main(["run", "--dataset", "libsvm", "--data-opt", "file=d.txt", "-N", "2", "-T", "1", "--checkpoint-every",
+                 "1", "--no-progress", "--no-plot", "--out", str(out)]) == 0
+    assert json.load(open(out / "config.json"))["data_opts"]["file"] == str(tmp_path / "a" / "d.txt")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--resume", str(out), "-T", "2", "--no-progress", "--no-plot"]) == 0, capsys.readouterr().err
+    assert json.load(open(out / "summary.json"))["rounds_done"] == 2
+
+
+# --- 8: Optuna trials stopped by --time-budget are resumable, and resumed ---------------------------------- #
+
+
+def test_optuna_trials_stopped_by_the_time_budget_are_continued_by_resume(tmp_path, capsys):
+    optuna = pytest.importorskip("optuna", reason="needs optuna: pip install optuna")
+    out = tmp_path / "s"
+    # every run stops after its first round (its budget is spent by then), checkpointed there
+    assert main(["sweep", "-a", "fedavg", "--optuna", "2", "--space", "lr=log:0.01:0.1", *SMALL, "-T", "3",
+                 "--time-budget", "1e-6", "--out", str(out)]) == 0
+    study = optuna.load_study(study_name="fedavg", storage=f"sqlite:///{out / 'optuna.db'}")
+    assert [t.state.name for t in study.get_trials()] == ["RUNNING"], "a stopped trial is resumable, not failed"
+    assert "--time-budget" in capsys.readouterr().out
+    for _ in range(8):  # each resume runs every stopped run one round further
+        assert main(["sweep", "--resume", str(out), "--no-progress", "--no-plot"]) == 0
+        study = optuna.load_study(study_name="fedavg", storage=f"sqlite:///{out / 'optuna.db'}")
+        if [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]:
+            break
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]
+    for t in study.get_trials():
+        lr = t.params["lr"]
+        name = f"lr={float(f'{lr:.6g}'):g}"
+        summary = json.load(open(out / "fedavg" / name / "seed-0" / "summary.json"))
+        assert summary["status"] == "completed" and summary["rounds_done"] == 3
+        assert t.value == pytest.approx(summary["final"]["f+h"])

@@ -55,6 +55,7 @@ from ..deploy.flower import (
 from ..deploy.persist import RoundFiles
 from ..runfolder.callbacks import Callback, StopOnDivergence
 from ..runfolder.records import metric_round
+from ..runfolder.setup_record import fingerprint_clients
 from ..simulate import objective_metrics
 
 __all__ = [
@@ -175,6 +176,8 @@ def server_main(grid, context) -> None:
     try:
         with open(str(rc["recorded-config"])) as f:  # the run's config.json as the parent command read it
             recorded = {"config": json.load(f)}  # kept in every checkpoint: a resume compares it with config.json
+        # the data the nodes hold: a resume on changed data is refused (flower_run), as a one-process resume is
+        recorded["data"] = fingerprint_clients(s["fed"].clients)
         resume = checkpoint_to_resume(path, bool(rc["resume"]))
         os.makedirs(out, exist_ok=True)
         result = run_server(grid, alg, s["model_fn"], regularizer=reg, rounds=cfg.rounds,

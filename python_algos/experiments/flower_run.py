@@ -60,12 +60,14 @@ from ..runfolder.files import (
     FLOWER_CHECKPOINT,
     FLOWER_DIRS,
     FLOWER_MARK,
+    RunFolderError,
     read_json_object,
     remove_leftovers,
     write_json,
 )
 from ..runfolder.progress import Progress
 from ..runfolder.records import save_model, summary_record, write_config, write_metrics, write_summary
+from ..runfolder.setup_record import check_same_setup, fingerprint_clients
 from ..runfolder.signals import signal_of, stop_signals_held
 from ..simulate import objective_metrics
 from .config import ConfigError
@@ -169,6 +171,11 @@ def _check_server_checkpoint(prep: PreparedRun, x0: torch.Tensor, out_dir: str) 
         return None, run_key
     snap = load_server(path)
     check_recorded_config((snap.get("extra") or {}).get("config"), cfg, path)
+    saved_data = (snap.get("extra") or {}).get("data")  # None: a checkpoint from before the data were recorded
+    check_same_setup(None if saved_data is None else {"data": saved_data},
+                     {"data": fingerprint_clients(prep.fed.clients)}, what=f"from {path}", error=RunFolderError,
+                     labels={"data": "the clients' data (--dataset, --data-opt and the files they name)"},
+                     fix="put the run's data back, or start a run on these data in a new folder")
     now = server_setup(alg, prep.reg, cfg.seed, cfg.batch_size, len(prep.fed.parts), x0,
                        clients_per_round=cfg.clients_per_round, participation=cfg.participation)
     check_checkpoint(snap, now, labels=SETUP_FLAGS, fix="undo the edit of config.json (or put the run's own "

@@ -63,6 +63,7 @@ __all__ = ["parse_space", "parse_space_spec", "run_study", "STUDY_FILE", "INSTAL
 INSTALL = "pip install optuna (or fedkernels[optuna])"
 _KINDS = ("log", "float", "int", "intlog")
 _RULE = "the point breaks a rule of the algorithm"
+_BUDGET = "its runs stopped at --time-budget"  # a trial left running: resumable
 
 
 def _optuna():
@@ -221,17 +222,20 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
             try:
                 if interrupted:  # an earlier algorithm's study was interrupted: only its summary is wanted
                     raise KeyboardInterrupt
-                # first the trials an interruption left running (their runs continue from their checkpoints)
+                # first the trials an interruption or --time-budget left running (their runs continue from
+                # their checkpoints); a trial stopped by the budget again asks for no new one
+                budget_hit = False
                 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-                    _evaluate(optuna, study, t.number, _point(t.params, keys, space), cfg, a, seeds, reseed_data,
-                              alg_opts, out_dir, metric, workers, tensorboard, trials, log)
-                while _n_finished(optuna, study) < trials:
+                    budget_hit |= _evaluate(optuna, study, t.number, _point(t.params, keys, space), cfg, a, seeds,
+                                            reseed_data, alg_opts, out_dir, metric, workers, tensorboard, trials, log)
+                while not budget_hit and _n_finished(optuna, study) < trials:
                     with _deferred_interrupt():
                         n = len(study.get_trials(deepcopy=False))
                         study.sampler = optuna.samplers.TPESampler(seed=_trial_seed(seeds[0], n))
                         trial = study.ask(dists)
-                    _evaluate(optuna, study, trial.number, _point(trial.params, keys, space), cfg, a, seeds,
-                              reseed_data, alg_opts, out_dir, metric, workers, tensorboard, trials, log)
+                    budget_hit = _evaluate(optuna, study, trial.number, _point(trial.params, keys, space), cfg, a,
+                                           seeds, reseed_data, alg_opts, out_dir, metric, workers, tensorboard,
+                                           trials, log)
             except KeyboardInterrupt as e:
                 interrupted, cause = True, cause or e
             for t in study.get_trials(deepcopy=False):
@@ -307,16 +311,17 @@ def _n_finished(optuna, study) -> int:
 
 
 def _evaluate(optuna, study, number: int, point: dict, cfg: Config, algorithm: str, seeds, reseed_data, alg_opts,
-              out_dir: str, metric: str, workers: Workers, tensorboard: bool, trials: int, log) -> None:
+              out_dir: str, metric: str, workers: Workers, tensorboard: bool, trials: int, log) -> bool:
     """Run trial ``number``'s point with its seeds (finished runs are kept) and tell the study its
-    value, or prune / fail it with the reason. KeyboardInterrupt leaves the trial running."""
+    value, or prune / fail it with the reason. KeyboardInterrupt leaves the trial running, and so does
+    a run that ``--time-budget`` stopped (resumable: ``sweep --resume`` continues it); True then."""
     TS = optuna.trial.TrialState
     plan = plan_point(cfg, algorithm, point, alg_opts)
     head = f"trial {number + 1}/{trials} {algorithm} {plan['name']}"
     if plan["config"] is None:
         _tell(optuna, study, number, TS.PRUNED, None, f"{_RULE}: {plan['skip']}")
         log(f"{head}: pruned ({plan['skip']})")
-        return
+        return False
     d = os.path.join(out_dir, run_folder_name(algorithm), plan["name"])
     tasks = [{"dir": os.path.join(d, SEED_DIR.format(s)), "config": c.to_dict(), "label": algorithm,
               "tensorboard": tensorboard} for s, c in seed_configs(plan["config"], seeds, reseed_data)]
@@ -337,16 +342,21 @@ def _evaluate(optuna, study, number: int, point: dict, cfg: Config, algorithm: s
         if st is None:
             _tell(optuna, study, number, TS.FAIL, None, f"the runs logged no {metric}")
             log(f"{head}: failed (the runs logged no {metric})")
-            return
+            return False
         _tell(optuna, study, number, TS.COMPLETE, st["mean"], None)
         log(f"{head}: {metric} {stats_cell(st)}")
-        return
+        return False
+    if "stopped" in statuses and all(st in ("completed", "stopped") for st in statuses):
+        _tell(optuna, study, number, TS.RUNNING, None, f"{_BUDGET}; `sweep --resume` continues it")
+        log(f"{head}: stopped ({_BUDGET}; `sweep --resume` continues it)")
+        return True
     bad = [(s, st, (results.get(t["dir"]) or {}).get("message") or sm.get("message"))
            for s, st, t, sm in zip(seeds, statuses, tasks, sums) if st != "completed"]
     reason = "; ".join(f"seed {s}: {st}" + (f" ({m})" if m else "") for s, st, m in bad)
     state = TS.PRUNED if all(st == "diverged" for _, st, _ in bad) else TS.FAIL
     _tell(optuna, study, number, state, None, reason)
     log(f"{head}: {state.name.lower()} ({reason})")
+    return False
 
 
 def _tell(optuna, study, number: int, state, value, reason: Optional[str]) -> None:
@@ -354,7 +364,8 @@ def _tell(optuna, study, number: int, state, value, reason: Optional[str]) -> No
         if reason:
             trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
             study._storage.set_trial_user_attr(trial_id, "reason", reason)
-        study.tell(number, value if state == optuna.trial.TrialState.COMPLETE else None, state=state)
+        if state != optuna.trial.TrialState.RUNNING:  # a running trial is only annotated: a resume continues it
+            study.tell(number, value if state == optuna.trial.TrialState.COMPLETE else None, state=state)
 
 
 def _trial_notes(records: list, trials: int, metric: str) -> list:
@@ -367,7 +378,7 @@ def _trial_notes(records: list, trials: int, metric: str) -> list:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
         lines.append(f"- {a}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
         for r in rs:
-            if r["state"] in ("pruned", "fail"):
+            if r["state"] in ("pruned", "fail") or (r["state"] == "running" and r["reason"]):
                 why = ("the point breaks a rule of the algorithm (listed above)"
                        if (r["reason"] or "").startswith(_RULE) else r["reason"])
                 lines.append(f"  - trial {r['number'] + 1} {point_name(r['point'] or {})}: {r['state']}: {why}")

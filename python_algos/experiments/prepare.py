@@ -126,6 +126,18 @@ def _resumed_config(out_dir: str, rounds: Optional[int], flower: bool):
     return cfg.replace(rounds=rounds), rounds != cfg.rounds
 
 
+def _absolute_data_paths(cfg: Config) -> Config:
+    """``cfg`` with its data paths absolute (``--data-dir``, ``--data-opt file=`` / ``test_file=``, which
+    are relative to ``--data-dir`` when given): a relative path means the current folder of this
+    command, which a Flower node or a later resume does not share."""
+    data_dir = os.path.abspath(os.path.expanduser(cfg.data_dir)) if isinstance(cfg.data_dir, str) else cfg.data_dir
+    opts = dict(cfg.data_opts or {})
+    for k in ("file", "test_file"):
+        if isinstance(opts.get(k), str) and data_dir is None:
+            opts[k] = os.path.abspath(os.path.expanduser(opts[k]))
+    return cfg.replace(data_dir=data_dir, data_opts=opts)
+
+
 # settings that set one thing together: a refusal names both flags
 PAIRED = {"clients_per_round": "participation", "participation": "clients_per_round"}
 
@@ -158,6 +170,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
         if rounds is not None:
             cfg = cfg.replace(rounds=rounds)
         cfg.check()
+        cfg = _absolute_data_paths(cfg)  # config.json names the files wherever the run (or its Flower nodes) resumes
         check_fresh_start(out_dir, replace, how_to_resume=resume_command(out_dir))
     launch.join(cfg.device)  # under torchrun: join the job (and take this rank's GPU) before picking the device
     device = resolve_device(cfg.device)
