@@ -332,7 +332,7 @@ def check(ex: Example, name: str) -> Optional[str]:
 
 
 def test_every_executor_is_exact_or_refuses(fuzz_budget):
-    first, n = fuzz_budget(200)
+    first, n = fuzz_budget(600)
     finds = []
     for seed in range(first, first + n):
         ex = draw(seed)
