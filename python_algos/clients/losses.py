@@ -72,6 +72,8 @@ def _class_loss(weight, ignore_index: int, reduction: str, labels, smoothing: fl
         return LossKind(False, _NOT_MEAN.format("reduction='sum'"))
     if reduction != "mean":
         return LossKind(None, f"reduction={reduction!r} does not return one value per batch")
+    if labels is not None and labels.is_floating_point():  # class probabilities: a mean over the batch
+        return LossKind(True)
     if weight is not None:
         return LossKind(False, _NOT_MEAN.format("a class-weighted mean: weight= divides by the sum of the batch's "
                                                 "weights"))
@@ -94,8 +96,8 @@ def classify_loss(loss_fn: Callable, labels: Optional[torch.Tensor] = None,
         return LossKind(True)
     if loss_fn is F.cross_entropy:
         return _class_loss(None, -100, "mean", labels)
-    if loss_fn is F.nll_loss:
-        return _class_loss(None, -100, "mean", labels)
+    if loss_fn is F.nll_loss:  # of the model's outputs as log-probabilities: not the chain's cross-entropy
+        return dataclasses.replace(_class_loss(None, -100, "mean", labels), plain_ce=False)
     if any(loss_fn is f for f in _F_MEAN):
         return LossKind(True)
     kind = type(loss_fn)
