@@ -366,25 +366,6 @@ def test_the_handshake_waits_connect_timeout_for_the_nodes_first_start(problem):
                       num_clients=N, seed=SEED, batch_size=BATCH, round_timeout=0.3, connect_timeout=0.4)
 
 
-@pytest.mark.parametrize("name,ov,k", [("fedcanon", {}, None), ("scaffold", {}, 2)])
-def test_the_algorithm_as_a_flower_strategy_reproduces_simulate(problem, name, ov, k):
-    """The same server program in Flower's own loop (Strategy.start: send_and_receive, then
-    aggregate_train): the final model equals simulate's; the result's arrays hold it."""
-    want = _simulate(problem, _alg(name, **ov), k)
-    app = pf.client_app(_alg(name, **ov), problem.model, problem.loss, lambda i, c: problem.data[i], regularizer=REG,
-                        seed=SEED, batch_size=BATCH)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        strategy = pf.AlgorithmStrategy(_alg(name, **ov), problem.model, regularizer=REG, rounds=ROUNDS,
-                                        num_clients=N, clients_per_round=k, seed=SEED, batch_size=BATCH)
-        assert isinstance(strategy, flwr.serverapp.strategy.Strategy)
-        result = strategy.start(LocalGrid(app, N), strategy.initial_arrays(), num_rounds=strategy.remaining)
-    got = torch.from_numpy(result.arrays["params"].numpy())
-    assert float((got - want.params).abs().max()) <= 1e-10 * (1.0 + float(want.params.abs().max()))
-    assert torch.equal(strategy.result().params, got)
-    assert sorted(result.train_metrics_clientapp) == list(range(1, ROUNDS + 1))
-
-
 # -- a resume under other settings (issue 26, defect 3): one resume check, before anything runs ------
 def _checkpoint_of(problem, tmp_path, k):
     """A server checkpoint of round 2 (client 2's node dies in round 3), its nodes' states kept."""

@@ -203,7 +203,8 @@ def test_the_graph_sees_relative_absolute_and_function_level_imports():
 
 MAX_FUNCTION_LINES = 80  # a function's body, docstring included (the developers' guide)
 # all lines of the files, counted as `cat FILES | wc -l`; a budget is added here when the code reaches it
-LINE_BUDGETS = {"python_algos/simulate.py": 480}
+# (issue 36: experiments/ <= 8,400 and deploy/ <= 2,050 are not reached yet)
+LINE_BUDGETS = {"python_algos/simulate.py": 480, "python_algos/runfolder": 2050}
 
 
 def _package_files():
@@ -250,10 +251,21 @@ def test_the_private_import_check_sees_one():
     assert names == ["_tmp_name"] and names[0].startswith("_")
 
 
+def _lines(path: str) -> int:
+    """All lines of the file, or of the folder's .py files (nested ones included)."""
+    full = os.path.join(ROOT, path)
+    files = [full] if os.path.isfile(full) else [os.path.join(d, f) for d, _, fs in os.walk(full) for f in fs
+                                                  if f.endswith(".py")]
+    total = 0
+    for name in files:
+        with open(name, encoding="utf-8") as f:
+            total += sum(1 for _ in f)
+    return total
+
+
 @pytest.mark.parametrize("path", sorted(LINE_BUDGETS))
 def test_line_budget(path):
-    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-        lines = sum(1 for _ in f)
+    lines = _lines(path)
     assert lines <= LINE_BUDGETS[path], f"{path}: {lines} lines, over its budget of {LINE_BUDGETS[path]}"
 
 

@@ -6,8 +6,7 @@
 
 What runs where (docs/algorithms.md §0.1; the framework-free parts are :mod:`.nodes`):
 
-* The **ServerApp** (:func:`run_server`, or Flower's own loop with the same program as a
-  ``Strategy``: :class:`~.strategy.AlgorithmStrategy`) holds the algorithm's server fields. Each round it draws the
+* The **ServerApp** (:func:`run_server`) holds the algorithm's server fields. Each round it draws the
   participants from the run's seeded generator (``simulate``'s draw), sends each participant its
   download, collects the uploads, averages them (``algorithm.aggregate``: ``(1/|S|) Σ``, or
   ``(1/N) Σ`` for ``up_over_all`` names) and runs ``server_update`` (the server's prox, fused
@@ -49,17 +48,9 @@ from .wire import (
 
 __all__ = [
     "server_app", "client_app", "run_server", "ServerProgram",
-    "AlgorithmStrategy",  # noqa: F822 -- provided lazily by the module __getattr__ below (needs Flower)
     "load_server_checkpoint", "checkpoint_to_resume", "handle_round", "handle_hello", "node_client_id", "FlowerResult",
     "NodeFailure",
     "encode_vectors", "decode_vectors", "payload_bytes", "fingerprint", "save_result", "write_error",
     "INSTALL", "HELLO", "ROUND", "NODE_KEY", "POLL", "flwr_modules",
 ]
 
-
-def __getattr__(name):  # the Strategy subclass needs Flower at import: loaded on first use
-    if name == "AlgorithmStrategy":
-        from .strategy import AlgorithmStrategy
-
-        return AlgorithmStrategy
-    raise AttributeError(name)

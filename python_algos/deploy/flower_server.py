@@ -2,14 +2,13 @@
 
 * :class:`ServerProgram`: the algorithm's server program over Flower messages: it holds the
   server's fields of the State, draws each round's participants (``simulate``'s draw), builds
-  their messages (``configure_train``) and, from the replies, averages the uploads and runs the
-  server update, the prox included, with the fused kernels (``aggregate_train``). It checkpoints
+  their messages (``configure_round``) and, from the replies, averages the uploads and runs the
+  server update, the prox included, with the fused kernels (``finish_round``). It checkpoints
   its side and resumes from such a checkpoint.
 * :func:`run_server`: a ServerApp's loop over it, replies collected as they come: ``simulate``'s
   engine loop (:func:`~python_algos.runfolder.callbacks.run_rounds`) with the same callbacks (the
-  checkpoint, ``StopOnDivergence``, ``TimeBudget``, functions), so each has one definition.
-* :class:`~.strategy.AlgorithmStrategy`: the same program as a Flower ``Strategy`` (for
-  ``strategy.start(grid, ...)``, Flower's own loop).
+  checkpoint, ``StopOnDivergence``, ``TimeBudget``, functions), so each has one definition and the
+  rounds have one loop.
 """
 
 from __future__ import annotations
@@ -158,14 +157,7 @@ class ServerProgram:
             self.callbacks = [records, *self.callbacks, saver]
         self.run_key = run_key or secrets.token_hex(8)
         self.nodes: Optional[dict] = None  # client -> Flower node id, after connect()
-        self.stopped = False
         self._round: Optional[dict] = None  # the round configured and not yet aggregated
-        self._started: list = []  # the callbacks whose on_start ran (Flower's own loop: see begin())
-
-    @property
-    def remaining(self) -> int:
-        """Rounds left to run (all of them, or those after the resumed checkpoint)."""
-        return 0 if self.stopped else self.rounds - self.t
 
     def view(self) -> RunView:
         """The run as the engine loop's callbacks see it (``simulate``'s :class:`RunView`)."""
@@ -190,13 +182,11 @@ class ServerProgram:
                    "last_round": {str(i): r for i, r in self.last_round.items()}}
         self.nodes = handshake(grid, self.fp, self.n, self.connect_timeout, self.round_timeout, restore)
 
-    def configure_train(self, server_round, arrays, config, grid) -> list:
-        """The next round's messages, one per participant (connecting first if not yet connected);
-        ``server_round``, ``arrays`` and ``config`` (Flower's Strategy arguments) are not used: the
-        round is the program's own count and the vectors are its State's."""
+    def configure_round(self, grid) -> list:
+        """The next round's messages, one per participant (connecting first if not yet connected)."""
         if self.nodes is None:
             self.connect(grid)
-        if self.remaining <= 0:
+        if self.t >= self.rounds:
             return []
         t, alg = self.t + 1, self.algorithm
         t0 = time.perf_counter()
@@ -212,17 +202,6 @@ class ServerProgram:
             out.append(new_message(content, self.nodes[i], ROUND, t))
         self._round = {"t": t, "t0": t0, "ids": ids, "part": part, "down": down, "sent_bytes": sent_bytes}
         return out
-
-    def aggregate_train(self, server_round, replies, waited: Optional[str] = None):
-        """Average the participants' uploads and run the server update, then the callbacks' round end
-        (:meth:`end_round`); returns (the reported model as an ``ArrayRecord`` named "params", the
-        round's row as a ``MetricRecord``). For Flower's own loop (:class:`~.strategy.AlgorithmStrategy`)."""
-        fapp, _, _ = flwr_modules()
-        rec = self.finish_round(replies, waited)
-        if rec is None:
-            return None, None
-        self.stopped = self.end_round(rec)
-        return encode_vectors({"params": self._report(self.state)}), fapp.MetricRecord(rec)
 
     def finish_round(self, replies, waited: Optional[str] = None) -> Optional[dict]:
         """The configured round's end: the uploads checked and averaged, the server update, the round's
@@ -267,28 +246,6 @@ class ServerProgram:
                           if metric_round(t, self.rounds, self.metrics_every) else None)
         self.metrics.append(rec)
         return rec
-
-    def begin(self) -> None:
-        """The callbacks' ``on_start``, for a loop other than :func:`run_server`'s (Flower's own)."""
-        view = self.view()
-        for cb in self.callbacks:
-            self._started.append(cb)
-            cb.on_start(view)
-
-    def end_round(self, row: dict) -> bool:
-        """The engine loop's round end (:func:`~python_algos.runfolder.callbacks.run_rounds`) for Flower's
-        own loop: every callback's ``after_round``, then, unless one stopped the run (True), ``commit``."""
-        if any([cb.after_round(self.t, self.state, row) is True for cb in self.callbacks]):
-            return True
-        for cb in self.callbacks:
-            cb.commit(self.t, self.state)
-        return False
-
-    def end(self) -> None:
-        """The started callbacks' ``on_end`` (once)."""
-        started, self._started = self._started, []
-        for cb in started:
-            cb.on_end()
 
     def snapshot(self, t: int) -> dict:
         """The server's checkpoint of round ``t``, the last one done (what a resume needs; the rows are
@@ -336,7 +293,7 @@ def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, **set
     waited = f"round_timeout={prog.round_timeout:g} s"
 
     def step(t, state):
-        out = prog.configure_train(t, None, None, grid)
+        out = prog.configure_round(grid)
         return prog.state, prog.finish_round(collect(grid, out, prog.round_timeout), waited)
 
     run_rounds(prog.view(), prog.state, step, prog.callbacks)
