@@ -180,8 +180,8 @@ def plan_chain(model: nn.Module, loss_fn: Callable, loss: LossKind, flat_sizes: 
                y: Optional[torch.Tensor], labels: torch.Tensor) -> Optional[LinearChain]:
     """A :class:`LinearChain` when the model is one (see the module docstring), else None.
     ``loss``: the kind of ``loss_fn`` (:mod:`.losses`); ``X``, ``y``: real samples (and labels)
-    to check the hypothesis on (copies are used); ``labels``: every client's labels (class indices in range, or the loss
-    would not be the plain cross-entropy)."""
+    to check the hypothesis on (copies are used); ``labels``: every client's labels (class
+    indices in range, or the loss would not be the plain cross-entropy)."""
     if (not loss.plain_ce or X is None or X.shape[0] < 1 or labels.dtype != torch.int64 or labels.dim() != 1
             or X.dtype not in (torch.float32, torch.float64)):  # float16 / bfloat16: torch.func
         return None
