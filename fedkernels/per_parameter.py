@@ -209,10 +209,25 @@ class PerParameter(Regularizer):
             raise ValueError(f"x has shape {tuple(x.shape)}, expected ({self.numel},) or (N, {self.numel}): the flat "
                              f"parameters of the model this per-parameter regularizer was built for")
 
-    def prox_(self, x, step, *, fast=False):
+    def check_prox_(self, x, step) -> None:
+        """Every check of ``prox_``, segment by segment, before any segment is written: a bad
+        argument of the last segment (a tensor Box bound of the wrong length, say) must not leave
+        the first ones already proxed."""
         step = V.nonneg("step", step)
         self._check(x)
         V.mutable("x", x)
+        for seg in self.segments:
+            if seg.matrix is not None:
+                kappa, base = _unscale(seg.reg)
+                raw._group_lasso_layout(x, base.lam, step * kappa, base.groups, seg.matrix, seg.start)
+            elif x.dim() == 1 or x.shape[0] == 1:
+                seg.reg.check_prox_(x[..., seg.start:seg.stop], step)
+            else:  # _apply proxes a contiguous copy of the column block: check one of its shape
+                seg.reg.check_prox_(x.new_empty((x.shape[0], seg.stop - seg.start)), step)
+
+    def prox_(self, x, step, *, fast=False):
+        self.check_prox_(x, step)
+        step = V.nonneg("step", step)
         stats = profiling.active()
         t0 = time.perf_counter()
         with profiling.paused():  # one evaluation per model (row), however many segments

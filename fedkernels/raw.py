@@ -97,10 +97,16 @@ def prox(x: torch.Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 0
     return out
 
 
-def _box_into(x, out, lo, hi):
+def _box_bounds(out, lo, hi):
+    """Checked tensor bounds for a clip written into ``out``: (lo, lo row stride, hi, hi row stride)."""
     lo, ls = V.operand("lo", lo, out, "x", broadcast=True)
     hi, hs = V.operand("hi", hi, out, "x", broadcast=True)
     V.same_or_disjoint("x", out, "lo", lo, "hi", hi)
+    return lo, ls, hi, hs
+
+
+def _box_into(x, out, lo, hi):
+    lo, ls, hi, hs = _box_bounds(out, lo, hi)
     b, dt, dev, stream, rows, cols = _launch(out)
     run_counted(rows, _C.box_tensor, b, dt, dev, stream, rows, cols, x.data_ptr(), cols, out.data_ptr(), cols,
                   lo.data_ptr(), ls, hi.data_ptr(), hs)
@@ -125,6 +131,17 @@ def box_tensor(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Ten
     return out
 
 
+def _l2_ball_args(x, radius, center):
+    """Every check of ``l2_ball_``: (radius, center, its row stride, whether there is one)."""
+    V.mutable("x", x)
+    radius = V.nonneg("radius", radius)
+    if center is None:
+        return radius, x, 0, False
+    c, cs = V.operand("center", center, x, "x", broadcast=True)
+    V.same_or_disjoint("x", x, "center", c)
+    return radius, c, cs, True
+
+
 def l2_ball_(x: torch.Tensor, radius: float, center: torch.Tensor | None = None) -> torch.Tensor:
     """In place: project x (each row of a 2-D stack) onto {u : ||u - center|| <= radius}.
 
@@ -133,14 +150,7 @@ def l2_ball_(x: torch.Tensor, radius: float, center: torch.Tensor | None = None)
     row's scale once; then a scale pass that reads it on the device (no host synchronisation). A
     row containing NaN or +-Inf becomes NaN.
     """
-    V.mutable("x", x)
-    radius = V.nonneg("radius", radius)
-    if center is None:
-        c, cs, has_center = x, 0, False
-    else:
-        c, cs = V.operand("center", center, x, "x", broadcast=True)
-        V.same_or_disjoint("x", x, "center", c)
-        has_center = True
+    radius, c, cs, has_center = _l2_ball_args(x, radius, center)
     b, dt, dev, stream, rows, cols = _launch(x)
     # One float64 buffer: per-row chunk sums of the reduction, then the per-row factors.
     scratch = torch.empty(_C.l2_ball_scratch_size(rows, cols) + rows, dtype=torch.float64, device=x.device)
@@ -154,23 +164,8 @@ def l2_ball_(x: torch.Tensor, radius: float, center: torch.Tensor | None = None)
 GROUPS = ("rows", "cols")
 
 
-def group_lasso_(x: torch.Tensor, lam: float, step: float, groups: str = "rows",
-                 shape: tuple[int, int] | None = None, start: int = 0) -> torch.Tensor:
-    """Group lasso prox (block soft-thresholding), in place: every group x_g (a row or a column of a
-    matrix) becomes x_g * max(0, 1 - step * lam / ||x_g||_2).
-
-    Without ``shape``, x is one [R, C] matrix or a [N, R, C] stack of matrices (each on its own).
-    With ``shape=(R, C)``, x is a flat [d] vector or a [N, d] stack of them and the matrix of each
-    row is the R*C elements from ``start`` on, row-major: a 2-D parameter inside a flat parameter
-    vector or client stack, reached without a copy. ``groups="cols"`` sums each column with stride C
-    (no transposed copy; on the CPU 8 neighbouring columns at a time, so rows are read whole) and
-    the scale pass runs in row-major order for both ([128, 784] float32, 1 thread: 21 us rows,
-    33 us columns).
-
-    Two passes, as ``l2_ball_``: a per-group sum of squares in float64 in the fixed order of every
-    backend (bit-identical results everywhere), then a scale pass. A group whose norm is at most
-    step * lam (an all-zero group included) becomes exactly 0; a group containing NaN becomes NaN.
-    """
+def _group_lasso_layout(x, lam, step, groups, shape, start):
+    """Every check of ``group_lasso_``: (lam, step, matrices n, rows R, cols C, row length of x)."""
     V.mutable("x", x)
     lam = V.nonneg("lam", lam)
     step = V.nonneg("step", step)
@@ -195,6 +190,27 @@ def group_lasso_(x: torch.Tensor, lam: float, step: float, groups: str = "rows",
         if isinstance(start, bool) or not isinstance(start, int) or start < 0 or start + R * C > block:
             raise ValueError(f"start must be an int with 0 <= start and start + R*C <= {block} (the row length of x), "
                              f"got start={start!r} for shape {tuple(shape)}")
+    return lam, step, n, R, C, block
+
+
+def group_lasso_(x: torch.Tensor, lam: float, step: float, groups: str = "rows",
+                 shape: tuple[int, int] | None = None, start: int = 0) -> torch.Tensor:
+    """Group lasso prox (block soft-thresholding), in place: every group x_g (a row or a column of a
+    matrix) becomes x_g * max(0, 1 - step * lam / ||x_g||_2).
+
+    Without ``shape``, x is one [R, C] matrix or a [N, R, C] stack of matrices (each on its own).
+    With ``shape=(R, C)``, x is a flat [d] vector or a [N, d] stack of them and the matrix of each
+    row is the R*C elements from ``start`` on, row-major: a 2-D parameter inside a flat parameter
+    vector or client stack, reached without a copy. ``groups="cols"`` sums each column with stride C
+    (no transposed copy; on the CPU 8 neighbouring columns at a time, so rows are read whole) and
+    the scale pass runs in row-major order for both ([128, 784] float32, 1 thread: 21 us rows,
+    33 us columns).
+
+    Two passes, as ``l2_ball_``: a per-group sum of squares in float64 in the fixed order of every
+    backend (bit-identical results everywhere), then a scale pass. A group whose norm is at most
+    step * lam (an all-zero group included) becomes exactly 0; a group containing NaN becomes NaN.
+    """
+    lam, step, n, R, C, block = _group_lasso_layout(x, lam, step, groups, shape, start)
     if n * R * C == 0:
         _written((x,))
         return x

@@ -7,6 +7,7 @@ and its prox:
     reg.prox(x, step)    # out of place
     reg.prox_(x, step, fast=True)   # same, on the low-overhead path (fedkernels.raw)
     reg.value(x)         # h(x), summed over all elements (a 0-d tensor, differentiable)
+    reg.check_prox_(x, step)   # raises what prox_(x, step) would raise, writes nothing
 
 ``step = 0`` is always the identity. MCP and SCAD are exact for **every** step (the kernels switch
 to the hard-threshold / two-candidate formulas past step = gamma / a - 1), so no step range is
@@ -56,6 +57,18 @@ class Regularizer:
         kind, s, p1, p2 = self._spec_or_raise(step)
         return _impl(fast).prox(x, kind, s, p1, p2)
 
+    def check_prox_(self, x: torch.Tensor, step: float) -> None:
+        """Raise exactly what ``prox_(x, step)`` would raise for these arguments, writing nothing.
+
+        The fused updates (``fk.fused``) call it before they write anything, for a regularizer
+        whose prox is a second pass after the update (no ``spec``): a bad argument then leaves every
+        buffer as it was. A penalty of your own that overrides ``prox_`` should override this too
+        if its ``prox_`` checks more than ``x`` (a writable float tensor) and ``step`` (>= 0)."""
+        spec = self.spec(V.nonneg("step", step))
+        V.mutable("x", x)
+        if spec is not None:
+            raw._penalty(*spec)
+
     def value(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -79,11 +92,12 @@ class Zero(Regularizer):
         return ("zero", step, 0.0, 0.0)
 
     def prox_(self, x, step, *, fast=False):
-        V.nonneg("step", step)
+        self.check_prox_(x, step)
         return x
 
     def prox(self, x, step, *, fast=False):
         V.nonneg("step", step)
+        V.float_tensor("x", x)
         return x.clone(memory_format=torch.contiguous_format)
 
     def value(self, x):
@@ -207,6 +221,13 @@ class Box(Regularizer):
     def _bounds_for(self, x):
         return self.lo.to(x.dtype), self.hi.to(x.dtype)
 
+    def check_prox_(self, x, step):
+        if not self._tensor:
+            return super().check_prox_(x, step)
+        V.nonneg("step", step)
+        V.mutable("x", x)
+        raw._box_bounds(x, *self._bounds_for(x))
+
     def prox_(self, x, step, *, fast=False):
         V.nonneg("step", step)
         if not self._tensor:
@@ -253,10 +274,17 @@ class L2Ball(Regularizer):
             V.float_tensor("center", center)
         self.center = center
 
+    def _center_for(self, x):
+        return None if self.center is None else self.center.to(x.dtype)
+
+    def check_prox_(self, x, step):
+        V.nonneg("step", step)
+        V.float_tensor("x", x)
+        raw._l2_ball_args(x, self.radius, self._center_for(x))
+
     def prox_(self, x, step, *, fast=False):
         V.nonneg("step", step)
-        c = None if self.center is None else self.center.to(x.dtype)
-        return _impl(fast).l2_ball_(x, self.radius, c)
+        return _impl(fast).l2_ball_(x, self.radius, self._center_for(x))
 
     def prox(self, x, step, *, fast=False):
         out = x.clone(memory_format=torch.contiguous_format)
@@ -294,6 +322,10 @@ class GroupLasso(Regularizer):
             raise ValueError(f"groups must be one of {raw.GROUPS}, got {groups!r}")
         self.groups = groups
 
+    def check_prox_(self, x, step):
+        V.float_tensor("x", x)
+        raw._group_lasso_layout(x, self.lam, step, self.groups, None, 0)
+
     def prox_(self, x, step, *, fast=False):
         return _impl(fast).group_lasso_(x, self.lam, step, self.groups)
 
@@ -323,6 +355,9 @@ class Scaled(Regularizer):
 
     def spec(self, step):
         return self.base.spec(step * self.kappa)
+
+    def check_prox_(self, x, step):
+        self.base.check_prox_(x, V.nonneg("step", step) * self.kappa)
 
     def prox_(self, x, step, *, fast=False):
         return self.base.prox_(x, V.nonneg("step", step) * self.kappa, fast=fast)
