@@ -264,6 +264,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("set_num_threads", &cpu_set_num_threads);
   m.def("get_num_threads", &cpu_get_num_threads);
+  m.def("thread_limit", &cpu_thread_limit);
   m.def("simd", &cpu_simd_description);
   m.def("cuda_compiled", &cuda_compiled);
   m.def("cuda_archs", &cuda_archs);

@@ -98,6 +98,7 @@ FK_DECLARE_BACKENDS(group_lasso_factors, GroupSumSqArgs, unused, false)
 // CPU threading (fedkernels.set_num_threads); defaults to OpenMP's own default.
 void cpu_set_num_threads(int n);
 int cpu_get_num_threads();
+int cpu_thread_limit();  // OpenMP's thread-limit-var (OMP_THREAD_LIMIT); fedkernels.set_num_threads caps at it
 std::string cpu_simd_description();
 // The CPU kernel variant in use, the variants this CPU can run, and a test hook forcing one.
 std::string cpu_isa();

@@ -119,10 +119,26 @@ def backend_for(t: torch.Tensor) -> tuple[int, int, int]:
     raise ValueError(f"fedkernels supports CPU and CUDA tensors, got a tensor on {dev}")
 
 
-def set_num_threads(n: int) -> None:
-    """Number of OpenMP threads the CPU kernels use (0 = OpenMP's default)."""
-    if not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be a non-negative int, got {n!r}")
+# At most this many threads (also the command line's --threads bound): OpenMP would try to start
+# every thread asked for at the next kernel call, and a failed thread creation ends the process.
+MAX_THREADS = 1024
+
+
+def max_num_threads() -> int:
+    """The largest ``set_num_threads`` accepts: 1024, or OpenMP's thread limit (OMP_THREAD_LIMIT) if lower."""
+    return min(MAX_THREADS, _C.thread_limit())
+
+
+def set_num_threads(num_threads: int) -> None:
+    """Number of OpenMP threads the CPU kernels use: 1 <= num_threads <= ``max_num_threads()``, or 0
+    for OpenMP's default."""
+    n = num_threads
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"num_threads must be an int, got {type(n).__name__}")
+    cap = max_num_threads()
+    if not (n == 0 or 1 <= n <= cap):
+        raise ValueError(f"num_threads must be 0 (OpenMP's default) or between 1 and {cap} (at most {MAX_THREADS}, "
+                         f"and at most OMP_THREAD_LIMIT), got {n}")
     _C.set_num_threads(n)
 
 

@@ -29,6 +29,7 @@
 #endif
 
 #include "../dispatch.h"
+#include "fp_env.h"
 #include "gather_linear.h"
 #include "isa.h"
 
@@ -358,10 +359,15 @@ void forward(const GatherLinearArgs& a) {
   T* out = reinterpret_cast<T*>(a.out);
   const int64_t c = a.clients, P = a.samples;
   const int nt = threads_for(a);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-  for (int64_t j = 0; j < c; ++j)
-    forward_client(w + j * a.mat_stride, x, idx + j * P, j + 1 < c ? idx + (j + 1) * P : nullptr,
-                   out + j * a.out_stride, a.outputs, a.inputs, P);
+  const unsigned fp_mode = caller_fp_mode();  // every worker computes as the caller (fp_env.h)
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    const WorkerFpMode fp(fp_mode);
+#pragma omp for schedule(static)
+    for (int64_t j = 0; j < c; ++j)
+      forward_client(w + j * a.mat_stride, x, idx + j * P, j + 1 < c ? idx + (j + 1) * P : nullptr,
+                     out + j * a.out_stride, a.outputs, a.inputs, P);
+  }
 }
 
 template <class T>
@@ -372,8 +378,10 @@ void weight_grad(const GatherLinearArgs& a) {
   T* out = reinterpret_cast<T*>(a.out);
   const int64_t c = a.clients, P = a.samples, inputs = a.inputs;
   const int nt = threads_for(a);
+  const unsigned fp_mode = caller_fp_mode();
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
+    const WorkerFpMode fp(fp_mode);
     std::vector<const T*> rows(P), next_rows, pf(P);
 #pragma omp for schedule(static)
     for (int64_t j = 0; j < c; ++j) {

@@ -134,6 +134,7 @@ std::string cpu_isa_variants() { return usable_variants(); }
 void cpu_set_isa(const std::string& name) { g_isa_override.store(parse_isa(name, "isa")); }
 
 void cpu_set_num_threads(int n) { g_num_threads.store(n < 0 ? 0 : n); }
+int cpu_thread_limit() { return omp_get_thread_limit(); }
 int cpu_get_num_threads() {
   const int t = g_num_threads.load();
   return t > 0 ? t : omp_get_max_threads();

@@ -16,6 +16,7 @@
 #endif
 
 #include "../dispatch.h"
+#include "fp_env.h"
 #include "isa.h"
 
 namespace fk {
@@ -75,8 +76,10 @@ void stream_fence() {
 template <class Op>
 void cpu_for_each_streamed(const Op& op, int64_t rows, int64_t cols, int nt) {
   using S = std::remove_pointer_t<decltype(op.z.p)>;
+  const unsigned fp_mode = caller_fp_mode();
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
+    const WorkerFpMode fp(fp_mode);
     const Op local = op;
     alignas(64) S block[kStreamBlock];
     const ColumnShare share = cpu_column_share(cols, omp_get_thread_num(), omp_get_num_threads());
@@ -128,11 +131,13 @@ void cpu_for_each(const Op& op, int64_t rows, int64_t cols) {
     const int64_t z_bytes = rows * cols * static_cast<int64_t>(sizeof(*op.z.p));
     if (!cpu_split_rows(rows, cols) && z_bytes >= kStreamMinBytes) return cpu_for_each_streamed(op, rows, cols, nt);
   }
+  const unsigned fp_mode = caller_fp_mode();  // every worker computes as the caller (fp_env.h)
   if (cpu_split_rows(rows, cols)) {
     // Short rows ([N, small d] stacks): whole rows per thread. Splitting a 10-element row across
     // threads costs a work-sharing construct per row and puts neighbours on one cache line.
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
+      const WorkerFpMode fp(fp_mode);
       const Op local = op;  // a private copy: its scalars cannot alias the buffers being written
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < rows; ++r) simd_columns<Lanes>(local, r, 0, cols);
@@ -141,6 +146,7 @@ void cpu_for_each(const Op& op, int64_t rows, int64_t cols) {
   }
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
+    const WorkerFpMode fp(fp_mode);
     const Op local = op;  // a private copy: its scalars cannot alias the buffers being written
     const ColumnShare share = cpu_column_share(cols, omp_get_thread_num(), omp_get_num_threads());
     for (int64_t r = 0; r < rows; ++r) simd_columns<Lanes>(local, r, share.begin, share.end);
@@ -208,8 +214,13 @@ void row_factors(const Launch& L, const Args& a, const Factor& factor_of) {
     const Term<S> term(a);
     const int64_t pairs = L.rows * chunks;
     const int nt = threads_for(L.rows * L.cols);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t p = 0; p < pairs; ++p) scratch[p] = chunk_sum(term, p / chunks, p % chunks, L.cols);
+    const unsigned fp_mode = caller_fp_mode();
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+      const WorkerFpMode fp(fp_mode);
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < pairs; ++p) scratch[p] = chunk_sum(term, p / chunks, p % chunks, L.cols);
+    }
   });
   for (int64_t r = 0; r < L.rows; ++r) factor[r] = factor_of(reduce_row_total(scratch + r * chunks, chunks));
 }
@@ -237,33 +248,38 @@ void column_chunk_sums(const GroupLayout& x, int64_t groups, int64_t rows, doubl
   const int64_t tiles = (cols + kColumnTile - 1) / kColumnTile;
   const int64_t work = blocks * tiles * chunks;
   const S* p = reinterpret_cast<const S*>(x.ptr);
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t w = 0; w < work; ++w) {
-    const int64_t k = w % chunks, tile = (w / chunks) % tiles, b = w / (chunks * tiles);
-    const int64_t j0 = tile * kColumnTile;
-    const int64_t tw = cols - j0 < kColumnTile ? cols - j0 : kColumnTile;
-    alignas(64) double lanes[kReduceLanes][kColumnTile];
-    const int64_t start = k * kReduceChunk;
-    const int64_t end = start + kReduceChunk < rows ? start + kReduceChunk : rows;
-    int64_t live = end - start < kReduceLanes ? end - start : kReduceLanes;
-    for (int64_t l = 0; l < live; ++l)
-      for (int64_t jj = 0; jj < kColumnTile; ++jj) lanes[l][jj] = 0.0;
-    for (int64_t i = start; i < end; ++i) {
-      double* lane = lanes[(i - start) % kReduceLanes];
-      const S* row = p + b * x.block_stride + i * cols + j0;
-      for (int64_t jj = 0; jj < tw; ++jj) {
-        const double v = static_cast<double>(load(row, jj));
-        lane[jj] += v * v;
+  const unsigned fp_mode = caller_fp_mode();
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    const WorkerFpMode fp(fp_mode);
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < work; ++w) {
+      const int64_t k = w % chunks, tile = (w / chunks) % tiles, b = w / (chunks * tiles);
+      const int64_t j0 = tile * kColumnTile;
+      const int64_t tw = cols - j0 < kColumnTile ? cols - j0 : kColumnTile;
+      alignas(64) double lanes[kReduceLanes][kColumnTile];
+      const int64_t start = k * kReduceChunk;
+      const int64_t end = start + kReduceChunk < rows ? start + kReduceChunk : rows;
+      int64_t live = end - start < kReduceLanes ? end - start : kReduceLanes;
+      for (int64_t l = 0; l < live; ++l)
+        for (int64_t jj = 0; jj < kColumnTile; ++jj) lanes[l][jj] = 0.0;
+      for (int64_t i = start; i < end; ++i) {
+        double* lane = lanes[(i - start) % kReduceLanes];
+        const S* row = p + b * x.block_stride + i * cols + j0;
+        for (int64_t jj = 0; jj < tw; ++jj) {
+          const double v = static_cast<double>(load(row, jj));
+          lane[jj] += v * v;
+        }
       }
-    }
-    for (int64_t s = kReduceLanes / 2; s > 0; s >>= 1) {
-      const int64_t n = live - s < s ? live - s : s;
-      for (int64_t t = 0; t < n; ++t)
+      for (int64_t s = kReduceLanes / 2; s > 0; s >>= 1) {
+        const int64_t n = live - s < s ? live - s : s;
+        for (int64_t t = 0; t < n; ++t)
 #pragma omp simd
-        for (int64_t jj = 0; jj < kColumnTile; ++jj) lanes[t][jj] += lanes[t + s][jj];
-      if (live > s) live = s;
+          for (int64_t jj = 0; jj < kColumnTile; ++jj) lanes[t][jj] += lanes[t + s][jj];
+        if (live > s) live = s;
+      }
+      for (int64_t jj = 0; jj < tw; ++jj) scratch[(b * cols + j0 + jj) * chunks + k] = lanes[0][jj];
     }
-    for (int64_t jj = 0; jj < tw; ++jj) scratch[(b * cols + j0 + jj) * chunks + k] = lanes[0][jj];
   }
 }
 

@@ -15,7 +15,9 @@
 //   SCAD(lam, a),     s <  a - 1 : four-piece closed form            (kScadSmall)
 //                     s >= a - 1 : best of the two candidates
 //                                  x1 = clip(t - s lam, 0, lam), x3 = max(t, a lam) (kScadLarge)
-// At an exact tie between two minimizers the smaller magnitude is returned (0 for MCP).
+// At an exact tie between two minimizers the smaller magnitude is returned (0 for MCP). In float32,
+// results stay within a few ulps of the exact prox up to the regime edges s -> gamma and s -> a - 1,
+// where the middle pieces' slopes grow without bound (see ProxCoef; tests/test_prox_regime_edge.py).
 //
 // NaN policy: a NaN input gives NaN at that element (every select is written so that a NaN
 // comparison falls through to a branch that carries v). +-Inf maps as the formula's limit: +-Inf for
@@ -58,17 +60,39 @@ enum ProxImpl : int {
 struct ProxPlan {
   int impl = kIdentity;
   double c0 = 0, c1 = 0, c2 = 0, c3 = 0, c4 = 0;
+  float lo0 = 0, lo1 = 0, lo2 = 0;  // c0..c2 minus their float32 roundings (see ProxCoef)
 };
 
+// The rest of c beyond its float32 rounding, as a float. Computed once on the host, in plan_prox:
+// GCC 12's SLP vectorizer at -O2/-O3 without AVX (the baseline CPU variant) folded this expression
+// to 0 when it was written inside the kernels' coefficient constructor.
+__attribute__((noinline)) inline float float_rest(double c) {
+  return static_cast<float>(c - static_cast<double>(static_cast<float>(c)));
+}
+
+// Narrowed coefficients. A threshold that a regime's formula subtracts from |v| and then multiplies
+// by a large slope (MCP's gamma / (gamma - s) and SCAD's s / (a - 1 - s) grow without bound as the
+// step nears the regime edge) is also kept as a two-term sum hi + lo (hi = the threshold rounded to
+// T, lo = the rest, from the plan): (t - hi) - lo is then t minus the double threshold to within
+// one rounding of the difference (t - hi is exact near hi, Sterbenz), so neither the difference nor
+// the sign test on it (which piece t is in) carries the threshold's own rounding error. In float64
+// the lo terms are 0.
 template <typename T>
 struct ProxCoef {
   T c0, c1, c2, c3, c4;
+  T lo0, lo1, lo2;
+  double d0, d3;  // SCAD's large-step objectives, compared in double (see prox_elem)
   explicit ProxCoef(const ProxPlan& p)
       : c0(static_cast<T>(p.c0)),
         c1(static_cast<T>(p.c1)),
         c2(static_cast<T>(p.c2)),
         c3(static_cast<T>(p.c3)),
-        c4(static_cast<T>(p.c4)) {}
+        c4(static_cast<T>(p.c4)),
+        lo0(sizeof(T) == sizeof(float) ? static_cast<T>(p.lo0) : T(0)),
+        lo1(sizeof(T) == sizeof(float) ? static_cast<T>(p.lo1) : T(0)),
+        lo2(sizeof(T) == sizeof(float) ? static_cast<T>(p.lo2) : T(0)),
+        d0(p.c0),
+        d3(p.c3) {}
 };
 
 // Host-side planning. `step` is the effective prox step s >= 0 (already multiplied by any outer
@@ -94,7 +118,7 @@ inline ProxPlan plan_prox(int kind, double step, double p1, double p2) {
       if (s < gamma) {
         plan.impl = kMcpFirm;
         plan.c0 = s * lam;              // zero below
-        plan.c1 = gamma * lam;          // identity above
+        plan.c1 = gamma * lam;          // identity above (kept for the docs; the kernel clamps at t)
         plan.c2 = gamma / (gamma - s);  // slope of the middle piece
       } else {
         plan.impl = kMcpHard;
@@ -106,12 +130,12 @@ inline ProxPlan plan_prox(int kind, double step, double p1, double p2) {
       const double lam = p1, a = p2;
       if (s < a - 1.0) {
         plan.impl = kScadSmall;
-        const double inv = 1.0 / (a - 1.0 - s);
-        plan.c0 = s * lam;             // zero below
-        plan.c1 = (1.0 + s) * lam;     // end of the soft-threshold piece
-        plan.c2 = a * lam;             // identity above
-        plan.c3 = (a - 1.0) * inv;     // middle piece: x = c3 * t - c4
-        plan.c4 = s * a * lam * inv;
+        plan.c0 = s * lam;              // zero below
+        plan.c1 = (1.0 + s) * lam;      // end of the soft-threshold piece
+        plan.c2 = a * lam;              // identity above
+        plan.c3 = s / (a - 1.0 - s);    // middle piece: x = t - c3 * (a lam - t)
+        // ((a-1) t - s a lam) / (a-1-s) written so that no two large terms cancel: the old form
+        // c3' t - c4' subtracted two numbers ~ a lam / (a-1-s) and lost everything near s = a - 1.
       } else {
         plan.impl = kScadLarge;
         plan.c0 = s * lam;                             // soft threshold of candidate x1
@@ -132,6 +156,9 @@ inline ProxPlan plan_prox(int kind, double step, double p1, double p2) {
     default:
       plan.impl = -1;  // rejected by the caller
   }
+  plan.lo0 = float_rest(plan.c0);
+  plan.lo1 = float_rest(plan.c1);
+  plan.lo2 = float_rest(plan.c2);
   return plan;
 }
 
@@ -153,29 +180,45 @@ FK_HD T prox_elem(T v, const ProxCoef<T>& k) {
     const T r = t <= k.c0 ? T(0) : (t - k.c0) * k.c1;
     return fk_copysign(r, v);
   } else if constexpr (IMPL == kMcpFirm) {
+    // (t - s lam) * gamma / (gamma - s) on (s lam, gamma lam], t above, 0 below. The slope grows
+    // without bound as s -> gamma, so t - s lam is taken with the two-term threshold; the middle
+    // piece meets the identity at t = gamma lam, so min(., t) is the upper piece and keeps
+    // |prox(v)| <= |v| under rounding (the exact firm threshold never increases |v|).
     const T t = fk_abs(v);
-    T r = t <= k.c1 ? (t - k.c0) * k.c2 : t;
-    r = t <= k.c0 ? T(0) : r;
+    const T u = (t - k.c0) - k.lo0;
+    T r = u * k.c2;
+    r = r < t ? r : t;  // NaN t: r is NaN and the select yields t (NaN)
+    r = u <= T(0) ? T(0) : r;
     return fk_copysign(r, v);
   } else if constexpr (IMPL == kMcpHard) {
     const T t = fk_abs(v);
-    return t <= k.c0 ? fk_copysign(T(0), v) : v;
+    const T u = (t - k.c0) - k.lo0;  // exact sign of t - lam sqrt(s gamma)
+    return u <= T(0) ? fk_copysign(T(0), v) : v;
   } else if constexpr (IMPL == kScadSmall) {
+    // Pieces: 0 (t <= s lam), t - s lam (t <= (1+s) lam), t - c3 (a lam - t) (t <= a lam), t.
+    // Each boundary test and difference uses the two-term thresholds: c3 = s / (a-1-s) grows
+    // without bound as s -> a - 1, so a threshold off by one rounding would move the result by
+    // c3 times that rounding.
     const T t = fk_abs(v);
-    T r = t <= k.c2 ? t * k.c3 - k.c4 : t;
-    r = t <= k.c1 ? t - k.c0 : r;
-    r = t <= k.c0 ? T(0) : r;
+    const T u0 = (t - k.c0) - k.lo0;  // t - s lam
+    const T u1 = (t - k.c1) - k.lo1;  // t - (1+s) lam
+    T w = (k.c2 - t) + k.lo2;         // a lam - t
+    w = w > T(0) ? w : T(0);          // identity above a lam
+    T r = t - k.c3 * w;
+    r = u1 <= T(0) ? u0 : r;
+    r = u0 <= T(0) ? T(0) : r;
     return fk_copysign(r, v);
   } else if constexpr (IMPL == kScadLarge) {
     const T t = fk_abs(v);
-    T x1 = t - k.c0;
+    T x1 = (t - k.c0) - k.lo0;
     x1 = x1 < T(0) ? T(0) : x1;
     x1 = x1 > k.c1 ? k.c1 : x1;
     const T x3 = t < k.c2 ? k.c2 : t;
-    const T e1 = x1 - t, e3 = x3 - t;
-    // s * p(x1) = s * lam * x1 = c0 * x1 on [0, lam]; compare the full objectives.
-    const T obj1 = k.c0 * x1 + T(0.5) * e1 * e1;
-    const T obj3 = k.c3 + T(0.5) * e3 * e3;
+    // s * p(x1) = s * lam * x1 = c0 * x1 on [0, lam]; compare the full objectives in double: near
+    // the jump between the candidates they differ by less than a float32 rounding of either.
+    const double td = static_cast<double>(t), e1 = static_cast<double>(x1) - td, e3 = static_cast<double>(x3) - td;
+    const double obj1 = k.d0 * static_cast<double>(x1) + 0.5 * e1 * e1;
+    const double obj3 = k.d3 + 0.5 * e3 * e3;
     const T r = obj1 <= obj3 ? x1 : x3;
     return fk_copysign(r, v);
   } else if constexpr (IMPL == kClip) {
