@@ -66,16 +66,91 @@ def _(x, kind, step, p1, p2):
     return _contiguous_like(x)
 
 
+# The same op with the step as a 0-d tensor: an optimizer's tensor learning rate (what PyTorch
+# recommends for compiled optimizers with LR schedulers) reaches the kernel without a float() in the
+# traced code, which would break the graph. The kernel reads the value when the op runs.
+@torch.library.custom_op(_lib + "prox_tensor_step_", mutates_args=("x",))
+def _prox_tensor_step_(x: Tensor, kind: str, step: Tensor, p1: float, p2: float) -> None:
+    raw.prox_(x, kind, step, p1, p2)
+
+
+@_prox_tensor_step_.register_fake
+def _(x, kind, step, p1, p2):
+    return None
+
+
 def prox_(x: Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 0.0) -> Tensor:
-    """In place: x <- prox_{step * p}(x) for the separable penalty ``kind``. Returns x."""
+    """In place: x <- prox_{step * p}(x) for the separable penalty ``kind``. Returns x. ``step`` may
+    be a one-element tensor (kept a tensor through ``torch.compile``)."""
     not_tracked("x", x)
-    torch.ops.fedkernels.prox_(x, kind, step, p1, p2)
+    if isinstance(step, Tensor):
+        torch.ops.fedkernels.prox_tensor_step_(x, kind, step.reshape(()), p1, p2)
+    else:
+        torch.ops.fedkernels.prox_(x, kind, step, p1, p2)
     return x
 
 
 def prox(x: Tensor, kind: str, step: float, p1: float = 0.0, p2: float = 0.0) -> Tensor:
     """Out of place: prox_{step * p}(x) as a new contiguous tensor."""
     return torch.ops.fedkernels.prox(x, kind, step, p1, p2)
+
+
+# --- derivatives of the out-of-place ops ---------------------------------------------------------
+# prox, box_tensor and normalized_delta are differentiable almost everywhere, and their derivatives
+# are registered (in-place ops refuse tensors that require grad, see _validate.not_tracked). A
+# separable prox is piecewise affine in each element: its derivative is the slope of the piece the
+# input falls in (0 where the prox is constant, 1 where it is the identity or a shift), taken from the
+# input, or from the output where the prox jumps (MCP past gamma, SCAD past a - 1: which candidate won).
+# At the finitely many kinks either one-sided slope is returned.
+
+
+def _prox_slope(x: Tensor, y: Tensor, kind: str, s: float, p1: float, p2: float) -> Tensor:
+    t = x.abs()
+    one, zero = torch.ones_like(t), torch.zeros_like(t)
+    if kind == "zero":
+        return one
+    if kind == "l1":
+        return (t > s * p1).to(t.dtype)
+    if kind == "elastic_net":
+        return (t > s * p1).to(t.dtype) / (1 + s * p2)
+    if kind == "mcp":
+        lam, gamma = p1, p2
+        if s >= gamma:  # hard threshold: the identity where the output is not 0
+            return (y != 0).to(t.dtype)
+        return torch.where(t <= s * lam, zero, torch.where(t < gamma * lam, one * (gamma / (gamma - s)), one))
+    if kind == "scad":
+        lam, a = p1, p2
+        if s >= a - 1:  # the winning candidate: x3 = max(t, a lam) or x1 = clip(t - s lam, 0, lam)
+            x3 = y.abs() >= a * lam
+            return torch.where(x3, (t > a * lam).to(t.dtype), ((t > s * lam) & (t < (1 + s) * lam)).to(t.dtype))
+        mid = (a - 1) / (a - 1 - s)
+        return torch.where(t <= s * lam, zero, torch.where(t <= (1 + s) * lam, one,
+                                                            torch.where(t < a * lam, one * mid, one)))
+    if kind == "box":
+        return ((x > p1) & (x < p2)).to(t.dtype)
+    if kind == "nonneg":
+        return (x > 0).to(t.dtype)
+    raise ValueError(f"kind must be one of the separable penalties, got {kind!r}")
+
+
+def _prox_setup(ctx, inputs, output):
+    x, kind, step, p1, p2 = inputs
+    ctx.save_for_backward(x, output)
+    ctx.args = (kind, float(step), float(p1), float(p2))
+
+
+def _prox_backward(ctx, grad):
+    x, y = ctx.saved_tensors
+    slope = _prox_slope(x.detach(), y.detach(), *ctx.args)
+    return grad * slope.to(grad.dtype), None, None, None, None
+
+
+torch.library.register_autograd(_lib + "prox", _prox_backward, setup_context=_prox_setup)
+
+
+def _unbroadcast(grad: Tensor, like: Tensor) -> Tensor:
+    """grad of an operand that was read as one row of a stack (or whole): summed over the rows."""
+    return grad.sum(0) if grad.dim() > like.dim() else grad
 
 
 # --- box with tensor bounds, l2 ball ------------------------------------------------------------
@@ -99,6 +174,23 @@ def _box_tensor(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
 @_box_tensor.register_fake
 def _(x, lo, hi):
     return _contiguous_like(x)
+
+
+def _box_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _box_backward(ctx, grad):
+    # as torch.clamp: x's gradient where lo <= x <= hi, a bound's where it is the result
+    x, lo, hi = ctx.saved_tensors
+    inside = (x >= lo) & (x <= hi)
+    gx = grad * inside.to(grad.dtype)
+    glo = _unbroadcast(grad * (x < lo).to(grad.dtype), lo) if ctx.needs_input_grad[1] else None
+    ghi = _unbroadcast(grad * (x > hi).to(grad.dtype), hi) if ctx.needs_input_grad[2] else None
+    return gx, glo, ghi
+
+
+torch.library.register_autograd(_lib + "box_tensor", _box_backward, setup_context=_box_setup)
 
 
 def box_tensor_(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
@@ -184,6 +276,21 @@ def _normalized_delta_(x: Tensor, z: Tensor, beta: float, K: int) -> None:
 @_normalized_delta_.register_fake
 def _(x, z, beta, K):
     return None
+
+
+def _delta_setup(ctx, inputs, output):
+    z, x, beta, K = inputs
+    ctx.scale = 1.0 / (float(beta) * int(K))
+    ctx.z_dim = z.dim()
+
+
+def _delta_backward(ctx, grad):
+    g = grad * ctx.scale
+    gz = g.sum(0) if g.dim() > ctx.z_dim else g
+    return gz, -g, None, None
+
+
+torch.library.register_autograd(_lib + "normalized_delta", _delta_backward, setup_context=_delta_setup)
 
 
 def normalized_delta(z: Tensor, x: Tensor, beta: float, K: int) -> Tensor:

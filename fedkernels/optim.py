@@ -45,6 +45,7 @@ from typing import Optional
 
 import torch
 
+from . import ops
 from .per_parameter import PerParameter
 from .regularizers import GroupLasso, Regularizer, Scaled
 
@@ -179,6 +180,19 @@ class _ProxMixin:
             if sub is not None and p.grad is not None:
                 _prox_param_(p, lambda x, sub=sub, name=name: sub.prox_(reg.view_for(name, x), lr, fast=fast))
 
+    @staticmethod
+    def _prox_tensor_lr(group: dict, reg, lr: torch.Tensor) -> bool:
+        """Under torch.compile, a separable penalty's prox at a tensor lr through the op that takes
+        the step as a tensor (no float(lr), so no graph break); False for other penalties, whose
+        prox reads the step as a number."""
+        if isinstance(reg, PerParameter) or reg.spec(1.0) is None:
+            return False
+        spec = reg.spec(lr)  # (kind, lr * kappa as a tensor, p1, p2)
+        for p in group["params"]:
+            if p.grad is not None:
+                _prox_param_(p, lambda x: ops.prox_(x, *spec))
+        return True
+
     def _prox_groups(self) -> None:
         compiling = torch.compiler.is_compiling()
         with torch.no_grad():
@@ -187,7 +201,10 @@ class _ProxMixin:
                 if reg is None:
                     continue
                 lr = group["lr"]
-                lr = float(lr) if isinstance(lr, torch.Tensor) else lr
+                if isinstance(lr, torch.Tensor):
+                    if compiling and self._prox_tensor_lr(group, reg, lr):
+                        continue
+                    lr = lr.item()  # eager (or a penalty without a single-kernel form): the value
                 if isinstance(reg, PerParameter):
                     self._prox_per_parameter(group, reg, lr, not compiling)
                     continue

@@ -11,7 +11,9 @@ its own ``prox_`` / ``value``) to what every algorithm assumes of it:
 * **the in-place contract**: ``prox_`` writes into ``x`` and returns it, touches no other tensor;
   ``prox`` leaves its input unchanged and agrees with ``prox_``; step 0 is the identity wherever h
   is finite;
-* **``rho``**, if declared: ``h + rho/2 ||.||^2`` is convex along random lines;
+* **``rho``** (0, convex, unless declared): ``h + rho/2 ||.||^2`` is convex on the brute-force grid
+  (separable penalties) and along random lines, so a non-convex penalty that declares ``rho = 0``
+  (or too small a ``rho``) fails;
 * **float32 and float64** both work, float32 close to float64.
 
 Each failure is listed with what is wrong and where (step, dtype, the element and its value)::
@@ -81,10 +83,11 @@ def check_regularizer(reg, *, steps: Sequence[float] = (0.1, 1.0, 4.0), values: 
         else:
             _check_local_minimum(reg, x, s, gen, failures)
         _check_float32(reg, x, s, failures)
-    if getattr(reg, "rho", 0.0):
-        if separable:
-            _check_weak_convexity_1d(reg, grid, h, failures)
-        _check_weak_convexity(reg, x, gen, failures)
+    # Always, rho = 0 included: a penalty that declares itself convex (the default) must be, since
+    # the algorithms' step rules (alpha * rho < 1) take the declared value at its word.
+    if separable:
+        _check_weak_convexity_1d(reg, grid, h, failures)
+    _check_weak_convexity(reg, x, gen, failures)
     if failures:
         raise RegularizerCheckError(name, failures)
     kind = "brute-force 1-D minimisation" if separable else "random perturbations"
@@ -216,21 +219,28 @@ def _check_float32(reg, x, s, failures) -> None:
                         f"element {i}: {float(got.reshape(-1)[i]):.6g} vs {float(want.reshape(-1)[i]):.6g}")
 
 
+def _declared(rho: float) -> str:
+    if rho == 0:
+        return "rho = 0 (declared convex, or rho not set) is wrong"
+    return f"rho = {rho:g} is too small"
+
+
 def _check_weak_convexity_1d(reg, grid, h, failures) -> None:
     """Separable h: h(u) + rho/2 u^2 has no negative second difference on the grid."""
-    rho = float(reg.rho)
+    rho = float(getattr(reg, "rho", 0.0))
     g = h + 0.5 * rho * grid * grid
     second = g[:-2] + g[2:] - 2 * g[1:-1]
     bad = torch.isfinite(second) & (second < -1e-12 * (1 + g[1:-1].abs()))
     if bad.any():
         i = int(bad.nonzero()[0]) + 1
-        failures.append(f"rho = {rho:g} is too small: h(u) + rho/2 u^2 is not convex near u = {float(grid[i]):.6g} "
-                        f"(a weakly convex h needs rho at least its largest negative curvature)")
+        failures.append(f"{_declared(rho)}: h(u) + rho/2 u^2 is not convex near u = {float(grid[i]):.6g} "
+                        f"(second difference {float(second[i - 1]):.3g}; a weakly convex h needs rho at least "
+                        f"its largest negative curvature: set the attribute rho)")
 
 
 def _check_weak_convexity(reg, x, gen, failures) -> None:
     """h + rho/2 ||.||^2 convex: midpoint inequality along random segments."""
-    rho = float(reg.rho)
+    rho = float(getattr(reg, "rho", 0.0))
 
     def g(u):
         return _value(reg, u) + 0.5 * rho * float((u * u).sum())
@@ -242,6 +252,6 @@ def _check_weak_convexity(reg, x, gen, failures) -> None:
         if not (math.isfinite(ga) and math.isfinite(gb)):
             continue
         if gm > (ga + gb) / 2 + 1e-9 * max(1.0, abs(ga) + abs(gb)):
-            failures.append(f"rho = {rho:g} is too small: h + rho/2 ||u||^2 is not convex between two random points "
+            failures.append(f"{_declared(rho)}: h + rho/2 ||u||^2 is not convex between two random points "
                             f"(segment {k}: midpoint {gm:.9g} > mean of ends {(ga + gb) / 2:.9g})")
             return

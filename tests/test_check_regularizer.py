@@ -91,6 +91,52 @@ def test_a_rho_too_small_is_caught_naming_where():
         check_regularizer(reg, steps=(0.5,))
 
 
+class McpClaimingConvex(fk.Regularizer):
+    """An MCP-like penalty of one's own (exact prox: firm thresholding) that does not set rho, so it
+    declares the default rho = 0: convex. FedCanon would then run steps that the true rho = 1/gamma
+    refuses (issue 35: alpha * rho = 1.25)."""
+
+    def __init__(self, lam=1.0, gamma=3.0):
+        self.lam, self.gamma = lam, gamma
+
+    def value(self, x):
+        t = x.abs()
+        return torch.where(t <= self.gamma * self.lam, self.lam * t - t * t / (2 * self.gamma),
+                           torch.full_like(t, self.gamma * self.lam**2 / 2)).sum()
+
+    def prox_(self, x, step, *, fast=False):
+        return fk.MCP(self.lam, self.gamma).prox_(x, step)
+
+    def prox(self, x, step, *, fast=False):
+        return self.prox_(x.clone(), step)
+
+
+def test_a_non_convex_penalty_declaring_rho_zero_is_caught():
+    reg = McpClaimingConvex()
+    assert reg.rho == 0.0
+    said = r"rho = 0 \(declared convex, or rho not set\) is wrong: .* near u = "
+    with pytest.raises(RegularizerCheckError, match=said):
+        check_regularizer(reg, steps=(0.5, 2.0))
+    reg.rho = 1 / 3  # the true modulus: everything else about it is right
+    assert "ok" in check_regularizer(reg, steps=(0.5, 2.0))
+
+
+def test_a_non_separable_non_convex_penalty_declaring_rho_zero_is_caught():
+    class NegativeNorm(fk.Regularizer):  # -||x||: concave, its prox pushes away from 0
+        def value(self, x):
+            return -x.norm()
+
+        def prox_(self, x, step, *, fast=False):
+            n = x.norm()
+            return x.mul_((n + step) / n)
+
+        def prox(self, x, step, *, fast=False):
+            return self.prox_(x.clone(), step)
+
+    with pytest.raises(RegularizerCheckError, match=r"rho = 0 \(declared convex.* between two random points"):
+        check_regularizer(NegativeNorm(), separable=False, steps=(0.5,))
+
+
 def test_a_value_of_the_wrong_shape_is_caught_first():
     with pytest.raises(RegularizerCheckError, match=r"value\(x\) must return a 0-d tensor"):
         check_regularizer(SumPerElement(0.5))

@@ -89,3 +89,53 @@ def test_batched_executor_keeps_large_sample_matrices_on_huge_pages():
     bc = BatchedClients(torch.nn.Linear(784, 10), F.cross_entropy, clients, batch_size=8)
     assert torch.equal(bc.X_all, torch.cat([X for X, _ in clients]))
     assert _anon_huge_kb(bc.X_all.data_ptr()) >= 8 * 2048
+
+
+class _RefusingMap:
+    """An anonymous mapping whose MADV_HUGEPAGE advice fails as on a kernel without transparent huge pages."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def madvise(self, *args):
+        import errno
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+
+def test_refused_huge_pages_fall_back_to_ordinary_pages(monkeypatch, caplog):
+    # defect 9 of issue 35: the OSError of madvise used to reach BatchedClients' callers
+    import mmap
+
+    from fedkernels import _huge_pages
+
+    monkeypatch.setattr(mmap, "mmap", _RefusingMap)
+    monkeypatch.setattr(_huge_pages, "_thp_never", lambda: False)
+    monkeypatch.setattr(_huge_pages, "_told", False)
+    X = torch.randn(300, 7, dtype=torch.float64)
+    with caplog.at_level("DEBUG", logger="fedkernels.huge_pages"):
+        a = fk.raw.huge_page_copy(X)
+        b = fk.raw.huge_page_empty((5, 2), torch.float32)
+    assert torch.equal(a, X) and a.is_contiguous() and a.data_ptr() != X.data_ptr()
+    assert b.shape == (5, 2) and b.dtype == torch.float32
+    said = [r for r in caplog.records if r.name == "fedkernels.huge_pages"]
+    assert len(said) == 1 and said[0].levelname == "DEBUG"  # once, however many calls
+    assert "Invalid argument" in said[0].getMessage()
+
+
+def test_thp_never_uses_ordinary_pages_without_mapping(monkeypatch, tmp_path, caplog):
+    import mmap
+
+    from fedkernels import _huge_pages
+
+    setting = tmp_path / "enabled"
+    setting.write_text("always madvise [never]\n")
+    monkeypatch.setattr(_huge_pages, "THP_SETTING", str(setting))
+    monkeypatch.setattr(_huge_pages, "_told", False)
+
+    def no_mapping(*args, **kwargs):
+        raise AssertionError("mmap called although huge pages are off")
+    monkeypatch.setattr(mmap, "mmap", no_mapping)
+    with caplog.at_level("DEBUG", logger="fedkernels.huge_pages"):
+        t = fk.raw.huge_page_empty((3, 4), torch.float64)
+    assert t.shape == (3, 4) and t.is_contiguous()
+    assert any("never" in r.getMessage() for r in caplog.records if r.name == "fedkernels.huge_pages")

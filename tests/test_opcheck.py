@@ -31,6 +31,12 @@ def samples():
     yield "normal_map_step_", (t(3, d), t(3, d), t(3, d), t(d), 0.1, 0.5, "l1", 0.5, 0.2, 0.0)
     yield "za1_step_", (t(3, d), t(3, d), t(3, d), t(3, d), 0.1, "mcp", 0.3, 1.0, 3.0)
     yield "depositum_step_", (t(3, d), t(3, d), t(3, d), 0.1, 0.9, "l1", 0.1, 0.2, 0.0, "snag", True)
+    # the out-of-place ops on inputs that require grad: their derivatives are registered (issue 35)
+    for kind, step, p1, p2 in (("l1", 0.5, 0.3, 0.0), ("mcp", 5.0, 1.0, 3.0), ("scad", 0.5, 1.0, 3.7),
+                               ("scad", 4.0, 1.0, 3.7), ("box", 0.0, -0.5, 0.5)):
+        yield "prox", (t(3, d, dtype=torch.float64).requires_grad_(), kind, step, p1, p2)
+    yield "box_tensor", (t(3, d).requires_grad_(), (-t(d).abs()).requires_grad_(), t(3, d).abs().requires_grad_())
+    yield "normalized_delta", (t(d).requires_grad_(), t(3, d).requires_grad_(), 0.1, 5)
 
 
 OPS = sorted({name for name, _ in samples()})
