@@ -400,3 +400,111 @@ def test_fuzz_fused_ops(fuzz_budget):
         if len(failures) >= 20:
             break
     assert not failures, f"{len(failures)} failing examples:\n" + "\n".join(failures)
+
+
+# --- the updates without a prox: fk.raw / fk.ops cv_step_, control_update_, normalized_delta_ ----------
+
+PLAIN = {  # op: (written, reads that may be one row, reads that must match the target, scalars)
+    "cv_step_": ("x", ("g", "c"), (), ("beta",)),
+    "control_update_": ("c", ("dbar",), ("d",), ()),
+    "normalized_delta_": ("x", ("z",), (), ("beta", "K")),
+}
+
+
+def generate_plain(seed: int) -> dict:
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    op = rng.choice(sorted(PLAIN))
+    written, broadcast, full, scalars = PLAIN[op]
+    dtype = rng.choice(DTYPES)
+    d = rng.choice((1, 3, 64, 130))
+    shape = (d,) if rng.random() < 0.4 else (rng.randint(1, 4), d)
+    T = {written: _randn(shape, dtype, gen)}
+    for name in broadcast:
+        T[name] = _operand(rng, gen, shape, dtype, 1.0)
+    for name in full:
+        T[name] = _randn(shape, dtype, gen)
+    if rng.random() < 0.15:  # a read that is the written tensor itself: allowed
+        T[rng.choice(broadcast + full)] = T[written]
+    S = {"beta": rng.uniform(0.05, 2), "K": rng.randint(1, 6)}
+    case = {"op": op, "seed": seed, "dtype": dtype, "shape": shape, "T": T, "S": S, "fast": rng.random() < 0.5,
+            "invalid": None}
+    if rng.random() < 0.45:
+        what = rng.choice(["scalar", "dtype", "shape", "noncontiguous", "overlap"])
+        case["invalid"] = what
+        reads = [k for k in T if k != written]
+        if what == "scalar" and scalars:
+            key = rng.choice(scalars)
+            S[key] = {"beta": rng.choice((-0.5, math.nan, math.inf) + ((0.0,) if op == "normalized_delta_" else ())),
+                      "K": rng.choice((0, -2, 2.0, True))}[key]
+        elif what == "dtype" or (what == "scalar" and not scalars):
+            case["invalid"] = "dtype"
+            name = rng.choice(reads)
+            T[name] = T[name].to(rng.choice([t for t in DTYPES if t != dtype] + [torch.int32]))
+        elif what == "shape":
+            name = rng.choice(reads)
+            T[name] = torch.cat([T[name], T[name][..., :1]], dim=-1)
+        elif what == "noncontiguous":
+            t = T[written]
+            wide = torch.zeros(*t.shape, 2, dtype=dtype)
+            wide[..., 0] = t
+            T[written] = wide[..., 0] if t.numel() > 1 else t.to(torch.int64)
+        elif len(shape) == 2 and shape[0] > 1:  # overlap: one row of the stack that is written whole
+            T[rng.choice(reads)] = T[written][0]
+        else:
+            case["invalid"] = "dtype"
+            T[reads[0]] = T[reads[0]].to(torch.int64)
+    return case
+
+
+def _plain_reference(case, R):
+    S = case["S"]
+    if case["op"] == "cv_step_":
+        return R["x"] - S["beta"] * (R["g"] + R["c"])
+    if case["op"] == "control_update_":
+        return R["c"] + R["dbar"] - R["d"]
+    return (R["z"] - R["x"]) / (S["beta"] * S["K"])
+
+
+def run_plain_case(seed: int) -> None:
+    case = generate_plain(seed)
+    T, S, op = case["T"], case["S"], case["op"]
+    before = {k: v.clone() for k, v in T.items()}
+    bits = {k: _bits(v) for k, v in T.items()}
+    fn = getattr(fk.raw if case["fast"] else fk.ops, op)
+    written = PLAIN[op][0]
+    args = {"cv_step_": lambda: (T["x"], T["g"], T["c"], S["beta"]),
+            "control_update_": lambda: (T["c"], T["dbar"], T["d"]),
+            "normalized_delta_": lambda: (T["x"], T["z"], S["beta"], S["K"])}[op]()
+    where = f"seed {seed}: {op} {case['dtype']} {case['shape']} fast={case['fast']}"
+    if case["invalid"] is None:
+        fn(*args)
+        want = _plain_reference(case, {k: v.double() for k, v in before.items()})
+        scale = (1 + max(float(v.double().abs().max()) for v in before.values())) * (1 + S["beta"])
+        scale *= 1 / (S["beta"] * S["K"]) if op == "normalized_delta_" else 1
+        err = float((T[written].double() - want).abs().max())
+        assert err <= TOL[case["dtype"]] * scale, f"{where}: off by {err:.3g}"
+        return
+    try:
+        fn(*args)
+    except (TypeError, ValueError, RuntimeError) as e:
+        error = e
+    else:
+        raise AssertionError(f"{where}: an invalid argument ({case['invalid']}) was accepted")
+    for k, t in T.items():
+        assert torch.equal(_bits(t), bits[k]), f"{where}: invalid {case['invalid']} raised {error} but {k} was written"
+
+
+def test_fuzz_plain_updates(fuzz_budget):
+    first, n = fuzz_budget(1500)
+    failures = []
+    for seed in range(first, first + n):
+        try:
+            run_plain_case(seed)
+        except AssertionError as e:
+            failures.append(str(e).splitlines()[0])
+        except Exception as e:
+            failures.append(f"seed {seed}: {type(e).__name__}: {e}")
+        if len(failures) >= 20:
+            break
+    assert not failures, f"{len(failures)} failing examples:\n" + "\n".join(failures)
