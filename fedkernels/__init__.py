@@ -13,7 +13,7 @@ torch ops, for torch.compile), regularizer objects (``fk.L1`` ... ``fk.L2Ball``,
 """
 
 from . import fused, ops, optim, raw
-from ._backend import backend_info, emulate_cuda, get_num_threads, set_num_threads
+from ._backend import backend_info, emulate_cuda, get_num_threads, max_num_threads, set_num_threads
 from .flat import FlatParams
 from .per_parameter import PerParameter
 from .profiling import ProxStats, prox_stats
@@ -40,6 +40,7 @@ __all__ = [
     "backend_info",
     "set_num_threads",
     "get_num_threads",
+    "max_num_threads",
     "emulate_cuda",
     "raw",
     "ops",
