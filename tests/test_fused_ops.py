@@ -212,3 +212,40 @@ def test_prox_into_out_buffer():
         fk.raw.prox(x, "l1", 1.0, 1.0, out=x)
     with pytest.raises(ValueError, match="x has shape"):
         fk.raw.prox(x[0], "l1", 1.0, 1.0, out=out)
+
+
+# Issue 35, defect 8: with a regularizer that has no single-kernel form the fused ops ran the update,
+# then the regularizer's prox, whose checks raised after the update was written (16 of 16 combinations).
+TWO_PASS = {
+    "GroupLasso": lambda d: fk.GroupLasso(0.1, "cols"),
+    "tensor Box": lambda d: fk.Box(-torch.ones(d, dtype=torch.float64), torch.ones(d, dtype=torch.float64)),
+    "L2Ball": lambda d: fk.L2Ball(1.0, torch.zeros(d, dtype=torch.float64)),
+    "PerParameter": lambda d: fk.PerParameter([("w", (2, d // 2))], {"w": fk.GroupLasso(0.1)}),
+}
+FUSED = {
+    "prox_grad_step_": lambda t, reg, step: fk.fused.prox_grad_step_(t[0], t[1], 0.1, reg, step),
+    "normal_map_step_": lambda t, reg, step: fk.fused.normal_map_step_(t[0], t[1], t[2], t[3], 0.1, step, reg),
+    "za1_step_": lambda t, reg, step: fk.fused.za1_step_(t[0], t[1], t[2], t[3], 0.1, reg, step),
+    "depositum_step_": lambda t, reg, step: fk.fused.depositum_step_(t[0], t[1], t[2], 0.1, 0.9, reg, step),
+}
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("op", sorted(FUSED))
+@pytest.mark.parametrize("reg", sorted(TWO_PASS))
+def test_two_pass_fused_ops_check_the_prox_before_writing(reg, op, fast):
+    d = 8
+    bad = {  # an argument only the prox pass checks
+        "negative step": (lambda: TWO_PASS[reg](d), -0.5),
+        "the regularizer does not fit x": (lambda: TWO_PASS[reg](d + 2), 0.5),
+    }
+    for what, (make, step) in bad.items():
+        misfit = reg == "GroupLasso" and what.startswith("the regularizer")  # any matrix fits: give a vector
+        tensors = [torch.randn(*((2 * d,) if misfit else (2, d)), dtype=torch.float64) for _ in range(4)]
+        before = [t.clone() for t in tensors]
+        with pytest.raises(ValueError):
+            FUSED[op](tensors, make(), step)
+        for t, b in zip(tensors, before):
+            assert torch.equal(t, b), f"{what}: a buffer was written before the error"
+    tensors = [torch.randn(2, d, dtype=torch.float64) for _ in range(4)]
+    FUSED[op](tensors, TWO_PASS[reg](d), 0.5)  # and a valid call runs
