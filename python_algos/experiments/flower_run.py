@@ -66,7 +66,7 @@ from ..runfolder.files import (
     write_json,
 )
 from ..runfolder.progress import Progress
-from ..runfolder.records import save_model, summary_record, write_config, write_metrics, write_summary
+from ..runfolder.records import save_model, summary_record, write_config, write_metrics
 from ..runfolder.setup_record import check_same_setup, fingerprint_clients
 from ..runfolder.signals import signal_of, stop_signals_held
 from ..simulate import objective_metrics
@@ -76,7 +76,7 @@ from .flower_app import ROUNDS_FILE, STATUS_FILE
 from .folders import resume_command
 from .losses import loss_function
 from .prepare import PreparedRun, check_recorded_config, check_rounds_reach, prepare_run
-from .run import Interrupted, start_folder
+from .run import Interrupted, close_run, start_folder
 from .tensorboard import live_requested, write_events
 
 __all__ = ["check_flower_flags", "prepare_flower", "execute_flower", "PreparedFlower", "FlowerRunFailed",
@@ -396,27 +396,18 @@ def _close_folder(fp: PreparedFlower, got: _Outcome, label: str) -> dict:
     status = ("interrupted" if got.interrupted is not None else "failed" if got.failure is not None else
               "diverged" if diverged else "completed")
     summary = _summary(prep, label, status, initial, rows, got, saved)
-    last_ckpt = summary["last_checkpoint_round"]
-    where = (f"it continues from round {last_ckpt}, the server's last checkpoint" if last_ckpt is not None else
-             "no server checkpoint was written, so it restarts at round 0")
-    if got.interrupted is not None:
-        summary["message"] = f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; {where}"
-        write_summary(out_dir, summary)
-        raise Interrupted(summary, signal_of(got.interrupted)) from got.interrupted  # exit status: 128 + it
+    try:
+        summary = close_run(summary, label=label, cfg=cfg, ckpt_path=ckpt_path, diverged=diverged,
+                            interrupted=signal_of(got.interrupted) if got.interrupted is not None else None,
+                            failure=None if got.failure is None else
+                            f"stopped in the Flower deployment (each node restores its own state from "
+                            f"{os.path.join(prep.out_dir, NODES_DIR)}): {got.failure}",
+                            save=lambda: save_model(out_dir, result["params"], rows[-1]["round"] if rows else 0,
+                                                    prep.model.state_dict()))
+    except Interrupted as e:
+        raise e from got.interrupted  # exit status: 128 + the signal
     if got.failure is not None:
-        summary["message"] = (f"{label} stopped in the Flower deployment: {got.failure}\nThe folder holds the run up "
-                              f"to round {summary['rounds_done']}; {where} (each node restores its own state from "
-                              f"{os.path.join(prep.out_dir, NODES_DIR)}): {summary['resume_command']}")
-        write_summary(out_dir, summary)
         raise FlowerRunFailed(summary["message"])
-    if diverged:  # as a one-process run says it (experiments.run)
-        keep = (f"the last good checkpoint (round {last_ckpt}) is kept in {ckpt_path}" if last_ckpt is not None else
-                "no checkpoint was written")
-        summary["message"] = (f"{label} diverged at {diverged}; the run was stopped and {keep}. Lower the step size "
-                              f"(--lr, currently {cfg.lr:g}) or the local steps.")
-    else:  # model.pt records its round, as the one-process run's (the model holds the final params)
-        save_model(out_dir, result["params"], rows[-1]["round"] if rows else 0, prep.model.state_dict())
-    write_summary(out_dir, summary)
     return summary
 
 

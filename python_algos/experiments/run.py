@@ -55,7 +55,7 @@ from .prepare import PreparedRun, prepare_run
 from .tensorboard import LiveEvents, check_available, live_requested  # imports no tensorboard until used
 from .threads import apply_threads
 
-__all__ = ["run_experiment", "execute_run", "Interrupted", "KILL_ENV", "start_folder"]
+__all__ = ["run_experiment", "execute_run", "close_run", "Interrupted", "KILL_ENV", "start_folder"]
 
 KILL_ENV = "_FEDKERNELS_TEST_KILL_AT_ROUND"  # test hook: SIGKILL the process after this round
 
@@ -282,29 +282,45 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         summary["inner_executor"] = cfg.executor
     if f_star is not None:
         summary["f_star"] = float(f_star)
-    if status["interrupted"]:
-        summary["message"] = (f"{label} was interrupted after round {summary['rounds_done']} of {cfg.rounds}; "
-                              + (f"the last checkpoint is round {last_ckpt}, where the run resumes"
-                                 if last_ckpt is not None else "no checkpoint was written, so it restarts at round 0"))
-        if main:
+    return close_run(summary, label=label, cfg=cfg, ckpt_path=ckpt_path, diverged=status["diverged"],
+                     stopped=status["stopped"], interrupted=status.get("signum") if status["interrupted"] else None,
+                     save=lambda: save_model(out_dir, hist.params, hist.metrics[-1]["round"] if hist.metrics else 0,
+                                             model.state_dict()), write=main, log=log)
+
+
+def close_run(summary: dict, *, label: str, cfg: Config, ckpt_path: str, diverged: Optional[str] = None,
+              stopped: Optional[str] = None, interrupted: Optional[int] = None, failure: Optional[str] = None,
+              save: Optional[Callable[[], None]] = None, write: bool = True, log: Callable[[str], None] = print
+              ) -> dict:
+    """The end of a run, one process or Flower: the summary's message (one wording for each way a run
+    ends), model.pt (``save()``: a run that did not diverge; it records its round, which a reader pairs
+    with the metrics of a resumed run that stopped early) and summary.json, then the summary; raises
+    :class:`Interrupted` (``interrupted``: the signal number) or returns one with ``failure`` set
+    (the caller raises its error) after writing it. ``write=False``: a rank other than 0 writes nothing."""
+    done, k, out_dir = summary["rounds_done"], summary["last_checkpoint_round"], summary["out_dir"]
+    where = (f"the last checkpoint is round {k}, where the run resumes" if k is not None
+             else "no checkpoint was written, so it restarts at round 0")
+    resume = f": `{summary['resume_command']}`"
+    if interrupted is not None or failure is not None:
+        summary["message"] = (f"{label} was interrupted after round {done} of {cfg.rounds}; {where}"
+                              if interrupted is not None else f"{label} {failure}\nThe folder holds the run up to "
+                                                              f"round {done}; {where}{resume}")
+        if write:
             write_summary(out_dir, summary)
-        raise Interrupted(summary, status["signum"])
-    if status["stopped"] and not status["diverged"]:
-        summary["message"] = (f"{label} stopped at {status['stopped']} (--time-budget); round {last_ckpt} is "
-                              f"checkpointed, where `{summary['resume_command']}` continues the run")
-        if main:
+        if interrupted is not None:
+            raise Interrupted(summary, interrupted)
+        return summary
+    if stopped and not diverged:
+        summary["message"] = f"{label} stopped at {stopped} (--time-budget); {where}{resume}"
+        if write:
             log(summary["message"])
-    if status["diverged"]:
-        keep = (f"the last good checkpoint (round {saver.last_round}) is kept in {ckpt_path}"
-                if saver.last_round is not None else
-                (f"{ckpt_path} keeps the checkpoint it had" if os.path.exists(ckpt_path)
-                 else "no checkpoint was written"))
-        summary["message"] = (f"{label} diverged at {status['diverged']}; the run was stopped and {keep}. "
-                              f"Lower the step size (--lr, currently {cfg.lr:g}) or the local steps.")
-    elif main:
-        # model.pt records its round: a later resumed run that stops early (Ctrl-C, a kill, divergence)
-        # appends metrics past it and leaves this file, and a reader must pair the model with its own round
-        save_model(out_dir, hist.params, hist.metrics[-1]["round"] if hist.metrics else 0, model.state_dict())
-    if main:
+    if diverged:
+        keep = f"the last good checkpoint (round {k}) is kept in {ckpt_path}" if k is not None else \
+            "no checkpoint was written"
+        summary["message"] = (f"{label} diverged at {diverged}; the run was stopped and {keep}. Lower the step size "
+                              f"(--lr, currently {cfg.lr:g}) or the local steps.")
+    elif write and save is not None:
+        save()
+    if write:
         write_summary(out_dir, summary)
     return summary
