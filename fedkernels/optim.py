@@ -253,7 +253,9 @@ class ProxSGD(_ProxMixin, torch.optim.SGD):
 
     Args:
         params: parameters or param-group dicts; a group may set ``"regularizer"`` (``None``: no prox).
-        lr: learning rate (also the prox step).
+        lr: learning rate (also the prox step): a float, or a 0-d tensor as PyTorch recommends for
+            compiled optimizers with LR schedulers; under ``torch.compile`` a tensor lr reaches the
+            prox of a separable penalty as a tensor (no graph break), other penalties read its value.
         regularizer: the default h for groups that do not set one (``None``: plain SGD), or a
             mapping of parameter names / patterns to regularizers (needs named parameters).
         momentum, dampening, nesterov, weight_decay: as in ``torch.optim.SGD``.
