@@ -27,7 +27,9 @@ from _signals import sigint_as_in_a_terminal, wait_for_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+# no empty entry: it would mean the current folder, for the command itself
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+       "OMP_NUM_THREADS": "1"}
 RUN = ["-a", "fedavg", "--dataset", "sparse_logistic", "--data-opt", "n=160", "--data-opt", "dim=8", "--data-opt",
        "nnz=3", "-N", "4", "-B", "10", "--dtype", "float64", "--seed", "1", "--no-plot", "--checkpoint-every", "1"]
 
@@ -268,13 +270,13 @@ def test_run_flower_from_a_folder_with_a_sitecustomize_runs_none_of_it(tmp_path)
     any Python process that imports it; after a whole ``run --flower`` there is none."""
     pytest.importorskip("flwr")
     mark = tmp_path / "imported-sitecustomize"
-    (tmp_path / "sitecustomize.py").write_text(f"open({str(mark)!r}, 'a').write('x')\n")
+    (tmp_path / "sitecustomize.py").write_text(f"import sys; open({str(mark)!r}, 'a').write(repr(sys.argv))\n")
     env = {**ENV, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     done = subprocess.run([sys.executable, "-m", "python_algos", "run", "--flower", *RUN, "-N", "2", "-T", "1",
                            "--out", str(tmp_path / "out")], env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert not mark.exists(), "a Flower process imported the current folder's sitecustomize.py"
+    assert not mark.exists(), f"a Flower process imported the current folder's sitecustomize.py: {mark.read_text()}"
 
 
 def test_a_nodes_data_cache_is_readable_by_its_owner_only(tmp_path):
