@@ -17,6 +17,11 @@ K, B = 3, 7
 W = torch.tensor([0.3, 1.0, 4.0], dtype=torch.float64)
 
 
+def _id(loss_fn) -> str:
+    """A stable test id (a function's repr holds its address, which differs between xdist workers)."""
+    return getattr(loss_fn, "__name__", None) or repr(loss_fn)
+
+
 def _is_mean(loss_fn, out, y) -> bool:
     """The definition, on a few random batches (never the library's probe)."""
     g = torch.Generator().manual_seed(0)
@@ -43,7 +48,7 @@ def _class_losses():
     yield F.nll_loss
 
 
-@pytest.mark.parametrize("loss_fn", list(_class_losses()), ids=repr)
+@pytest.mark.parametrize("loss_fn", list(_class_losses()), ids=_id)
 def test_class_losses_are_classified_as_the_definition_says(loss_fn):
     out = torch.randn(B, K, dtype=torch.float64)
     y = torch.tensor([0, 1, 2, 1, 0, 2, 1])  # every class, and the ignored one where there is one
@@ -67,7 +72,7 @@ def test_an_ignore_index_no_label_takes_is_a_plain_mean_and_unknown_labels_are_u
     nn.BCEWithLogitsLoss(), nn.BCEWithLogitsLoss(pos_weight=W), nn.BCEWithLogitsLoss(weight=W),
     nn.BCEWithLogitsLoss(weight=W.unsqueeze(0)), nn.BCEWithLogitsLoss(weight=torch.rand(B, 1, dtype=torch.float64)),
     nn.BCEWithLogitsLoss(reduction="sum"), F.mse_loss, F.l1_loss, F.binary_cross_entropy_with_logits,
-    nn.CrossEntropyLoss(weight=W)], ids=repr)
+    nn.CrossEntropyLoss(weight=W)], ids=_id)
 def test_elementwise_losses_are_classified_as_the_definition_says(loss_fn):
     out = torch.randn(B, K, dtype=torch.float64)
     y = (torch.rand(B, K, dtype=torch.float64) > 0.5).double()  # targets, also class probabilities for CE

@@ -60,11 +60,16 @@ def per_sample_mean(fn: Callable) -> Callable:
     return fn
 
 
-def _ignored(ignore_index: int, labels: Optional[torch.Tensor]) -> Optional[bool]:
+def _ignored(ignore_index: int, labels) -> Optional[bool]:
     """Whether a label equals ``ignore_index`` (None: not every label is known)."""
     if labels is None:
         return None
-    return bool((labels == ignore_index).any()) if not labels.is_floating_point() else False
+    return any(bool((t == ignore_index).any()) for t in _parts(labels) if not t.is_floating_point())
+
+
+def _parts(labels) -> list:
+    """``labels``: a tensor, or one per client (never concatenated: segmentation masks can be large)."""
+    return [labels] if isinstance(labels, torch.Tensor) else list(labels)
 
 
 def _class_loss(weight, ignore_index: int, reduction: str, labels, smoothing: float = 0.0) -> LossKind:
@@ -72,7 +77,7 @@ def _class_loss(weight, ignore_index: int, reduction: str, labels, smoothing: fl
         return LossKind(False, _NOT_MEAN.format("reduction='sum'"))
     if reduction != "mean":
         return LossKind(None, f"reduction={reduction!r} does not return one value per batch")
-    if labels is not None and labels.is_floating_point():  # class probabilities: a mean over the batch
+    if labels is not None and any(t.is_floating_point() for t in _parts(labels)):  # class probabilities: a mean
         return LossKind(True)
     if weight is not None:
         return LossKind(False, _NOT_MEAN.format("a class-weighted mean: weight= divides by the sum of the batch's "
@@ -90,7 +95,8 @@ def _class_loss(weight, ignore_index: int, reduction: str, labels, smoothing: fl
 def classify_loss(loss_fn: Callable, labels: Optional[torch.Tensor] = None,
                   out: Optional[torch.Tensor] = None) -> Optional[LossKind]:
     """The kind of a loss known by its type and options, None for a callable it does not know.
-    ``labels``: every client's labels (None when not all are in memory); ``out``: the model's
+    ``labels``: every client's labels, a tensor or one per client (None when not all are in
+    memory); ``out``: the model's
     output on a few samples (its shape tells a per-class ``weight`` from a per-position one)."""
     if getattr(loss_fn, _MARK, False):
         return LossKind(True)
@@ -175,7 +181,7 @@ def probe_loss(loss_fn: Callable, out: torch.Tensor, y: torch.Tensor) -> LossKin
 
 
 def loss_kind(loss_fn: Callable, out: Optional[torch.Tensor], y: Optional[torch.Tensor],
-              labels: Optional[torch.Tensor]) -> LossKind:
+              labels) -> LossKind:
     """:func:`classify_loss`, else :func:`probe_loss` on ``out, y`` (None: nothing to probe on)."""
     known = classify_loss(loss_fn, labels, out)
     if known is not None:

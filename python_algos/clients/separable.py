@@ -108,11 +108,11 @@ def probe_samples(clients: Sequence[ClientData], per_client: int = PROBE_SAMPLES
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
-def all_labels(clients: Sequence[ClientData]) -> Optional[torch.Tensor]:
-    """Every client's labels when all are in memory (None otherwise)."""
+def all_labels(clients: Sequence[ClientData]) -> Optional[list]:
+    """Every client's labels (one tensor each) when all are in memory (None otherwise)."""
     if not all(isinstance(c, TensorData) for c in clients):
         return None
-    return torch.cat([c.y.reshape(-1) for c in clients])
+    return [c.y for c in clients]
 
 
 def _rows_independent(model: nn.Module, X: torch.Tensor):
