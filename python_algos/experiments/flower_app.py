@@ -17,18 +17,16 @@ minibatches from a generator seeded as in simulation (:mod:`python_algos.deploy.
 The ServerApp's loop is simulate's engine loop (:func:`~python_algos.runfolder.callbacks.run_rounds`,
 through :func:`~python_algos.deploy.flower.run_server`) with the callbacks of a one-process ``run``:
 the checkpoint (``checkpoint``, at ``--checkpoint-every``'s cadence, round 0 and the last; a resume
-continues from it), the round rows beside it, and ``StopOnDivergence`` on f+h, which the ServerApp
-computes on the metric rounds with simulate's formula (it rebuilds the full data from the Config),
-so a run that blows up stops at the round one process stops at. It keeps the run's config as the
-parent command recorded it (the run config's ``recorded-config``) in every checkpoint, so that a
-resume compares config.json with it as a one-process resume does. It writes the reported model (and
-the normal-map point, where the algorithm has one) of every metric round to the run config's
-``points-dir`` (one file a round), a line per round ended to ``rounds.jsonl`` (the parent's
-progress display reads it as it grows), and, beside
-:func:`~python_algos.deploy.flower.save_result`'s ``result.pt``, ``status.pt`` (divergence) or, if
-it stopped on an error, ``error.txt``. The parent command computes the rows' metrics on those
-points with the full data, with simulate's own formula (``simulate.objective_metrics``), and the
-test metrics. ``resume=true`` with no checkpoint at ``checkpoint`` is refused.
+continues from it), the round rows beside it, and ``StopOnDivergence`` on f+h. The ServerApp computes
+every metric of the metric rounds once, as one process does (it rebuilds the full data from the
+Config): the objective with simulate's formula (``simulate.objective_metrics``) and the test metrics,
+so a run that blows up stops at the round one process stops at, and its round rows are the run's
+``metrics.jsonl`` rows (the parent shows them as they are appended, and copies them). It keeps the
+run's config as the parent command recorded it (the run config's ``recorded-config``) and the
+fingerprint of the clients' data in every checkpoint, so that a resume compares them as a
+one-process resume does; beside :func:`~python_algos.deploy.flower.save_result`'s ``result.pt``, it
+writes ``status.pt`` (divergence) or, if it stopped on an error, ``error.txt``. ``resume=true`` with
+no checkpoint at ``checkpoint`` is refused.
 """
 
 from __future__ import annotations
@@ -52,20 +50,18 @@ from ..deploy.flower import (
     save_result,
     write_error,
 )
-from ..deploy.persist import RoundFiles
-from ..runfolder.callbacks import Callback, StopOnDivergence
-from ..runfolder.records import metric_round
+from ..runfolder.callbacks import StopOnDivergence
 from ..runfolder.setup_record import fingerprint_clients
 from ..simulate import objective_metrics
+from .evaluation import make_eval
 
 __all__ = [
     "clientapp",  # noqa: F822 -- built on first use by the module __getattr__ below (needs Flower)
     "serverapp",  # noqa: F822 -- likewise
-    "load_setup", "node_setup", "STATUS_FILE", "ROUNDS_FILE",
+    "load_setup", "node_setup", "STATUS_FILE",
 ]
 
 STATUS_FILE = "status.pt"
-ROUNDS_FILE = "rounds.jsonl"  # one line per round as it ends (the parent command's progress display)
 _CACHE: dict = {}  # config path (and client) -> setup (one process may serve several messages)
 
 
@@ -119,42 +115,25 @@ def _setup(context) -> dict:
     return load_setup(str(rc["config-path"]), int(rc.get("threads", 1)))
 
 
-class _ServerFiles(Callback):
-    """What the parent command reads of each round as it ends: a line in ``rounds.jsonl`` (its progress
-    display) and, on a metric round (:func:`~python_algos.runfolder.records.metric_round`, simulate's
-    rule), the reported model and normal-map point in ``points-dir`` (the metrics.jsonl rows are
-    computed from them), written before the round's checkpoint."""
-
-    def __init__(self, setup: dict, out: str, points: RoundFiles):
-        self.cfg, self.alg, self.reg = setup["cfg"], setup["algorithm"], setup["regularizer"]
-        self.out, self.points = out, points
-
-    def after_round(self, t, state, row):
-        with open(os.path.join(self.out, ROUNDS_FILE), "a") as f:  # whole lines: the parent reads as it grows
-            f.write(json.dumps({"round": t, "elapsed": row["elapsed"]}) + "\n")
-        if metric_round(t, self.cfg.rounds, self.cfg.metrics_every):
-            with torch.no_grad():
-                x = self.alg.report(state, self.reg).detach().clone()
-            nm = self.alg.normal_map_point(state)
-            self.points.save(t, {"round": t, "x": x,
-                                 "normal_map": None if nm is None else (nm[0].detach().clone(), float(nm[1]))})
-
-
 def _objective(setup: dict):
-    """``evaluate(state)`` for the server: f+h and the objective metrics of the state's reported model,
-    with simulate's formula on the full data (this process has rebuilt it), so that StopOnDivergence
-    stops the run at the round one process stops at (the parent recomputes the rows' metrics from the
-    points, with the test metrics)."""
+    """``evaluate(state)`` for the server: the metrics of the state's reported model, as a one-process
+    run computes them on the full data (this process has rebuilt it): simulate's objective metrics and
+    the test metrics, so that StopOnDivergence stops the run at the round one process stops at and the
+    rows are the run's."""
     cfg, alg, reg = setup["cfg"], setup["algorithm"], setup["regularizer"]
     model = setup["model_fn"]()
     flat = fk.FlatParams(model)
     cs = resolve_executor("sequential", model)(model, setup["loss"], setup["fed"].clients, batch_size=cfg.batch_size,
                                                seed=cfg.seed, flat=flat)
     step = float(cfg.metric_step) if cfg.metric_step is not None else float(alg.metric_step())
+    eval_fn = make_eval(setup["fed"].dataset, model)
 
     def evaluate(state) -> dict:
         x = alg.report(state, reg).detach()
-        return objective_metrics(cs, reg, x, step, alg.normal_map_point(state))
+        out = objective_metrics(cs, reg, x, step, alg.normal_map_point(state))
+        flat.bind_(x.clone())  # the test metrics run the model
+        out.update(eval_fn(x))
+        return out
 
     return evaluate
 
@@ -171,7 +150,7 @@ def server_main(grid, context) -> None:
     s = _setup(context)
     cfg, alg, reg = s["cfg"], s["algorithm"], s["regularizer"]
     rc = context.run_config
-    out, points, path = str(rc["result-dir"]), RoundFiles(str(rc["points-dir"])), str(rc["checkpoint"])
+    out, path = str(rc["result-dir"]), str(rc["checkpoint"])
     stop = StopOnDivergence()  # simulate's rule, on the rows' f+h and the model
     try:
         with open(str(rc["recorded-config"])) as f:  # the run's config.json as the parent command read it
@@ -184,7 +163,7 @@ def server_main(grid, context) -> None:
                             num_clients=len(s["fed"].parts), clients_per_round=cfg.clients_per_round,
                             participation=cfg.participation, seed=cfg.seed, batch_size=cfg.batch_size,
                             round_timeout=float(rc["round-timeout"]), connect_timeout=float(rc["connect-timeout"]),
-                            callbacks=[_ServerFiles(s, out, points), stop], evaluate=_objective(s),
+                            callbacks=[stop], evaluate=_objective(s),
                             metrics_every=cfg.metrics_every, checkpoint=path, checkpoint_every=cfg.checkpoint_every,
                             resume=resume, run_key=str(rc["run-key"]), checkpoint_extra=lambda: recorded)
     except Exception as e:

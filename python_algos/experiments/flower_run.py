@@ -18,9 +18,9 @@ The run folder has the usual format (``config.json``, ``partition.json``, ``metr
 the nodes' state folders), ``flower-checkpoint.pt`` (the server's checkpoint, every
 ``--checkpoint-every`` rounds: its fields of the State and generators, no client state),
 ``flower-nodes/`` (each node's own state, written by the node: in a real deployment it lies on the
-client's machine) and ``flower-points/`` (the reported model of every metric round). The server
-holds no data, so the objective metrics (f, h, f+h, ||G_s||², the normal map, sparsity, test
-metrics) are computed here afterwards on the full data by simulate's own formula. Per round,
+client's machine) and the server's round rows beside its checkpoint. The ServerApp rebuilds the full
+data and computes every metric of a metric round once, with simulate's own formula (f, h, f+h,
+||G_s||², the normal map, sparsity, test metrics): its rows are ``metrics.jsonl``'s. Per round,
 ``sent_bytes`` / ``recv_bytes`` are the server's bytes on the wire (all participants) and
 ``wall_time`` the server's round trip, Flower's per-message process start included.
 
@@ -49,13 +49,11 @@ import torch
 import fedkernels as fk
 
 from ..algorithms.base import ServerClientAlgorithm
-from ..clients import resolve_executor
 from ..deploy.app_project import write_app_project
 from ..deploy.flower_server import check_checkpoint, server_setup
 from ..deploy.local import DeploymentError, LocalDeployment
 from ..deploy.nodes import ServerClients, check_no_node_state, server_state
-from ..deploy.persist import RoundFiles, load_server
-from ..runfolder.callbacks import divergence
+from ..deploy.persist import history_path, load_server
 from ..runfolder.files import (
     FLOWER_CHECKPOINT,
     FLOWER_DIRS,
@@ -69,12 +67,9 @@ from ..runfolder.progress import Progress
 from ..runfolder.records import save_model, summary_record, write_config, write_metrics
 from ..runfolder.setup_record import check_same_setup, fingerprint_clients
 from ..runfolder.signals import signal_of, stop_signals_held
-from ..simulate import objective_metrics
 from .config import ConfigError
-from .evaluation import make_eval
-from .flower_app import ROUNDS_FILE, STATUS_FILE
+from .flower_app import STATUS_FILE
 from .folders import resume_command
-from .losses import loss_function
 from .prepare import PreparedRun, check_recorded_config, check_rounds_reach, prepare_run
 from .run import Interrupted, close_run, start_folder
 from .tensorboard import live_requested, write_events
@@ -84,9 +79,7 @@ __all__ = ["check_flower_flags", "prepare_flower", "execute_flower", "PreparedFl
 
 ROUND_TIMEOUT = 300.0  # seconds a round may take before the run stops naming the node that did not answer
 CONNECT_TIMEOUT = 120.0  # seconds for the N SuperNodes to connect
-_ROW_KEYS = ("round", "wall_time", "elapsed", "prox_time", "prox_evals", "up", "down", "sent_bytes", "recv_bytes",
-             "participants")
-NODES_DIR, POINTS_DIR = FLOWER_DIRS
+NODES_DIR = FLOWER_DIRS[0]
 
 
 class FlowerRunFailed(RuntimeError):
@@ -232,45 +225,6 @@ def _write_app(folder: str, config_path: str, threads: int, round_timeout: float
                               "recorded-config": ""})
 
 
-def _metric_rows(prep: PreparedRun, records: list, points: RoundFiles, diverged: Optional[str],
-                 final: Optional[torch.Tensor]) -> tuple:
-    """(initial row, per-round rows, divergence message or None): the server's per-round records, with
-    the objective metrics of each metric round computed here on the full data (simulate's formula)
-    from the model the server recorded for it. The model is left holding ``final`` (None: its start)."""
-    cfg, fed, alg, reg, model = prep.cfg, prep.fed, prep.algorithm, prep.reg, prep.model
-    flat = fk.FlatParams(model)
-    x0 = flat.params.detach().clone()
-    make = resolve_executor("sequential", model)
-    cs = make(model, loss_function(fed.dataset.task), fed.clients, batch_size=cfg.batch_size, seed=cfg.seed, flat=flat)
-    eval_fn = make_eval(fed.dataset, model)
-    step = float(cfg.metric_step) if cfg.metric_step is not None else float(alg.metric_step())
-
-    def evaluate(x, normal_map) -> dict:
-        out = objective_metrics(cs, reg, x, step, normal_map)
-        flat.bind_(x.clone())
-        out.update(eval_fn(x))
-        return out
-
-    initial = {"round": 0}
-    if cfg.metrics_every:
-        with torch.no_grad():
-            state0 = alg.init(x0.clone(), cs)  # the server's start, as simulate's round 0
-            initial.update(evaluate(alg.report(state0, reg).detach(), alg.normal_map_point(state0)))
-    rows, recorded = [], set(points.rounds())
-    for rec in records:
-        row = {k: rec[k] for k in _ROW_KEYS if k in rec}
-        if rec["round"] in recorded:
-            p = points.load(rec["round"])
-            row.update(evaluate(p["x"].to(x0.dtype), p["normal_map"]))
-        rows.append(row)
-        why = divergence(initial.get("f+h"), row.get("f+h"))  # the one rule of every engine
-        if why is not None:
-            diverged = f"round {rec['round']}: {why}"
-            break
-    flat.bind_((x0 if final is None else final.to(x0.dtype)).clone(), torch.zeros_like(x0))
-    return initial, rows, diverged
-
-
 def _start(fp: PreparedFlower, log) -> None:
     """The first writes (every check has passed): a fresh run's settings, split and engine mark; a
     resume drops what the rounds after its checkpoint left (they are redone)."""
@@ -281,7 +235,6 @@ def _start(fp: PreparedFlower, log) -> None:
         return
     remove_leftovers(out_dir)
     r = int(fp.snap["round"]) if fp.snap is not None else 0
-    RoundFiles(os.path.join(out_dir, POINTS_DIR)).drop_after(r)
     if prep.rewrite_config:
         write_config(out_dir, prep.cfg.to_dict())
     log(f"resuming {out_dir} from round {r} (the server's checkpoint), up to round {prep.cfg.rounds}"
@@ -289,29 +242,30 @@ def _start(fp: PreparedFlower, log) -> None:
 
 
 class _RoundsShown:
-    """The progress display of a Flower run, driven by the lines the ServerApp appends to its
-    ``rounds.jsonl`` as rounds end (the objective metrics exist only afterwards: the server holds no
-    data), read from where the last look stopped; a partly written line waits for the next look."""
+    """The progress display of a Flower run, driven by the rows the ServerApp appends to its round
+    records as rounds end (:func:`~python_algos.deploy.persist.history_path`), read from where the last
+    look stopped (from the start when the server has written the file anew); a partly written line
+    waits for the next look, a round shown already is not shown again."""
 
-    def __init__(self, bar: Progress):
-        self.bar, self.path, self.offset = bar, None, 0
-
-    def follow(self, path: str) -> None:
-        self.path, self.offset = path, 0
+    def __init__(self, bar: Progress, path: str):
+        self.bar, self.path, self.offset, self.inode, self.shown = bar, path, 0, None, bar.start_round
 
     def __call__(self) -> None:
-        if self.path is None:
-            return
         try:
             with open(self.path, "rb") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                self.offset = self.offset if inode == self.inode else 0
+                self.inode = inode
                 f.seek(self.offset)
                 chunk = f.read()
         except FileNotFoundError:  # the ServerApp has not started yet
             return
         end = chunk.rfind(b"\n") + 1
         self.offset += end
-        for line in chunk[:end].splitlines():
-            self.bar.update(int(json.loads(line)["round"]), {})
+        for row in map(json.loads, chunk[:end].splitlines()):
+            if int(row["round"]) > self.shown:
+                self.shown = int(row["round"])
+                self.bar.update(self.shown, row)
 
 
 @dataclasses.dataclass
@@ -334,7 +288,7 @@ def _deploy(fp: PreparedFlower, log, wait: float, progress: bool) -> _Outcome:
     node_cfg = cfg.replace(device="cpu", data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None)
     bar = Progress(cfg.rounds, initial=int(fp.snap["round"]) if fp.snap is not None else 0,
                    desc=cfg.algorithm, enabled=progress)
-    shown = _RoundsShown(bar)
+    shown = _RoundsShown(bar, history_path(os.path.join(out_dir, FLOWER_CHECKPOINT)))
     t0 = time.perf_counter()
     try:
         with LocalDeployment(n, env={"PYTHONPATH": _python_path(cfg)},
@@ -350,9 +304,7 @@ def _deploy(fp: PreparedFlower, log, wait: float, progress: bool) -> _Outcome:
             try:
                 run = dep.start_run(app, {"checkpoint": os.path.join(out_dir, FLOWER_CHECKPOINT),
                                           "resume": fp.snap is not None,
-                                          "points-dir": os.path.join(out_dir, POINTS_DIR),
                                           "run-key": fp.run_key, "recorded-config": recorded})
-                shown.follow(os.path.join(run.result_dir, ROUNDS_FILE))
                 got.result = run.wait(CONNECT_TIMEOUT + 60 + wait * max(cfg.rounds, 1), poll=shown)
                 got.status = torch.load(os.path.join(run.result_dir, STATUS_FILE), weights_only=True)
             except DeploymentError as e:
@@ -387,12 +339,15 @@ def _close_folder(fp: PreparedFlower, got: _Outcome, label: str) -> dict:
     ckpt_path = os.path.join(out_dir, FLOWER_CHECKPOINT)
     saved = load_server(ckpt_path) if os.path.exists(ckpt_path) else None
     result = got.result
-    records = result["metrics"] if result is not None else (saved["metrics"] if saved is not None else [])
-    initial, rows, diverged = _metric_rows(prep, records, RoundFiles(os.path.join(out_dir, POINTS_DIR)),
-                                           got.status.get("diverged"), result["params"] if result is not None else None)
+    # the server's rows hold every metric (it computed them once, on the full data): they are metrics.jsonl's
+    rows = result["metrics"] if result is not None else (saved["metrics"] if saved is not None else [])
+    initial = dict(saved["initial"]) if saved is not None else {"round": 0}
+    diverged = got.status.get("diverged")
     write_metrics(out_dir, [initial, *rows])
-    if live_requested():  # --tensorboard: the rows exist only now (computed here), so do their events
+    if live_requested():  # --tensorboard: the rows reach this folder only now, so do their events
         write_events(out_dir)
+    if result is not None:  # model.pt's state_dict is the final model's
+        fk.FlatParams(prep.model).bind_(result["params"].clone())
     status = ("interrupted" if got.interrupted is not None else "failed" if got.failure is not None else
               "diverged" if diverged else "completed")
     summary = _summary(prep, label, status, initial, rows, got, saved)
