@@ -70,10 +70,7 @@ def server_setup(algorithm, regularizer, seed, batch_size, num_clients, x0, *, c
 def check_checkpoint(snap: dict, setup: dict, *, labels: Optional[dict] = None, fix: Optional[str] = None) -> None:
     """Refuse a server checkpoint recorded under another setup than ``setup`` (:func:`server_setup`),
     with :func:`~python_algos.runfolder.setup_record.check_same_setup`, the resume check of every run."""
-    saved = snap.get("setup")
-    if saved is None:  # a checkpoint of an older version: its fingerprint (h was recorded by repr, 6 digits)
-        saved = {k: v for k, v in snap.get("fingerprint", {}).items() if k != "regularizer"}
-    check_same_setup(saved, setup, what="from the Flower server checkpoint", labels=labels or SERVER_LABELS,
+    check_same_setup(snap["setup"], setup, what="from the Flower server checkpoint", labels=labels or SERVER_LABELS,
                      **({"fix": fix} if fix else {}))
 
 
@@ -145,7 +142,7 @@ class ServerProgram:
             self.pending = dict(resume["pending"])
             self.last_round = {int(i): int(r) for i, r in resume["last_round"].items()}
             self.metrics, self.elapsed, run_key = list(resume["metrics"]), float(resume["elapsed"]), resume["run_key"]
-            self.initial = dict(resume.get("initial") or {"round": 0})  # older checkpoints: no round 0 metrics
+            self.initial = dict(resume["initial"])
             self.committed = self.t
         else:
             self.initial = {"round": 0, **(self._metrics_of(self.state) if self.metrics_every else {})}
@@ -309,11 +306,6 @@ def _restore(snap: dict, setup: dict, state, rng, cs, rounds):
     if type(saved) is not type(state):
         raise ValueError(f"resume: the checkpoint holds a {type(saved).__name__}, this algorithm's state is a "
                          f"{type(state).__name__}")
-    if set(snap["participation"]) != set(cs.rng_state()):  # an older checkpoint, whose setup lacks k
-        raise ValueError("resume: the checkpoint was written with " + ("all clients taking part" if not
-                         snap["participation"] else "a sampled subset of clients per round") + ", this run has " +
-                         ("a sampled subset" if cs.rng_state() else "all clients") +
-                         " (participation/clients_per_round)")
     rng.set_state(snap["rng"])
     cs.set_rng_state(snap["participation"])
     return saved, int(snap["round"])

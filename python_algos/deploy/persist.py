@@ -37,9 +37,11 @@ from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import write_jsonl
 
 __all__ = ["save_server", "load_server", "history_path", "rewrite_records",
-           "RoundFiles", "NodeStore", "SERVER_FORMAT"]
+           "NodeStore", "SERVER_FORMAT"]
 
-SERVER_FORMAT = "python_algos.flower-server/1"
+# one format: a checkpoint of another (an older version's, whose setup and records lay elsewhere) is refused
+# by load_server, the one place a Flower resume reads it
+SERVER_FORMAT = "python_algos.flower-server/2"
 
 
 def history_path(path: str) -> str:
@@ -95,22 +97,25 @@ def load_server(path: str) -> dict:
         raise ckpt.CheckpointError(f"{path} is damaged and cannot be read ({type(e).__name__}): restore it from a "
                                    f"copy, or start the run again") from None
     if not isinstance(blob, dict) or blob.get("format") != SERVER_FORMAT:
-        raise ckpt.CheckpointError(f"{path} is not a Flower server checkpoint of python_algos ({SERVER_FORMAT})")
+        raise ckpt.CheckpointError(f"{path} is not a Flower server checkpoint of this version of python_algos "
+                                   f"({SERVER_FORMAT}; an older version's folder still plots, but resumes only with "
+                                   f"the version that wrote it)")
     snap = ckpt.decode(blob["snapshot"])
-    if "metrics" not in snap:  # the records are beside the checkpoint (an older checkpoint held them)
-        snap["metrics"] = _records_up_to(path, int(snap["round"]))
+    snap["metrics"] = _records_up_to(path, int(snap["round"]))  # the records lie beside the checkpoint
     return snap
 
 
 _ROUND_FILE = re.compile(r"^round-(\d+)\.pt$")
 
 
-class RoundFiles:
-    """A folder of one file per round, ``round-<t>.pt``, each written atomically: a node's saved
-    states (:class:`NodeStore`), the server's recorded models of ``run --flower``."""
+class NodeStore:
+    """One client's saved states, one file per round it took part in, each written atomically:
+    ``state_dir/<run_key>/client-<client_id>/round-<t>.pt``."""
 
-    def __init__(self, folder: str):
-        self.dir = os.fspath(folder)
+    def __init__(self, state_dir: str, run_key: str, client_id: int):
+        if not re.fullmatch(r"[0-9a-f]{8,64}", str(run_key)):
+            raise ValueError(f"run key {run_key!r} is not a hex string (the server sends it)")
+        self.dir = os.path.join(os.fspath(state_dir), str(run_key), f"client-{int(client_id)}")
 
     def path(self, t: int) -> str:
         return os.path.join(self.dir, f"round-{int(t)}.pt")
@@ -131,15 +136,6 @@ class RoundFiles:
         for r in self.rounds():
             if r > t:
                 os.remove(self.path(r))
-
-
-class NodeStore(RoundFiles):
-    """One client's saved states in ``state_dir/<run_key>/client-<client_id>/round-<t>.pt``."""
-
-    def __init__(self, state_dir: str, run_key: str, client_id: int):
-        if not re.fullmatch(r"[0-9a-f]{8,64}", str(run_key)):
-            raise ValueError(f"run key {run_key!r} is not a hex string (the server sends it)")
-        super().__init__(os.path.join(os.fspath(state_dir), str(run_key), f"client-{int(client_id)}"))
 
     def prune(self, committed: Optional[int]) -> None:
         """Drop what no resume can ask for: files older than the newest one at or before the server's
