@@ -4,7 +4,8 @@ moment by SIGKILL, SIGTERM, Ctrl-C pressed three times within 0.3 s (SIGINT to t
 a terminal sends it) or SIGKILL to a random process below the command. Then:
 
 * no process of the run is left: none in the command's process group, none carrying the test's
-  marker in its environment (``FK_KILL_HARNESS=<uuid>``, inherited by every process below it);
+  marker in its environment (``FK_KILL_HARNESS=<uuid>``, inherited by every process below it), and
+  nothing in the folder changes after the command has ended;
 * no temporary folder is left (the command runs with ``TMPDIR`` of its own, which must end empty);
 * a second command on its folder (``--resume``), started while the command is frozen (SIGSTOP) in
   the middle of its run, is refused, naming it, and changes nothing;
@@ -219,15 +220,33 @@ def _left_behind(p, marker: str, tmp):
         if not (left or group or files):
             return None
         if time.monotonic() > deadline:
+            shown = _described(left)
             for pid in left:
                 os.kill(pid, signal.SIGKILL)
             if group:
                 os.killpg(p.pid, signal.SIGKILL)
             for f in files:
                 shutil.rmtree(os.path.join(tmp, f), ignore_errors=True)
-            return (f"defect 3: left behind {GRACE:g} s after the command ended: processes {_described(left)} (group "
+            return (f"defect 3: left behind {GRACE:g} s after the command ended: processes {shown} (group "
                     f"alive: {group}), temporary files {files}")
         time.sleep(0.2)
+
+
+def _state(out) -> dict:
+    """Every file under ``out``: its size and modification time."""
+    found = {}
+    for path in glob.glob(f"{out}/**", recursive=True):
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            found[path] = (st.st_size, st.st_mtime_ns) if not os.path.isdir(path) else None
+    return found
+
+
+def _changed(before: dict, out):
+    """Defect 3 seen in the folder: what changed in it after the command had ended, or None."""
+    after = _state(out)
+    changed = sorted(os.path.relpath(p, out) for p in set(before) | set(after) if before.get(p) != after.get(p))
+    return f"defect 3: the folder changed after the command ended: {changed[:8]}" if changed else None
 
 
 def _described(pids) -> list:
@@ -310,7 +329,11 @@ def test_a_command_killed_at_a_random_moment_leaves_nothing_running_and_resumes_
         time.sleep(rng.uniform(0.0, 0.3))
         _stop(p, how, rng, marker)
         err = _ended(p, engine, how)
+        time.sleep(1.0)  # the processes below it end within a moment (a generous bound: ~0.1 s) ...
+        ended = _state(out)
         findings += [_left_behind(p, marker, case / "tmp"), _stopped_properly(p, err, out, how)]
+        time.sleep(1.0)  # ... after which nothing writes (the old code's orphans went on appending rows)
+        findings.append(_changed(ended, out))
         _check_valid(out)
         q = _start([*resume, out], env, str(case))
         err = _ended(q, engine, "resume", 600.0)
