@@ -8,13 +8,16 @@
 //      coefficients, so that the per-element code has no divisions, square roots or regime tests.
 //   2. prox_elem<IMPL>() (host and device, per element): a branch-free select chain on |v|, then the
 //      sign of v is copied back. GCC turns these selects into blends and vectorizes the loops.
+//      Where a piecewise map is the max or min of its pieces it is written so (one max/min
+//      instruction instead of a compare and a blend), keeping MCP and SCAD close to L1's cost.
 //
 // Regimes (all exact, checked against brute-force 1-D minimisation in tests/test_prox_bruteforce.py):
 //   MCP(lam, gamma),  s <  gamma : firm threshold                    (kMcpFirm)
 //                     s >= gamma : hard threshold at lam*sqrt(s*gamma) (kMcpHard)
 //   SCAD(lam, a),     s <  a - 1 : four-piece closed form            (kScadSmall)
 //                     s >= a - 1 : best of the two candidates
-//                                  x1 = clip(t - s lam, 0, lam), x3 = max(t, a lam) (kScadLarge)
+//                                  x1 = clip(t - s lam, 0, lam), x3 = max(t, a lam) (kScadLarge):
+//                                  x1 up to the tie point t* (planned on the host), x3 above
 // At an exact tie between two minimizers the smaller magnitude is returned (0 for MCP). In float32,
 // results stay within a few ulps of the exact prox up to the regime edges s -> gamma and s -> a - 1,
 // where the middle pieces' slopes grow without bound (see ProxCoef; tests/test_prox_regime_edge.py).
@@ -25,6 +28,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "common.h"
 
@@ -61,7 +66,41 @@ struct ProxPlan {
   int impl = kIdentity;
   double c0 = 0, c1 = 0, c2 = 0, c3 = 0, c4 = 0;
   float lo0 = 0, lo1 = 0, lo2 = 0;  // c0..c2 minus their float32 roundings (see ProxCoef)
+  float f4 = 0;                     // c4 as a float32 threshold where c4 is one (kScadLarge's t*)
 };
+
+// SCAD's large-step objective difference D(t) = [s p(x1) + (x1 - t)^2 / 2] - [s p(x3) + (x3 - t)^2 / 2]
+// for t = |v| >= 0, in long double. D' = x3 - x1 > 0, so D rises through 0 exactly once: x1 is the
+// minimizer up to that tie point, x3 above it.
+inline long double scad_large_gap(long double t, double s, double lam, double a) {
+  const long double sl = static_cast<long double>(s) * lam, al = static_cast<long double>(a) * lam;
+  long double x1 = t - sl;
+  x1 = x1 < 0 ? 0 : (x1 > lam ? static_cast<long double>(lam) : x1);
+  const long double x3 = t < al ? al : t;
+  const long double e1 = x1 - t, e3 = x3 - t;
+  return (sl * x1 + 0.5L * e1 * e1) - (sl * lam * (a + 1.0L) * 0.5L + 0.5L * e3 * e3);
+}
+
+// The largest finite non-negative T with scad_large_gap <= 0 (bisection over T's ordered bit
+// patterns): for every T value t, "t <= this" is then exactly "D(t) <= 0", ties to x1 (the smaller).
+template <typename T, typename U>
+T scad_large_tie(double s, double lam, double a) {
+  static_assert(sizeof(T) == sizeof(U), "bit pattern type");
+  auto value = [](U bits) {
+    T t;
+    __builtin_memcpy(&t, &bits, sizeof t);
+    return t;
+  };
+  const T top = std::numeric_limits<T>::max();
+  if (scad_large_gap(top, s, lam, a) <= 0) return top;
+  U lo = 0, hi;  // D(value(lo)) <= 0 < D(value(hi))
+  __builtin_memcpy(&hi, &top, sizeof hi);
+  while (hi - lo > 1) {
+    const U mid = lo + (hi - lo) / 2;
+    (scad_large_gap(value(mid), s, lam, a) <= 0 ? lo : hi) = mid;
+  }
+  return value(lo);
+}
 
 // The rest of c beyond its float32 rounding, as a float. Computed once on the host, in plan_prox:
 // GCC 12's SLP vectorizer at -O2/-O3 without AVX (the baseline CPU variant) folded this expression
@@ -81,18 +120,15 @@ template <typename T>
 struct ProxCoef {
   T c0, c1, c2, c3, c4;
   T lo0, lo1, lo2;
-  double d0, d3;  // SCAD's large-step objectives, compared in double (see prox_elem)
   explicit ProxCoef(const ProxPlan& p)
       : c0(static_cast<T>(p.c0)),
         c1(static_cast<T>(p.c1)),
         c2(static_cast<T>(p.c2)),
         c3(static_cast<T>(p.c3)),
-        c4(static_cast<T>(p.c4)),
+        c4(sizeof(T) == sizeof(float) ? static_cast<T>(p.f4) : static_cast<T>(p.c4)),
         lo0(sizeof(T) == sizeof(float) ? static_cast<T>(p.lo0) : T(0)),
         lo1(sizeof(T) == sizeof(float) ? static_cast<T>(p.lo1) : T(0)),
-        lo2(sizeof(T) == sizeof(float) ? static_cast<T>(p.lo2) : T(0)),
-        d0(p.c0),
-        d3(p.c3) {}
+        lo2(sizeof(T) == sizeof(float) ? static_cast<T>(p.lo2) : T(0)) {}
 };
 
 // Host-side planning. `step` is the effective prox step s >= 0 (already multiplied by any outer
@@ -123,6 +159,9 @@ inline ProxPlan plan_prox(int kind, double step, double p1, double p2) {
       } else {
         plan.impl = kMcpHard;
         plan.c0 = lam * std::sqrt(s * gamma);  // hard threshold
+        plan.c4 = plan.c0;                     // zero up to here: in float32 the largest float <= c0
+        plan.f4 = static_cast<float>(plan.c0);
+        if (static_cast<double>(plan.f4) > plan.c0) plan.f4 = std::nextafter(plan.f4, 0.0f);
       }
       break;
     }
@@ -142,6 +181,8 @@ inline ProxPlan plan_prox(int kind, double step, double p1, double p2) {
         plan.c1 = lam;                                 // x1 is clipped to [0, lam]
         plan.c2 = a * lam;                             // x3 = max(t, a lam)
         plan.c3 = s * lam * lam * (a + 1.0) * 0.5;     // s * p(x3), constant on [a lam, inf)
+        plan.c4 = scad_large_tie<double, uint64_t>(s, lam, a);  // x1 up to here, x3 above
+        plan.f4 = scad_large_tie<float, uint32_t>(s, lam, a);
       }
       break;
     }
@@ -184,42 +225,40 @@ FK_HD T prox_elem(T v, const ProxCoef<T>& k) {
     // without bound as s -> gamma, so t - s lam is taken with the two-term threshold; the middle
     // piece meets the identity at t = gamma lam, so min(., t) is the upper piece and keeps
     // |prox(v)| <= |v| under rounding (the exact firm threshold never increases |v|).
+    // Below s lam, u <= 0 makes u * c2 <= 0 (c2 > 0), so a max with 0 is the zero piece.
     const T t = fk_abs(v);
     const T u = (t - k.c0) - k.lo0;
     T r = u * k.c2;
-    r = r < t ? r : t;  // NaN t: r is NaN and the select yields t (NaN)
-    r = u <= T(0) ? T(0) : r;
+    r = r < t ? r : t;        // NaN t: r is NaN and the select yields t (NaN)
+    r = r < T(0) ? T(0) : r;  // a NaN r falls through
     return fk_copysign(r, v);
   } else if constexpr (IMPL == kMcpHard) {
-    const T t = fk_abs(v);
-    const T u = (t - k.c0) - k.lo0;  // exact sign of t - lam sqrt(s gamma)
-    return u <= T(0) ? fk_copysign(T(0), v) : v;
+    // c4 is the threshold rounded down to T: t <= c4 exactly when t <= lam sqrt(s gamma).
+    return fk_abs(v) <= k.c4 ? fk_copysign(T(0), v) : v;
   } else if constexpr (IMPL == kScadSmall) {
     // Pieces: 0 (t <= s lam), t - s lam (t <= (1+s) lam), t - c3 (a lam - t) (t <= a lam), t.
-    // Each boundary test and difference uses the two-term thresholds: c3 = s / (a-1-s) grows
-    // without bound as s -> a - 1, so a threshold off by one rounding would move the result by
-    // c3 times that rounding.
+    // The map is continuous and convex-then-linear: the steeper third piece (slope (a-1)/(a-1-s))
+    // meets the second at (1+s) lam, lies below it before and above it after, so the result is
+    // max(0, t - s lam, t - c3 max(a lam - t, 0)) with no boundary tests. The differences use the
+    // two-term thresholds: c3 = s / (a-1-s) grows without bound as s -> a - 1, so a threshold off
+    // by one rounding would move the result by c3 times that rounding.
     const T t = fk_abs(v);
     const T u0 = (t - k.c0) - k.lo0;  // t - s lam
-    const T u1 = (t - k.c1) - k.lo1;  // t - (1+s) lam
     T w = (k.c2 - t) + k.lo2;         // a lam - t
     w = w > T(0) ? w : T(0);          // identity above a lam
     T r = t - k.c3 * w;
-    r = u1 <= T(0) ? u0 : r;
-    r = u0 <= T(0) ? T(0) : r;
+    r = r < u0 ? u0 : r;              // NaN: both are NaN
+    r = r < T(0) ? T(0) : r;
     return fk_copysign(r, v);
   } else if constexpr (IMPL == kScadLarge) {
+    // The candidates' objectives are compared once, on the host: t <= c4 (the tie point t*, the
+    // largest T value whose x1 objective is at most x3's, see scad_large_tie) picks x1.
     const T t = fk_abs(v);
     T x1 = (t - k.c0) - k.lo0;
     x1 = x1 < T(0) ? T(0) : x1;
     x1 = x1 > k.c1 ? k.c1 : x1;
-    const T x3 = t < k.c2 ? k.c2 : t;
-    // s * p(x1) = s * lam * x1 = c0 * x1 on [0, lam]; compare the full objectives in double: near
-    // the jump between the candidates they differ by less than a float32 rounding of either.
-    const double td = static_cast<double>(t), e1 = static_cast<double>(x1) - td, e3 = static_cast<double>(x3) - td;
-    const double obj1 = k.d0 * static_cast<double>(x1) + 0.5 * e1 * e1;
-    const double obj3 = k.d3 + 0.5 * e3 * e3;
-    const T r = obj1 <= obj3 ? x1 : x3;
+    const T x3 = t < k.c2 ? k.c2 : t;  // NaN t falls through to x3 = NaN
+    const T r = t <= k.c4 ? x1 : x3;
     return fk_copysign(r, v);
   } else if constexpr (IMPL == kClip) {
     T r = v > k.c1 ? k.c1 : v;
