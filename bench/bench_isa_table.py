@@ -25,6 +25,8 @@ def test_isa_table_has_every_op_variant_and_thread_count(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "Machine: " in text and "Load average (1, 5, 15 min) before: " in text
     assert f"{res['picked']}*, 1 thr" in text and "SCAD/L1 time, 2 thread(s)" in text
+    assert set(res["in_cache_seconds"]) == set(variants) and "In cache (float32" in text
+    assert all(set(t) == set(isa_table.IN_CACHE_CASES) for t in res["in_cache_seconds"].values())
 
 
 @pytest.mark.parametrize("argv, message", [(["--rounds", "0"], "--rounds must be >= 1"),

@@ -180,6 +180,40 @@ def twin_percent(op: Op, times: Dict[str, float]) -> Optional[float]:
     return 100.0 * (op.moved / 2) * times["probe"] / times[TWIN] if TWIN in times else None
 
 
+IN_CACHE_NUMEL = 1 << 16  # 256 KiB in + 256 KiB out: in L2 on current x86 server cores
+# (kind, step, lam, p2) of each MCP and SCAD formula (csrc/math/prox.h), step chosen for the regime
+IN_CACHE_CASES = {"L1": ("l1", 0.5, 1.0, 0.0), "MCP firm": ("mcp", 0.5, 1.0, 3.0), "MCP hard": ("mcp", 4.0, 1.0, 3.0),
+                  "SCAD small step": ("scad", 0.5, 1.0, 3.7), "SCAD large step": ("scad", 4.0, 1.0, 3.7)}
+
+
+def in_cache_times(variants: List[str], rounds: int) -> Dict[str, Dict[str, float]]:
+    """Seconds per call of each IN_CACHE_CASES prox, 1 thread, buffers in L2 (compute-bound: the
+    formulas' own cost), fastest of `rounds` batches of 10 calls per variant."""
+    from fedkernels._backend import KIND_CODES
+
+    x = torch.randn(IN_CACHE_NUMEL, generator=torch.Generator().manual_seed(0)) * 2
+    out, n = torch.empty_like(x), IN_CACHE_NUMEL
+    before, res = fk.get_num_threads(), {}
+    fk.set_num_threads(1)
+    try:
+        for v in variants:
+            _C.set_cpu_isa(v)
+            res[v] = {}
+            for name, (kind, step, p1, p2) in IN_CACHE_CASES.items():
+                args = (0, 0, -1, 0, 1, n, x.data_ptr(), n, out.data_ptr(), n, KIND_CODES[kind], step, p1, p2)
+                best = float("inf")
+                for _ in range(max(rounds, 3)):
+                    t0 = time.perf_counter()
+                    for _ in range(10):
+                        _C.prox(*args)
+                    best = min(best, (time.perf_counter() - t0) / 10)
+                res[v][name] = best
+    finally:
+        _C.set_cpu_isa("auto")
+        fk.set_num_threads(before)
+    return res
+
+
 def run(args) -> dict:
     dtype = getattr(torch, args.dtype)
     variants = _C.cpu_isa_variants().split(",")
@@ -200,7 +234,9 @@ def run(args) -> dict:
             twin = rows[-1]["twin_percent"]
             print(f"  {used} thr  {op.name:22s} " + "  ".join(f"{k} {v:5.0f}%" for k, v in rows[-1]["percent"].items())
                   + (f"  {TWIN} {twin:5.0f}%" if twin is not None else ""), flush=True)
+    in_cache = in_cache_times(variants, args.rounds)
     return {"machine": info, "loadavg_after": list(os.getloadavg()), "cpu_busy_after": cpu_busy(1.0),
+            "in_cache_seconds": in_cache,
             "dtype": args.dtype, "numel": args.numel, "rounds": args.rounds, "stat": args.stat, "warm": args.warm,
             "variants": variants, "picked": picked, "rows": rows}
 
@@ -252,6 +288,13 @@ def render_markdown(res: dict) -> str:
     lines.append("")
     lines += _scad_over_l1(res)
     lines.append(_verdict(res))
+    lines += ["", f"In cache (float32, {IN_CACHE_NUMEL:,} values in and out, 1 thread, compute-bound): time / L1's "
+              "time; L1 in microseconds.", "",
+              "| variant | L1 (us) | " + " | ".join(n for n in IN_CACHE_CASES if n != "L1") + " |",
+              "|---|" + "---:|" * len(IN_CACHE_CASES)]
+    for v, t in res["in_cache_seconds"].items():
+        lines.append(f"| {v}{'*' if v == picked else ''} | {t['L1'] * 1e6:.1f} | "
+                     + " | ".join(f"{t[n] / t['L1']:.2f}" for n in IN_CACHE_CASES if n != "L1") + " |")
     return "\n".join(lines)
 
 
