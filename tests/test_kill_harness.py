@@ -92,6 +92,12 @@ def _marked(marker: str) -> list:
     return found
 
 
+def _kill_marked(marker: str) -> None:
+    for pid in _marked(marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -312,7 +318,7 @@ def _stopped_properly(p, err: str, out, how: str):
 
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_a_command_killed_at_a_random_moment_leaves_nothing_running_and_resumes_exactly(
-        engine, tmp_path, fuzz_budget, references):
+        engine, tmp_path, fuzz_budget, references, request):
     first, n = fuzz_budget(1)
     argv, resume, rounds = ENGINES[engine]
     findings = []
@@ -322,6 +328,7 @@ def test_a_command_killed_at_a_random_moment_leaves_nothing_running_and_resumes_
         case = tmp_path / f"seed-{seed}"
         case.mkdir()
         marker, out = uuid.uuid4().hex, str(case / "out")
+        request.addfinalizer(lambda marker=marker: _kill_marked(marker))  # a failed case leaves nothing either
         env = _env(case / "tmp", marker)
         p = _start([*argv, "--out", out], env, str(case))
         _wait_rows(p, out, at)
