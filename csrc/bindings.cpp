@@ -236,7 +236,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("cpu_isa", &cpu_isa);
   m.def("cpu_isa_variants", &cpu_isa_variants);
   m.def("cpu_isa_source", &cpu_isa_source,
-        "why this variant: 'detected', 'FEDKERNELS_CPU_ISA' (the environment variable) or 'set_cpu_isa'");
+        "why this variant: 'detected', 'FEDKERNELS_CPU_ISA' (the environment variable), 'set_cpu_isa' or "
+        "the calibration's source");
+  m.def("choose_elementwise_isa", &cpu_choose_elementwise_isa,
+        "the elementwise kernels' variant picked by calibration ('auto': none), with its source");
+  m.def("cpu_gather_isa", &cpu_gather_isa);
   m.def("cpu_column_share", [](int64_t cols, int thread, int threads) {
     if (cols < 0 || threads < 1 || thread < 0 || thread >= threads)
       throw std::invalid_argument("need cols >= 0 and 0 <= thread < threads");

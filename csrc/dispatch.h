@@ -102,9 +102,13 @@ int cpu_thread_limit();  // OpenMP's thread-limit-var (OMP_THREAD_LIMIT); fedker
 std::string cpu_simd_description();
 // The CPU kernel variant in use, the variants this CPU can run, and a test hook forcing one.
 std::string cpu_isa();
-std::string cpu_isa_source();  // "detected", "FEDKERNELS_CPU_ISA" or "set_cpu_isa"
+std::string cpu_isa_source();  // "detected", "FEDKERNELS_CPU_ISA", "set_cpu_isa" or the calibration's source
 std::string cpu_isa_variants();
 void cpu_set_isa(const std::string& name);
+// The elementwise families' variant chosen by calibration ("auto": none), and the gathered linear
+// kernels' variant (never calibrated: not bitwise equal across variants).
+void cpu_choose_elementwise_isa(const std::string& name, const std::string& source);
+std::string cpu_gather_isa();
 
 // CUDA runtime facts; every function works in a CPU-only build.
 bool cuda_compiled();

@@ -15,6 +15,8 @@ import sys
 
 import torch
 
+from . import _calibrate
+
 
 def _load_extension():
     """Import fedkernels._C.
@@ -52,6 +54,8 @@ _C = _load_extension()
 # A bad FEDKERNELS_CPU_ISA is reported at import (ValueError naming the variable and the variants
 # this CPU runs), not at the first kernel call.
 _C.cpu_isa()
+# Without it, the elementwise kernels' variant is the fastest one here (measured once, then cached).
+_calibrate.calibrate(_C)
 
 __all__ = ["backend_info", "set_num_threads", "get_num_threads", "emulate_cuda"]
 
@@ -210,9 +214,13 @@ def backend_info() -> dict:
     """What this build of fedkernels can do on this machine.
 
     Keys: ``cpu_threads``, ``simd`` (instruction sets the CPU kernels were compiled for),
-    ``cpu_isa`` (the CPU kernel variant in use), ``cpu_isa_source`` (``"detected"``: the best one
-    this CPU runs; ``"FEDKERNELS_CPU_ISA"``: that environment variable, read once per process, chose
-    it; ``"set_cpu_isa"``: a test forced it), ``cpu_isa_variants`` (the variants this CPU runs),
+    ``cpu_isa`` (the elementwise kernels' CPU variant), ``cpu_isa_source`` (``"calibrated"``: measured
+    the fastest here at import; ``"calibration cache"``: that measurement, cached per CPU model and
+    build in ``cpu_isa_cache``; ``"detected"``: the best one this CPU runs, where it runs only one;
+    ``"FEDKERNELS_CPU_ISA"``: that environment variable, read once per process, chose it;
+    ``"set_cpu_isa"``: a test forced it), ``cpu_isa_gather`` (the gathered linear kernels' variant:
+    the best one the CPU runs, or the forced one; never calibrated), ``cpu_isa_variants`` (the
+    variants this CPU runs), ``cpu_isa_cache`` (the calibration cache file),
     ``cuda_compiled``, ``cuda_archs`` (list of SM versions), ``cuda_runtime`` (the CUDA toolkit
     the kernels were built with; its runtime is linked statically), ``cuda_available`` (fedkernels
     can run on a GPU here), ``cuda_device_count``, ``cuda_error`` (why not, in plain words, if
@@ -235,6 +243,8 @@ def backend_info() -> dict:
         "simd": _C.simd(),
         "cpu_isa": _C.cpu_isa(),
         "cpu_isa_source": _C.cpu_isa_source(),
+        "cpu_isa_gather": _C.cpu_gather_isa(),
+        "cpu_isa_cache": os.path.join(_calibrate.cache_dir(), _calibrate.CACHE_FILE),
         "cpu_isa_variants": _C.cpu_isa_variants().split(","),
         "cuda_compiled": compiled,
         "cuda_archs": archs,
