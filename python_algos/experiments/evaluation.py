@@ -8,7 +8,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .losses import loss_function
+from .losses import concordance_index, loss_function
 
 __all__ = ["make_eval", "eval_mode"]
 
@@ -63,6 +63,10 @@ def make_eval(ds, model: nn.Module, extra: Optional[Callable] = None, chunk: int
     def eval_fn(params: torch.Tensor) -> dict:
         out = {}
         with torch.no_grad(), eval_mode(model):
+            if ds.task == "survival":  # the loss and the C-index couple all samples: one pass over the scores
+                scores = torch.cat([model(X[s : s + chunk]).reshape(-1) for s in range(0, X.shape[0], chunk)])
+                return {f"{prefix}_loss": float(loss_fn(scores, y)), f"{prefix}_cindex": concordance_index(scores, y),
+                        **(extra(params) if extra is not None else {})}
             loss, correct = 0.0, 0
             for s in range(0, X.shape[0], chunk):
                 o = model(X[s : s + chunk])

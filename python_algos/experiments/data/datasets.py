@@ -17,16 +17,21 @@ image_like         built-in   multiclass  small image task (``shape``, ``modes``
 mnist              files      multiclass  IDX files
 fashion_mnist      files      multiclass  IDX files
 cifar10            files      multiclass  python pickle batches
-a9a                files      multiclass  LIBSVM ``a9a``/``a9a.t``; 2 classes (a linear model has
-                                          248 parameters, as in FedCanon Fig. 1)
+a9a                bundled    multiclass  LIBSVM a9a inside the package (its training split, ``test_fraction``
+                   or files               held out), or ``a9a``/``a9a.t`` in ``data_dir``; 2 classes (a
+                                          linear model has 248 parameters, as in FedCanon Fig. 1)
 libsvm             files      auto        any LIBSVM file: ``file=`` (``test_file=`` optional)
 femnist            files      multiclass  LEAF JSON; writer ids in ``groups``
+tcga_brca          bundled    survival    Fed-TCGA-BRCA: 39 clinical features standardised with the pooled
+                                          training statistics, (event, time) targets, its 6 centres in
+                                          ``groups`` (partition ``natural``), its fixed test split
 sklearn:NAME       sklearn    per NAME    scikit-learn's bundled digits, breast_cancer, wine, iris,
                                           diabetes (see :mod:`.sklearn_data`; needs scikit-learn)
 =================  =========  ==========  ========================================================
 
 Tasks: ``multiclass`` (cross-entropy over ``num_classes`` logits), ``binary`` (one logit,
-BCE-with-logits against {0, 1} labels), ``regression`` (one output, MSE).
+BCE-with-logits against {0, 1} labels), ``regression`` (one output, MSE), ``survival`` (one output, a
+risk score; Cox partial likelihood against ``[n, 2]`` (event, time) targets; metric: Harrell's C).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import loaders, partitions, synthetic
+from . import bundled, loaders, partitions, synthetic
 from .options import data_options
 from .sklearn_data import PREFIX as SKLEARN_PREFIX
 from .sklearn_data import SKLEARN, load_sklearn
@@ -48,8 +53,9 @@ __all__ = ["Dataset", "FederatedData", "DATASETS", "BUILTIN", "load_dataset", "f
 
 BUILTIN = ("sparse_logistic", "sparse_linear", "synthetic", "image_like")
 FILES = ("mnist", "fashion_mnist", "cifar10", "a9a", "libsvm", "femnist")
+BUNDLED = ("tcga_brca",)  # inside the package (a9a is too, when no data_dir is given)
 SKLEARN_DATASETS = tuple(SKLEARN_PREFIX + n for n in SKLEARN)  # sklearn:digits, ... (bundled with scikit-learn)
-DATASETS = BUILTIN + FILES + SKLEARN_DATASETS
+DATASETS = BUILTIN + FILES + BUNDLED + SKLEARN_DATASETS
 
 
 @dataclasses.dataclass
@@ -148,6 +154,16 @@ def _load(name: str, data_dir: Optional[str], seed: int, test_fraction: float, o
     if key == "cifar10":
         X, y, Xt, yt = loaders.load_cifar10(data_dir)
         return Dataset(key, X, y, Xt, yt, "multiclass", 10, source=f"CIFAR-10 batches in {data_dir}")
+    if key == "tcga_brca":
+        X, y, Xt, yt, centres, _, _ = bundled.load_tcga_brca()
+        mean, std = X.mean(0), X.std(0)
+        std[std == 0] = 1.0
+        return Dataset(key, (X - mean) / std, y, (Xt - mean) / std, yt, "survival", 0, groups=centres,
+                       source="Fed-TCGA-BRCA (bundled: 6 centres, the fixed train/test split)")
+    if key == "a9a" and data_dir is None:  # the copy inside the package: its training split only
+        X, y, Xt, yt, _ = _take(*bundled.load_a9a_bundled(), None, *train_test_indices(32561, test_fraction, seed))
+        return Dataset(key, X, y, Xt, yt, "multiclass", 2, source="A9A (LIBSVM a9a, bundled: its training split, "
+                                                                  f"{test_fraction:g} held out for testing)")
     if key == "a9a":
         X, y, Xt, yt = loaders.load_a9a(data_dir)
         return Dataset(key, X, y, Xt, yt, "multiclass", 2, source=f"A9A (LIBSVM) in {data_dir}")
@@ -215,9 +231,9 @@ def federate(ds: Dataset, partition: str = "iid", num_clients: int = 10, seed: i
     if partition == "iid":
         parts = partitions.iid(n, num_clients, seed)
     elif partition in ("dirichlet", "shards"):
-        if ds.task == "regression":
-            raise ValueError(f"partition {partition!r} needs class labels; dataset {ds.name!r} is a regression task "
-                             f"(use partition 'iid')")
+        if ds.task in ("regression", "survival"):
+            raise ValueError(f"partition {partition!r} needs class labels; dataset {ds.name!r} is a {ds.task} task "
+                             f"(use partition 'iid'{' or natural' if ds.groups is not None else ''})")
         if partition == "dirichlet":
             ms = min(10, n // (2 * num_clients)) if min_size is None else min_size
             parts = partitions.dirichlet(ds.y, num_clients, eta, seed=seed, min_size=ms)
@@ -236,6 +252,6 @@ def federate(ds: Dataset, partition: str = "iid", num_clients: int = 10, seed: i
         raise ValueError(f"unknown partition {partition!r}; valid: {', '.join(partitions.PARTITIONS)}")
     clients = [(ds.X[torch.from_numpy(p)], ds.y[torch.from_numpy(p)]) for p in parts]
     hist = None
-    if ds.task != "regression":
+    if ds.task in ("multiclass", "binary"):
         hist = partitions.label_histograms(ds.y, parts, max(ds.num_classes, int(ds.y.max()) + 1))
     return FederatedData(ds, parts, clients, hist, partition)
