@@ -52,3 +52,18 @@ def test_fastfedda_lasso_quick(tmp_path, capsys):
     assert "**Outcome:**" in (tmp_path / "RESULTS.md").read_text()
     assert plot or (tmp_path / "lasso.png").exists()
     assert "Fast-FedDA" in capsys.readouterr().out
+
+
+def test_tcga_brca_quick(tmp_path, capsys):
+    """Sparse federated Cox on Fed-TCGA-BRCA in --quick mode: C-index rows, the pooled fit, a report."""
+    import importlib
+
+    from examples import tcga_brca
+
+    plot = [] if importlib.util.find_spec("matplotlib") else ["--no-plot"]
+    assert tcga_brca.main(["--quick", "--out", str(tmp_path), *plot]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(data["results"]) == ["fedcanon", "pooled", "za1"]
+    runs = [r for rs in data["results"].values() for r in rs]
+    assert all(0.5 < r["cindex"] <= 1 and len(r["names"]) == r["selected"] for r in runs)
+    assert "**Outcome:**" in (tmp_path / "RESULTS.md").read_text() and "C-index" in capsys.readouterr().out
