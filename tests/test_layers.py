@@ -203,8 +203,8 @@ def test_the_graph_sees_relative_absolute_and_function_level_imports():
 
 MAX_FUNCTION_LINES = 80  # a function's body, docstring included (the developers' guide)
 # all lines of the files, counted as `cat FILES | wc -l`; a budget is added here when the code reaches it
-# (issue 36: experiments/ <= 8,400 and deploy/ <= 2,050 are not reached yet)
-LINE_BUDGETS = {"python_algos/simulate.py": 480, "python_algos/runfolder": 2050}
+# (issue 36: experiments/ <= 8,400 is not reached yet)
+LINE_BUDGETS = {"python_algos/simulate.py": 480, "python_algos/runfolder": 2050, "python_algos/deploy": 2050}
 
 
 def _package_files():

@@ -51,7 +51,7 @@ def _names(addresses: Sequence[str]) -> list:
     return out
 
 
-def _check(folder: str, addresses: Sequence[str], nodes: int) -> None:
+def _check(folder: str, addresses: Sequence[str], nodes: int, days: int) -> None:
     if os.path.lexists(folder):
         raise ValueError(f"the credentials folder {folder!r} exists already: give a new folder (credentials are "
                          "never overwritten)")
@@ -63,8 +63,9 @@ def _check(folder: str, addresses: Sequence[str], nodes: int) -> None:
         except ValueError:
             if not _DNS_NAME.match(a):
                 raise ValueError(f"--server-address {a!r} is neither an IP address nor a DNS name") from None
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise ValueError(f"--nodes must be an integer >= 1, got {nodes!r}")
+    for flag, v in (("--nodes", nodes), ("--days", days)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{flag} must be an integer >= 1, got {v!r}")
 
 
 def _write(path: str, data: bytes) -> None:
@@ -102,9 +103,7 @@ def _certificate(subject: str, issuer: str, public_key, signing_key, days: int, 
 def make_credentials(folder: str, server_addresses: Sequence[str], nodes: int, days: int = 365) -> dict:
     """Write the CA, the SuperLink's certificate (valid for ``server_addresses``, loopback added) and
     ``nodes`` SuperNode key pairs into the new folder ``folder``; return {name: path}."""
-    _check(folder, list(server_addresses), nodes)
-    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
-        raise ValueError(f"--days must be an integer >= 1, got {days!r}")
+    _check(folder, list(server_addresses), nodes, days)
     try:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ec

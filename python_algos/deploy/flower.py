@@ -27,30 +27,21 @@ final model equals ``simulate``'s (tested to 1e-10).
 
 from __future__ import annotations
 
-from .exchange import POLL
 from .flower_client import client_app, handle_hello, handle_round, node_client_id
-from .flower_server import ServerProgram, checkpoint_to_resume, load_server_checkpoint, run_server, server_app
+from .flower_server import checkpoint_to_resume, load_server_checkpoint, run_server, server_app
 from .wire import (
     HELLO,
     INSTALL,
-    NODE_KEY,
     ROUND,
-    FlowerResult,
     NodeFailure,
     decode_vectors,
     encode_vectors,
     fingerprint,
     flwr_modules,
-    payload_bytes,
     save_result,
     write_error,
 )
 
-__all__ = [
-    "server_app", "client_app", "run_server", "ServerProgram",
-    "load_server_checkpoint", "checkpoint_to_resume", "handle_round", "handle_hello", "node_client_id", "FlowerResult",
-    "NodeFailure",
-    "encode_vectors", "decode_vectors", "payload_bytes", "fingerprint", "save_result", "write_error",
-    "INSTALL", "HELLO", "ROUND", "NODE_KEY", "POLL", "flwr_modules",
-]
-
+__all__ = ["server_app", "client_app", "run_server", "load_server_checkpoint", "checkpoint_to_resume", "handle_round",
+           "handle_hello", "node_client_id", "NodeFailure", "encode_vectors", "decode_vectors", "fingerprint",
+           "save_result", "write_error", "INSTALL", "HELLO", "ROUND", "flwr_modules"]

@@ -34,6 +34,7 @@ from ..simulate import checked_clients_per_round
 from .exchange import check_replies, check_upload, collect, handshake, nonfinite_entries
 from .nodes import ServerClients, receives, scalars, server_state
 from .persist import history_path, load_server, rewrite_records, save_server
+from .persist import load_server as load_server_checkpoint  # what run_server(checkpoint=) wrote, for resume=
 from .wire import (
     ROUND,
     FlowerResult,
@@ -258,12 +259,6 @@ class ServerProgram:
         save_server(self.checkpoint, snap)
         self.committed = int(snap["round"])
 
-    def save(self, path: str) -> None:
-        """Write the server's checkpoint of the last round done to ``path`` (atomically), with a records
-        file of its own beside it (the run's checkpoint is written by the run's Checkpoint callback)."""
-        rewrite_records(path, [self.initial, *self.metrics])
-        save_server(path, self.snapshot(self.t))
-
     def result(self) -> FlowerResult:
         params = self.algorithm.report(self.state, self.regularizer).detach().clone()
         setup = {**self.setup, "rounds": self.rounds}
@@ -309,12 +304,6 @@ def _restore(snap: dict, setup: dict, state, rng, cs, rounds):
     rng.set_state(snap["rng"])
     cs.set_rng_state(snap["participation"])
     return saved, int(snap["round"])
-
-
-def load_server_checkpoint(path: str) -> dict:
-    """A server checkpoint written by :class:`ServerProgram` / :func:`run_server` (``checkpoint=path``),
-    to pass as ``resume``; its ``extra`` is what ``checkpoint_extra()`` returned."""
-    return load_server(path)
 
 
 def checkpoint_to_resume(path: Optional[str], resume: bool, *, setting: str = "resume",

@@ -18,6 +18,8 @@ from typing import Optional
 
 import torch
 
+import fedkernels as fk
+
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import ClientSet
 from ..clients.data import LoaderData, client_data
@@ -110,16 +112,11 @@ def server_state(alg: ServerClientAlgorithm, x0: torch.Tensor, clients: ServerCl
     fields, copies = client_names(alg, state)
     state = state._replace(**{f: None for f in fields + copies})
     try:
-        alg.report(state, _probe_reg())
+        alg.report(state, fk.Zero())
     except (AttributeError, TypeError):
         raise ValueError(f"{alg.name} reports a model held by the clients ({alg.reports}): a deployed server cannot "
                          f"output it; use the algorithm with a server-side model") from None
     return state
-
-
-def _probe_reg():
-    import fedkernels as fk
-    return fk.Zero()
 
 
 def node_state(alg: ServerClientAlgorithm, clients: NodeClients, saved: Optional[dict], server_scalars: dict,
@@ -226,10 +223,6 @@ def node_round(alg: ServerClientAlgorithm, reg, clients: NodeClients, state, sav
             last = {k[3:]: v for k, v in saved.items() if k.startswith("up:")}
             alg.client_receive(state, {n: v.to(clients.dtype) for n, v in recv.items()}, last, clients, reg, ids)
         return alg.client_update(state, down, clients, reg, ids)
-
-
-def encode_json(obj) -> str:
-    return json.dumps(obj, sort_keys=True, default=repr)
 
 
 def check_no_node_state(model, data, where: str, fix: Optional[str] = None) -> None:

@@ -41,7 +41,7 @@ __all__ = ["save_server", "load_server", "history_path", "rewrite_records",
 
 # one format: a checkpoint of another (an older version's, whose setup and records lay elsewhere) is refused
 # by load_server, the one place a Flower resume reads it
-SERVER_FORMAT = "python_algos.flower-server/2"
+SERVER_FORMAT = "python_algos.flower-server/3"  # 3: extra beside the snapshot, as in checkpoint.save
 
 
 def history_path(path: str) -> str:
@@ -78,29 +78,16 @@ def _records_up_to(path: str, last: int) -> list:
 
 
 def save_server(path: str, snapshot: dict) -> None:
-    """Write the server's snapshot (see :func:`~python_algos.deploy.flower.run_server`) atomically:
-    the state of its round; its ``metrics`` (the round records so far) are not written, they are
-    in :func:`history_path`, appended round by round (the engine's ``MetricsFile``)."""
-    kept = {k: v for k, v in snapshot.items() if k != "metrics"}
-    ckpt.atomic_save({"format": SERVER_FORMAT, "snapshot": ckpt.encode(kept)}, path)
+    """Write the server's snapshot (see :func:`~python_algos.deploy.flower.run_server`) as a one-process
+    checkpoint is written (:func:`~python_algos.runfolder.checkpoint.save`: atomically, without its
+    ``metrics``, which :func:`history_path` holds), in its own format, its ``extra`` beside it."""
+    ckpt.save(path, {k: v for k, v in snapshot.items() if k != "extra"}, snapshot.get("extra"), SERVER_FORMAT)
 
 
 def load_server(path: str) -> dict:
-    """Read a server checkpoint written by :func:`save_server` (``torch.load(weights_only=True)``:
-    loading runs no code from the file). Raises CheckpointError if it is damaged or something else."""
-    path = os.fspath(path)
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as e:  # noqa: BLE001 - torch reports damage as many types
-        raise ckpt.CheckpointError(f"{path} is damaged and cannot be read ({type(e).__name__}): restore it from a "
-                                   f"copy, or start the run again") from None
-    if not isinstance(blob, dict) or blob.get("format") != SERVER_FORMAT:
-        raise ckpt.CheckpointError(f"{path} is not a Flower server checkpoint of this version of python_algos "
-                                   f"({SERVER_FORMAT}; an older version's folder still plots, but resumes only with "
-                                   f"the version that wrote it)")
-    snap = ckpt.decode(blob["snapshot"])
+    """Read a server checkpoint written by :func:`save_server` (:func:`~python_algos.runfolder.checkpoint.load`:
+    no code run from the file; CheckpointError if it is damaged or something else), with its records."""
+    snap = ckpt.load(path, fmt=SERVER_FORMAT)
     snap["metrics"] = _records_up_to(path, int(snap["round"]))  # the records lie beside the checkpoint
     return snap
 

@@ -17,6 +17,7 @@ import torch
 import fedkernels as fk
 
 from ..algorithms.base import ServerClientAlgorithm
+from ..runfolder.checkpoint import atomic_save
 from ..runfolder.setup_record import describe_regularizer
 
 __all__ = ["INSTALL", "HELLO", "ROUND", "NODE_KEY", "LAYOUT_KEY", "NodeFailure", "FlowerResult", "encode_vectors",
@@ -122,10 +123,7 @@ def write_error(folder: str, error: BaseException) -> None:
 def save_result(result: FlowerResult, folder: str) -> str:
     """Write ``folder/result.pt`` (model, per-round records, node map, setup) atomically: a reader sees
     the whole file or none (the ServerApp of a deployment hands its result over this way)."""
-    os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "result.pt")
-    tmp = path + ".tmp"
-    torch.save({"params": result.params, "metrics": result.metrics, "nodes": result.nodes, "setup": result.setup},
-               tmp)
-    os.replace(tmp, path)
+    atomic_save({"params": result.params, "metrics": result.metrics, "nodes": result.nodes, "setup": result.setup},
+                path)
     return path

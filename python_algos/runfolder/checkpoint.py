@@ -111,18 +111,18 @@ def atomic_save(obj: Any, path: str, private: bool = False) -> None:
         pass
 
 
-def save(path: str, snapshot: dict, extra: Optional[dict] = None) -> None:
-    """Write a ``simulate`` snapshot (plus ``extra`` user data) atomically to ``path``.
+def save(path: str, snapshot: dict, extra: Optional[dict] = None, fmt=FORMAT) -> None:
+    """Write a ``simulate`` snapshot (or one of format ``fmt``) plus ``extra`` user data atomically to ``path``.
 
     The file holds the state of the snapshot's round, O(N·d), never the run's history: the
     snapshot's ``metrics`` (the rows so far, which grow with the round) are left out. A run folder
     keeps them in ``metrics.jsonl``, appended to once per round and read back on resume; writing
     them into every checkpoint would cost O(T²/c) bytes over a run of T rounds checkpointed every c."""
     kept = {k: v for k, v in snapshot.items() if k != "metrics"}
-    atomic_save({"format": FORMAT, "snapshot": encode(kept), "extra": encode(extra or {})}, path)
+    atomic_save({"format": fmt, "snapshot": encode(kept), "extra": encode(extra or {})}, path)
 
 
-def load(path: str, map_location="cpu") -> dict:
+def load(path: str, map_location="cpu", fmt=FORMAT) -> dict:
     """Read a checkpoint written by :func:`save`; returns the snapshot (``extra`` under key ``"extra"``)."""
     path = os.fspath(path)
     try:
@@ -135,9 +135,9 @@ def load(path: str, map_location="cpu") -> dict:
             f"{path} is damaged and cannot be read ({type(e).__name__}; {size} bytes). Checkpoints are written "
             f"atomically, so this comes from outside the run (a disk error, a copy cut short, an edit): restore "
             f"the file from a copy, or start the run again in a new folder") from None
-    if not isinstance(blob, dict) or blob.get("format") != FORMAT or "snapshot" not in blob:
-        raise CheckpointError(f"{path} is not a python_algos checkpoint (format {FORMAT}): it holds a different "
-                              f"file saved with torch.save; restore the run's own checkpoint.pt from a copy")
+    if not isinstance(blob, dict) or blob.get("format") != fmt or "snapshot" not in blob:
+        raise CheckpointError(f"{path} is another file, or an older python_algos version's checkpoint (this one reads "
+                              f"format {fmt}; an older run still plots): restore the run's own from a copy")
     snap = decode(blob["snapshot"])
     snap["extra"] = decode(blob.get("extra", {}))
     return snap
