@@ -10,7 +10,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fedcanon_fig2", "fedcanon_fig1", "za1_fig1", "fednmap_figs34"])
+@pytest.mark.parametrize("name", ["fedcanon_fig2", "fedcanon_fig1", "za1_fig1", "fednmap_figs34", "fednmap_fig5"])
 def test_example_quick(tmp_path, name, capsys):
     import importlib
 
