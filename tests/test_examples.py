@@ -77,3 +77,52 @@ def test_fednmap_fig5_quick(tmp_path, capsys):
     data = json.loads((tmp_path / "results.json").read_text())
     assert sorted(data["results"]) == sorted(f"{r} Q={q}" for r in ("α/Q", "α/√Q", "α") for q in (1, 2))
     assert data["outcome"] and "built-in generator" in capsys.readouterr().out
+
+
+def test_depositum_fig3_quick(tmp_path, capsys):
+    """DEPOSITUM Fig. 3 in --quick mode: same-product (α, γ) pairs give the same curve (with zero
+    trackers y and m scale with γ, so x moves by αγ·(...), up to the prox step α), and the
+    consensus error of x falls at every gossip iteration (‖(W − J)v‖ ≤ ‖v − v̄‖ for a symmetric
+    doubly-stochastic W), counted here from the run folders, not from the script's numbers."""
+    import importlib
+
+    from examples import depositum_fig3
+    from python_algos.runfolder.files import read_metrics
+
+    plot = [] if importlib.util.find_spec("matplotlib") else ["--no-plot"]
+    assert depositum_fig3.main(["--quick", "--out", str(tmp_path), *plot]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    runs = {(r["alpha"], r["gamma"]): r for r in data["runs"]}
+    assert sorted(runs) == [(0.1, 1.0), (0.2, 0.5), (0.2, 1.0)]
+    assert abs(runs[(0.1, 1.0)]["level"] - runs[(0.2, 0.5)]["level"]) < 1e-3
+    assert runs[(0.2, 1.0)]["level"] < runs[(0.1, 1.0)]["level"] - 1e-2  # a larger αγ trains faster
+    for (a, g), r in runs.items():
+        rows = {m["round"]: m["consensus_x"] for m in read_metrics(str(tmp_path / f"alpha={a:g}-gamma={g:g}"))
+                if m.get("consensus_x") is not None}
+        gossips = [k for k in rows if k > 1 and k % 5 == 0]
+        assert len(gossips) >= 7 and all(rows[k] < rows[k - 1] for k in gossips)
+        assert r["saw_x"][0] == 1.0
+    assert "**Outcome:**" in (tmp_path / "RESULTS.md").read_text() and data["outcome"]
+    assert plot or (tmp_path / "fig3_sawtooth.png").exists()
+    assert "αγ" in capsys.readouterr().out
+
+
+def test_depositum_figs4to7_quick(tmp_path, capsys):
+    """DEPOSITUM Figs. 4–7 on digits in --quick mode: one outcome per figure; β = 0 makes SHB and
+    SNAG the same update (dir = y), and the complete graph (W = J) leaves no consensus error."""
+    import importlib
+
+    from examples import depositum_figs4to7
+
+    plot = [] if importlib.util.find_spec("matplotlib") else ["--no-plot"]
+    assert depositum_figs4to7.main(["--quick", "--out", str(tmp_path), *plot]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert len(data["outcomes"]) == 4 and all(data["outcomes"])
+    f4 = data["fig4"]
+    assert f4["alpha=0.5-shb-beta=0"] == f4["alpha=0.5-snag-beta=0"]
+    assert f4["alpha=0.5-shb-beta=0.9"] != f4["alpha=0.5-snag-beta=0.9"]
+    assert data["fig6"]["complete"]["consensus_x"] < 1e-10 < data["fig6"]["ring"]["consensus_x"]
+    assert sorted(int(t) for t in data["fig5"]) == [1, 5, 20] and sorted(int(n) for n in data["fig7"]) == [4, 8]
+    assert "**Outcome:**" in (tmp_path / "RESULTS.md").read_text()
+    assert plot or (tmp_path / "figs4to7.png").exists()
+    assert "instead of MNIST" in capsys.readouterr().out or "standing in" in (tmp_path / "RESULTS.md").read_text()
