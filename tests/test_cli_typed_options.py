@@ -59,6 +59,26 @@ def test_main_hands_each_command_its_typed_frozen_options(monkeypatch, argv, cls
         assert cmd.rounds == 3 and cmd.names == {"rounds": "-T"}
 
 
+def test_the_parser_declares_every_field_and_every_flag_reaches_a_field():
+    """options.command_of reads each field from the flag's destination of the same name (the parser is
+    the one declaration): a field no flag of its command sets, or a flag that no field, setting or
+    config-file key reads, would be silently dropped."""
+    from python_algos.experiments.cli.options import CLASSES, FILE_KEYS
+    from python_algos.experiments.cli.parser import build_parser
+    from python_algos.experiments.config import SETTINGS
+
+    parser = build_parser()
+    derived = {"settings", "argv", "given", "names", "setup", "figures"}  # not flags: command_of makes them
+    for name, cls in CLASSES.items():
+        dests = {a.dest for a in parser.commands[name]._actions} - {"help"}
+        every = {f.name for f in dataclasses.fields(cls)}
+        own, figures = every - derived, {f.name for f in dataclasses.fields(Figures)} if "figures" in every else set()
+        assert figures <= dests, (name, figures - dests)
+        assert own <= dests, (name, own - dests)
+        read = own | figures | set(SETTINGS) | set(FILE_KEYS) | {"config", "grid_items", "space_items", "no_setup"}
+        assert dests <= read, (name, dests - read)
+
+
 def test_no_command_function_takes_the_namespace():
     """No function of the command's modules has an ``args`` parameter (the namespace's name before)."""
     for module in (commands, research, settings):

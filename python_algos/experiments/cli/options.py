@@ -1,8 +1,10 @@
 """The command line's typed options: :func:`command_of` turns argparse's namespace, once, into one
 frozen object per command (:class:`RunCommand`, :class:`CompareCommand`, :class:`SweepCommand`,
 :class:`DemoCommand`, :class:`PlotCommand`, :class:`AlgorithmsCommand`). Every function below
-``main`` takes these objects or plain values, so what a command reads is declared here, once,
-with its type, and a command can be called without argparse (a test, another program).
+``main`` takes these objects or plain values, so what a command reads is declared here with its
+type, and a command can be called without argparse (a test, another program). The flags, their
+parsing and defaults are declared once, in parser.py: a field takes the value of the flag whose
+destination it is named after (tests/test_cli_typed_options.py checks that each field has one).
 
 The settings themselves stay declared in config.py (``setting(...)``): :class:`GivenSettings` holds
 the ones the command line gave, as parsed there; the config file is merged with them by
@@ -12,7 +14,7 @@ so the first error a command reports does not depend on this conversion)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Mapping, Optional, Tuple, Union
 
@@ -124,10 +126,6 @@ class AlgorithmsCommand:
 Command = Union[RunCommand, CompareCommand, SweepCommand, DemoCommand, PlotCommand, AlgorithmsCommand]
 
 
-def _tuple(value) -> Optional[tuple]:
-    return None if value is None else tuple(value)
-
-
 def given_settings(ns: argparse.Namespace) -> GivenSettings:
     """The settings part of a parsed namespace (also for a caller holding one, like a test)."""
     names = getattr(ns, TYPED, None)
@@ -138,35 +136,29 @@ def given_settings(ns: argparse.Namespace) -> GivenSettings:
                          grid=tuple(getattr(ns, "grid_items", ())), space=tuple(getattr(ns, "space_items", ())))
 
 
-def _figures(ns: argparse.Namespace) -> Figures:
-    return Figures(formats=tuple(ns.formats), no_plot=bool(getattr(ns, "no_plot", False)),
-                   band=getattr(ns, "band", "std"), tensorboard=bool(getattr(ns, "tensorboard", False)))
+def _read(cls, ns: argparse.Namespace, **derived):
+    """``cls`` from the namespace: each field that is a flag's destination takes the value parsed
+    (parser.py declares the flag, its type and default; a list becomes a tuple), a flag the command
+    lacks or did not give (a SUPPRESS default) keeps the field's default; ``derived``: the others."""
+    got = {f.name: getattr(ns, f.name) for f in fields(cls) if f.name not in derived and hasattr(ns, f.name)}
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in got.items()}, **derived)
 
 
-def _common(parser: Parser, ns: argparse.Namespace, argv) -> dict:
-    return dict(settings=given_settings(ns), resume=ns.resume, out=ns.out, name=ns.name, no_progress=ns.no_progress,
-                figures=_figures(ns), argv=tuple(argv), given=parser.given_dests(ns))
+# each command's options class, by its name (main runs the demo when no command is given)
+CLASSES = {"run": RunCommand, "compare": CompareCommand, "sweep": SweepCommand, "demo": DemoCommand,
+           "plot": PlotCommand, "algorithms": AlgorithmsCommand}
 
 
 def command_of(parser: Parser, ns: argparse.Namespace, argv) -> Command:
     """The typed options of the command in ``ns`` (``parser.parse_args``'s result for ``argv``); the
     only reader of the namespace besides parser.py."""
-    if ns.command == "run":
-        return RunCommand(**_common(parser, ns, argv), demo=ns.demo, workers=getattr(ns, "workers", None),
-                          flower=bool(getattr(ns, "flower", False)), round_timeout=getattr(ns, "round_timeout", None),
-                          replace=bool(getattr(ns, "replace", False)))
-    if ns.command == "compare":
-        return CompareCommand(**_common(parser, ns, argv), algorithms=_tuple(ns.algorithms),
-                              workers=getattr(ns, "workers", None), replace=bool(getattr(ns, "replace", False)))
-    if ns.command == "sweep":
-        return SweepCommand(**_common(parser, ns, argv), algorithms=_tuple(ns.algorithms),
-                            jobs=getattr(ns, "jobs", None), select=getattr(ns, "select", None),
-                            replace=bool(getattr(ns, "replace", False)))
-    if ns.command == "demo":
-        return DemoCommand(rounds=ns.rounds, out=ns.out, no_progress=ns.no_progress, figures=_figures(ns),
-                           names=given_settings(ns).names)
-    if ns.command == "plot":
-        return PlotCommand(runs=tuple(ns.runs), out=ns.out, metrics=_tuple(ns.metrics), x=tuple(ns.x),
-                           title=ns.title, setup=not ns.no_setup, f_star=ns.f_star, formats=tuple(ns.formats),
-                           band=ns.band)
-    return AlgorithmsCommand()
+    cls, derived = CLASSES[ns.command], {}
+    if issubclass(cls, Common):
+        derived = dict(settings=given_settings(ns), argv=tuple(argv), given=parser.given_dests(ns))
+    elif cls is DemoCommand:
+        derived = dict(names=given_settings(ns).names)
+    elif cls is PlotCommand:
+        derived = dict(setup=not ns.no_setup)
+    if any(f.name == "figures" for f in fields(cls)):
+        derived["figures"] = _read(Figures, ns)
+    return _read(cls, ns, **derived)
