@@ -239,7 +239,9 @@ PYBIND11_MODULE(_C, m) {
         "why this variant: 'detected', 'FEDKERNELS_CPU_ISA' (the environment variable), 'set_cpu_isa' or "
         "the calibration's source");
   m.def("choose_elementwise_isa", &cpu_choose_elementwise_isa,
-        "the elementwise kernels' variant picked by calibration ('auto': none), with its source");
+        "the variants picked by calibration ('auto': none) for the elementwise kernels with a prox and for "
+        "the plain ones, with their source");
+  m.def("cpu_plain_isa", &cpu_plain_isa);
   m.def("cpu_gather_isa", &cpu_gather_isa);
   m.def("cpu_column_share", [](int64_t cols, int thread, int threads) {
     if (cols < 0 || threads < 1 || thread < 0 || thread >= threads)

@@ -105,9 +105,11 @@ std::string cpu_isa();
 std::string cpu_isa_source();  // "detected", "FEDKERNELS_CPU_ISA", "set_cpu_isa" or the calibration's source
 std::string cpu_isa_variants();
 void cpu_set_isa(const std::string& name);
-// The elementwise families' variant chosen by calibration ("auto": none), and the gathered linear
-// kernels' variant (never calibrated: not bitwise equal across variants).
-void cpu_choose_elementwise_isa(const std::string& name, const std::string& source);
+// The elementwise families' variants chosen by calibration ("auto": none): `name` for those with a
+// prox formula (cpu_isa), `plain` for the plain updates and row reductions (cpu_plain_isa); and
+// the gathered linear kernels' variant (never calibrated: not bitwise equal across variants).
+void cpu_choose_elementwise_isa(const std::string& name, const std::string& plain, const std::string& source);
+std::string cpu_plain_isa();
 std::string cpu_gather_isa();
 
 // CUDA runtime facts; every function works in a CPU-only build.

@@ -214,7 +214,8 @@ def backend_info() -> dict:
     """What this build of fedkernels can do on this machine.
 
     Keys: ``cpu_threads``, ``simd`` (instruction sets the CPU kernels were compiled for),
-    ``cpu_isa`` (the elementwise kernels' CPU variant), ``cpu_isa_source`` (``"calibrated"``: measured
+    ``cpu_isa`` (the CPU variant of the elementwise kernels with a prox formula), ``cpu_isa_plain``
+    (that of the plain updates and row reductions; calibrated apart), ``cpu_isa_source`` (``"calibrated"``: measured
     the fastest here at import; ``"calibration cache"``: that measurement, cached per CPU model and
     build in ``cpu_isa_cache``; ``"detected"``: the best one this CPU runs, where it runs only one;
     ``"FEDKERNELS_CPU_ISA"``: that environment variable, read once per process, chose it;
@@ -243,6 +244,7 @@ def backend_info() -> dict:
         "simd": _C.simd(),
         "cpu_isa": _C.cpu_isa(),
         "cpu_isa_source": _C.cpu_isa_source(),
+        "cpu_isa_plain": _C.cpu_plain_isa(),
         "cpu_isa_gather": _C.cpu_gather_isa(),
         "cpu_isa_cache": os.path.join(_calibrate.cache_dir(), _calibrate.CACHE_FILE),
         "cpu_isa_variants": _C.cpu_isa_variants().split(","),

@@ -6,7 +6,9 @@ AVX-512; tests/test_isa_variants.py), so which one runs is a question of speed o
 answer differs by CPU: an AVX-512 variant is not the fastest on every AVX-512 CPU. At import, unless
 ``FEDKERNELS_CPU_ISA`` names a variant, each variant this CPU runs is timed on a few kernels over
 L2-resident buffers (compute-bound: where the variants differ; in DRAM they tie) and the fastest is
-used; the best variant the CPU supports is kept unless another is faster by more than ``MARGIN``
+used, chosen apart for the two kinds of family: those with a prox formula (timed on four proxes) and
+the plain updates and row reductions (timed on ``cv_step``); the best variant the CPU supports is
+kept unless another is faster by more than ``MARGIN``
 (a loaded machine's noise does not flip the choice). The result is cached per CPU model, library
 version and build in ``$XDG_CACHE_HOME/fedkernels`` (``~/.cache/fedkernels``), so the measurement
 (a few tens of milliseconds) runs once per machine and build. The gathered linear kernels keep the
@@ -61,18 +63,19 @@ def cache_key(C) -> str:
     return f"{cpu_model()} | fedkernels {version} | {st.st_size}:{st.st_mtime_ns} | {C.cpu_isa_variants()}"
 
 
-def read_cache(path: str, key: str, variants: list[str]) -> str | None:
-    """The cached variant for `key`, or None if the file is missing, unreadable or corrupt."""
+def read_cache(path: str, key: str, variants: list[str]) -> tuple[str, str] | None:
+    """The cached (prox, plain) variants for `key`, or None if the file is missing, unreadable or
+    corrupt."""
     try:
         with open(path, encoding="utf-8") as f:
             entry = json.load(f)[key]
-        isa = entry["isa"]
+        chosen = entry["isa"], entry["plain"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return isa if isa in variants else None
+    return chosen if all(isinstance(v, str) and v in variants for v in chosen) else None
 
 
-def write_cache(path: str, key: str, isa: str, seconds: dict[str, float]) -> None:
+def write_cache(path: str, key: str, chosen: tuple[str, str], seconds: dict) -> None:
     """Adds `key` to the cache file atomically (a corrupt file is replaced); a read-only cache
     folder is not an error: the next process measures again."""
     try:
@@ -82,7 +85,9 @@ def write_cache(path: str, key: str, isa: str, seconds: dict[str, float]) -> Non
             data = {}
     except (OSError, ValueError):
         data = {}
-    data[key] = {"isa": isa, "seconds": seconds}
+    # one entry per CPU model (a home folder shared by machines): an older build's entry goes
+    data = {k: v for k, v in data.items() if k.split(" | ")[0] != key.split(" | ")[0]}
+    data[key] = {"isa": chosen[0], "plain": chosen[1], "seconds": seconds}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".cpu_isa.")
@@ -93,9 +98,10 @@ def write_cache(path: str, key: str, isa: str, seconds: dict[str, float]) -> Non
         pass
 
 
-def measure(C, variants: list[str]) -> dict[str, float]:
-    """Seconds per variant for one call of each calibration kernel (the fastest of `_ROUNDS`
-    rounds, variants interleaved within each round so that load changes hit all alike)."""
+def measure(C, variants: list[str]) -> dict[str, dict[str, float]]:
+    """Seconds per variant for one call of the prox kernels together and of cv_step (``{variant:
+    {"prox": s, "plain": s}}``; the fastest of `_ROUNDS` rounds each, variants interleaved within each
+    round so that load changes hit all alike)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(_NUMEL, generator=gen) * 3
     out, g, c = torch.empty_like(x), torch.randn(_NUMEL, generator=gen), torch.randn(_NUMEL, generator=gen)
@@ -116,7 +122,7 @@ def measure(C, variants: list[str]) -> dict[str, float]:
                     best[v][i] = min(best[v][i], (time.perf_counter() - t0) / _CALLS)
     finally:
         C.set_cpu_isa("auto")
-    return {v: sum(times) for v, times in best.items()}
+    return {v: {"prox": sum(times[:-1]), "plain": times[-1]} for v, times in best.items()}
 
 
 def choose(seconds: dict[str, float], variants: list[str]) -> str:
@@ -134,9 +140,9 @@ def calibrate(C) -> None:
     key, path = cache_key(C), os.path.join(cache_dir(), CACHE_FILE)
     cached = read_cache(path, key, variants)
     if cached is not None:
-        C.choose_elementwise_isa(cached, "calibration cache")
+        C.choose_elementwise_isa(*cached, "calibration cache")
         return
     seconds = measure(C, variants)
-    isa = choose(seconds, variants)
-    C.choose_elementwise_isa(isa, "calibrated")
-    write_cache(path, key, isa, seconds)
+    chosen = tuple(choose({v: s[kind] for v, s in seconds.items()}, variants) for kind in ("prox", "plain"))
+    C.choose_elementwise_isa(*chosen, "calibrated")
+    write_cache(path, key, chosen, seconds)

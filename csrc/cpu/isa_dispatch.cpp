@@ -83,14 +83,15 @@ Isa isa() {
 
 // The elementwise kernel families (FK_ELEMENTWISE_OPS and the row reductions) give the same bits in
 // every variant (tests/test_isa_variants.py), so fedkernels/_calibrate.py may pick the fastest one
-// on this CPU (cpu_choose_elementwise_isa; -1 = none chosen). FEDKERNELS_CPU_ISA and set_cpu_isa
+// on this CPU, one for the families with a prox formula and one for the plain updates and row
+// reductions (cpu_choose_elementwise_isa; -1 = none chosen). FEDKERNELS_CPU_ISA and set_cpu_isa
 // win over it. The gathered linear kernels contract to FMA in the AVX variants (other bits than
 // baseline): they keep the process's variant.
-std::atomic<int> g_elementwise_choice{-1};
+std::atomic<int> g_elementwise_choice[2] = {-1, -1};  // [0]: plain, [1]: with a prox
 std::atomic<const char*> g_elementwise_source{"detected"};  // "calibrated" or "calibration cache"
 
-Isa elementwise_isa() {
-  const int chosen = g_elementwise_choice.load(std::memory_order_acquire);
+Isa elementwise_isa(bool prox) {
+  const int chosen = g_elementwise_choice[prox].load(std::memory_order_acquire);
   if (chosen < 0 || g_isa_override.load(std::memory_order_relaxed) >= 0 || std::strcmp(process_isa().source, "detected"))
     return isa();
   return static_cast<Isa>(chosen);
@@ -107,7 +108,7 @@ int cpu_threads_for(int64_t n) {
 #if defined(FK_HAVE_X86_VARIANTS)
 #define FK_DEFINE_DISPATCH(name, Args, Op, prox)            \
   void name##_cpu(const Launch& L, const Args& a) {         \
-    switch (elementwise_isa()) {                            \
+    switch (elementwise_isa(prox)) {                        \
       case Isa::kAvx512: return avx512::name(L, a);         \
       case Isa::kAvx2: return avx2::name(L, a);             \
       default: return baseline::name(L, a);                 \
@@ -139,22 +140,24 @@ FK_DEFINE_GATHER_DISPATCH(linear_gathered)
 FK_DEFINE_GATHER_DISPATCH(linear_gathered_weight_grad)
 #undef FK_DEFINE_GATHER_DISPATCH
 
-std::string cpu_isa() { return isa_name(elementwise_isa()); }
+std::string cpu_isa() { return isa_name(elementwise_isa(true)); }
+std::string cpu_plain_isa() { return isa_name(elementwise_isa(false)); }
 
 std::string cpu_isa_source() {
   if (g_isa_override.load() >= 0) return "set_cpu_isa";
-  if (std::strcmp(process_isa().source, "detected") || g_elementwise_choice.load() < 0) return process_isa().source;
+  if (std::strcmp(process_isa().source, "detected") || g_elementwise_choice[1].load() < 0) return process_isa().source;
   return g_elementwise_source.load();
 }
 
 std::string cpu_gather_isa() { return isa_name(isa()); }
 
-void cpu_choose_elementwise_isa(const std::string& name, const std::string& source) {
-  const int chosen = parse_isa(name, "isa");
+void cpu_choose_elementwise_isa(const std::string& name, const std::string& plain, const std::string& source) {
+  const int chosen = parse_isa(name, "isa"), chosen_plain = parse_isa(plain, "plain");
   if (source != "calibrated" && source != "calibration cache")
     throw std::invalid_argument("source must be 'calibrated' or 'calibration cache', got '" + source + "'");
   g_elementwise_source.store(source == "calibrated" ? "calibrated" : "calibration cache");
-  g_elementwise_choice.store(chosen, std::memory_order_release);
+  g_elementwise_choice[0].store(chosen_plain, std::memory_order_release);
+  g_elementwise_choice[1].store(chosen, std::memory_order_release);
 }
 
 std::string cpu_isa_variants() { return usable_variants(); }
