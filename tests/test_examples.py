@@ -126,3 +126,19 @@ def test_depositum_figs4to7_quick(tmp_path, capsys):
     assert "**Outcome:**" in (tmp_path / "RESULTS.md").read_text()
     assert plot or (tmp_path / "figs4to7.png").exists()
     assert "instead of MNIST" in capsys.readouterr().out or "standing in" in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_depositum_table_quick(tmp_path, capsys):
+    """DEPOSITUM's comparison table in --quick mode: the four methods, and equal work: DEPOSITUM
+    runs R·K iterations (a gossip every K) where the server methods run R rounds of K steps."""
+    from examples import depositum_table
+    from python_algos.runfolder.files import read_metrics
+
+    assert depositum_table.main(["--quick", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(data["results"]) == [f"digits/iid/{m}" for m in ("depositum", "fedadmm", "feddr", "fedmid")]
+    assert all(0.1 < v["acc"] <= 1 for v in data["results"].values()) and data["outcome"]
+    last = {m: max(r["round"] for r in read_metrics(str(tmp_path / f"digits-iid-{m}-seed=0")))
+            for m in ("depositum", "fedmid")}
+    assert last == {"depositum": 4 * depositum_table.K, "fedmid": 4}
+    assert "**Outcome:**" in (tmp_path / "RESULTS.md").read_text() and "depositum" in capsys.readouterr().out
