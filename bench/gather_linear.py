@@ -132,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.huge_pages:
         X = fk.raw.huge_page_copy(X)
     print(machine_line(info))
-    print(f"fedkernels CPU variant: {fk.backend_info().get('cpu_isa', '?')}; {_huge_pages()}; "
+    print(f"fedkernels CPU variant: {fk.backend_info().get('cpu_isa_gather', '?')}; {_huge_pages()}; "
           f"--huge-pages: {args.huge_pages}")
     print(f"c={args.clients} P={args.batch} i={args.inputs} n={args.rows} float32, {args.threads} thread(s), "
           f"median of {args.rounds} alternated calls; ms per call")
