@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from python_algos.experiments.cli import build_parser
-from python_algos.experiments.cli.settings import RESUME_OK, RUN_RESUME_OK
+from python_algos.experiments.cli.settings import RESUME_FLAGS
 from python_algos.experiments.config import (
     EXECUTION_KEYS,
     RESULT_KEYS,
@@ -57,8 +57,8 @@ def test_each_spelling_of_each_flag_sets_its_field_in_every_command(name):
 
 def test_resume_rules_derive_the_allow_lists_and_the_checkpoint_keys():
     assert [k for k in SETTINGS if resume_rule(k) == "may_change"] == ["rounds"]
-    assert "rounds" in RESUME_OK and "checkpoint_every" not in RESUME_OK
-    assert set(RUN_RESUME_OK) - set(RESUME_OK) == {"checkpoint_every", "time_budget"}
+    assert "rounds" in RESUME_FLAGS["group"] and "checkpoint_every" not in RESUME_FLAGS["group"]
+    assert set(RESUME_FLAGS["run"]) - set(RESUME_FLAGS["group"]) == {"checkpoint_every", "time_budget"}
     assert set(EXECUTION_KEYS) == {"rounds", "checkpoint_every", "time_budget", "executor", "threads"}
     assert set(RESULT_KEYS) == set(SETTINGS) - set(EXECUTION_KEYS)
     for k in ("executor", "threads"):  # refused on resume with their reason

@@ -41,8 +41,6 @@ from .options import (
 from .parser import DEMO_ALGORITHMS, build_parser, demo_config
 from .research import cmd_compare_seeds, cmd_run_seeds, cmd_sweep, wants_seeds, write_run_events
 from .settings import (
-    RESUME_OK,
-    RUN_RESUME_OK,
     check_resume_flags,
     compare_settings,
     merge_settings,
@@ -103,7 +101,7 @@ def _launch_run(cmd: RunCommand) -> int:
     """``run --workers P`` outside torchrun: every check here, then torchrun's P ranks run the command."""
     out = None
     if cmd.resume:  # the ranks resume it (resumed_run), --checkpoint-every included
-        check_resume_flags(cmd, RUN_RESUME_OK)
+        check_resume_flags(cmd, "run")
     else:  # check the settings here, and pick the folder once for every rank
         cfg = Config.from_dict(merge_settings(cmd.settings))
         out = output_folder(cmd, cfg.algorithm)
@@ -118,8 +116,7 @@ def _launch_run(cmd: RunCommand) -> int:
 def _cmd_run_flower(cmd: RunCommand) -> int:
     """``run --flower`` (experiments/flower_run.py): every check, then the local Flower deployment."""
     if cmd.resume:
-        # --workers is Flower's refusal to make (check_flower_flags), with its own reason
-        check_resume_flags(cmd, allowed=tuple(k for k in RESUME_OK if k != "workers") + ("flower", "round_timeout"))
+        check_resume_flags(cmd, "flower")
     check_flower_flags(workers=cmd.workers, seeds=not cmd.resume and wants_seeds(cmd), demo=cmd.demo,
                        distributed=launch.distributed())
     if cmd.resume:

@@ -120,10 +120,6 @@ def _given(argv, *flags) -> dict:
     return {k: v for k, v in vars(known).items() if v is not None and "--" + k in flags}
 
 
-_SWEEP_RESUME_OK = ("command", "resume", "jobs", "no_progress", "formats", "no_plot", "band", "tensorboard", "select",
-                    "argv", "algorithms", "out", "name", "config")
-
-
 def _grid_and_space(given: GivenSettings, merged: dict) -> tuple:
     """(grid, trials, space) of a new sweep, from the flags and the config file: exactly one of a
     grid (--grid) and a random search (--optuna N over --space), each parsed and checked."""
@@ -231,7 +227,7 @@ def cmd_sweep(cmd: SweepCommand) -> int:
     # what the figures need: recorded in sweep.json, and on --resume taken from there unless given again
     figures = {"formats": list(cmd.figures.formats), "band": cmd.figures.band}
     if cmd.resume:
-        check_resume_flags(cmd, _SWEEP_RESUME_OK, "the sweep's")
+        check_resume_flags(cmd, "sweep")
         out = cmd.resume
         kw = dict(cfg=None, algorithms=None, grid=None, resume=True)
         figures = {**figures, **(read_sweep(out).get("figures") or {}), **_given(cmd.argv, "--formats", "--band")}

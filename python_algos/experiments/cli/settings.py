@@ -179,19 +179,23 @@ def print_summary(summary: dict) -> None:
                        [[summary["rounds_done"], *[f[k] for k in keys], summary["elapsed"]]]))
 
 
-# The flags a --resume accepts (argparse destinations), derived from each setting's resume rule
-# (config.setting's on_resume). A resumed run must end with the bits of the uninterrupted run, so these
-# change only what is shown or written around the rounds, or how many there are: the settings that may
-# change on resume (--rounds: extend), and the command's flags that are not settings: the output flags
-# and --workers (the clients re-cut over P processes: docs/scaling-out.md).
-# Refused: every other setting; those kept for another reason than the result (--executor, --threads)
-# say why (their why_kept). The refusal lists exactly this tuple.
-_FREE_ON_RESUME = ("workers", "no_progress", "formats", "no_plot", "band", "tensorboard")
-RESUME_OK = tuple(k for k, s in SETTINGS.items() if s.on_resume == "may_change") + _FREE_ON_RESUME
-# `run --resume` (one run, in this process or its torchrun ranks) may also change the settings whose rule is
-# run_may_change (--checkpoint-every: a checkpoint only reads the state; tests/test_resume_checks.py proves
-# the bits equal). A comparison, seeds or Flower resume keeps the folder's (they do not pass it on).
-RUN_RESUME_OK = RESUME_OK + tuple(k for k, s in SETTINGS.items() if s.on_resume == "run_may_change")
+# The one table of the flags a --resume accepts (argparse destinations), by what it resumes; the settings'
+# part derives from each setting's resume rule (config.setting's on_resume). A resumed run must end with the
+# bits of the uninterrupted run, so these change only what is shown or written around the rounds, or how many
+# there are: the settings that may change on resume (--rounds: extend), the output flags and --workers (the
+# clients re-cut over P processes: docs/scaling-out.md). `run --resume` (one run, in this process or its
+# torchrun ranks) may also change the run_may_change settings (--checkpoint-every: a checkpoint only reads the
+# state; tests/test_resume_checks.py proves the bits equal); a comparison, seeds or Flower resume keeps the
+# folder's (they do not pass it on). Flower takes no --workers (check_flower_flags refuses it with its own
+# reason); a sweep takes its own flags only. Refused: every other flag; the settings kept for another reason
+# than the result (--executor, --threads) say why (their why_kept). The refusal lists exactly the entry.
+_MAY_CHANGE = tuple(k for k, s in SETTINGS.items() if s.on_resume == "may_change")
+_OUTPUT = ("no_progress", "formats", "no_plot", "band", "tensorboard")
+RESUME_FLAGS = {"group": _MAY_CHANGE + ("workers", *_OUTPUT),  # compare, --seeds
+                "run": _MAY_CHANGE + ("workers", *_OUTPUT) + tuple(k for k, s in SETTINGS.items()
+                                                                   if s.on_resume == "run_may_change"),
+                "flower": _MAY_CHANGE + _OUTPUT + ("flower", "round_timeout"),
+                "sweep": ("jobs", *_OUTPUT, "select")}
 # argparse destinations that are not settings: present in every namespace (or refused on their own
 # when given, like --out), never listed as accepted.
 _NOT_SETTINGS = ("command", "demo", "resume", "argv", "out", "name", "config", "algorithms", TYPED)
@@ -215,11 +219,11 @@ def restarted_run(cfg, out: str) -> bool:
     return all(saved.get(k) == now.get(k) for k in RESULT_KEYS if k != "rounds")
 
 
-def check_resume_flags(cmd: Common, allowed: Sequence[str] = RESUME_OK, whose: str = "its") -> None:
+def check_resume_flags(cmd: Common, resumed: str = "group") -> None:
     """With --resume, the settings come from the folder: refuse every other flag given, with a
-    ``ValueError`` (printed as ``error: ...``) that lists the accepted flags, derived from ``allowed``
-    (argparse destinations; :data:`_NOT_SETTINGS` among them are ignored), so the list cannot drift
-    from the check."""
+    ``ValueError`` (printed as ``error: ...``) that lists the accepted flags, ``RESUME_FLAGS[resumed]``,
+    so the list cannot drift from the check."""
+    allowed = RESUME_FLAGS[resumed]
     # the settings count as given too where options built without argparse did not list them in cmd.given
     given = [k for k in (*cmd.given, *(k for k in cmd.settings.values if k not in cmd.given))
              if k not in allowed and k not in _NOT_SETTINGS]
@@ -227,11 +231,12 @@ def check_resume_flags(cmd: Common, allowed: Sequence[str] = RESUME_OK, whose: s
              "algorithms": getattr(cmd, "algorithms", None)}
     given += [k for k, v in named.items() if v]
     if given:
-        flags = [_flag(k) for k in allowed if k not in _NOT_SETTINGS]
+        flags = [_flag(k) for k in allowed]
         accepted = " and ".join([", ".join(flags[:-1]), flags[-1]] if len(flags) > 1 else flags)
         typed = cmd.names
         why = "".join(f"; {typed.get(k, _flag(k))}: {SETTINGS[k].why_kept}" for k in given
                       if k in SETTINGS and SETTINGS[k].why_kept)
+        whose = "the sweep's" if resumed == "sweep" else "its"
         raise ValueError(f"--resume takes {whose} settings from {cmd.resume}, so only {accepted} may be given "
                          f"(got {', '.join(typed.get(g, _flag(g)) for g in given)}){why}; nothing was changed")
 
@@ -258,7 +263,7 @@ def resumed_run(cmd: Common):
     ``--checkpoint-every`` when given (the only setting a resume may change: it decides when the
     state is saved, never what a round computes). config.json then records the new interval, so a
     later resume keeps it."""
-    check_resume_flags(cmd, RUN_RESUME_OK)
+    check_resume_flags(cmd, "run")
     prep = prepare_run(None, cmd.resume, resume=True, rounds=cmd.settings.get("rounds"))
     changed = {k: v for k, s in SETTINGS.items() if s.on_resume == "run_may_change"
                and (v := cmd.settings.get(k)) is not None and v != getattr(prep.cfg, k)}
