@@ -132,10 +132,21 @@ def _tables(f4, f5, f6, f7, rounds):
     shrink = ", ×".join(f"{f7[m]['grad_map_sq'] / f7[n]['grad_map_sq']:.2f}" for m, n in zip(ns, ns[1:]))
     outcomes.append(f"log-log slope of the ‖G_s‖² tail against N = {ns[0]}..{ns[-1]}: {slope:.2f}, against "
                     f"N = {ns[min(1, len(ns) - 2)]}..{ns[-1]}: {tail:.2f} (−1 would be a linear speedup; the tail "
-                    f"shrinks ×{shrink} per step in N): "
-                    + ("the speedup holds." if tail < -0.7 else "a partial speedup only." if tail < -0.2 else
-                       "no speedup here."))
+                    f"shrinks ×{shrink} per doubling of N): " + _speedup(f7))
     return tabs, outcomes
+
+
+def _speedup(f7: dict) -> str:
+    """The verdict per doubling of N: a linear speedup halves the tail, ×1.6 or more counts."""
+    ns = list(f7)
+    steps = [(n, m, f7[n]["grad_map_sq"] / f7[m]["grad_map_sq"]) for n, m in zip(ns, ns[1:])]
+    bad = next((i for i, (_, _, r) in enumerate(steps) if r < 1.6), None)
+    if bad is None:
+        return f"the speedup holds over N = {ns[0]}..{ns[-1]}."
+    n, m, r = steps[bad]
+    if bad == 0:
+        return "no speedup here."
+    return f"the speedup holds up to N = {n}, then stops (×{r:.2f} from {n} to {m})."
 
 
 def _curves(ax, out, labels, names, key):

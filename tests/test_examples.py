@@ -142,3 +142,13 @@ def test_depositum_table_quick(tmp_path, capsys):
             for m in ("depositum", "fedmid")}
     assert last == {"depositum": 4 * depositum_table.K, "fedmid": 4}
     assert "**Outcome:**" in (tmp_path / "RESULTS.md").read_text() and "depositum" in capsys.readouterr().out
+
+
+def test_depositum_speedup_verdict():
+    """Fig. 7's verdict reads every doubling of N: a slope fitted over all N can hide a plateau."""
+    from examples.depositum_figs4to7 import _speedup
+
+    tails = lambda *v: {n: {"grad_map_sq": x} for n, x in zip((4, 8, 16, 32), v)}  # noqa: E731
+    assert _speedup(tails(1.0, 0.5, 0.25, 0.125)) == "the speedup holds over N = 4..32."
+    assert _speedup(tails(1.0, 0.09, 0.024, 0.023)).startswith("the speedup holds up to N = 16, then stops (×1.04")
+    assert _speedup(tails(1.0, 0.9, 0.1, 0.01)) == "no speedup here."
