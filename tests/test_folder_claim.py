@@ -148,8 +148,8 @@ def test_two_run_commands_into_one_out_folder_at_once_start_one_run(tmp_path):
     winner = 1 if procs[0].returncode == 0 else 2
     loser_err = outs[2 - winner][1]
     # refused by the folder's lock (the winner created it first), or by config.json written exclusively
-    assert ("another command started a run in this folder" in loser_err or "is in use by another command" in loser_err) \
-        and loser_err.startswith("error: ") and loser_err.count("\n") == 1, loser_err
+    refused = "another command started a run in this folder" in loser_err or "is in use by another command" in loser_err
+    assert refused and loser_err.startswith("error: ") and loser_err.count("\n") == 1, loser_err
     with open(out / "config.json") as f:
         assert json.load(f)["seed"] == winner
     with open(out / "summary.json") as f:
