@@ -97,9 +97,8 @@ def peer_uid(client: tuple, server: tuple) -> Optional[int]:
         return listed_peer_uid(client, server)
 
 
-def listed_peer_uid(client: tuple, server: tuple) -> Optional[int]:
-    """:func:`peer_uid` read from the kernel's TCP tables (slow: each read lists every socket)."""
-    want_local, want_remote = (_plain(client[0]), int(client[1])), (_plain(server[0]), int(server[1]))
+def _tcp_sockets(state: str):
+    """The fields of every socket in ``state`` of the kernel's TCP tables that are readable here."""
     for table in PEER_TABLES:
         try:
             with open(table) as f:
@@ -108,35 +107,34 @@ def listed_peer_uid(client: tuple, server: tuple) -> Optional[int]:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) < 10 or fields[3] != _ESTABLISHED or fields[9] == "0":
-                continue
-            try:
-                if _address(fields[1]) == want_local and _address(fields[2]) == want_remote:
-                    return int(fields[7])
-            except (ValueError, OSError):
-                continue
+            if len(fields) >= 10 and fields[3] == state:
+                yield fields
+
+
+def listed_peer_uid(client: tuple, server: tuple) -> Optional[int]:
+    """:func:`peer_uid` read from the kernel's TCP tables (slow: each read lists every socket)."""
+    want_local, want_remote = (_plain(client[0]), int(client[1])), (_plain(server[0]), int(server[1]))
+    for fields in _tcp_sockets(_ESTABLISHED):
+        if fields[9] == "0":
+            continue
+        try:
+            if _address(fields[1]) == want_local and _address(fields[2]) == want_remote:
+                return int(fields[7])
+        except (ValueError, OSError):
+            continue
     return None
 
 
 def listener(port: int) -> Optional[tuple]:
     """(uid, socket inode) of a TCP socket listening on ``port`` of a loopback or any-address
     (``0.0.0.0``, ``::``) address, or None when none listens there."""
-    for table in PEER_TABLES:
+    for fields in _tcp_sockets(_LISTEN):
         try:
-            with open(table) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
+            host, p = _address(fields[1])
+        except (ValueError, OSError):
             continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10 or fields[3] != _LISTEN:
-                continue
-            try:
-                host, p = _address(fields[1])
-            except (ValueError, OSError):
-                continue
-            if p == int(port) and (host.startswith("127.") or host in ("0.0.0.0", "::", "::1")):
-                return int(fields[7]), int(fields[9])
+        if p == int(port) and (host.startswith("127.") or host in ("0.0.0.0", "::", "::1")):
+            return int(fields[7]), int(fields[9])
     return None
 
 
