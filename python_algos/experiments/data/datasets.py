@@ -161,7 +161,8 @@ def _load(name: str, data_dir: Optional[str], seed: int, test_fraction: float, o
         return Dataset(key, (X - mean) / std, y, (Xt - mean) / std, yt, "survival", 0, groups=centres,
                        source="Fed-TCGA-BRCA (bundled: 6 centres, the fixed train/test split)")
     if key == "a9a" and data_dir is None:  # the copy inside the package: its training split only
-        X, y, Xt, yt, _ = _take(*bundled.load_a9a_bundled(), None, *train_test_indices(32561, test_fraction, seed))
+        X, y = bundled.load_a9a_bundled()
+        X, y, Xt, yt, _ = _take(X, y, None, *train_test_indices(X.shape[0], test_fraction, seed))
         return Dataset(key, X, y, Xt, yt, "multiclass", 2, source="A9A (LIBSVM a9a, bundled: its training split, "
                                                                   f"{test_fraction:g} held out for testing)")
     if key == "a9a":
