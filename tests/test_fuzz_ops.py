@@ -187,6 +187,20 @@ def _operand(rng, gen, shape, dtype, scale):
     return t
 
 
+def _near_regime_edge(desc, S: dict, seed: int) -> None:
+    """Half of the MCP / SCAD cases take a prox step within 2^-6 .. 2^-22 (relative) of the regime
+    edge, γ for MCP and a − 1 for SCAD, or on it: where float32 once erred by up to 3 (issue 35,
+    defect 11, found by review). A generator of its own, so every other draw of the seed is unchanged."""
+    if desc[0] != "sep" or desc[1][0] not in ("mcp", "scad"):
+        return
+    r = random.Random(seed * 1_000_003 + 11)
+    if r.random() < 0.5:
+        kind, _, p2 = desc[1]
+        edge = p2 if kind == "mcp" else p2 - 1.0
+        key = "lam" if "lam" in S else "step"
+        S[key] = edge * (1.0 + r.choice((-1.0, 0.0, 1.0)) * 2.0 ** -r.randint(6, 22))
+
+
 def generate(seed: int) -> Case:
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -220,6 +234,7 @@ def generate(seed: int) -> Case:
         S["momentum"], S["normalized"] = rng.choice(("shb", "snag")), rng.random() < 0.5
     if case.op == "prox_grad_step_" and rng.random() < 0.15:
         T["g"] = T["x"]  # g is x itself: allowed, read before written element by element
+    _near_regime_edge(case.desc, S, seed)
     case.T, case.S = T, S
     if rng.random() < 0.45:
         _break(case, rng, gen)
