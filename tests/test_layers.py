@@ -202,9 +202,12 @@ def test_the_graph_sees_relative_absolute_and_function_level_imports():
 # --- size budgets (issue 36, item 7): guards that were only promises ---------------------------------- #
 
 MAX_FUNCTION_LINES = 80  # a function's body, docstring included (the developers' guide)
-# all lines of the files, counted as `cat FILES | wc -l`; a budget is added here when the code reaches it
-# (issue 36: experiments/ <= 8,400 is not reached yet)
-LINE_BUDGETS = {"python_algos/simulate.py": 480, "python_algos/runfolder": 2050, "python_algos/deploy": 2050}
+# all lines of the files, counted as `cat FILES | wc -l`
+# experiments/: issue 36 asks for <= 8,400; it is 9,228 (9,051 before issue 36, whose deletions there were offset
+# by issue 37's bundled data sets, survival task and loaders). Held where it is so that it cannot grow further;
+# lower it as the remaining item-7 deletions (label maps, one folder format, build.py's trial rebuilds) land.
+LINE_BUDGETS = {"python_algos/simulate.py": 480, "python_algos/runfolder": 2050, "python_algos/deploy": 2050,
+                "python_algos/experiments": 9228}
 
 
 def _package_files():
