@@ -187,18 +187,31 @@ def _operand(rng, gen, shape, dtype, scale):
     return t
 
 
-def _near_regime_edge(desc, S: dict, seed: int) -> None:
+def _near_regime_edge(case: Case, S: dict, seed: int) -> None:
     """Half of the MCP / SCAD cases take a prox step within 2^-6 .. 2^-22 (relative) of the regime
-    edge, γ for MCP and a − 1 for SCAD, or on it: where float32 once erred by up to 3 (issue 35,
+    edge, γ for MCP and a − 1 for SCAD, or on it, and a plain prox of such a case gets a few inputs
+    planted in the narrow middle piece that the edge makes (MCP: sλ < |x| < γλ; SCAD: (1 + s)λ <
+    |x| < aλ), or at MCP's hard threshold λ√(sγ) past it: where float32 erred by up to 3 (issue 35,
     defect 11, found by review). A generator of its own, so every other draw of the seed is unchanged."""
+    desc = case.desc
     if desc[0] != "sep" or desc[1][0] not in ("mcp", "scad"):
         return
     r = random.Random(seed * 1_000_003 + 11)
     if r.random() < 0.5:
-        kind, _, p2 = desc[1]
-        edge = p2 if kind == "mcp" else p2 - 1.0
-        key = "lam" if "lam" in S else "step"
-        S[key] = edge * (1.0 + r.choice((-1.0, 0.0, 1.0)) * 2.0 ** -r.randint(6, 22))
+        return
+    kind, lam, p2 = desc[1]
+    edge = p2 if kind == "mcp" else p2 - 1.0
+    key = "lam" if "lam" in S else "step"
+    S[key] = s = edge * (1.0 + r.choice((-1.0, 0.0, 1.0)) * 2.0 ** -r.randint(6, 22))
+    if case.op != "prox_":
+        return
+    if kind == "mcp":
+        lo, hi = (s * lam, p2 * lam) if s < p2 else (lam * (s * p2) ** 0.5, lam * (s * p2) ** 0.5)
+    else:
+        lo, hi = (1 + s) * lam, p2 * lam
+    x = case.T["x"].reshape(-1)
+    for i in r.sample(range(x.numel()), min(8, x.numel())):
+        x[i] = r.choice((-1.0, 1.0)) * (lo + r.random() * (hi - lo))
 
 
 def generate(seed: int) -> Case:
@@ -234,8 +247,8 @@ def generate(seed: int) -> Case:
         S["momentum"], S["normalized"] = rng.choice(("shb", "snag")), rng.random() < 0.5
     if case.op == "prox_grad_step_" and rng.random() < 0.15:
         T["g"] = T["x"]  # g is x itself: allowed, read before written element by element
-    _near_regime_edge(case.desc, S, seed)
     case.T, case.S = T, S
+    _near_regime_edge(case, S, seed)
     if rng.random() < 0.45:
         _break(case, rng, gen)
     return case
@@ -401,7 +414,9 @@ def check_valid(case: Case, before: dict) -> None:
             continue
         exact = _reference_prox(case.desc, pre, step)
         ok = (out - exact).abs() <= tol * scale
-        if not bool(ok.all()):
+        # prox_'s input is exact, so a float32 / 16-bit result must match without the allowance below (the float64
+        # reference's own rounding near the regime edges, ~1e-10, is far inside those dtypes' tolerances)
+        if not bool(ok.all()) and (case.op != "prox_" or case.dtype == torch.float64):
             # A 1-D prox is monotone, also where it jumps (MCP's hard threshold, SCAD past a - 1):
             # the result must lie between the prox of the pre-prox value moved by its rounding error.
             delta = tol * scale
