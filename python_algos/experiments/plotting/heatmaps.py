@@ -11,29 +11,9 @@ from .figures import plot_runs
 from .runs import display_name
 from .style import DEFAULT_FORMATS, RC, TITLES, parse_formats, pyplot, save_figure
 
-__all__ = ["plot_sweep", "heatmap_data", "text_colour"]
+__all__ = ["plot_sweep", "text_colour"]
 
 MAXIMIZED = {"test_acc", "train_acc", "accuracy", "support_f1"}  # higher is better: the bright end of the map
-
-
-def heatmap_data(points: list, algorithm: str, metric: str):
-    """(row key, row values, column key, column values, matrix of mean ``metric``) of ``algorithm``'s
-    points in a 2-D grid; NaN where a point was skipped or did not complete. None unless 2-D."""
-    pts = [p for p in points if p["algorithm"] == algorithm]
-    keys = list(pts[0]["point"]) if pts else []
-    return _grid(pts, keys, metric) if len(keys) == 2 else None
-
-
-def _grid(pts, keys, metric):
-    rk, ck = keys
-    rows = list(dict.fromkeys(p["point"][rk] for p in pts))
-    cols = list(dict.fromkeys(p["point"][ck] for p in pts))
-    m = [[math.nan] * len(cols) for _ in rows]
-    for p in pts:
-        st = p["final"].get(metric)
-        if st is not None and all(s == "completed" for s in p["statuses"]):
-            m[rows.index(p["point"][rk])][cols.index(p["point"][ck])] = st["mean"]
-    return rk, rows, ck, cols, m
 
 
 def text_colour(rgba) -> str:
