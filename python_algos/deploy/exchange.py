@@ -88,7 +88,8 @@ def nonfinite_entries(ups: dict, who: str, t: int) -> Optional[str]:
             f"step size, or check the node)")
 
 
-def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, restore: dict) -> dict:
+def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, restore: dict,
+              evaluators: Optional[set] = None) -> dict:
     """Wait for N nodes, ask each its client id (``partition-id``) and settings, and tell each where the
     run starts (``restore``: run key, round, each client's last round, which a resumed node loads from
     its ``state-dir``); return client -> node id. Raises ValueError if two nodes claim one client or a
@@ -126,11 +127,14 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
             if nid not in asked or nid in answered:
                 continue
             answered.add(nid)
-            if r.has_error():
-                errors.append(f"node {nid}: {r.error.reason}")
+            if r.has_error() or "hello" not in r.content:
+                errors.append(_not_ours(nid) if not r.has_error() or HELLO_UNKNOWN in r.error.reason
+                              else f"node {nid}: {r.error.reason}")
             else:
                 cid = _hello_client(r, nid, fp, n, nodes)
                 nodes[cid] = nid
+                if evaluators is not None and r.content["hello"].get("evaluates"):
+                    evaluators.add(cid)  # its client_app has an evaluate_fn (client_eval)
         if len(nodes) + len(errors) >= n or time.monotonic() > until:
             break
         time.sleep(POLL)
@@ -145,6 +149,17 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
                           f"of round_timeout={timeout:g} s and connect_timeout={connect_timeout:g} s; "
                           f"{len(asked)} nodes listed, {len(nodes)} answered)")
     return nodes
+
+
+HELLO_UNKNOWN = "registered with name 'hello'"  # what a Flower ClientApp without our handler answers
+
+
+def _not_ours(nid: int) -> str:
+    """Why node ``nid``'s reply to the handshake is not one of ours: its ClientApp is the user's own."""
+    return (f"node {nid} runs a ClientApp that is not python_algos' (it has no handler for the handshake "
+            f"'query.hello'): the server runs an algorithm whose client program must run on the nodes; build "
+            f"the ClientApp with python_algos.deploy.flower.client_app(algorithm, model_fn, loss_fn, load_data, "
+            f"...) from your model and data loader (docs/flower.md)")
 
 
 def _wait_for_nodes(grid, n: int, connect_timeout: float) -> list:

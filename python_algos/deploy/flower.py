@@ -38,10 +38,11 @@ from .wire import (
     encode_vectors,
     fingerprint,
     flwr_modules,
+    from_run_config,
     save_result,
     write_error,
 )
 
 __all__ = ["server_app", "client_app", "run_server", "load_server_checkpoint", "checkpoint_to_resume", "handle_round",
            "handle_hello", "node_client_id", "NodeFailure", "encode_vectors", "decode_vectors", "fingerprint",
-           "save_result", "write_error", "INSTALL", "HELLO", "ROUND", "flwr_modules"]
+           "save_result", "write_error", "INSTALL", "HELLO", "ROUND", "flwr_modules", "from_run_config"]

@@ -9,6 +9,7 @@ from typing import Callable, Optional
 import fedkernels as fk
 
 from ..algorithms.base import ServerClientAlgorithm
+from .client_eval import handle_evaluate
 from .nodes import NodeClients, check_no_node_state, node_round, node_state, receives, save_node
 from .persist import NodeStore
 from .wire import (
@@ -20,6 +21,7 @@ from .wire import (
     fingerprint,
     flat_x0,
     flwr_modules,
+    resolve_setting,
 )
 
 __all__ = ["client_app", "handle_hello", "handle_round", "node_client_id"]
@@ -126,21 +128,35 @@ def handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regulari
 
 
 def client_app(algorithm: ServerClientAlgorithm, model_fn: Callable, loss_fn: Callable, load_data: Callable, *,
-               regularizer: fk.Regularizer, seed: int = 0, batch_size: Optional[int] = None):
+               regularizer: fk.Regularizer, seed=0, batch_size=None, evaluate_fn: Optional[Callable] = None):
     """A Flower ``ClientApp`` for one client node: ``load_data(client_id, context)`` returns the node's
-    data (an ``(X, y)`` pair or a ``Dataset``; ``client_id`` is the node config's ``partition-id``);
-    ``model_fn``, ``algorithm``, ``regularizer``, ``seed`` and ``batch_size`` must be the server's
-    (checked at the handshake)."""
+    data (an ``(X, y)`` pair or a ``Dataset``; ``client_id`` is the node config's ``partition-id``;
+    ``context.run_config`` holds the run's settings, e.g. a data path); ``model_fn``, ``algorithm``,
+    ``regularizer``, ``seed`` and ``batch_size`` must be the server's (checked at the handshake);
+    ``seed`` and ``batch_size`` may be :func:`~.wire.from_run_config` entries. ``evaluate_fn(model,
+    data, context) -> {name: number}``: run by the node on its own data with the server's model on each
+    metric round; the server records the sample-weighted means as ``client_<name>``."""
     check_algorithm(algorithm)
     _, fclient, _ = flwr_modules()
     app = fclient.ClientApp()
 
+    def settings(context):
+        return resolve_setting("seed", seed, context), resolve_setting("batch_size", batch_size, context)
+
     @app.query("hello")
     def hello(msg, context):
-        return handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size, load_data)
+        reply = handle_hello(msg, context, algorithm, model_fn, regularizer, *settings(context), load_data)
+        reply.content["hello"]["evaluates"] = evaluate_fn is not None
+        return reply
 
     @app.train("round")
     def train(msg, context):
-        return handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, seed, batch_size)
+        return handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, *settings(context))
+
+    @app.evaluate("model")
+    def evaluate(msg, context):
+        if evaluate_fn is None:
+            raise ValueError("this node was built without evaluate_fn (client_app(..., evaluate_fn=...))")
+        return handle_evaluate(msg, context, model_fn, load_data, evaluate_fn, node_client_id(context))
 
     return app

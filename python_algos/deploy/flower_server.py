@@ -31,6 +31,7 @@ from ..runfolder.callbacks import Checkpoint, MetricsFile, RunView, as_callbacks
 from ..runfolder.records import metric_round, metrics_row
 from ..runfolder.setup_record import check_same_setup
 from ..simulate import checked_clients_per_round
+from .client_eval import evaluate_on_nodes
 from .exchange import check_replies, check_upload, collect, handshake, nonfinite_entries
 from .nodes import ServerClients, receives, scalars, server_state
 from .persist import history_path, load_server, rewrite_records, save_server
@@ -46,16 +47,11 @@ from .wire import (
     flwr_modules,
     new_message,
     payload_bytes,
+    resolve_setting,
 )
 
 __all__ = ["ServerProgram", "run_server", "server_app", "load_server_checkpoint", "checkpoint_to_resume",
-           "server_setup", "check_checkpoint", "SERVER_LABELS"]
-
-# the run_server keyword(s) that set each key of the server's setup record (named by a refusal)
-SERVER_LABELS = {"algorithm": "algorithm", "hparams": "algorithm (hyper-parameters)", "regularizer": "regularizer",
-                 "seed": "seed", "batch_size": "batch_size", "num_clients": "num_clients",
-                 "dim": "model_fn (number of parameters)", "dtype": "model_fn (dtype)",
-                 "x0_sha256": "model_fn (initial parameters)", "clients_per_round": "participation/clients_per_round"}
+           "server_setup", "check_checkpoint"]
 
 
 def server_setup(algorithm, regularizer, seed, batch_size, num_clients, x0, *, clients_per_round=None,
@@ -68,10 +64,11 @@ def server_setup(algorithm, regularizer, seed, batch_size, num_clients, x0, *, c
             "clients_per_round": None if k is None else int(k)}
 
 
-def check_checkpoint(snap: dict, setup: dict, *, labels: Optional[dict] = None, fix: Optional[str] = None) -> None:
+def check_checkpoint(snap: dict, setup: dict, *, audience: str = "python", fix: Optional[str] = None) -> None:
     """Refuse a server checkpoint recorded under another setup than ``setup`` (:func:`server_setup`),
-    with :func:`~python_algos.runfolder.setup_record.check_same_setup`, the resume check of every run."""
-    check_same_setup(snap["setup"], setup, what="from the Flower server checkpoint", labels=labels or SERVER_LABELS,
+    with :func:`~python_algos.runfolder.setup_record.check_same_setup`, the resume check of every run,
+    naming each setting for ``audience`` (``"python"``: run_server's keywords; ``"cli"``: the flags)."""
+    check_same_setup(snap["setup"], setup, what="from the Flower server checkpoint", audience=audience,
                      **({"fix": fix} if fix else {}))
 
 
@@ -124,6 +121,7 @@ class ServerProgram:
         self.k = checked_clients_per_round(algorithm, self.n, participation, clients_per_round)
         self.round_timeout, self.connect_timeout = float(round_timeout), float(connect_timeout)
         self.evaluate, self.metrics_every = evaluate, int(metrics_every)
+        self.grid, self.evaluators = None, set()  # after connect(): the grid, the clients that evaluate
         self.checkpoint, self.checkpoint_every, self.checkpoint_extra = checkpoint, checkpoint_every, checkpoint_extra
         _, x0 = flat_x0(model_fn)
         self.dtype = x0.dtype
@@ -168,17 +166,26 @@ class ServerProgram:
 
     def _metrics_of(self, state) -> dict:
         """``evaluate``'s metrics of ``state`` ({} without ``evaluate``)."""
-        if self.evaluate is None:
-            return {}
-        with torch.no_grad():
-            return dict(self.evaluate(state))
+        out = {}
+        if self.evaluate is not None:
+            with torch.no_grad():
+                out = dict(self.evaluate(state))
+        if self.grid is not None:  # the nodes' own metrics, where their client_app has an evaluate_fn
+            out.update(evaluate_on_nodes(self.grid, self.nodes, self.evaluators, self._report(state), self.t,
+                                         self.round_timeout))
+        return out
 
     def connect(self, grid) -> None:
         """The handshake: which node is which client, the same settings everywhere, and where each node's
         state starts (a resume restores it from the node's ``state-dir``)."""
         restore = {"run_key": self.run_key, "round": self.t,
                    "last_round": {str(i): r for i, r in self.last_round.items()}}
-        self.nodes = handshake(grid, self.fp, self.n, self.connect_timeout, self.round_timeout, restore)
+        self.nodes = handshake(grid, self.fp, self.n, self.connect_timeout, self.round_timeout, restore,
+                               self.evaluators)
+        self.grid = grid
+        if self.fresh and self.metrics_every:  # round 0's row is written after connecting: the nodes' metrics
+            self.initial.update(evaluate_on_nodes(grid, self.nodes, self.evaluators, self._report(self.state), 0,
+                                                  self.round_timeout))
 
     def configure_round(self, grid) -> list:
         """The next round's messages, one per participant (connecting first if not yet connected)."""
@@ -357,7 +364,8 @@ def _jsonable(v):
 
 def server_app(algorithm: ServerClientAlgorithm, model_fn: Callable, *, on_result: Optional[Callable] = None,
                **settings):
-    """A Flower ``ServerApp`` running :func:`run_server` with these settings; ``on_result(result,
+    """A Flower ``ServerApp`` running :func:`run_server` with these settings (any of them may be a
+    :func:`~.wire.from_run_config` entry, read when the run starts); ``on_result(result,
     context)`` receives the :class:`FlowerResult` (e.g. to write the run folder)."""
     check_algorithm(algorithm)
     _, _, fserver = flwr_modules()
@@ -365,7 +373,8 @@ def server_app(algorithm: ServerClientAlgorithm, model_fn: Callable, *, on_resul
 
     @app.main()
     def main(grid, context) -> None:
-        result = run_server(grid, algorithm, model_fn, **settings)
+        result = run_server(grid, algorithm, model_fn,
+                            **{k: resolve_setting(k, v, context) for k, v in settings.items()})
         if on_result is not None:
             on_result(result, context)
 

@@ -22,7 +22,7 @@ from ..runfolder.setup_record import describe_regularizer
 
 __all__ = ["INSTALL", "HELLO", "ROUND", "NODE_KEY", "LAYOUT_KEY", "NodeFailure", "FlowerResult", "encode_vectors",
            "decode_vectors", "payload_bytes", "fingerprint", "save_result", "write_error", "ERROR_FILE",
-           "flwr_modules", "check_algorithm", "flat_x0", "new_message"]
+           "flwr_modules", "check_algorithm", "flat_x0", "new_message", "from_run_config", "resolve_setting"]
 
 INSTALL = 'pip install ".[flower]"  (flwr==1.41.0)'
 HELLO, ROUND = "query.hello", "train.round"
@@ -56,6 +56,33 @@ class FlowerResult:
     metrics: list
     nodes: dict
     setup: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class FromRunConfig:
+    """A setting read from the Flower run's ``run_config`` when a message arrives (:func:`from_run_config`)."""
+
+    key: str
+
+
+def from_run_config(key: str) -> FromRunConfig:
+    """A setting of ``client_app`` / ``server_app`` (``seed``, ``batch_size``, ``rounds``, ...) taken from the
+    run's ``run_config[key]`` (``[tool.flwr.app.config]`` of the app's pyproject, or ``flwr run
+    --run-config "key=value"``) instead of fixed when the app is built: one app, many runs."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"from_run_config: key must be a non-empty string, got {key!r}")
+    return FromRunConfig(key)
+
+
+def resolve_setting(name: str, value, context):
+    """``value``, or the run_config entry it names (:func:`from_run_config`): a clear error without it."""
+    if not isinstance(value, FromRunConfig):
+        return value
+    if value.key not in context.run_config:
+        raise ValueError(f"{name}=from_run_config({value.key!r}): the run's run_config has no {value.key!r} (it has "
+                         f"{sorted(context.run_config) or 'nothing'}); set it in [tool.flwr.app.config] of the app's "
+                         f"pyproject.toml or with flwr run --run-config \"{value.key}=...\"")
+    return context.run_config[value.key]
 
 
 def encode_vectors(vectors: dict):
