@@ -230,12 +230,6 @@ def _shard_name(t: int, r: int, world: int) -> str:
     return f"round{t}.rank{r}-of-{world}.pt"
 
 
-def _stack_fields(state, rows: int) -> list:
-    """Fields of a NamedTuple state that are client stacks: those its class declares per-client
-    (``client_fields``; see :func:`python_algos.clients.process_group.client_fields`)."""
-    return process_group.client_fields(state, rows)
-
-
 class ShardedCheckpointer(ckpt.Checkpointer):
     """:class:`~python_algos.experiments.checkpoint.Checkpointer` for a distributed run: every rank
     writes its shard, rank 0 the manifest last (module docstring). ``num_clients``: N."""
@@ -252,7 +246,7 @@ class ShardedCheckpointer(ckpt.Checkpointer):
         if process_group.any_rank(bad is not None):  # every rank stops, the last good checkpoint stays
             raise ckpt.Diverged(f"round {t}: the algorithm state field {bad or '(on another rank)'} holds NaN/Inf")
         state = snapshot["state"]
-        fields = _stack_fields(state, hi - lo)
+        fields = process_group.client_fields(state, hi - lo)
         rng = snapshot["client_rng"]
         per_client = {k: v for k, v in rng.items() if isinstance(v, list)}
         names = [_shard_name(t, q, world) for q in range(world)]
@@ -307,8 +301,6 @@ def checkpointer(path: str, num_clients: int, extra: Optional[dict] = None, on_s
 
 def remove_shards(path: str) -> None:
     """Delete the shard folder of the checkpoint ``path`` (a fresh run replacing an older one)."""
-    import shutil
-
     shutil.rmtree(_shard_dir(path), ignore_errors=True)
 
 
@@ -338,7 +330,7 @@ def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu") -> d
     n = int(num_clients)
     lo, hi = process_group.bounds(n, world_size())[rank()] if distributed() else (0, n)
     if info is None:  # one process wrote it: stacks hold all N rows
-        fields = _stack_fields(snap["state"], n) if (lo, hi) != (0, n) else []
+        fields = process_group.client_fields(snap["state"], n) if (lo, hi) != (0, n) else []
         if fields:
             snap["state"] = snap["state"]._replace(**{k: getattr(snap["state"], k)[lo:hi].clone() for k in fields})
         snap["client_rng"] = {k: (v[lo:hi] if isinstance(v, list) and len(v) == n else v)
