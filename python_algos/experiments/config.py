@@ -181,7 +181,8 @@ def _field_types() -> dict:
 
 
 def flag(key: str) -> str:
-    """The long command-line flag of Config field ``key`` (``local_steps`` -> ``--local-steps``)."""
+    """The long command-line flag of Config field ``key`` (``local_steps`` -> ``--local-steps``, ``alg_opts``
+    -> ``--alg-opt``), or of another argparse destination (``--DEST`` with ``-`` for ``_``)."""
     s = SETTINGS.get(key)
     return s.flag if s is not None else "--" + key.replace("_", "-")
 

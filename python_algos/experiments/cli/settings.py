@@ -231,20 +231,14 @@ def check_resume_flags(cmd: Common, resumed: str = "group") -> None:
              "algorithms": getattr(cmd, "algorithms", None)}
     given += [k for k, v in named.items() if v]
     if given:
-        flags = [_flag(k) for k in allowed]
+        flags = [flag(k) for k in allowed]
         accepted = " and ".join([", ".join(flags[:-1]), flags[-1]] if len(flags) > 1 else flags)
         typed = cmd.names
-        why = "".join(f"; {typed.get(k, _flag(k))}: {SETTINGS[k].why_kept}" for k in given
+        why = "".join(f"; {typed.get(k, flag(k))}: {SETTINGS[k].why_kept}" for k in given
                       if k in SETTINGS and SETTINGS[k].why_kept)
         whose = "the sweep's" if resumed == "sweep" else "its"
         raise ValueError(f"--resume takes {whose} settings from {cmd.resume}, so only {accepted} may be given "
-                         f"(got {', '.join(typed.get(g, _flag(g)) for g in given)}){why}; nothing was changed")
-
-
-def _flag(dest: str) -> str:
-    """The long flag of an argparse destination: a setting's declared flag (--alg-opt for alg_opts),
-    else --DEST with '-' for '_'."""
-    return flag(dest) if dest in SETTINGS else "--" + dest.replace("_", "-")
+                         f"(got {', '.join(typed.get(g, flag(g)) for g in given)}){why}; nothing was changed")
 
 
 def replace_requested(cmd) -> bool:
