@@ -24,15 +24,13 @@ point's folder name is its exact value.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import signal
-import threading
 from typing import Callable, Dict, Optional, Sequence
 
 from ..runfolder.folder import check_group_start, open_group_folder
 from ..runfolder.records import SUMMARY, read_summary, run_folder_name
+from ..runfolder.signals import stop_signals_held  # a change to the study is never cut in two by a stop
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
@@ -152,22 +150,6 @@ def _trial_seed(seed: int, number: int) -> int:
     return int(np.random.SeedSequence([int(seed) % 2 ** 32, number]).generate_state(1)[0])
 
 
-@contextlib.contextmanager
-def _deferred_interrupt():
-    """Ctrl-C waits until the block (a change to the study) is done, then raises KeyboardInterrupt."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got = []
-    old = signal.signal(signal.SIGINT, lambda *_: got.append(True))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-    if got:
-        raise KeyboardInterrupt
-
-
 # --------------------------------------------------------------------------- #
 # The study
 # --------------------------------------------------------------------------- #
@@ -217,7 +199,7 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
         for a in algorithms:
             keys = keys_of(a, space)
             dists = {k: _distribution(optuna, space[k]) for k in keys}
-            with _deferred_interrupt():
+            with stop_signals_held():
                 study = optuna.create_study(study_name=a, storage=storage, direction=direction, load_if_exists=True)
             try:
                 if interrupted:  # an earlier algorithm's study was interrupted: only its summary is wanted
@@ -229,7 +211,7 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
                     budget_hit |= _evaluate(optuna, study, t.number, _point(t.params, keys, space), cfg, a, seeds,
                                             reseed_data, alg_opts, out_dir, metric, workers, tensorboard, trials, log)
                 while not budget_hit and _n_finished(optuna, study) < trials:
-                    with _deferred_interrupt():
+                    with stop_signals_held():
                         n = len(study.get_trials(deepcopy=False))
                         study.sampler = optuna.samplers.TPESampler(seed=_trial_seed(seeds[0], n))
                         trial = study.ask(dists)
@@ -360,7 +342,7 @@ def _evaluate(optuna, study, number: int, point: dict, cfg: Config, algorithm: s
 
 
 def _tell(optuna, study, number: int, state, value, reason: Optional[str]) -> None:
-    with _deferred_interrupt():
+    with stop_signals_held():
         if reason:
             trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
             study._storage.set_trial_user_attr(trial_id, "reason", reason)
