@@ -39,7 +39,7 @@ from .options import (
     command_of,
 )
 from .parser import DEMO_ALGORITHMS, build_parser, demo_config
-from .research import cmd_compare_seeds, cmd_run_seeds, cmd_sweep, wants_seeds, write_run_events
+from .research import cmd_seeds, cmd_sweep, wants_seeds, write_run_events
 from .settings import (
     check_resume_flags,
     compare_settings,
@@ -74,7 +74,7 @@ def cmd_run(cmd: RunCommand) -> int:
     if cmd.workers and not launch.distributed():  # launch the ranks, then wait
         return _launch_run(cmd)
     if wants_seeds(cmd):
-        return cmd_run_seeds(cmd)
+        return cmd_seeds(cmd)
     main = launch.is_main()
     say = print if main else quiet  # under torchrun rank 0 alone prints
 
@@ -148,7 +148,7 @@ def cmd_compare(cmd: CompareCommand) -> int:
     if wants_seeds(cmd):
         if cmd.workers:
             raise ValueError(_SEEDS_AND_WORKERS)
-        return cmd_compare_seeds(cmd)
+        return cmd_seeds(cmd)
     if cmd.workers and not launch.distributed():  # launch the ranks, then wait
         return _launch_compare(cmd)
     main = launch.is_main()

@@ -6,6 +6,7 @@ import argparse
 import os
 import shlex
 import sys
+from typing import Union
 
 from ..config import Config, ConfigError
 from ..optuna_search import parse_space, run_study  # optuna itself: imported when a study starts
@@ -13,7 +14,7 @@ from ..plotting import plot_sweep  # matplotlib itself: imported when a figure i
 from ..seeds import compare_seeds, is_seeds_folder, run_seeds, seed_list
 from ..sweep import SELECT, SweepInterrupted, parse_grid, read_sweep, run_sweep
 from ..tensorboard import check_available, write_events  # the tensorboard package: imported when events are written
-from .options import Common, CompareCommand, Figures, GivenSettings, RunCommand, SweepCommand
+from .options import Common, CompareCommand, GivenSettings, RunCommand, SweepCommand
 from .parser import formats_flag
 from .settings import (
     RESEED_ALONE,
@@ -64,49 +65,37 @@ def _tb_hook(tensorboard: bool):
     return write_events
 
 
-def _seeds_done(result: dict, figures: Figures, flat) -> int:
+def cmd_seeds(cmd: Union[RunCommand, CompareCommand]) -> int:
+    """``run`` or ``compare`` with several seeds (seeds.py): new, or resumed (``--resume`` of a folder of seeds)."""
+    compare = isinstance(cmd, CompareCommand)
+    kw = dict(progress=not cmd.no_progress, after_run=_tb_hook(cmd.figures.tensorboard))
+    if cmd.resume:
+        check_resume_flags(cmd)
+        print(f"resuming the seeds in {cmd.resume}")
+        kw.update(resume=True, rounds=cmd.settings.get("rounds"))
+        result = (compare_seeds(None, None, None, cmd.resume, **kw) if compare
+                  else run_seeds(None, None, cmd.resume, **kw))
+    else:
+        if compare:
+            cfg, algorithms, per, seeds, reseed = compare_seed_settings(cmd.settings, cmd.algorithms)
+        else:
+            merged, seeds, reseed = seed_settings(cmd.settings)
+            cfg, algorithms = Config.from_dict(merged), None
+        out = output_folder(cmd, "compare" if compare else cfg.algorithm)
+        what = f"comparing {', '.join(algorithms)} on" if compare else f"{cfg.algorithm} on"
+        print(f"{what} {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, seeds "
+              f"{', '.join(map(str, seeds))}{' (data redrawn per seed)' if reseed else ''}; results -> {out}")
+        kw.update(reseed_data=reseed, replace=replace_requested(cmd))
+        result = (compare_seeds(cfg, algorithms, seeds, out, alg_opts=per, **kw) if compare
+                  else run_seeds(cfg, seeds, out, **kw))
     print(result["table"])
     out = result["out_dir"]
     print(f"mean ± std over the seeds that completed, of {len(result['seeds'])} (seeds "
           f"{', '.join(map(str, result['seeds']))}); results "
           f"written to {out}  (per-round statistics: {os.path.join(out, 'aggregate.jsonl')})")
-    overview_figure(out, figures)
+    overview_figure(out, cmd.figures)
+    flat = [s for per_seed in result["summaries"] for s in per_seed] if compare else result["summaries"]
     return 3 if any(s.get("status") == "diverged" for s in flat) else 0
-
-
-def cmd_run_seeds(cmd: RunCommand) -> int:
-    hook = _tb_hook(cmd.figures.tensorboard)
-    if cmd.resume:
-        check_resume_flags(cmd)
-        print(f"resuming the seeds in {cmd.resume}")
-        result = run_seeds(None, None, cmd.resume, resume=True, rounds=cmd.settings.get("rounds"),
-                           progress=not cmd.no_progress, after_run=hook)
-    else:
-        merged, seeds, reseed = seed_settings(cmd.settings)
-        cfg = Config.from_dict(merged)
-        out = output_folder(cmd, cfg.algorithm)
-        print(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, "
-              f"seeds {', '.join(map(str, seeds))}{' (data redrawn per seed)' if reseed else ''}; results -> {out}")
-        result = run_seeds(cfg, seeds, out, reseed_data=reseed, progress=not cmd.no_progress, after_run=hook,
-                           replace=replace_requested(cmd))
-    return _seeds_done(result, cmd.figures, result["summaries"])
-
-
-def cmd_compare_seeds(cmd: CompareCommand) -> int:
-    hook = _tb_hook(cmd.figures.tensorboard)
-    if cmd.resume:
-        check_resume_flags(cmd)
-        print(f"resuming the seeds in {cmd.resume}")
-        result = compare_seeds(None, None, None, cmd.resume, resume=True, rounds=cmd.settings.get("rounds"),
-                               progress=not cmd.no_progress, after_run=hook)
-    else:
-        cfg, algorithms, per, seeds, reseed = compare_seed_settings(cmd.settings, cmd.algorithms)
-        out = output_folder(cmd, "compare")
-        print(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
-              f"{cfg.model}, seeds {', '.join(map(str, seeds))}; results -> {out}")
-        result = compare_seeds(cfg, algorithms, seeds, out, alg_opts=per, reseed_data=reseed,
-                               progress=not cmd.no_progress, after_run=hook, replace=replace_requested(cmd))
-    return _seeds_done(result, cmd.figures, [s for per_seed in result["summaries"] for s in per_seed])
 
 
 def _given(argv, *flags) -> dict:
