@@ -8,9 +8,27 @@ from __future__ import annotations
 import math
 
 from .curves import band_series, series
+from .heading import run_qualifiers
 from .style import LINE_STYLES, LOG_METRICS, MARKERS, TITLES, UNIT_METRICS
 
 __all__ = ["line_plot"]
+
+# what a metric's value depends on beyond the run's label: a figure that overlays runs differing in it
+# names it in each legend entry (an f+h of SCAD beside one of L1, ‖G_s‖² at s = 0.25 beside s = 1)
+_DEPENDS_ON = {"f+h": "h", "suboptimality": "h", "test_f+h": "h", "grad_map_sq": "s", "stationarity": "s",
+               "normal_map_sq": "s"}
+
+
+def _qualified_labels(drawn: list, metric: str) -> dict:
+    """Run index -> its legend label, with " (h=...)" or " (s=...)" where the drawn runs differ in it."""
+    what = _DEPENDS_ON.get(metric) or next((_DEPENDS_ON[d[4]] for d in drawn if d[4] in _DEPENDS_ON), None)
+    labels = {i: run["label"] for i, run, *_ in drawn}
+    if what is None:
+        return labels
+    values = {i: run_qualifiers(run)[what] for i, run, *_ in drawn}
+    if len(set(values.values())) > 1:
+        labels = {i: lab if values[i] is None else f"{lab} ({what}={values[i]})" for i, lab in labels.items()}
+    return labels
 
 
 def _readable_log_y(ax, lo: float, hi: float) -> None:
@@ -87,9 +105,10 @@ def line_plot(ax, runs: list, metric: str, x: str = "round") -> bool:
         return False
     keys = {d[4] for d in drawn}
     n = len(runs)
-    for i, run, xs, ys, key in drawn:
+    labels = _qualified_labels(drawn, metric)
+    for i, _run, xs, ys, key in drawn:
         every = max(1, len(xs) // 8)
-        label = run["label"]
+        label = labels[i]
         if len(keys) > 1 and key.split("_")[0] in ("test", "train"):  # runs differ in what they measured
             label += " (test)" if key.startswith("test") else " (training)"
         ax.plot(xs, ys, linestyle=LINE_STYLES[i % len(LINE_STYLES)], marker=MARKERS[i % len(MARKERS)],

@@ -6,7 +6,7 @@ own), each value the runs share once and differing values joined by "/".
 
 from __future__ import annotations
 
-__all__ = ["setup_line"]
+__all__ = ["setup_line", "run_qualifiers"]
 
 
 def _short_reg(reg):
@@ -98,8 +98,27 @@ def _setup_of(run: dict) -> dict:
     if reg is None and c.get("reg") is not None:
         reg = c["reg"] if c["reg"] == "zero" else f"{c['reg']}({c.get('reg_strength', 0):g})"
     return {"algorithm": alg, "dataset": c.get("dataset"), "partition": partition,
-            "N": c.get("num_clients", s.get("num_clients")), "model": c.get("model"), "h": _short_reg(reg),
+            "N": c.get("num_clients", s.get("num_clients")), "participation": _participation(c),
+            "model": c.get("model"), "h": _short_reg(reg),
             **_hyper_parameters(c, s, alg)}
+
+
+def run_qualifiers(run: dict) -> dict:
+    """What a run's curves depend on beyond its label: ``h`` (its penalty, which f + h includes) and
+    ``s`` (the step of its stationarity measure ‖G_s‖², recorded in summary.json; None: unknown)."""
+    c, s = run.get("config") or {}, run.get("summary") or {}
+    step = c.get("metric_step") if c.get("metric_step") is not None else s.get("metric_step")
+    return {"h": _setup_of({"config": c, "summary": s})["h"], "s": None if step is None else f"{float(step):g}"}
+
+
+def _participation(c: dict) -> "str | None":
+    """"k of N clients per round" (or "p of clients per round"), None under full participation."""
+    n, k, p = c.get("num_clients"), c.get("clients_per_round"), c.get("participation")
+    if k is not None:
+        return f"{k} of {n} clients per round" if n is not None else f"{k} clients per round"
+    if p is not None and float(p) < 1:
+        return f"{float(p):.0%} of clients per round"
+    return None
 
 
 def setup_line(runs: list) -> str:
@@ -113,7 +132,8 @@ def setup_line(runs: list) -> str:
         if not vals:
             continue
         text = ", ".join(vals) if key == "algorithm" else "/".join(vals)
-        parts.append(text if key in ("algorithm", "dataset", "partition", "model") else f"{key}={text}")
+        parts.append(text if key in ("algorithm", "dataset", "partition", "participation", "model")
+                     else f"{key}={text}")
     counts = sorted({len(r["seeds"]) for r in runs if r.get("seeds")})
     if counts:
         band = "mean ± std" if runs[0].get("band", "std") == "std" else "min to max"

@@ -50,11 +50,15 @@ def _draw_heatmap(plt, m, rows, cols, rk, ck, metric: str, title: str, best_cell
         for j in range(len(cols)):
             v = m[i][j]
             colour = text_colour(im.cmap(im.norm(v))) if math.isfinite(v) else "gray"
-            ax.text(j, i, f"{v:.3g}" if math.isfinite(v) else "skipped", ha="center", va="center", fontsize=8,
-                    color=colour)
-    if best_cell is not None:
+            text = f"{v:.3g}" if math.isfinite(v) else "skipped"
+            best = (i, j) == best_cell  # named in words and bold: a colour or a box alone is lost on some cells
+            ax.text(j, i, f"{text}\nbest" if best else text, ha="center", va="center", fontsize=8, color=colour,
+                    fontweight="bold" if best else "normal")
+    if best_cell is not None:  # a white box inside a black one: visible on the darkest and the brightest cell
         i, j = best_cell
-        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2))
+        for colour, width, inset in (("black", 3.0, 0.0), ("white", 1.5, 0.04)):
+            ax.add_patch(plt.Rectangle((j - 0.5 + inset, i - 0.5 + inset), 1 - 2 * inset, 1 - 2 * inset,
+                                       fill=False, edgecolor=colour, linewidth=width))
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
