@@ -1,14 +1,14 @@
 """The server's side of a Flower deployment (see :mod:`.flower` for what runs where).
 
 * :class:`ServerProgram`: the algorithm's server program over Flower messages: it holds the
-  server's fields of the State, draws each round's participants (``simulate``'s draw), builds
-  their messages (``configure_round``) and, from the replies, averages the uploads and runs the
-  server update, the prox included, with the fused kernels (``finish_round``). It checkpoints
+  server's fields of the State and, each round (:meth:`ServerProgram.step`), draws the participants
+  (``simulate``'s draw), sends their messages, collects the replies as they come, averages the
+  uploads and runs the server update, the prox included, with the fused kernels. It checkpoints
   its side and resumes from such a checkpoint.
-* :func:`run_server`: a ServerApp's loop over it, replies collected as they come: ``simulate``'s
-  engine loop (:func:`~python_algos.runfolder.callbacks.run_rounds`) with the same callbacks (the
-  checkpoint, ``StopOnDivergence``, ``TimeBudget``, functions), so each has one definition and the
-  rounds have one loop.
+* :func:`run_server`: a ServerApp's loop over it: ``simulate``'s engine loop
+  (:func:`~python_algos.runfolder.callbacks.run_rounds`) with the same callbacks (the checkpoint,
+  ``StopOnDivergence``, ``TimeBudget``, functions), so each has one definition and the rounds have
+  one loop.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class ServerProgram:
             self.initial = dict(resume["initial"])
             self.committed = self.t
         else:
-            self.initial = {"round": 0, **(self._metrics_of(self.state) if self.metrics_every else {})}
+            self.initial = {"round": 0}  # its metrics once connected: the nodes' own are measured too
         self.callbacks = as_callbacks(callbacks)
         if checkpoint:  # the records file holds exactly the rounds before this call's first (module persist)
             rewrite_records(checkpoint, [] if self.fresh else [self.initial, *self.metrics])
@@ -153,7 +153,6 @@ class ServerProgram:
             self.callbacks = [records, *self.callbacks, saver]
         self.run_key = run_key or secrets.token_hex(8)
         self.nodes: Optional[dict] = None  # client -> Flower node id, after connect()
-        self._round: Optional[dict] = None  # the round configured and not yet aggregated
 
     def view(self) -> RunView:
         """The run as the engine loop's callbacks see it (``simulate``'s :class:`RunView`)."""
@@ -165,7 +164,7 @@ class ServerProgram:
             return self.algorithm.report(state, self.regularizer).detach()
 
     def _metrics_of(self, state) -> dict:
-        """``evaluate``'s metrics of ``state`` ({} without ``evaluate``)."""
+        """``evaluate``'s metrics of ``state`` and, once connected, the nodes' own (``evaluate_fn``)."""
         out = {}
         if self.evaluate is not None:
             with torch.no_grad():
@@ -183,41 +182,25 @@ class ServerProgram:
         self.nodes = handshake(grid, self.fp, self.n, self.connect_timeout, self.round_timeout, restore,
                                self.evaluators)
         self.grid = grid
-        if self.fresh and self.metrics_every:  # round 0's row is written after connecting: the nodes' metrics
-            self.initial.update(evaluate_on_nodes(grid, self.nodes, self.evaluators, self._report(self.state), 0,
-                                                  self.round_timeout))
+        if self.fresh and self.metrics_every:
+            self.initial.update(self._metrics_of(self.state))
 
-    def configure_round(self, grid) -> list:
-        """The next round's messages, one per participant (connecting first if not yet connected)."""
-        if self.nodes is None:
-            self.connect(grid)
-        if self.t >= self.rounds:
-            return []
-        t, alg = self.t + 1, self.algorithm
-        t0 = time.perf_counter()
+    def step(self, t: int, state) -> tuple:
+        """Round ``t``, the engine loop's step: each participant's message (``simulate``'s draw of the
+        participants), the replies collected as they come for at most ``round_timeout`` seconds and
+        checked, the uploads averaged and the server update; returns the State and the round's row
+        (:func:`~python_algos.runfolder.records.metrics_row`, with the metrics on a metric round)."""
+        alg, t0 = self.algorithm, time.perf_counter()
         ids = self.cs.participants() if alg.partial_participation else None
         part = list(range(self.n)) if ids is None else ids.tolist()
         with torch.no_grad():
             down = alg.download(self.state, self.rng)
-        out, sent_bytes = [], 0
         head = {"round": t, "run_key": self.run_key, "committed": self.committed, "num_clients": self.n}
-        for i in part:
-            content = _round_content(self.state, down, self.pending.get(i), head)
-            sent_bytes += payload_bytes(content["vectors"])
-            out.append(new_message(content, self.nodes[i], ROUND, t))
-        self._round = {"t": t, "t0": t0, "ids": ids, "part": part, "down": down, "sent_bytes": sent_bytes}
-        return out
-
-    def finish_round(self, replies, waited: Optional[str] = None) -> Optional[dict]:
-        """The configured round's end: the uploads checked and averaged, the server update, the round's
-        row (:func:`~python_algos.runfolder.records.metrics_row`, with ``evaluate``'s metrics on a metric
-        round). None if no round was configured."""
-        if self._round is None:
-            return None
-        r, self._round = self._round, None
-        t, part, ids, alg = r["t"], r["part"], r["ids"], self.algorithm
+        out = [new_message(_round_content(self.state, down, self.pending.get(i), head), self.nodes[i], ROUND, t)
+               for i in part]
         try:
-            got = check_replies(replies, self.nodes, part, t, waited or "the time given")
+            got = check_replies(collect(self.grid, out, self.round_timeout), self.nodes, part, t,
+                                f"round_timeout={self.round_timeout:g} s")
         except NodeFailure as e:
             raise NodeFailure(f"{e}. " + (f"The server's checkpoint of round {self.committed} is {self.checkpoint}: "
                                           f"restart the node and resume from it"
@@ -234,23 +217,24 @@ class ServerProgram:
         stacked = {name: torch.stack([ups[i][name] for i in part]) for name in msgs.up}
         with torch.no_grad(), fk.prox_stats() as stats:
             means = alg.aggregate(stacked, self.cs, ids)
-            self.state, sent = alg.server_update(self.state, means, r["down"], self.regularizer)
+            self.state, sent = alg.server_update(self.state, means, down, self.regularizer)
         for i in part:
             self.pending.pop(i, None)
             self.last_round[i] = t
         if receives(alg):
             keep = {name: sent[name].detach().clone() for name in msgs.down}
             self.pending.update({i: keep for i in part})
-        wall = time.perf_counter() - r["t0"]
+        wall = time.perf_counter() - t0
         self.elapsed += wall
         self.t = t
         rec = metrics_row(t, wall_time=wall, elapsed=self.elapsed, prox_time=stats.seconds,
                           prox_evals=stats.evaluations, up=len(msgs.up), down=len(msgs.down),
-                          sent_bytes=r["sent_bytes"], recv_bytes=sum(payload_bytes(got[i].content["up"]) for i in part),
+                          sent_bytes=sum(payload_bytes(m.content["vectors"]) for m in out),
+                          recv_bytes=sum(payload_bytes(got[i].content["up"]) for i in part),
                           participants=part, metrics=self._metrics_of(self.state)
                           if metric_round(t, self.rounds, self.metrics_every) else None)
         self.metrics.append(rec)
-        return rec
+        return self.state, rec
 
     def snapshot(self, t: int) -> dict:
         """The server's checkpoint of round ``t``, the last one done (what a resume needs; the rows are
@@ -289,13 +273,7 @@ def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, **set
     client (and Flower node) that failed, answered with an error, or did not answer in time."""
     prog = ServerProgram(algorithm, model_fn, **settings)
     prog.connect(grid)
-    waited = f"round_timeout={prog.round_timeout:g} s"
-
-    def step(t, state):
-        out = prog.configure_round(grid)
-        return prog.state, prog.finish_round(collect(grid, out, prog.round_timeout), waited)
-
-    run_rounds(prog.view(), prog.state, step, prog.callbacks)
+    run_rounds(prog.view(), prog.state, prog.step, prog.callbacks)
     return prog.result()
 
 
