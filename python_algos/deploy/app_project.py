@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-__all__ = ["write_app_project"]
+__all__ = ["write_app_project", "toml_value"]
 
 
 def write_app_project(folder: str, name: str, description: str, serverapp: str, clientapp: str,
@@ -16,7 +16,7 @@ def write_app_project(folder: str, name: str, description: str, serverapp: str, 
     returns the app folder. ``name`` must be a valid Flower app name (it is the folder's name too)."""
     app = os.path.join(folder, name)
     os.makedirs(app, exist_ok=True)
-    settings = "\n".join(f"{key} = {_toml_value(key, value)}" for key, value in config.items())
+    settings = "\n".join(f"{key} = {toml_value(key, value)}" for key, value in config.items())
     with open(os.path.join(app, "pyproject.toml"), "w") as f:
         f.write(f"""[build-system]
 requires = ["hatchling"]
@@ -42,7 +42,11 @@ clientapp = {json.dumps(clientapp)}
     return app
 
 
-def _toml_value(key: str, value) -> str:
-    if isinstance(value, (bool, int, float, str)):
-        return json.dumps(value)  # JSON's spelling of these is TOML's
-    raise TypeError(f"app config {key}: a str, bool, int or float, got {type(value).__name__}")
+def toml_value(key: str, value) -> str:
+    """``value`` (str, bool, int or float) as TOML spells it: a pyproject's config, and the values of
+    ``flwr run --run-config`` and ``flower-supernode --node-config``, which Flower parses as TOML."""
+    if isinstance(value, float):
+        return repr(value)  # inf and nan as TOML spells them (JSON has no spelling)
+    if isinstance(value, (bool, int, str)):
+        return json.dumps(value, ensure_ascii=False)  # JSON's spelling of these is TOML's
+    raise TypeError(f"config {key}: a str, bool, int or float (what Flower's configs hold), got {type(value).__name__}")

@@ -35,6 +35,7 @@ import torch
 from ..runfolder.signals import stop_signals_held, terminate_as_interrupt
 from ..system import processes
 from . import same_user
+from .app_project import toml_value
 from .wire import ERROR_FILE
 
 __all__ = ["LocalDeployment", "FlowerRun", "DeploymentError"]
@@ -48,14 +49,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _toml(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class LocalDeployment:
@@ -146,7 +139,7 @@ class LocalDeployment:
         cfg = {"partition-id": i, "num-partitions": self.num_clients, **self.node_config}
         self._guarded(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
                                        "--host", "127.0.0.1", "--port", str(_free_port()),
-                                       "--node-config", " ".join(f"{k}={_toml(v)}" for k, v in cfg.items())])
+                                       "--node-config", " ".join(f"{k}={toml_value(k, v)}" for k, v in cfg.items())])
 
     def _wait_port(self, port: int, name: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -193,7 +186,7 @@ class LocalDeployment:
         self.runs += 1
         k = self.runs
         out = self.result_dir = os.path.join(self.dir, f"result-{k}")
-        cfg = " ".join(f"{key}={_toml(v)}" for key, v in {**run_config, "result-dir": out}.items())
+        cfg = " ".join(f"{key}={toml_value(key, v)}" for key, v in {**run_config, "result-dir": out}.items())
         name = "flwr-run" if k == 1 else f"flwr-run-{k}"
         p = self._start(name, [os.path.join(self.bin, "flwr"), "run", os.path.abspath(app_dir), "--run-config", cfg,
                                "--stream"])
