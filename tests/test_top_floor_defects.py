@@ -73,7 +73,8 @@ def test_compare_refuses_an_algorithm_given_twice(tmp_path, capsys):
 # --- 11: --reseed-data where it means nothing ------------------------------------------------------------ #
 
 
-@pytest.mark.parametrize("argv", [["run"], ["compare", "-a", "fedavg", "fedmid"], ["run", "--seed", "3"]])
+@pytest.mark.parametrize("argv", [["run"], ["compare", "-a", "fedavg", "fedmid"], ["run", "--seed", "3"],
+                                  ["sweep", "-a", "fedavg", "--grid", "lr=0.1,0.2"]])  # a sweep: a traceback before
 def test_reseed_data_without_several_seeds_is_refused(tmp_path, capsys, argv):
     out = tmp_path / "r"
     assert main([*argv, *SMALL, "--reseed-data", "--out", str(out)]) == 1

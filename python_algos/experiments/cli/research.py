@@ -8,19 +8,17 @@ import shlex
 import sys
 from typing import Union
 
-from ..config import Config, ConfigError
+from ..config import Config
 from ..optuna_search import parse_space, run_study  # optuna itself: imported when a study starts
 from ..plotting import plot_sweep  # matplotlib itself: imported when a figure is drawn
-from ..seeds import compare_seeds, is_seeds_folder, run_seeds, seed_list
+from ..seeds import compare_seeds, is_seeds_folder, run_seeds
 from ..sweep import SELECT, SweepInterrupted, parse_grid, read_sweep, run_sweep
 from ..tensorboard import check_available, write_events  # the tensorboard package: imported when events are written
 from .options import Common, CompareCommand, GivenSettings, RunCommand, SweepCommand
 from .parser import formats_flag
 from .settings import (
-    RESEED_ALONE,
     check_resume_flags,
     compare_seed_settings,
-    merge_settings,
     output_folder,
     overview_figure,
     read_config_file,
@@ -139,24 +137,18 @@ def _grid_and_space(given: GivenSettings, merged: dict) -> tuple:
 def _new_sweep(cmd: SweepCommand, opts: dict) -> tuple:
     """(out, keyword arguments of run_sweep / run_study) of a new sweep; fills ``opts`` (jobs, select)
     from the config file where the flags left them unset."""
-    merged = merge_settings(cmd.settings, extra_keys=("algorithms", "seeds", "reseed_data", "grid", "select", "jobs",
-                                             "optuna", "space"))
+    merged, seeds, reseed = seed_settings(cmd.settings, extra=("algorithms", "grid", "select", "jobs", "optuna",
+                                                                "space"))
     grid, trials, space = _grid_and_space(cmd.settings, merged)
     algorithms = list(cmd.algorithms or ()) or merged.pop("algorithms", None)
     merged.pop("algorithms", None)
     if not algorithms:
         raise ValueError("-a/--algorithms: give the algorithm(s) to sweep (see `python -m python_algos "
                          "algorithms`)")
-    seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
-    reseed = merged.pop("reseed_data", False)
-    if reseed and len(seeds) < 2:
-        raise ConfigError("reseed_data", reseed, RESEED_ALONE)
     for k in ("jobs", "select"):
         if opts[k] is None:
             opts[k] = merged.pop(k, None)
         merged.pop(k, None)
-    if seeds:
-        merged["seed"] = seeds[0]
     per = split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
     cfg = Config.from_dict(merged)
     out = output_folder(cmd, "sweep")

@@ -313,13 +313,15 @@ def overview_figure(folder: str, figures: Figures) -> None:
 
 
 def seed_settings(given: GivenSettings, extra=()):
-    """(merged settings without the seed keys, the seeds, reseed_data) of a run / compare with seeds."""
+    """(merged settings without the seed keys, the seeds (None: one run), reseed_data) of a run / compare with
+    seeds, or a sweep."""
     merged = merge_settings(given, extra_keys=("seeds", "reseed_data", *extra))
     seeds = seed_list(merged.get("seed"), merged.pop("seeds", None))
     reseed = merged.pop("reseed_data", False)
     if not isinstance(reseed, bool):
         raise ValueError(f"reseed_data = {reseed!r}: must be true or false")
-    if reseed and len(seeds) < 2:
+    if reseed and len(seeds or ()) < 2:
         raise ConfigError("reseed_data", reseed, RESEED_ALONE)
-    merged["seed"] = seeds[0]
+    if seeds:
+        merged["seed"] = seeds[0]
     return merged, seeds, reseed
