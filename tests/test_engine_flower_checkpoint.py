@@ -10,6 +10,7 @@ import torch
 
 from python_algos.deploy import persist
 from python_algos.runfolder.checkpoint import CheckpointError
+from python_algos.runfolder.files import write_jsonl
 from python_algos.runfolder.records import append_metrics_row
 
 
@@ -20,7 +21,7 @@ def _snap(t):
 
 def test_server_checkpoint_size_does_not_grow_with_the_round(tmp_path):
     path = str(tmp_path / "server.pt")
-    persist.rewrite_records(path, [{"round": 0}])
+    write_jsonl(persist.history_path(path), [{"round": 0}])
     sizes = {}
     with open(persist.history_path(path), "a") as f:  # as the run's MetricsFile appends them
         for t in range(1, 201):
@@ -38,12 +39,12 @@ def test_server_checkpoint_size_does_not_grow_with_the_round(tmp_path):
 
 def test_records_past_the_checkpoint_are_dropped_and_missing_ones_refused(tmp_path):
     path = str(tmp_path / "server.pt")
-    persist.rewrite_records(path, [{"round": r} for r in range(1, 6)])
+    write_jsonl(persist.history_path(path), [{"round": r} for r in range(1, 6)])
     with open(persist.history_path(path), "a") as f:
         f.write('{"round": 6, "wall')  # torn by a kill
     persist.save_server(path, _snap(4))
     assert [r["round"] for r in persist.load_server(path)["metrics"]] == [1, 2, 3, 4]
-    persist.rewrite_records(path, [{"round": r} for r in (1, 2)])
+    write_jsonl(persist.history_path(path), [{"round": r} for r in (1, 2)])
     with pytest.raises(CheckpointError, match="rounds 1..4"):
         persist.load_server(path)
 

@@ -28,13 +28,14 @@ import fedkernels as fk
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import seeds
 from ..runfolder.callbacks import Checkpoint, MetricsFile, RunView, as_callbacks, run_rounds
+from ..runfolder.files import write_jsonl
 from ..runfolder.records import metric_round, metrics_row
 from ..runfolder.setup_record import check_same_setup
 from ..simulate import checked_clients_per_round
 from .client_eval import evaluate_on_nodes
 from .exchange import check_replies, check_upload, collect, handshake, nonfinite_entries
 from .nodes import ServerClients, receives, scalars, server_state
-from .persist import history_path, load_server, rewrite_records, save_server
+from .persist import history_path, load_server, save_server
 from .persist import load_server as load_server_checkpoint  # what run_server(checkpoint=) wrote, for resume=
 from .wire import (
     ROUND,
@@ -146,8 +147,8 @@ class ServerProgram:
         else:
             self.initial = {"round": 0}  # its metrics once connected: the nodes' own are measured too
         self.callbacks = as_callbacks(callbacks)
-        if checkpoint:  # the records file holds exactly the rounds before this call's first (module persist)
-            rewrite_records(checkpoint, [] if self.fresh else [self.initial, *self.metrics])
+        if checkpoint:  # the records file holds exactly the rounds before this call's first, written atomically
+            write_jsonl(history_path(checkpoint), [] if self.fresh else [self.initial, *self.metrics])
             records = MetricsFile(history_path(checkpoint))  # the rows, as metrics.jsonl's; the checkpoint last
             saver.before_save.append(records.sync)
             self.callbacks = [records, *self.callbacks, saver]

@@ -34,10 +34,8 @@ from typing import Optional
 import torch
 
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import write_jsonl
 
-__all__ = ["save_server", "load_server", "history_path", "rewrite_records",
-           "NodeStore", "SERVER_FORMAT"]
+__all__ = ["save_server", "load_server", "history_path", "NodeStore", "SERVER_FORMAT"]
 
 # one format: a checkpoint of another (an older version's, whose setup and records lay elsewhere) is refused
 # by load_server, the one place a Flower resume reads it
@@ -47,12 +45,6 @@ SERVER_FORMAT = "python_algos.flower-server/3"  # 3: extra beside the snapshot, 
 def history_path(path: str) -> str:
     """The round records of the server whose checkpoint is ``path`` (JSON lines, appended)."""
     return f"{os.fspath(path)}.rounds.jsonl"
-
-
-def rewrite_records(path: str, records: list) -> None:
-    """The records file holding exactly ``records``, atomically, as ``metrics.jsonl`` is written (a
-    fresh run: none; a resume: rounds 0..its checkpoint's, dropping those a stopped run wrote after it)."""
-    write_jsonl(history_path(path), records)
 
 
 def _records_up_to(path: str, last: int) -> list:
