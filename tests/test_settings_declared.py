@@ -1,6 +1,6 @@
 """Every setting declared once (issue 26, item 4): a Config field declares its flag, parser, check,
-help and resume rule, and the command line's flags, the config-file keys, the resume allow-lists
-and the sweepable settings are derived from that declaration. Ground truth: the dataclass fields
+help and resume rule, and the command line's flags, the config-file keys and the resume allow-lists
+are derived from that declaration. Ground truth: the dataclass fields
 and argparse's own parse of each spelling."""
 
 import dataclasses
@@ -10,15 +10,12 @@ import pytest
 from python_algos.experiments.cli import build_parser
 from python_algos.experiments.cli.settings import RESUME_FLAGS
 from python_algos.experiments.config import (
-    EXECUTION_KEYS,
     RESULT_KEYS,
     SETTINGS,
     Config,
     ConfigError,
     FromFile,
     named_as,
-    resume_rule,
-    sweepable_settings,
 )
 
 # one valid text per setting, for its flag (the tables: one KEY=VALUE entry)
@@ -52,28 +49,24 @@ def test_each_spelling_of_each_flag_sets_its_field_in_every_command(name):
                 want = s.parse(VALID[name])
             assert got == want, (command, spelling)
             assert args.typed_flags[name] == spelling  # the flag as typed, for its errors
-            assert s.rule_broken(dict(got) if s.options else got) is None
+            assert s.check(dict(got) if s.options else got) is None
 
 
 def test_resume_rules_derive_the_allow_lists_and_the_checkpoint_keys():
-    assert [k for k in SETTINGS if resume_rule(k) == "may_change"] == ["rounds"]
+    assert [k for k, s in SETTINGS.items() if s.on_resume == "may_change"] == ["rounds"]
     assert "rounds" in RESUME_FLAGS["group"] and "checkpoint_every" not in RESUME_FLAGS["group"]
     assert set(RESUME_FLAGS["run"]) - set(RESUME_FLAGS["group"]) == {"checkpoint_every", "time_budget"}
-    assert set(EXECUTION_KEYS) == {"rounds", "checkpoint_every", "time_budget", "executor", "threads"}
-    assert set(RESULT_KEYS) == set(SETTINGS) - set(EXECUTION_KEYS)
+    assert set(SETTINGS) - set(RESULT_KEYS) == {"rounds", "checkpoint_every", "time_budget", "executor", "threads"}
     for k in ("executor", "threads"):  # refused on resume with their reason
-        assert resume_rule(k) == "kept" and "bits of an uninterrupted one" in SETTINGS[k].why_kept
+        assert SETTINGS[k].on_resume == "kept" and "bits of an uninterrupted one" in SETTINGS[k].why_kept
 
 
-def test_sweepable_settings_carry_the_checks_of_their_flags():
-    sweepable = sweepable_settings()
-    assert {"lr", "local_steps", "reg_strength", "eta", "partition", "threads"} <= set(sweepable)
-    assert not {"alg_opts", "data_opts", "model_opts", "reg_opts", "regularizers"} & set(sweepable)
-    assert sweepable["local_steps"].rule_broken(0) == "must be an integer >= 1"
-    assert sweepable["lr"].rule_broken(-0.1).startswith("must be a finite number > 0")
-    assert sweepable["threads"].rule_broken(100_000) == "must be an integer in [1, 1024]"
-    assert sweepable["partition"].rule_broken("weird").startswith("unknown partition; valid: iid")
-    assert sweepable["lr"].rule_broken(0.1) is None
+def test_settings_carry_the_checks_of_their_flags():  # what a swept value is checked with (Config.check)
+    assert SETTINGS["local_steps"].check(0) == "must be an integer >= 1"
+    assert SETTINGS["lr"].check(-0.1).startswith("must be a finite number > 0")
+    assert SETTINGS["threads"].check(100_000) == "must be an integer in [1, 1024]"
+    assert SETTINGS["partition"].check("weird").startswith("unknown partition; valid: iid")
+    assert SETTINGS["lr"].check(0.1) is None
 
 
 def test_an_error_names_the_setting_as_the_user_gave_it():

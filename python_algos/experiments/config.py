@@ -7,8 +7,8 @@ Each field of :class:`Config` is declared with :func:`setting`: its command-line
 alias, ``-K``), how the flag's text is read, its check (type and bounds), its help text and its
 resume rule. Everything else is derived from that declaration (:data:`SETTINGS`): the command
 line's flags (:mod:`.cli.parser`), the config-file keys (the field names), the flags a ``--resume``
-accepts and the settings a checkpoint must match (:func:`resume_rule`), and the settings a sweep may
-vary with the checks of their flags (:func:`sweepable_settings`).
+accepts and the settings a checkpoint must match (each setting's ``on_resume``), and the checks of a
+value a sweep gives a setting (:meth:`Config.check` of the point's config).
 
 A bad value raises :class:`ConfigError` naming the setting the way the user gave it: the flag as
 typed (``-K 0: ...``), or the config file and key (``c.toml: rounds = '2': ...``) inside
@@ -36,7 +36,7 @@ from .regularizer_specs import REGULARIZERS
 from .values import parse_batch, parse_float, parse_int, parse_option, parse_reg_param, parse_seed
 
 __all__ = ["Config", "ConfigError", "Setting", "SETTINGS", "setting", "flag", "named_as", "FromFile",
-           "check_given", "resume_rule", "sweepable_settings", "RESULT_KEYS", "EXECUTION_KEYS", "MAX_THREADS",
+           "check_given", "RESULT_KEYS", "MAX_THREADS",
            "MAX_SEED", "MAX_COUNT", "show_value"]
 
 # Bounds of the integer settings. A count (rounds, local steps, clients, samples per batch, ...) above
@@ -81,10 +81,6 @@ class Setting:
     def flags(self) -> tuple:
         """Every spelling of the flag, short first (argparse's order)."""
         return tuple(f for f in (self.short, self.flag, *self.aliases) if f)
-
-    def rule_broken(self, value) -> Optional[str]:
-        """The rule ``value`` breaks, or None."""
-        return self.check(value)
 
 
 def _text(text: str) -> str:
@@ -472,7 +468,7 @@ class Config:
         values that break a rule together."""
         for s in SETTINGS.values():
             v = getattr(self, s.name)
-            rule = s.rule_broken(v)
+            rule = s.check(v)
             if rule:
                 raise ConfigError(s.name, v, rule)
         bad = check_data_options(self.dataset, self.data_opts)
@@ -488,18 +484,6 @@ class Config:
             raise ConfigError("clients_per_round", self.clients_per_round,
                               f"give {flag('participation')} (a fraction) or {flag('clients_per_round')} "
                               f"(a count), not both")
-
-
-def resume_rule(key: str) -> str:
-    """How a ``--resume`` treats setting ``key``: one of :data:`RESUME_RULES`."""
-    return SETTINGS[key].on_resume
-
-
-def sweepable_settings() -> Dict[str, Setting]:
-    """The settings a sweep (``--grid KEY=...``, ``--space KEY=...``) may vary, by key: every setting
-    of one value (not the tables of options), each with its check (:meth:`Setting.rule_broken`), so
-    a swept value gets the rule its flag gets."""
-    return {k: s for k, s in SETTINGS.items() if not s.options}
 
 
 def nearest(word: str, candidates) -> Optional[str]:
@@ -541,8 +525,7 @@ def check_given(given: dict) -> None:
 
 SETTINGS: Dict[str, Setting] = {f.name: _declared(f) for f in dataclasses.fields(Config)}
 
-# The settings a checkpoint must match (the result of a round depends on them), and the others: they
-# change how fast a run goes or for how long, and may differ from the checkpoint's (``rounds`` may
-# grow, see :mod:`.prepare`; executor and threads are kept from config.json by a resume).
+# The settings a checkpoint must match (the result of a round depends on them). The others change how
+# fast a run goes or for how long, and may differ from the checkpoint's (``rounds`` may grow, see
+# :mod:`.prepare`; executor and threads are kept from config.json by a resume).
 RESULT_KEYS = tuple(k for k, s in SETTINGS.items() if s.on_resume == "fixed")
-EXECUTION_KEYS = tuple(k for k, s in SETTINGS.items() if s.on_resume != "fixed")
