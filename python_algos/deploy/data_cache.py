@@ -51,24 +51,14 @@ class ClientDataCache:
     def load(self, key: dict) -> Optional[dict]:
         """``{"tensors": {...}, "info": {...}}`` cached for ``key``, or None: no file, a file of
         another key, or one that cannot be read or whose bytes do not match its digest."""
-        try:
+        try:  # any failure below is a file not to trust (torch reports a damaged one as many types)
             blob = torch.load(self.path, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
+            tensors = blob["tensors"]
+            if (blob["format"], blob["key"], blob["digest"]) != (CACHE_FORMAT, _key_text(key), _digest(tensors)):
+                return None
+            return {"tensors": tensors, "info": json.loads(blob["info"])}
+        except Exception:  # noqa: BLE001 - no file, a damaged or an edited one: rebuilt
             return None
-        except Exception:  # noqa: BLE001 - torch reports a damaged file as many types; it is rebuilt
-            return None
-        if not isinstance(blob, dict) or blob.get("format") != CACHE_FORMAT or blob.get("key") != _key_text(key):
-            return None
-        tensors = blob.get("tensors")
-        if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
-            return None
-        if blob.get("digest") != _digest(tensors):
-            return None
-        try:
-            info = json.loads(blob.get("info", ""))
-        except (TypeError, ValueError):
-            return None
-        return {"tensors": tensors, "info": info}
 
     def save(self, key: dict, tensors: dict, info: dict) -> None:
         """Write the entry of ``key`` (replacing any other), atomically."""
