@@ -25,7 +25,7 @@ from ..device import resolve_device
 from ..flower_run import check_flower_flags, execute_flower, prepare_flower  # flwr itself: imported when a run starts
 from ..folders import default_out_dir
 from ..plotting import plot_runs  # matplotlib itself: imported when a figure is drawn
-from ..prepare import check_algorithm_names, check_world_size, prepare_run
+from ..prepare import check_world_size, prepare_run
 from ..run import Interrupted, execute_run
 from ..tensorboard import live_events  # the tensorboard package itself: imported when events are written
 from .options import (
@@ -183,9 +183,7 @@ def _launch_compare(cmd: CompareCommand) -> int:
     if cmd.resume:
         check_resume_flags(cmd)
     else:  # check the settings here, and pick the folder once for every rank
-        cfg, algorithms, _ = compare_settings(cmd.settings, cmd.algorithms)
-        cfg.check()
-        check_algorithm_names(algorithms)
+        cfg, _, _ = compare_settings(cmd.settings, cmd.algorithms)  # checks the values and the names
         resolve_device(cfg.device)
         check_world_size(cfg.num_clients, cmd.workers)
         out = output_folder(cmd, "compare")

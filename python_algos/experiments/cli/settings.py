@@ -289,10 +289,9 @@ def _compare_config(merged: dict, algorithms: Optional[Sequence[str]]):
                          f"runs each algorithm once (into OUT/<algorithm>): give each once, or compare other "
                          f"settings of one algorithm with `sweep`")
     per = split_alg_opts(merged.pop("alg_opts", {}) or {}, algorithms)
+    # the cheap checks here (from_dict checks every value), before the "comparing ..." line: a misspelt
+    # name or a bad flag is then the only thing printed (compare_experiments checks the rest before it writes)
     cfg = Config.from_dict(merged)
-    # the cheap checks here, before the "comparing ..." line: a misspelt name or a bad flag is then
-    # the only thing printed (compare_experiments checks the rest before it writes anything)
-    cfg.check()
     check_algorithm_names(algorithms)
     return cfg, algorithms, per
 
