@@ -128,15 +128,9 @@ def node_state(alg: ServerClientAlgorithm, clients: NodeClients, saved: Optional
     last round; with the ``layout`` recorded then, the State is assembled from them directly (no
     ``init``, whose tensors would be overwritten anyway), else ``init`` runs and they are copied in.
     The server's tensor fields are ``None``, its counters as sent."""
-    cls = _layout_class(layout) if saved is not None else None
-    if cls is not None and not all("state:" + f in saved for f in json.loads(layout)["names"]):
-        cls = None  # saved by another State than the layout's: init, and restore what it makes
-    if cls is not None:
-        spec = json.loads(layout)
-        names = tuple(spec["names"])
-        state = cls(**{f: None for f in cls._fields})._replace(**spec["own"])
-        state = state._replace(**{f: saved["state:" + f].to(dtype=clients.dtype, device=clients.device)
-                                  for f in names})
+    built = _from_layout(layout, saved, clients) if saved is not None and layout else None
+    if built is not None:
+        state, names = built
     else:
         state = alg.init(clients.flat.params.detach().clone(), clients)
         fields, copies = client_names(alg, state)
@@ -144,12 +138,12 @@ def node_state(alg: ServerClientAlgorithm, clients: NodeClients, saved: Optional
     if saved is not None:
         bases = {k[4:].split("#")[0] for k in saved if k.startswith("rng:")}
         clients.set_rng_state({b: _rng_value(saved, "rng:" + b) for b in bases})
-        if cls is None:
+        if built is None:
             for f in names:
                 getattr(state, f).copy_(saved["state:" + f])
     drop = {f: None for f, v in state._asdict().items() if isinstance(v, torch.Tensor) and f not in names}
     state = state._replace(**drop, **server_scalars)
-    return state, names, layout if cls is not None else state_layout(state, names, server_scalars)
+    return state, names, layout if built is not None else state_layout(state, names, server_scalars)
 
 
 def state_layout(state, names: tuple, server_scalars: dict) -> Optional[str]:
@@ -169,24 +163,22 @@ def state_layout(state, names: tuple, server_scalars: dict) -> Optional[str]:
         return None
 
 
-def _layout_class(layout: Optional[str]):
-    """The State class a :func:`state_layout` names (None: no usable layout)."""
-    if not layout:
-        return None
+def _from_layout(layout: str, saved: dict, clients: NodeClients) -> Optional[tuple]:
+    """(State, names) assembled from ``saved`` as a :func:`state_layout` describes it, or None where
+    the layout cannot be used: unreadable, naming no State class, or not the State ``saved`` holds."""
     try:
         spec = json.loads(layout)
         module, qualname = spec["class"].split(":")
         cls = importlib.import_module(module)
         for part in qualname.split("."):
             cls = getattr(cls, part)
+        if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
+            return None
+        names = tuple(spec["names"])
+        tensors = {f: saved["state:" + f].to(dtype=clients.dtype, device=clients.device) for f in names}
+        return cls(**dict.fromkeys(cls._fields))._replace(**spec["own"], **tensors), names
     except (ValueError, KeyError, AttributeError, ImportError, TypeError):
         return None
-    fields = getattr(cls, "_fields", None)
-    if not (isinstance(cls, type) and issubclass(cls, tuple) and fields is not None
-            and isinstance(spec.get("own"), dict) and isinstance(spec.get("names"), list)
-            and set(spec["names"]) | set(spec["own"]) <= set(fields)):
-        return None
-    return cls
 
 
 def _rng_value(saved: dict, key: str):
