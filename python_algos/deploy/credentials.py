@@ -39,11 +39,8 @@ def _names(addresses: Sequence[str]) -> list:
     """The certificate's subject alternative names: IP addresses as IPAddress, others as DNSName."""
     from cryptography import x509
 
-    out, seen = [], set()
-    for a in [*addresses, *_LOOPBACK]:
-        if a in seen:
-            continue
-        seen.add(a)
+    out = []
+    for a in dict.fromkeys([*addresses, *_LOOPBACK]):  # each once, in order
         try:
             out.append(x509.IPAddress(ipaddress.ip_address(a)))
         except ValueError:
@@ -66,12 +63,6 @@ def _check(folder: str, addresses: Sequence[str], nodes: int, days: int) -> None
     for flag, v in (("--nodes", nodes), ("--days", days)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{flag} must be an integer >= 1, got {v!r}")
-
-
-def _write(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 def _certificate(subject: str, issuer: str, public_key, signing_key, days: int, ca: bool, names=None):
@@ -128,7 +119,8 @@ def make_credentials(folder: str, server_addresses: Sequence[str], nodes: int, d
     paths = {}
     for name, data in files.items():
         paths[name] = os.path.join(folder, name)
-        _write(paths[name], data)
+        with os.fdopen(os.open(paths[name], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(data)
     return paths
 
 
