@@ -14,6 +14,7 @@ torch ops, for torch.compile), regularizer objects (``fk.L1`` ... ``fk.L2Ball``,
 
 from . import fused, ops, optim, raw
 from ._backend import backend_info, emulate_cuda, get_num_threads, max_num_threads, set_num_threads
+from ._validate import ParameterError, ParameterTypeError
 from .flat import FlatParams
 from .per_parameter import PerParameter
 from .profiling import ProxStats, prox_stats
@@ -38,6 +39,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "backend_info",
+    "ParameterError",
+    "ParameterTypeError",
     "set_num_threads",
     "get_num_threads",
     "max_num_threads",

@@ -3,7 +3,10 @@
 All checks run before any kernel, so a rejected call leaves every buffer as it was. Errors name
 the argument and the rule: ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong
 value, shape, device or memory layout, ``RuntimeError`` for an in-place op on a tensor that
-autograd tracks.
+autograd tracks. A refused scalar argument raises :class:`ParameterError` /
+:class:`ParameterTypeError`, whose ``fields`` name the argument(s) the rule reads, so a caller that
+set them from other names (a command line's flags) can say which of its own inputs is at fault
+without trying the values again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,23 @@ PARAM_NAMES = {
 _DTYPE_NAMES = "float32, float64, float16 or bfloat16"
 
 
+class _Fields:
+    """``fields``: the names of the arguments whose values broke the rule (all of them, for a rule
+    between several); empty when the error cannot say."""
+
+    def __init__(self, message: str, *fields: str):
+        super().__init__(message)
+        self.fields = fields
+
+
+class ParameterError(_Fields, ValueError):
+    """A parameter's value breaks a rule; ``fields`` names the parameter(s)."""
+
+
+class ParameterTypeError(_Fields, TypeError):
+    """A parameter's value has the wrong type; ``fields`` names the parameter."""
+
+
 def real(name: str, value) -> float:
     """A finite real scalar (Python number or one-element tensor)."""
     tv = type(value)
@@ -36,38 +56,38 @@ def real(name: str, value) -> float:
         value = float(value)
         if value - value == 0.0:  # false for +-inf and NaN
             return value
-        raise ValueError(f"{name} must be finite, got {value}")
+        raise ParameterError(f"{name} must be finite, got {value}", name)
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise TypeError(f"{name} must be a real scalar, got a tensor of shape {tuple(value.shape)}")
+            raise ParameterTypeError(f"{name} must be a real scalar, got a tensor of shape {tuple(value.shape)}", name)
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+        raise ParameterTypeError(f"{name} must be a real number, got {type(value).__name__}", name)
     value = float(value)
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
+        raise ParameterError(f"{name} must be finite, got {value}", name)
     return value
 
 
 def nonneg(name: str, value) -> float:
     value = real(name, value)
     if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+        raise ParameterError(f"{name} must be >= 0, got {value}", name)
     return value
 
 
 def positive(name: str, value) -> float:
     value = real(name, value)
     if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
+        raise ParameterError(f"{name} must be > 0, got {value}", name)
     return value
 
 
 def positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise ParameterTypeError(f"{name} must be an int, got {type(value).__name__}", name)
     if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+        raise ParameterError(f"{name} must be >= 1, got {value}", name)
     return int(value)
 
 
@@ -90,12 +110,12 @@ def prox_params(kind: str, p1, p2) -> tuple[float, float]:
         lam = positive("lam", p1)
         a = real("a", p2)
         if a <= 2:
-            raise ValueError(f"a must be > 2 for SCAD, got {a}")
+            raise ParameterError(f"a must be > 2 for SCAD, got {a}", "a")
         return lam, a
     if kind == "box":
         lo, hi = bound("lo", p1), bound("hi", p2)
         if lo > hi:
-            raise ValueError(f"lo must be <= hi, got lo={lo} > hi={hi}")
+            raise ParameterError(f"lo must be <= hi, got lo={lo} > hi={hi}", "lo", "hi")
         return lo, hi
     return 0.0, 0.0
 
@@ -103,10 +123,10 @@ def prox_params(kind: str, p1, p2) -> tuple[float, float]:
 def bound(name: str, value) -> float:
     """A box bound: a real number, +-inf allowed, NaN not."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+        raise ParameterTypeError(f"{name} must be a real number, got {type(value).__name__}", name)
     value = float(value)
     if math.isnan(value):
-        raise ValueError(f"{name} must not be NaN")
+        raise ParameterError(f"{name} must not be NaN", name)
     return value
 
 

@@ -129,10 +129,12 @@ def resolve(names: list[str], mapping) -> dict:
         matches = [n for n in names if fnmatchcase(n, k)]
         if not matches:
             shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
-            raise ValueError(f"regularizer key {k!r} matches no parameter of the model; its parameters: {shown}")
+            raise V.ParameterError(f"regularizer key {k!r} matches no parameter of the model; its parameters: "
+                                   f"{shown}", k)
         winner = decided[matches[0]]
-        raise ValueError(f"regularizer key {k!r} decides no parameter: {matches[0]!r} goes to {winner!r} (an exact "
-                         f"name wins, then the first matching pattern in order); put {k!r} before {winner!r}")
+        raise V.ParameterError(f"regularizer key {k!r} decides no parameter: {matches[0]!r} goes to {winner!r} (an "
+                               f"exact name wins, then the first matching pattern in order); put {k!r} before "
+                               f"{winner!r}", k, winner)
     return decided
 
 
@@ -179,8 +181,8 @@ class PerParameter(Regularizer):
         if not isinstance(base, GroupLasso):
             return None
         if len(shape) < 2:
-            raise ValueError(f"regularizer key {key!r}: {reg!r} needs a parameter with 2 or more dimensions "
-                             f"(its rows or columns are the groups), but {name!r} has shape {shape}")
+            raise V.ParameterError(f"regularizer key {key!r}: {reg!r} needs a parameter with 2 or more dimensions "
+                                   f"(its rows or columns are the groups), but {name!r} has shape {shape}", key)
         rows = shape[0]
         return (rows, _numel(shape) // rows)
 

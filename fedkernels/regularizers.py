@@ -207,10 +207,10 @@ class Box(Regularizer):
             hi_t = hi_t if hi_t is not None else torch.full_like(ref, V.bound("hi", hi))
             V.operand("hi", hi_t, lo_t, "lo")
             if torch.isnan(lo_t).any() or torch.isnan(hi_t).any():
-                raise ValueError("lo and hi must not contain NaN")
+                raise V.ParameterError("lo and hi must not contain NaN", "lo", "hi")
             if (lo_t > hi_t).any():
                 bad = int((lo_t > hi_t).nonzero()[0].item()) if lo_t.dim() == 1 else "some"
-                raise ValueError(f"lo must be <= hi elementwise (violated at index {bad})")
+                raise V.ParameterError(f"lo must be <= hi elementwise (violated at index {bad})", "lo", "hi")
             self.lo, self.hi = lo_t.contiguous(), hi_t.contiguous()
         else:
             self.lo, self.hi = V.prox_params("box", lo, hi)
@@ -319,7 +319,7 @@ class GroupLasso(Regularizer):
     def __init__(self, lam: float, groups: str = "rows"):
         self.lam = V.nonneg("lam", lam)
         if groups not in raw.GROUPS:
-            raise ValueError(f"groups must be one of {raw.GROUPS}, got {groups!r}")
+            raise V.ParameterError(f"groups must be one of {raw.GROUPS}, got {groups!r}", "groups")
         self.groups = groups
 
     def check_prox_(self, x, step):
@@ -411,7 +411,7 @@ class RegularizerEntry:
         given = {**self.options, **opts}
         missing = [k for k, v in given.items() if v is self.REQUIRED]
         if missing:
-            raise ValueError(f"{self.name} needs the option(s) {', '.join(missing)}")
+            raise V.ParameterError(f"{self.name} needs the option(s) {', '.join(missing)}", *missing)
         derived = {k for k, v in self.options.items() if v is SAME_AS_STRENGTH}
         kwargs = {k: (strength if v is SAME_AS_STRENGTH or (v is None and k in derived) else v)
                   for k, v in given.items()}

@@ -210,45 +210,52 @@ class ServerClientAlgorithm(Algorithm):
         return local._replace(**full) if full else local
 
 
+# Every refusal of a hyper-parameter is an fk.ParameterError whose ``fields`` name the fields whose values
+# break the rule (all of them, for a rule between fields): the command line names the flags that set
+# them from that, never by trying values. A user's class may raise it too; a plain ValueError names none.
+
+
 def positive(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        raise fk.ParameterError(f"{name} must be a finite number > 0, got {value!r}", name)
     return float(value)
 
 
 def positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        raise fk.ParameterError(f"{name} must be an int >= 1, got {value!r}", name)
     return int(value)
 
 
 def one_of(name: str, value, options) -> str:
     if value not in options:
-        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+        raise fk.ParameterError(f"{name} must be one of {options}, got {value!r}", name)
     return value
 
 
-def check_prox_step(algorithm: str, reg: fk.Regularizer, step: float, what: str, rule: str) -> None:
+def check_prox_step(algorithm: str, reg: fk.Regularizer, step: float, what: str, rule: str,
+                    fields: tuple = ()) -> None:
     """Reject a prox step with ``step * rho >= 1`` (the prox of a rho-weakly convex h is unique
     and (1/(1 - step rho))-Lipschitz only when step * rho < 1, docs/algorithms.md §1.3).
 
-    ``what`` names the step in the algorithm's symbols (e.g. "alpha"), ``rule`` the spec rule. A
-    per-parameter h (``fk.PerParameter``) is checked segment by segment, and the error names the
-    parameters whose penalty breaks the rule.
+    ``what`` names the step in the algorithm's symbols (e.g. "alpha"), ``rule`` the spec rule,
+    ``fields`` the hyper-parameters the step is made of (and those that choose it), which the error
+    carries. A per-parameter h (``fk.PerParameter``) is checked segment by segment, and the error
+    names the parameters whose penalty breaks the rule.
     """
     parts = reg.parts() if isinstance(reg, fk.PerParameter) else [(None, reg)]
     for where, part in parts:
-        _check_one_prox_step(algorithm, part, step, what, rule, where)
+        _check_one_prox_step(algorithm, part, step, what, rule, where, fields)
 
 
-def _check_one_prox_step(algorithm, reg, step, what, rule, where) -> None:
+def _check_one_prox_step(algorithm, reg, step, what, rule, where, fields) -> None:
     rho = float(getattr(reg, "rho", 0.0))
     if rho > 0 and step * rho >= 1.0:
         on = f" (the penalty of {where})" if where else ""
-        raise ValueError(
+        raise fk.ParameterError(
             f"{algorithm}: {what} = {step:g} violates {rule}: {reg!r}{on} is rho-weakly convex with "
             f"rho = {rho:g}, so the prox step must satisfy step * rho < 1 (step < 1/rho = {1.0 / rho:g}); "
             f"got step * rho = {step * rho:g}. The prox of a weakly convex h is unique and Lipschitz only "
-            f"in that regime (docs/algorithms.md §1.3, §7.4)."
+            f"in that regime (docs/algorithms.md §1.3, §7.4).", *fields
         )
 

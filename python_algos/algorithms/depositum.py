@@ -96,15 +96,19 @@ class DEPOSITUM(Algorithm):
         positive("alpha", self.alpha)
         positive("gamma", self.gamma)
         if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not 0 <= self.beta < 1:
-            raise ValueError(f"beta must be in [0, 1), got {self.beta!r}")
+            raise fk.ParameterError(f"beta must be in [0, 1), got {self.beta!r}", "beta")
         positive_int("period", self.period)
         one_of("momentum", self.momentum, ("shb", "snag"))
         one_of("prox_step", self.prox_step, ("alpha", "alpha*gamma"))
         if not isinstance(self.normalized, bool):
-            raise ValueError(f"normalized must be a bool, got {self.normalized!r}")
+            raise fk.ParameterError(f"normalized must be a bool, got {self.normalized!r}", "normalized")
         one_of("tracker_init", self.tracker_init, ("zero", "gradient"))
         one_of("mixing", self.mixing, ("auto", "dense", "sparse"))
-        object.__setattr__(self, "topology", topo.canonical(self.topology))  # validates a given W now
+        try:  # validates a given W now; the error names the field like every other check here
+            object.__setattr__(self, "topology", topo.canonical(self.topology))
+        except (ValueError, TypeError) as e:
+            kind = fk.ParameterTypeError if isinstance(e, TypeError) else fk.ParameterError
+            raise kind(str(e), "topology") from None
         object.__setattr__(self, "_matrices", {})  # W as a torch tensor, per (N, dtype, device): not state
 
     @property
@@ -123,7 +127,8 @@ class DEPOSITUM(Algorithm):
         what = "alpha (prox step)" if self.prox_step == "alpha" else "alpha*gamma (prox step)"
         check_prox_step(self.name, reg, self.step, what,
                         "alpha < 1/rho, or alpha*gamma < 1/rho with prox_step='alpha*gamma' "
-                        "(docs/algorithms.md §4.5/§7.4)")
+                        "(docs/algorithms.md §4.5/§7.4)",
+                        ("alpha",) if self.prox_step == "alpha" else ("alpha", "gamma", "prox_step"))
 
     def graph(self, num_clients: int) -> topo.Topology:
         """The topology on ``num_clients`` nodes."""

@@ -77,7 +77,7 @@ class FastFedDA(ServerClientAlgorithm):
         positive_int("local_steps", self.local_steps)
         if isinstance(self.mu, bool) or not isinstance(self.mu, (int, float)) or not math.isfinite(self.mu) \
                 or self.mu < 0:
-            raise ValueError(f"mu must be a finite number >= 0, got {self.mu!r}")
+            raise fk.ParameterError(f"mu must be a finite number >= 0, got {self.mu!r}", "mu")
 
     def step(self, t: int) -> float:
         """The prox step 1/b = t / (t μ/2 + γ) of primal(·, ·, t)."""

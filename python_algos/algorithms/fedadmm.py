@@ -71,7 +71,7 @@ class FedADMM(ServerClientAlgorithm):
     def validate(self, reg):
         super().validate(reg)
         check_prox_step(self.name, reg, self.eta, "eta (server prox step)",
-                        "eta < 1/rho (docs/algorithms.md §5.9, §2.8)")
+                        "eta < 1/rho (docs/algorithms.md §5.9, §2.8)", ("eta",))
 
     def costs(self, num_clients):
         return Costs(client_prox=0, server_prox=1, up=1, down=1, grads=self.local_steps)

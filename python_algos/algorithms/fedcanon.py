@@ -62,7 +62,7 @@ class FedCanon(ServerClientAlgorithm):
     def validate(self, reg):
         super().validate(reg)
         check_prox_step(self.name, reg, self.alpha, "alpha",
-                        "alpha < 1/rho (FedCanon Theorem 1, docs/algorithms.md §4.1/§7.4)")
+                        "alpha < 1/rho (FedCanon Theorem 1, docs/algorithms.md §4.1/§7.4)", ("alpha",))
 
     def costs(self, num_clients):
         return Costs(client_prox=0, server_prox=1, up=1, down=2, grads=self.local_steps)

@@ -60,7 +60,7 @@ class FedCanonII(ServerClientAlgorithm):
     def validate(self, reg):
         super().validate(reg)
         check_prox_step(self.name, reg, self.alpha, "alpha",
-                        "alpha < 1/rho (FedCanon Theorem 1, docs/algorithms.md §4.2/§7.4)")
+                        "alpha < 1/rho (FedCanon Theorem 1, docs/algorithms.md §4.2/§7.4)", ("alpha",))
 
     def costs(self, num_clients):
         return Costs(client_prox=num_clients, server_prox=0, up=1, down=1, grads=self.local_steps)

@@ -79,13 +79,13 @@ class FedDR(ServerClientAlgorithm):
         positive_int("local_steps", self.local_steps)
         positive("alpha", self.alpha)
         if not self.alpha < 2:
-            raise ValueError(f"alpha (the DR relaxation) must be in (0, 2), got {self.alpha!r}")
+            raise fk.ParameterError(f"alpha (the DR relaxation) must be in (0, 2), got {self.alpha!r}", "alpha")
         one_of("init_from", self.init_from, ("paper", "code"))
 
     def validate(self, reg):
         super().validate(reg)
         check_prox_step(self.name, reg, self.eta, "eta (server prox step)",
-                        "eta < 1/rho (docs/algorithms.md §5.8, §2.8)")
+                        "eta < 1/rho (docs/algorithms.md §5.8, §2.8)", ("eta",))
 
     def costs(self, num_clients):
         return Costs(client_prox=0, server_prox=1, up=1, down=1, grads=self.local_steps)

@@ -62,8 +62,9 @@ class FedMiD(ServerClientAlgorithm):
     def validate(self, reg):
         super().validate(reg)
         rule = "eta_c < 1/rho and eta_s*eta_c*K < 1/rho (docs/algorithms.md §5.3/§7.4)"
-        check_prox_step(self.name, reg, self.lr_client, "lr_client (client prox step eta_c)", rule)
-        check_prox_step(self.name, reg, self.server_step, "lr_server*lr_client*K (server prox step)", rule)
+        check_prox_step(self.name, reg, self.lr_client, "lr_client (client prox step eta_c)", rule, ("lr_client",))
+        check_prox_step(self.name, reg, self.server_step, "lr_server*lr_client*K (server prox step)", rule,
+                        ("lr_server", "lr_client", "local_steps"))
 
     def costs(self, num_clients):
         return Costs(client_prox=num_clients * self.local_steps, server_prox=1, up=1, down=1, grads=self.local_steps)

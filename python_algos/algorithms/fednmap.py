@@ -95,8 +95,8 @@ class FedNMap(ServerClientAlgorithm):
         one_of("c_update_at", self.c_update_at, ("round_start", "round_end"))
         one_of("downlink", self.downlink, ("z_dbar", "z"))
         if self.downlink == "z" and self.c_update_at != "round_start":
-            raise ValueError('downlink="z" recovers d̄^{t−1} at the start of round t, '
-                             'so it needs c_update_at="round_start"')
+            raise fk.ParameterError('downlink="z" recovers d̄^{t−1} at the start of round t, '
+                                    'so it needs c_update_at="round_start"', "downlink", "c_update_at")
 
     @property
     def alpha(self) -> float:
@@ -106,7 +106,8 @@ class FedNMap(ServerClientAlgorithm):
     def validate(self, reg):
         super().validate(reg)
         check_prox_step(self.name, reg, self.lam, "lam",
-                        "lam < 1/rho (the normal map needs a unique prox_{lam h}; docs/algorithms.md §4.4/§7.4)")
+                        "lam < 1/rho (the normal map needs a unique prox_{lam h}; docs/algorithms.md §4.4/§7.4)",
+                        ("lam",))
 
     def costs(self, num_clients):
         down = 2 if self.downlink == "z_dbar" else 1

@@ -65,13 +65,14 @@ class FedProx(ServerClientAlgorithm):
         positive_int("local_steps", self.local_steps)
         if (isinstance(self.mu, bool) or not isinstance(self.mu, (int, float)) or not math.isfinite(self.mu)
                 or self.mu < 0):
-            raise ValueError(f"mu must be a finite number >= 0, got {self.mu!r}")
+            raise fk.ParameterError(f"mu must be a finite number >= 0, got {self.mu!r}", "mu")
         if not isinstance(self.server_prox, bool):
-            raise ValueError(f"server_prox must be a bool, got {self.server_prox!r}")
+            raise fk.ParameterError(f"server_prox must be a bool, got {self.server_prox!r}", "server_prox")
         if self.server_prox_step is not None:
             positive("server_prox_step", self.server_prox_step)
             if not self.server_prox:
-                raise ValueError("server_prox_step is only used with server_prox=True")
+                raise fk.ParameterError("server_prox_step is only used with server_prox=True", "server_prox_step",
+                                        "server_prox")
 
     @property
     def composite(self) -> bool:  # the original FedProx is smooth; the extension applies h
@@ -85,8 +86,9 @@ class FedProx(ServerClientAlgorithm):
     def validate(self, reg):
         super().validate(reg)
         if self.server_prox:
+            made_of = ("server_prox_step",) if self.server_prox_step is not None else ("lr_local", "local_steps")
             check_prox_step(self.name, reg, self.step, "server_prox_step (server prox step s)",
-                            "s < 1/rho (composite extension of docs/algorithms.md §5.10)")
+                            "s < 1/rho (composite extension of docs/algorithms.md §5.10)", (*made_of, "server_prox"))
         else:
             warn_smooth(self.name, reg)
 

@@ -59,8 +59,8 @@ class ProxFedAvg(ServerClientAlgorithm):
         super().validate(reg)
         rule = ("beta < 1/rho and alpha < 1/rho (unique, Lipschitz client and server prox; "
                 "docs/algorithms.md §5.2, §1.3)")
-        check_prox_step(self.name, reg, self.beta, "beta (client prox step)", rule)
-        check_prox_step(self.name, reg, self.alpha, "alpha (server prox step)", rule)
+        check_prox_step(self.name, reg, self.beta, "beta (client prox step)", rule, ("beta",))
+        check_prox_step(self.name, reg, self.alpha, "alpha (server prox step)", rule, ("alpha",))
 
     def costs(self, num_clients):
         return Costs(client_prox=num_clients * self.local_steps, server_prox=1, up=1, down=1, grads=self.local_steps)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import fedkernels as fk
+
 from .base import Algorithm
 from .depositum import DEPOSITUM
 from .fastfedda import FastFedDA
@@ -139,12 +141,14 @@ def build(name: str, lr: float, local_steps: int, overrides: dict) -> Algorithm:
         fields = {f.name: f for f in dataclasses.fields(entry.cls)}
         unknown = [k for k in overrides if k not in fields]
         if unknown:
-            raise ValueError(f"{name} has no hyper-parameter {', '.join(unknown)}; its fields: {', '.join(fields)}")
+            raise fk.ParameterError(f"{name} has no hyper-parameter {', '.join(unknown)}; its fields: "
+                                    f"{', '.join(fields)}", *unknown)
         given = {**entry.from_lr(lr, local_steps), **overrides}
         missing = [k for k, f in fields.items() if f.init and k not in given
                    and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         if missing:
-            raise ValueError(f"{name} needs a value for {', '.join(missing)} (--alg-opt {missing[0]}=VALUE)")
+            raise fk.ParameterError(f"{name} needs a value for {', '.join(missing)} (--alg-opt {missing[0]}=VALUE)",
+                                    *missing)
         return entry.cls(**typed_hparams(name, entry.cls, given))
     return entry.cls(**{**entry.from_lr(lr, local_steps), **overrides})
 
@@ -169,8 +173,8 @@ def typed_hparams(name: str, cls: type, values: dict) -> dict:
         if t is float and isinstance(v, int) and not isinstance(v, bool):
             out[k] = float(v)
         elif not isinstance(v, t) or (t is not bool and isinstance(v, bool)):
-            raise ValueError(f"{name}: {k} must be {'a' if t is not int else 'an'} {t.__name__}, got {v!r} "
-                             f"(--alg-opt {k}=VALUE)")
+            raise fk.ParameterError(f"{name}: {k} must be {'a' if t is not int else 'an'} {t.__name__}, got {v!r} "
+                                    f"(--alg-opt {k}=VALUE)", k)
     return out
 
 

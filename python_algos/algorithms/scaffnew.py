@@ -69,7 +69,7 @@ class SCAFFNEW(ServerClientAlgorithm):
     def __post_init__(self):
         positive("lr", self.lr)
         if not (isinstance(self.p, (int, float)) and 0 < self.p <= 1):
-            raise ValueError(f"p must be in (0, 1], got {self.p!r}")
+            raise fk.ParameterError(f"p must be in (0, 1], got {self.p!r}", "p")
 
     def validate(self, reg):
         super().validate(reg)

@@ -79,8 +79,10 @@ class ZA1(ServerClientAlgorithm):
     def validate(self, reg):
         super().validate(reg)
         rule = "tau*eta < 1/rho and eta_g*eta*tau < 1/rho (docs/algorithms.md §4.3/§7.4)"
-        check_prox_step(self.name, reg, self.local_steps * self.eta, "tau*eta (largest local prox step)", rule)
-        check_prox_step(self.name, reg, self.server_step, "eta_g*eta*tau (server prox step)", rule)
+        check_prox_step(self.name, reg, self.local_steps * self.eta, "tau*eta (largest local prox step)", rule,
+                        ("eta", "local_steps"))
+        check_prox_step(self.name, reg, self.server_step, "eta_g*eta*tau (server prox step)", rule,
+                        ("eta_g", "eta", "local_steps"))
 
     def costs(self, num_clients):
         return Costs(client_prox=num_clients * self.local_steps, server_prox=1, up=1, down=1, grads=self.local_steps)

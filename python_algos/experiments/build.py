@@ -4,24 +4,22 @@ Each builder checks what it builds and words its errors in the user's terms: the
 value (``--dataset``, ``--model-opt``, ``--alg-opt``, ``--lr`` with ``--local-steps``, ``--reg``) or
 the config key of a per-parameter entry (``[regularizers]`` / ``--reg-param``).
 
-Which flag a refused value came from is found by trying the values, never by reading the error's
-text (:func:`_at_fault`): each flag's values are checked alone over values known to pass (the
-defaults), so an option is named because its value fails, not because its name appears in a rule.
+Which flags a refused value came from is read from the error itself: an algorithm's and a
+regularizer's checks raise ``fk.ParameterError`` naming the field(s) whose values break the rule, and
+each field is mapped here to the flag that set it (never found by searching the error's text).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
-from typing import Callable, Optional
 
 import torch
 from torch import nn
 
 import fedkernels as fk
 
-from ..algorithms.registry import algorithm_entry, build, typed_hparams
+from ..algorithms.registry import algorithm_entry, build
 from .config import Config, ConfigError, show_value
 from .data import FederatedData, federate, load_dataset
 from .device import resolve_device
@@ -83,92 +81,37 @@ def build_model(cfg: Config, ds) -> nn.Module:
     return model.to(device=resolve_device(cfg.device), dtype=getattr(torch, cfg.dtype))
 
 
-def _failure(attempt: Callable[[dict], object], values: dict) -> Optional[Exception]:
-    """The error ``attempt(values)`` raises about a value (None: it passes)."""
-    try:
-        with warnings.catch_warnings():  # the run's own checks warn once, not each trial
-            warnings.simplefilter("ignore")
-            attempt(values)
-    except (ValueError, TypeError) as e:
-        return e
-    return None
+def _named_fields(e: Exception) -> tuple:
+    """The fields an error names (``fk.ParameterError.fields``; none for a plain ValueError)."""
+    return tuple(getattr(e, "fields", ()) or ())
 
 
-def _at_fault(attempt: Callable[[dict], object], references: list, sources: dict, error: Exception,
-              base: Optional[str] = None) -> tuple:
-    """Which of ``sources`` (label -> the values that flag sets, in the user's order) make
-    ``attempt({**reference, **their values})`` fail, found by trying them, not by reading ``error``
-    (the failure of all of them together). The reference values the sources are tried over: the first
-    of ``references`` that passes (the defaults first).
-
-    ``base`` (the --lr mapping, --reg-strength) is tried first; when it passes alone, the others are
-    tried over it. A source that fails alone is named alone, with its own error; otherwise the rule is
-    one between sources, and those whose removal lets the rest pass are named (all, if none does), with
-    ``error``. Returns (labels, error); no labels when no reference passes."""
-    reference = next((r for r in references if _failure(attempt, r) is None), None)
-    if reference is None:
-        return [], error
-    over = dict(reference)
-    order = list(sources) if base is None else [base, *(k for k in sources if k != base)]
-    for label in order:
-        e = _failure(attempt, {**over, **sources[label]})
-        if e is not None:
-            return [label], e
-        if label == base:
-            over.update(sources[base])
-
-    def without(label):
-        return {**reference, **{k: v for other in sources if other != label for k, v in sources[other].items()}}
-
-    together = [label for label in sources if _failure(attempt, without(label)) is None]
-    return together or list(sources), error
-
-
-_LR = "--lr"  # the source label of the values --lr and --local-steps set (no hyper-parameter is called so)
-
-
-def _algorithm_sources(cfg: Config, entry) -> tuple:
-    """(references, sources) of cfg's hyper-parameters: the values of the default --lr, else of the
-    user's (with -K 100 the default's steps may break a weakly convex h's rule), and per flag the values
-    it sets (--lr / --local-steps: the mapped ones no --alg-opt overrides; each --alg-opt)."""
-    references = [entry.from_lr(lr, cfg.local_steps) for lr in (Config.lr, cfg.lr)]
-    mapped = {k: v for k, v in entry.from_lr(cfg.lr, cfg.local_steps).items() if k not in cfg.alg_opts}
-    return references, {_LR: mapped, **{k: {k: v} for k, v in cfg.alg_opts.items()}}
-
-
-def _hparam_fault(cfg: Config, alg_name: str, labels: list, e: Exception) -> ValueError:
-    """The error ``e`` of the hyper-parameters set by the flags ``labels`` (:func:`_at_fault`), worded
-    with them: ``--alg-opt KEY=VALUE`` (or its config-file key), else the ``--lr`` / ``--local-steps``
-    mapping and the options that break the rule with it (no labels: every option given)."""
-    rule = str(e)
-    opts = {k: cfg.alg_opts[k] for k in (labels or cfg.alg_opts) if k != _LR}
-    if labels and _LR not in labels:
-        return ConfigError("alg_opts", _opts_text(opts) if len(opts) == 1 else opts, rule,
-                           flag_text=f"--alg-opt {_opts_text(opts)}")
+def hparam_error(cfg: Config, alg_name: str, e: Exception) -> ValueError:
+    """``e``, raised building or validating cfg's algorithm, worded with the flags that set the fields
+    it names: ``--alg-opt KEY=VALUE`` (or its config-file key) for the user's keys, the ``--lr`` /
+    ``--local-steps`` mapping for the values it sets, ``--local-steps`` for K. An error that names no
+    field the user set (a user's class raising a plain ValueError) names every option given."""
+    fields = _named_fields(e)
     mapped = {k: v for k, v in algorithm_entry(cfg.algorithm).from_lr(cfg.lr, cfg.local_steps).items()
-              if k != "local_steps" and k not in cfg.alg_opts}
-    shown = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in mapped.items())
-    with_opts = f", with --alg-opt {_opts_text(opts)}" if opts else ""
-    return ValueError(f"--lr {cfg.lr:g} with --local-steps {cfg.local_steps} sets {alg_name}'s {shown} "
-                      f"(see `python -m python_algos algorithms`; override with --alg-opt){with_opts}: {rule}")
-
-
-def _maker(cfg: Config, entry):
-    """The algorithm from hyper-parameter values, as ``build`` makes it (a user's class: values typed)."""
-    return lambda values: entry.cls(**typed_hparams(cfg.algorithm, entry.cls, values))
-
-
-def hparam_error(cfg: Config, alg_name: str, e: Exception, reg: Optional[fk.Regularizer] = None) -> ValueError:
-    """``e``, raised by ``validate(reg)`` of cfg's algorithm (h: ``reg``, None: the one of cfg's --reg
-    flags), in terms of the flags that set the hyper-parameters at fault: each flag's values are
-    validated alone (:func:`_at_fault`), ``--alg-opt KEY=VALUE`` when the user's key is, else the
-    ``--lr`` / ``--local-steps`` mapping."""
-    entry = algorithm_entry(cfg.algorithm)
-    h = reg if reg is not None else build_run_regularizer(cfg, None)
-    references, sources = _algorithm_sources(cfg, entry)
-    make = _maker(cfg, entry)
-    labels, err = _at_fault(lambda values: make(values).validate(h), references, sources, e, base=_LR)
-    return _hparam_fault(cfg, alg_name, labels, err)
+              if k not in cfg.alg_opts}
+    opts = {k: v for k, v in cfg.alg_opts.items() if k in fields}
+    by_lr = {k: v for k, v in mapped.items() if k in fields and k != "local_steps"}
+    by_k = "local_steps" in fields
+    if not (opts or by_lr or by_k):
+        opts, by_lr = dict(cfg.alg_opts), {k: v for k, v in mapped.items() if k != "local_steps"}
+    rule = str(e)
+    if by_lr:
+        shown = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in by_lr.items())
+        with_opts = f", with --alg-opt {_opts_text(opts)}" if opts else ""
+        return ValueError(f"--lr {cfg.lr:g} with --local-steps {cfg.local_steps} sets {alg_name}'s {shown} "
+                          f"(see `python -m python_algos algorithms`; override with --alg-opt){with_opts}: {rule}")
+    if opts:
+        with_k = f" with --local-steps {cfg.local_steps}" if by_k else ""
+        return ConfigError("alg_opts", _opts_text(opts) if len(opts) == 1 else opts, rule,
+                           flag_text=f"--alg-opt {_opts_text(opts)}{with_k}")
+    if by_k:
+        return ConfigError("local_steps", cfg.local_steps, rule)
+    return ValueError(f"-a {cfg.algorithm}: {rule}")
 
 
 def build_algorithm(cfg: Config):
@@ -189,9 +132,7 @@ def build_algorithm(cfg: Config):
     try:
         return build(cfg.algorithm, cfg.lr, cfg.local_steps, cfg.alg_opts)
     except (ValueError, TypeError) as e:
-        references, sources = _algorithm_sources(cfg, entry)
-        labels, err = _at_fault(_maker(cfg, entry), references, sources, e, base=_LR)
-        raise _hparam_fault(cfg, entry.cls.name, labels, err) from None
+        raise hparam_error(cfg, entry.cls.name, e) from None
 
 
 def build_per_parameter(table: dict, model: nn.Module, default_strength: float = 0.0) -> fk.PerParameter:
@@ -205,13 +146,10 @@ def build_per_parameter(table: dict, model: nn.Module, default_strength: float =
     try:
         return fk.PerParameter(model, mapping)
     except (ValueError, TypeError) as e:
-        # the entries at fault, by trying them (an entry alone: a pattern matching no parameter; together:
-        # one shadowing another), over no penalty at all
-        labels, err = _at_fault(lambda entries: fk.PerParameter(model, entries), [{}],
-                                {p: {p: r} for p, r in mapping.items()}, e)
-        labels = labels or list(table)
+        # the entries the error names (a pattern matching no parameter; one shadowing another: both)
+        labels = [p for p in table if p in _named_fields(e)] or list(table)
         texts = [spec_text(p, table[p]) for p in labels]
-        raise ConfigError("regularizers", texts[0] if len(texts) == 1 else {p: table[p] for p in labels}, str(err),
+        raise ConfigError("regularizers", texts[0] if len(texts) == 1 else {p: table[p] for p in labels}, str(e),
                           flag_text=" ".join(f"--reg-param {t}" for t in texts)) from None
 
 
@@ -261,26 +199,21 @@ def _flag_regularizer(reg: str, strength: float, opts: dict) -> fk.Regularizer:
         raise _regularizer_fault(name, float(strength), opts, e) from None
 
 
-_STRENGTH = "--reg-strength"  # the source label of a penalty's strength (no option is called so)
-
-
 def _regularizer_fault(name: str, strength: float, opts: dict, e: Exception) -> ValueError:
-    """The error ``e`` of --reg NAME, worded with the flags whose values are at fault (:func:`_at_fault`,
-    each checked alone over the defaults: --reg-strength's and the options')."""
-    def attempt(values):
-        values = dict(values)
-        build_regularizer(name, values.pop(_STRENGTH), **values)
-
-    penalty = reg_entry(name).strength is not None
-    sources = {**({_STRENGTH: {_STRENGTH: strength}} if penalty else {}), **{k: {k: v} for k, v in opts.items()}}
-    labels, err = _at_fault(attempt, [{_STRENGTH: Config.reg_strength if penalty else 0.0}], sources, e,
-                            base=_STRENGTH if penalty else None)
-    rule, named = str(err), {k: opts[k] for k in labels if k != _STRENGTH}
-    if labels == [_STRENGTH]:
+    """The error ``e`` of --reg NAME, worded with the flags that set the fields it names: the strength
+    (and an option that defaults to it, elastic net's l2) is --reg-strength's, an option given is its
+    --reg-opt; a field left at its default is no flag's (none named: every option given)."""
+    own, fields = reg_entry(name).strength, _named_fields(e)
+    derived = {k for k, v in reg_entry(name).options.items() if v is fk.regularizers.SAME_AS_STRENGTH}
+    by_strength = own is not None and any(f == own or (f in derived and f not in opts) for f in fields)
+    rule, named = str(e), {k: v for k, v in opts.items() if k in fields}
+    if not (by_strength or named):
+        by_strength, named = own is not None, dict(opts)
+    if by_strength and not named:
         return ConfigError("reg_strength", strength, rule)
-    if labels and _STRENGTH not in labels:
+    if named and not by_strength:
         return _reg_opts_error(named, rule)
-    if labels:
+    if named:
         also = "".join(f" --reg-opt {_opts_text({k: v})}" for k, v in named.items())
         return ConfigError("reg_strength", strength, rule, flag_text=f"--reg-strength {show_value(strength)}{also}")
-    return ValueError(f"--reg {name}{' --reg-opt ' + _opts_text(opts) if opts else ''}: {rule}")
+    return ValueError(f"--reg {name}: {rule}")

@@ -191,7 +191,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
         try:
             algorithm.validate(reg)
         except ValueError as e:
-            raise hparam_error(cfg, algorithm.name, e, reg) from None
+            raise hparam_error(cfg, algorithm.name, e) from None
     try:
         checked_clients_per_round(algorithm, len(fed.parts), cfg.participation, cfg.clients_per_round)
     except ValueError as e:
