@@ -70,11 +70,7 @@ class ServerClients(ClientSet):
     def gradients_(self, X, G, ids=None):
         raise NeedsClientData("the server holds no data")
 
-    def _mean(self, S, divisor=None):
-        return S.mean(dim=0) if divisor is None else S.sum(dim=0).div_(divisor)
-
-    def _broadcast(self, v):
-        return v
+    _mean, _broadcast = SequentialClients._mean, SequentialClients._broadcast  # simulate's averages, not a copy
 
     def full_objective_(self, x, grad_out):
         raise NeedsClientData("the server holds no data: objective metrics need the clients")
