@@ -31,6 +31,7 @@ from typing import Callable, Dict, Iterator, Mapping, Optional
 from ..algorithms.registry import ALGORITHMS, algorithm_entry, algorithm_names
 from ..clients import EXECUTORS
 from .data import DATASETS, PARTITIONS, check_data_options
+from .data.datasets import options_help
 from .models import MODELS
 from .regularizer_specs import REGULARIZERS
 from .values import parse_batch, parse_float, parse_int, parse_option, parse_reg_param, parse_seed
@@ -351,8 +352,8 @@ class Config:
     data_dir: Optional[str] = setting(None, group="data", check=_str(none_ok=True),
                                       help="folder holding the dataset files (never downloaded)")
     data_opts: dict = setting({}, flag="--data-opt", group="data", options=True, check=_mapping,
-                              help="generator / loader option, e.g. alpha=1 beta=1 (synthetic), file=a.txt (libsvm); "
-                                   "each typed and bounded by the data set's declared options")
+                              help="an option of the data set, typed and bounded as its generator / loader's "
+                                   "signature declares: " + options_help())
     test_fraction: float = setting(0.2, group="data", parse=parse_float,
                                    check=_num(0, open_lo=False, hi=1, open_hi=True))
     partition: str = setting("iid", group="data", choices=("iid", "dirichlet", "shards", "writers", "natural"),

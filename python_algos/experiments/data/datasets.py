@@ -37,19 +37,23 @@ risk score; Cox partial likelihood against ``[n, 2]`` (event, time) targets; met
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
+import math
 import os
-from typing import Optional
+from typing import Annotated, Optional
 
 import numpy as np
 import torch
 
 from . import bundled, loaders, partitions, synthetic
-from .options import data_options
+from .options import COUNT, Opt, check_options, options_of
 from .sklearn_data import PREFIX as SKLEARN_PREFIX
 from .sklearn_data import SKLEARN, load_sklearn
 from .split import train_test_indices
 
-__all__ = ["Dataset", "FederatedData", "DATASETS", "BUILTIN", "load_dataset", "federate"]
+__all__ = ["Dataset", "FederatedData", "DATASETS", "BUILTIN", "DATA_OPTIONS", "load_dataset", "federate",
+           "data_options", "check_data_options"]
 
 BUILTIN = ("sparse_logistic", "sparse_linear", "synthetic", "image_like")
 FILES = ("mnist", "fashion_mnist", "cifar10", "a9a", "libsvm", "femnist")
@@ -111,22 +115,20 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
 
 def _load(name: str, data_dir: Optional[str], seed: int, test_fraction: float, opts: dict) -> Dataset:
     """:func:`load_dataset`'s data, before :func:`_checked`."""
-    key = name.lower().replace("-", "_")
-    if key == "fmnist":
-        key = "fashion_mnist"
-    if key.startswith(SKLEARN_PREFIX):
-        unknown = set(opts) - set(data_options(key))
-        if unknown:
-            raise ValueError(f"dataset {key!r} does not take option(s) {sorted(unknown)}; it takes: standardize")
-        sub = key[len(SKLEARN_PREFIX):]
-        X, y, Xt, yt, task, classes, source = load_sklearn(sub, seed=seed, test_fraction=test_fraction, **opts)
-        return Dataset(key, X, y, Xt, yt, task, classes, source=source)
-    if key not in DATASETS:
+    key = {"fmnist": "fashion_mnist"}.get(name.lower().replace("-", "_"), name.lower().replace("-", "_"))
+    if key not in DATASETS and not key.startswith(SKLEARN_PREFIX):
         raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
-    unknown = set(opts) - set(data_options(key))
-    if unknown:
-        raise ValueError(f"dataset {key!r} does not take option(s) {sorted(unknown)}")
-
+    declared = data_options(name)
+    unknown = set(opts) - set(declared)
+    missing = [k for k, o in declared.items() if o.default is inspect.Parameter.empty and k not in opts]
+    if unknown or missing:
+        raise ValueError(f"dataset {key!r} does not take option(s) {sorted(unknown)}; it takes: {', '.join(declared)}"
+                         if unknown else f"dataset {key!r} needs {missing[0]}=VALUE (CLI: --data-opt "
+                                         f"{missing[0]}=VALUE)")
+    if key.startswith(SKLEARN_PREFIX):
+        X, y, Xt, yt, task, classes, source = load_sklearn(key[len(SKLEARN_PREFIX):], seed=seed,
+                                                           test_fraction=test_fraction, **opts)
+        return Dataset(key, X, y, Xt, yt, task, classes, source=source)
     if key in ("sparse_logistic", "sparse_linear"):
         task = "logistic" if key == "sparse_logistic" else "linear"
         X, y, x_true, groups = synthetic.sparse_regression(task=task, seed=seed, **opts)
@@ -135,17 +137,14 @@ def _load(name: str, data_dir: Optional[str], seed: int, test_fraction: float, o
         return Dataset(key, X, y, Xt, yt, "binary" if task == "logistic" else "regression",
                        2 if task == "logistic" else 0, groups=g, x_true=x_true,
                        source=f"built-in generator sparse_regression(task={task!r}{', ' + desc if desc else ''})")
-    if key == "synthetic":
-        opts = {"alpha": 1.0, "beta": 1.0, **opts}
-        X, y, groups = synthetic.fedprox_synthetic(seed=seed, **opts)
-        X, y, Xt, yt, g = _take(X, y, groups, *train_test_indices(X.shape[0], test_fraction, seed))
-        return Dataset(key, X, y, Xt, yt, "multiclass", opts.get("num_classes", 10), groups=g,
-                       source=f"built-in generator FedProx synthetic(alpha={opts['alpha']}, beta={opts['beta']})")
-    if key == "image_like":
-        X, y = synthetic.image_like(seed=seed, **opts)
-        X, y, Xt, yt, _ = _take(X, y, None, *train_test_indices(X.shape[0], test_fraction, seed))
-        return Dataset(key, X, y, Xt, yt, "multiclass", opts.get("num_classes", 10),
-                       source="built-in generator image_like")
+    if key in ("synthetic", "image_like"):
+        opts = {k: o.default for k, o in declared.items()} | opts
+        made = (synthetic.fedprox_synthetic if key == "synthetic" else synthetic.image_like)(seed=seed, **opts)
+        X, y, Xt, yt, g = _take(*made[:2], made[2] if key == "synthetic" else None,
+                                *train_test_indices(made[0].shape[0], test_fraction, seed))
+        return Dataset(key, X, y, Xt, yt, "multiclass", opts["num_classes"], groups=g,
+                       source=f"built-in generator FedProx synthetic(alpha={opts['alpha']}, beta={opts['beta']})"
+                       if key == "synthetic" else "built-in generator image_like")
 
     # files
     if key in ("mnist", "fashion_mnist"):
@@ -172,38 +171,62 @@ def _load(name: str, data_dir: Optional[str], seed: int, test_fraction: float, o
         X, y, w, Xt, yt, _, names = loaders.load_femnist(data_dir)
         return Dataset(key, X, y, Xt if len(yt) else None, yt if len(yt) else None, "multiclass", 62, groups=w,
                        source=f"FEMNIST (LEAF JSON, {len(names)} writers) in {data_dir}")
-    return _load_libsvm(opts, data_dir, seed, test_fraction)
+    return _load_libsvm(**opts, data_dir=data_dir, seed=seed, test_fraction=test_fraction)
 
 
-def _load_libsvm(opts: dict, data_dir: Optional[str], seed: int, test_fraction: float) -> Dataset:
-    """``libsvm``: any LIBSVM file (``file=``, ``test_file=`` optional); integral labels with few
-    values are classes, other labels regression targets."""
-    if "file" not in opts:
-        raise ValueError("dataset 'libsvm' needs file=PATH (CLI: --data-opt file=PATH)")
-    path = opts["file"]
-    if data_dir is not None and not os.path.isabs(path):
-        path = os.path.join(os.path.expanduser(data_dir), path)
-    X, yraw = loaders.load_libsvm(path, n_features=opts.get("n_features"))
-    Xt = ytraw = None
-    if opts.get("test_file"):
-        tp = opts["test_file"]
-        if data_dir is not None and not os.path.isabs(tp):
-            tp = os.path.join(os.path.expanduser(data_dir), tp)
-        Xt, ytraw = loaders.load_libsvm(tp, n_features=X.shape[1])
-    values = torch.unique(yraw if ytraw is None else torch.cat([yraw, ytraw]))
-    integral = bool(torch.all(values == values.round()))
-    if integral and len(values) <= max(2, min(1000, X.shape[0] // 2)):
-        lut = {float(v): i for i, v in enumerate(values.tolist())}  # labels -> 0..C-1 (e.g. -1/+1 -> 0/1)
-
-        def remap(t):
-            return torch.tensor([lut[float(v)] for v in t.tolist()], dtype=torch.int64)
-
-        y, yt, task, C = remap(yraw), (remap(ytraw) if ytraw is not None else None), "multiclass", len(values)
-    else:
-        y, yt, task, C = yraw.float(), (ytraw.float() if ytraw is not None else None), "regression", 0
+def _load_libsvm(file: str, test_file: Optional[str] = None,
+                 n_features: Annotated[Optional[int], Opt(1, COUNT, "features")] = None, *,
+                 data_dir: Optional[str], seed: int, test_fraction: float) -> Dataset:
+    """``libsvm``: any LIBSVM file (``file=``, ``test_file=`` optional, relative to ``data_dir``);
+    integral labels with few values are classes, other labels regression targets."""
+    path, tp = (os.path.join(os.path.expanduser(data_dir), p) if data_dir is not None and p and not os.path.isabs(p)
+                else p for p in (file, test_file))
+    X, yraw = loaders.load_libsvm(path, n_features=n_features)
+    Xt, ytraw = loaders.load_libsvm(tp, n_features=X.shape[1]) if tp else (None, None)
+    ys, task, C = loaders.classes_or_targets([yraw.numpy()] + ([ytraw.numpy()] if tp else []))
+    ys = [t.float() for t in ys] if task == "regression" else ys
+    y, yt = ys[0], (ys[1] if tp else None)
     if Xt is None:
         X, y, Xt, yt, _ = _take(X, y, None, *train_test_indices(X.shape[0], test_fraction, seed))
     return Dataset("libsvm", X, y, Xt, yt, task, C, source=f"LIBSVM file {path}")
+
+
+# data set -> (the generator / loader whose signature declares its --data-opt options, the parameters the
+# name sets); the generators' own checks still refuse a rule between options (nnz <= dim)
+MAKERS = {"sparse_logistic": (synthetic.sparse_regression, ("task",)), "synthetic": (synthetic.fedprox_synthetic, ()),
+          "sparse_linear": (synthetic.sparse_regression, ("task",)), "image_like": (synthetic.image_like, ()),
+          "libsvm": (_load_libsvm, ()), "sklearn": (load_sklearn, ("name", "test_fraction"))}
+DATA_OPTIONS = {name: options_of(fn, hidden) for name, (fn, hidden) in MAKERS.items()}
+
+
+def data_options(dataset: str) -> dict:
+    """The :class:`~.options.Option` of each option data set ``dataset`` takes (none for the files but libsvm)."""
+    key = dataset.lower().replace("-", "_")
+    return DATA_OPTIONS.get("sklearn" if key.startswith(SKLEARN_PREFIX) else key, {})
+
+
+def options_help() -> str:
+    """``sparse_logistic, sparse_linear: n=1000, dim=100, ...; ...``: the options and their defaults (``--help``)."""
+    by: dict = {}
+    for name, declared in DATA_OPTIONS.items():
+        text = ", ".join(f"{k}={'(required)' if o.default is inspect.Parameter.empty else json.dumps(o.default)}"
+                         for k, o in declared.items())
+        by.setdefault(text, []).append("sklearn:NAME" if name == "sklearn" else name)
+    return "; ".join(f"{', '.join(names)}: {text}" for text, names in by.items())
+
+
+def check_data_options(dataset: str, opts: dict):
+    """None, or (the option at fault, the rule it breaks) for the options ``opts`` of ``dataset``: each
+    option's type and bounds, then the size of the data a generator would make (before it runs)."""
+    if not isinstance(dataset, str) or not isinstance(opts, dict):
+        return None  # Config.check names a bad dataset or table first
+    declared, key = data_options(dataset), dataset.lower()
+    o = {k: d.default for k, d in declared.items()} | opts
+    size = {"sparse_logistic": ("dim", lambda: o["n"] * o["dim"]), "sparse_linear": ("dim", lambda: o["n"] * o["dim"]),
+            "image_like": ("n", lambda: o["n"] * math.prod(o["shape"])),
+            "synthetic": ("num_clients", lambda: o["num_clients"] * (o["samples"] or o["max_samples"]) * o["dim"])}
+    bad = check_options(declared, dataset, opts)
+    return bad or (check_options(declared, dataset, opts, (size[key][0], size[key][1]())) if key in size else None)
 
 
 def _checked(ds: Dataset) -> Dataset:

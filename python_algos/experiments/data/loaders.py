@@ -40,6 +40,7 @@ __all__ = [
     "load_mnist",
     "load_cifar10",
     "load_libsvm",
+    "classes_or_targets",
     "load_a9a",
     "load_femnist",
 ]
@@ -302,6 +303,16 @@ def load_libsvm(path: str, n_features: Optional[int] = None, sparse: bool = Fals
     with warnings.catch_warnings():  # "sparse CSR support is in beta"
         warnings.simplefilter("ignore", UserWarning)
         return X.to_sparse_csr(), y
+
+
+def classes_or_targets(ys: list):
+    """``(tensors, task, classes)`` of label arrays ``ys``: integral labels with few values are classes
+    0..C-1 (in sorted order over all arrays: -1/+1 -> 0/1), other labels regression targets (float64)."""
+    values = np.unique(np.concatenate(ys))
+    n = sum(len(y) for y in ys)
+    if np.all(values == np.round(values)) and len(values) <= max(2, min(1000, n // 2)):
+        return [torch.from_numpy(np.searchsorted(values, y)).long() for y in ys], "multiclass", len(values)
+    return [torch.from_numpy(y) for y in ys], "regression", 0
 
 
 def load_a9a(data_dir, sparse: bool = False):

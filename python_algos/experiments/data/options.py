@@ -1,127 +1,126 @@
-"""The options each data set takes (``--data-opt KEY=VALUE``, a config file's ``data_opts``), with
-their types and bounds: declared once here, checked by :func:`check_data_options` before any data
-are generated or read (``Config.check``), and used by :func:`~.datasets.load_dataset` to refuse an
-unknown option. A value of the wrong type used to reach the generator and fail there
-(``n=abc``: "'<' not supported between instances of 'str' and 'int'"), and a huge size to fail
-allocating terabytes.
+"""The options a data set takes (``--data-opt KEY=VALUE``, a config file's ``data_opts``), read from
+the signature of its generator or loader: each parameter's name, type, default and, in an
+``Annotated[type, Opt(lo, hi, what)]`` annotation, its bounds and meaning. :func:`options_of` derives
+them; :func:`check_options` checks values before any data are generated or read (``Config.check``).
+A value of the wrong type used to reach the generator and fail there (``n=abc``: "'<' not supported
+between instances of 'str' and 'int'"), and a huge size to fail allocating terabytes.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import inspect
 import math
 import numbers
-from typing import Dict, Optional, Tuple
+import typing
+from typing import Annotated, Callable, Dict, Optional, Sequence, Tuple, Union
 
-__all__ = ["Option", "DATA_OPTIONS", "MAX_VALUES", "data_options", "check_data_options"]
+__all__ = ["Opt", "Option", "COUNT", "MAX_VALUES", "options_of", "check_options"]
 
+COUNT = 2**31 - 1  # sizes and counts: torch's and numpy's 32-bit loops
 # The most values (samples × features) a built-in generator makes: 2**31 float64 values are 16 GiB
 # while they are drawn, beyond any experiment these generators are for; a larger data set is a file.
 MAX_VALUES = 2**31
 
 
 @dataclasses.dataclass(frozen=True)
-class Option:
-    """One option: ``kind`` int, float, bool, str or "shape" (a list of positive ints), ``lo`` /
-    ``hi`` its bounds, ``none_ok`` whether null is allowed, ``what`` what it is (said in errors)."""
+class Opt:
+    """A parameter's bounds ``lo``/``hi`` (a list's items'), meaning ``what`` and, for a list, ``length``."""
 
-    kind: object
     lo: Optional[float] = None
     hi: Optional[float] = None
-    none_ok: bool = False
     what: str = ""
+    length: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option: ``kinds`` the types it takes (int, float, bool, str, list), its ``default``
+    (``inspect.Parameter.empty``: required), ``none_ok`` whether null is allowed, ``opt`` its bounds."""
+
+    kinds: tuple
+    default: object
+    none_ok: bool = False
+    opt: Opt = Opt()
 
     def rule_broken(self, name: str, v) -> Optional[str]:
         if v is None and self.none_ok:
             return None
-        what = f" ({self.what})" if self.what else ""
-        if self.kind is bool:
-            return None if isinstance(v, bool) else f"{name} must be true or false{what}"
-        if self.kind is str:
-            return None if isinstance(v, str) and v else f"{name} must be a non-empty text{what}"
-        if self.kind == "shape":
-            ok = isinstance(v, (list, tuple)) and len(v) == 3 and all(_is_int(d) and 1 <= d <= 4096 for d in v)
-            return None if ok else f"{name} must be a list of 3 integers in [1, 4096] (channels, height, width){what}"
-        number = _is_int(v) if self.kind is int else (_is_real(v) and math.isfinite(v))
-        kind = "an integer" if self.kind is int else "a finite number"
-        if not number or (self.lo is not None and v < self.lo) or (self.hi is not None and v > self.hi):
-            null = " or null" if self.none_ok else ""
-            return f"{name} must be {kind} {_range(self.lo, self.hi, self.kind)}{null}{what}, got {v!r}"
-        return None
+        if any(_fits(kind, v, self.opt) for kind in self.kinds):
+            return None
+        what, got = f" ({self.opt.what})" if self.opt.what else "", "" if bool in self.kinds else f", got {v!r}"
+        kinds = " or ".join(_kind_text(k, self.opt) for k in self.kinds) + (" or null" if self.none_ok else "")
+        return f"{name} must be {kinds}{what}{got}"
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+def _fits(kind, v, opt: Opt) -> bool:
+    if kind is list:
+        return (isinstance(v, (list, tuple)) and (opt.length is None or len(v) == opt.length)
+                and all(_fits(int, d, opt) for d in v))
+    if kind is bool or kind is str:
+        return isinstance(v, kind) and (kind is bool or bool(v))
+    ok = not isinstance(v, bool) and (isinstance(v, numbers.Integral) if kind is int else
+                                      isinstance(v, numbers.Real) and math.isfinite(v))
+    return ok and (opt.lo is None or v >= opt.lo) and (opt.hi is None or v <= opt.hi)
 
 
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+def _kind_text(kind, opt: Opt) -> str:
+    if kind is bool:
+        return "true or false"
+    if kind is str:
+        return "a non-empty text"
+    show = str if kind in (int, list) else "{:g}".format
+    bounds = ("" if opt.lo is None else f">= {show(opt.lo)}" if opt.hi is None
+              else f"in [{show(opt.lo)}, {show(opt.hi)}]")
+    if kind is list:
+        return f"a list of {opt.length or 'some'} integers {bounds}".rstrip()
+    return ("an integer" if kind is int else "a finite number") + (f" {bounds}" if bounds else "")
 
 
-def _range(lo, hi, kind) -> str:
-    show = str if kind is int else "{:g}".format
-    if hi is None:
-        return f">= {show(lo)}"
-    return f"in [{show(lo)}, {show(hi)}]"
+def _option(hint, default) -> Option:
+    """The :class:`Option` of a parameter annotated ``hint`` (``Optional`` / ``Union`` of the kinds)."""
+    opt = Opt()
+
+    def bare(a):
+        nonlocal opt
+        if typing.get_origin(a) is not Annotated:
+            return a
+        a, *meta = typing.get_args(a)
+        opt = next((m for m in meta if isinstance(m, Opt)), opt)
+        return a
+
+    hint = bare(hint)
+    args = [bare(a) for a in (typing.get_args(hint) if typing.get_origin(hint) is Union else (hint,))]
+    kinds = [_kind(a) for a in args if a is not type(None)]
+    return Option(tuple(kinds), default, default is None or type(None) in args, opt)
 
 
-_COUNT = 2**31 - 1  # sizes and counts: torch's and numpy's 32-bit loops
-_SPARSE = {"n": Option(int, 1, _COUNT, what="samples"), "dim": Option(int, 1, _COUNT, what="features"),
-           "nnz": Option(int, 0, _COUNT, what="non-zeros of x_true"),
-           "noise": Option(float, 0, what="standard deviation of the label noise"),
-           "num_groups": Option(int, 1, _COUNT, what="feature-shift groups"),
-           "shift": Option(float, 0, what="standard deviation of a group's feature shift")}
-
-DATA_OPTIONS: Dict[str, Dict[str, Option]] = {
-    "sparse_logistic": _SPARSE,
-    "sparse_linear": _SPARSE,
-    "synthetic": {"alpha": Option(float, 0), "beta": Option(float, 0),
-                  "num_clients": Option(int, 1, _COUNT, what="generating clients"),
-                  "dim": Option(int, 1, _COUNT, what="features"), "num_classes": Option(int, 2, _COUNT),
-                  "samples": Option(int, 1, _COUNT, none_ok=True, what="samples per client"),
-                  "iid": Option(bool), "max_samples": Option(int, 1, _COUNT, what="samples per client at most")},
-    "image_like": {"n": Option(int, 1, _COUNT, what="samples"), "num_classes": Option(int, 1, _COUNT),
-                   "shape": Option("shape"), "modes": Option(int, 1, _COUNT, what="prototypes per class"),
-                   "noise": Option(float, 0, what="standard deviation of the pixel noise")},
-    "libsvm": {"file": Option(str), "test_file": Option(str),
-               "n_features": Option(int, 1, _COUNT, none_ok=True)},
-    "sklearn": {"standardize": Option(bool)},  # every sklearn:NAME
-}
+def _kind(hint):
+    if typing.get_origin(hint) in (list, tuple, collections.abc.Sequence) or hint in (list, tuple):
+        return list
+    if hint not in (int, float, bool, str):
+        raise TypeError(f"a data option must be int, float, bool, str or a list of ints, got {hint!r}")
+    return hint
 
 
-def data_options(dataset: str) -> Dict[str, Option]:
-    """The options data set ``dataset`` takes (none for the file data sets but libsvm)."""
-    key = dataset.lower().replace("-", "_")
-    return DATA_OPTIONS.get("sklearn" if key.startswith("sklearn:") else key, {})
+def options_of(fn: Callable, hidden: Sequence[str] = ()) -> Dict[str, Option]:
+    """The options of generator / loader ``fn``: its parameters but ``seed`` and ``hidden`` (what the
+    data set's name sets, e.g. ``task``) and keyword-only ones (what ``load_dataset`` passes)."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    return {name: _option(hints.get(name, str), p.default) for name, p in inspect.signature(fn).parameters.items()
+            if name != "seed" and name not in hidden and p.kind is p.POSITIONAL_OR_KEYWORD}
 
 
-def _values(dataset: str, opts: dict) -> Optional[Tuple[str, int]]:
-    """(the option that sets the size, samples × features) of a generated data set, when known."""
-    key = dataset.lower()
-    if key in ("sparse_logistic", "sparse_linear"):
-        return "dim", opts.get("n", 1000) * opts.get("dim", 100)
-    if key == "image_like":
-        c, h, w = opts.get("shape", (1, 12, 12))
-        return "n", opts.get("n", 2000) * c * h * w
-    if key == "synthetic":
-        per = opts.get("samples") or opts.get("max_samples", 2000)
-        return "num_clients", opts.get("num_clients", 30) * per * opts.get("dim", 60)
-    return None
-
-
-def check_data_options(dataset: str, opts: dict) -> Optional[Tuple[str, str]]:
-    """None, or (the option at fault, the rule it breaks) for the options ``opts`` of ``dataset``:
-    each option's type and bounds, then the size of the data they would generate. An unknown
+def check_options(declared: Dict[str, Option], dataset: str, opts: dict,
+                  size: Optional[Tuple[str, int]] = None) -> Optional[Tuple[str, str]]:
+    """None, or (the option at fault, the rule it breaks): each option's type and bounds, then the
+    ``size`` (the option that sets it, samples × features) of the data they would generate. An unknown
     option is :func:`~.datasets.load_dataset`'s to refuse (it names the options there are)."""
-    if not isinstance(dataset, str) or not isinstance(opts, dict):
-        return None  # Config.check names a bad dataset or table first
-    declared = data_options(dataset)
     for k, v in opts.items():
-        if k in declared:
-            rule = declared[k].rule_broken(k, v)
-            if rule:
-                return k, rule
-    size = _values(dataset, opts)
+        rule = declared[k].rule_broken(k, v) if k in declared else None
+        if rule:
+            return k, rule
     if size is not None and size[1] > MAX_VALUES:
         key = size[0] if size[0] in opts else next(iter(opts), size[0])
         return key, (f"{dataset} would generate {size[1]:,} values ({size[1] * 8 / 2**30:,.0f} GiB while drawn), "

@@ -14,18 +14,23 @@ the generator has a natural client structure.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Annotated, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .options import COUNT, Opt
+
 __all__ = ["fedprox_synthetic", "sparse_regression", "image_like"]
 
 
-def fedprox_synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30, dim: int = 60,
-                      num_classes: int = 10, samples: Optional[int] = None, iid: bool = False,
-                      max_samples: int = 2000, seed: int = 0):
+def fedprox_synthetic(alpha: Annotated[float, Opt(0)] = 1.0, beta: Annotated[float, Opt(0)] = 1.0,
+                      num_clients: Annotated[int, Opt(1, COUNT, "generating clients")] = 30,
+                      dim: Annotated[int, Opt(1, COUNT, "features")] = 60,
+                      num_classes: Annotated[int, Opt(2, COUNT)] = 10,
+                      samples: Annotated[Optional[int], Opt(1, COUNT, "samples per client")] = None, iid: bool = False,
+                      max_samples: Annotated[int, Opt(1, COUNT, "samples per client at most")] = 2000, seed: int = 0):
     """FedProx's synthetic(alpha, beta) data, generated as in its ``generate_synthetic.py``.
 
     Client k has its own model and feature distribution:
@@ -70,8 +75,13 @@ def fedprox_synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 
             torch.from_numpy(np.concatenate(gs).astype(np.int64)))
 
 
-def sparse_regression(n: int = 1000, dim: int = 100, nnz: int = 10, task: str = "logistic", noise: float = 0.1,
-                      num_groups: int = 1, shift: float = 0.0, seed: int = 0):
+def sparse_regression(n: Annotated[int, Opt(1, COUNT, "samples")] = 1000,
+                      dim: Annotated[int, Opt(1, COUNT, "features")] = 100,
+                      nnz: Annotated[int, Opt(0, COUNT, "non-zeros of x_true")] = 10, task: str = "logistic",
+                      noise: Annotated[float, Opt(0, what="standard deviation of the label noise")] = 0.1,
+                      num_groups: Annotated[int, Opt(1, COUNT, "feature-shift groups")] = 1,
+                      shift: Annotated[float, Opt(0, what="standard deviation of a group's feature shift")] = 0.0,
+                      seed: int = 0):
     """Sparse linear or logistic regression with a known ground truth.
 
     ``x_true`` has ``nnz`` non-zeros at random coordinates, magnitudes uniform in [1, 2] with
@@ -103,8 +113,10 @@ def sparse_regression(n: int = 1000, dim: int = 100, nnz: int = 10, task: str = 
             torch.from_numpy(groups.astype(np.int64)))
 
 
-def image_like(n: int = 2000, num_classes: int = 10, shape: Sequence[int] = (1, 12, 12), modes: int = 2,
-               noise: float = 0.6, seed: int = 0):
+def image_like(n: Annotated[int, Opt(1, COUNT, "samples")] = 2000, num_classes: Annotated[int, Opt(1, COUNT)] = 10,
+               shape: Annotated[Sequence[int], Opt(1, 4096, "channels, height, width", length=3)] = (1, 12, 12),
+               modes: Annotated[int, Opt(1, COUNT, "prototypes per class")] = 2,
+               noise: Annotated[float, Opt(0, what="standard deviation of the pixel noise")] = 0.6, seed: int = 0):
     """A small image classification task: each class has ``modes`` smooth random prototype images;
     a sample is one of its class's prototypes (chosen at random) plus Gaussian noise.
 
