@@ -128,6 +128,7 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, capsys):
         (["--optuna", "3", "--space", "alpha=float:2:1"], "--space alpha=float:2:1: needs finite LOW < HIGH"),
         (["--optuna", "3", "--space", "alpha=log:1e-3:1:5"], "expected log:LOW:HIGH"),
         (["--optuna", "3", "--space", "alpha=0.1"], "at least two values"),
+        (["--optuna", "3", "--space", "local_steps=1,1.0"], "a value is repeated (1 and 1.0"),  # one K: one run
         (["--space", "alpha=log:1e-3:1"], "--space: only with --optuna N"),
         (["--optuna", "3"], "--optuna: give the space"),
         (["--optuna", "3", "--grid", "alpha=0.1,0.2", "--space", "beta=log:0.01:0.1"], "--optuna and --grid"),

@@ -47,6 +47,7 @@ from .sweep import (
     check_swept_settings,
     finished_run,
     keys_of,
+    parse_grid_values,
     parse_keyed,
     plan_point,
     point_name,
@@ -83,9 +84,7 @@ def parse_space_spec(key: str, spec) -> dict:
     list / ``"a,b,c"`` (categorical) -> ``{"kind", "low", "high"}`` or ``{"kind": "choice",
     "choices"}``; errors name ``--space KEY=SPEC``."""
     what = f"--space {key}={spec if not isinstance(spec, (list, tuple)) else ','.join(map(str, spec))}"
-    if isinstance(spec, (list, tuple)):
-        choices = list(spec)
-    elif isinstance(spec, str) and spec.split(":", 1)[0].strip().lower() in _KINDS:
+    if isinstance(spec, str) and spec.split(":", 1)[0].strip().lower() in _KINDS:
         parts = [p.strip() for p in spec.split(":")]
         kind = parts[0].lower()
         if len(parts) != 3:
@@ -102,16 +101,9 @@ def parse_space_spec(key: str, spec) -> dict:
         if kind in ("log", "intlog") and lo <= 0:
             raise ValueError(f"{what}: a log range needs LOW > 0")
         return {"kind": kind, "low": lo, "high": hi}
-    elif isinstance(spec, str):
-        from .values import parse_value as _value
-
-        choices = [_value(v.strip()) for v in spec.split(",") if v.strip()]
-    else:
-        raise ValueError(f"{what}: expected log:LOW:HIGH, float:LOW:HIGH, int:LOW:HIGH, intlog:LOW:HIGH or a list")
+    choices = parse_grid_values(key, spec, "--space")  # a list, or "a,b,c": each value once
     if len(choices) < 2:
         raise ValueError(f"{what}: a categorical choice needs at least two values (a fixed value is a flag of run)")
-    if len({repr(c) for c in choices}) != len(choices):
-        raise ValueError(f"{what}: a value is repeated")
     if not all(c is None or isinstance(c, (bool, int, float, str)) for c in choices):
         raise ValueError(f"{what}: choices must be numbers, strings or booleans")
     return {"kind": "choice", "choices": choices}

@@ -114,10 +114,10 @@ class SweepInterrupted(KeyboardInterrupt):
 # --------------------------------------------------------------------------- #
 
 
-def parse_grid_values(key: str, spec) -> list:
+def parse_grid_values(key: str, spec, flag: str = "--grid") -> list:
     """``"0.01,0.05,0.1"``, ``"log:1e-3:1e-1:5"`` (5 values spaced evenly in log from 1e-3 to 1e-1)
-    or a list (config file) -> the values; errors name ``--grid KEY=SPEC``."""
-    what = f"--grid {key}={spec if not isinstance(spec, list) else ','.join(map(str, spec))}"
+    or a list (config file) -> the values; errors name ``FLAG KEY=SPEC`` (``--space``: a search's choices)."""
+    what = f"{flag} {key}={spec if not isinstance(spec, (list, tuple)) else ','.join(map(str, spec))}"
     if isinstance(spec, (list, tuple)):
         vals = list(spec)
     elif isinstance(spec, str) and spec.strip().lower().startswith("log:"):
