@@ -33,10 +33,12 @@ from .algorithms.base import Algorithm
 from .algorithms.steps import prox
 from .clients import EXECUTORS, ClientSet, resolve_executor
 from .clients.base import seeds
+from .clients.model_checks import check_group_lasso, check_one_dtype
 from .runfolder import setup_record
 from .runfolder.callbacks import Checkpoint, RunView, as_callbacks, run_rounds
 from .runfolder.history import load_history, save_history
-from .runfolder.records import metric_round, metrics_row
+from .runfolder.records import RunWarning, metric_round, metrics_row, run_warning
+from .system.threads import threads_for_run
 
 __all__ = ["simulate", "History", "objective_metrics", "hoyer", "sparsity", "checked_clients_per_round"]
 
@@ -53,6 +55,7 @@ class History:
     state: Any = None  # the algorithm's final state (NamedTuple); not kept by :meth:`save`
     executor: str = "sequential"  # the executor that ran the clients (``ClientSet.executor``)
     world_size: int = 1  # processes that shared the clients (executor "distributed": the ranks)
+    threads: Optional[int] = None  # torch's and fedkernels' CPU threads during the run (None: the caller's)
     # what else simulate knew about the run (regularizer, rounds, seed, batch_size, num_clients, dim,
     # dtype, metric settings, participation): written to config.json by :meth:`save`
     setup: dict = dataclasses.field(default_factory=dict)
@@ -183,47 +186,6 @@ def _restore(snap: dict, model: nn.Module, cs: ClientSet, rng: torch.Generator):
             int(snap["round"]) + 1)
 
 
-def _check_group_lasso(regularizer, model: nn.Module) -> None:
-    """A bare ``fk.GroupLasso`` (or a multiple of one) has no matrix to group: applied to the flat
-    [d] model it fails with a shape error once the run has started, and to an [N, d] stack of
-    client models (DEPOSITUM) it silently runs with the wrong groups: each client's whole model
-    (rows), or one coordinate across the clients (cols). The per-parameter form knows each
-    parameter's shape."""
-    kappa, base = 1.0, regularizer
-    while isinstance(base, fk.Scaled):
-        kappa, base = kappa * base.kappa, base.base
-    if not isinstance(base, fk.GroupLasso):
-        return
-    mats = [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
-    head = (f"regularizer: {regularizer!r} needs a matrix (its rows or columns are the groups), and a bare "
-            f"regularizer is applied to the flat vector of all the model's parameters")
-    if not mats:
-        raise ValueError(f"{head}; this model has no trainable parameter with 2 or more dimensions, so there is "
-                         f"nothing to group: use a separable penalty such as fk.L1")
-    lam = kappa * base.lam
-    shown = ", ".join(f"{n!r} {s}" for n, s in mats[:6]) + (", ..." if len(mats) > 6 else "")
-    raise ValueError(f"{head}; give it per parameter, e.g. regularizer={{{mats[0][0]!r}: fk.GroupLasso({lam!r}, "
-                     f"groups={base.groups!r})}} (groups='cols' of the first layer's weight selects input features; "
-                     f"the model's parameters with 2 or more dimensions: {shown})")
-
-
-def _check_one_dtype(model: nn.Module) -> None:
-    """One flat buffer of one dtype holds every trainable parameter (``fk.FlatParams``, whose default
-    dtype is the first parameter's): a model mixing dtypes would have some parameters silently cast,
-    and leave the run with another model than the user built."""
-    by_dtype: dict = {}
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            by_dtype.setdefault(p.dtype, []).append(name)
-    if len(by_dtype) > 1:
-        parts = [f"{str(dt).replace('torch.', '')} ({', '.join(repr(n) for n in names[:3])}"
-                 f"{', ...' if len(names) > 3 else ''})" for dt, names in by_dtype.items()]
-        widest = max(by_dtype, key=lambda dt: torch.finfo(dt).bits if dt.is_floating_point else 0)
-        raise ValueError(f"model: its trainable parameters have several dtypes: {'; '.join(parts)}; simulate keeps "
-                         f"them in one flat buffer of one dtype, so some would be silently cast: call "
-                         f"model.to({widest}) (or another one dtype) first")
-
-
 def checked_clients_per_round(algorithm: Algorithm, n: int, participation, clients_per_round) -> Optional[int]:
     """k clients per round (None: all), checked against what the algorithm supports."""
     if participation is not None and clients_per_round is not None:
@@ -266,6 +228,7 @@ def simulate(
     resume: Optional[dict] = None,
     participation: Optional[float] = None,
     clients_per_round: Optional[int] = None,
+    threads: "str | int | None" = "auto",
 ) -> History:
     """Run ``rounds`` rounds of ``algorithm`` from the model's current parameters.
 
@@ -313,6 +276,8 @@ def simulate(
         participation: the fraction of clients sampled each round, k = max(1, round(participation·N))
             (docs/algorithms.md §1.4); ``clients_per_round``: k itself (give at most one). Only
             algorithms with ``partial_participation`` accept k < N.
+        threads: CPU threads for the run, the command line's rule (python_algos/system/threads.py: 1 for a
+            model under 10⁶ parameters), an int, or None (torch's settings as they are); the caller's after.
     """
     regularizer, k, step = _checked_inputs(algorithm, model, clients, rounds, regularizer, metrics_every,
                                            metric_step, participation, clients_per_round)
@@ -328,16 +293,17 @@ def simulate(
     make = backend if backend is not None else resolve_executor(executor, model)
     flat = fk.FlatParams(model)
     x0 = flat.params.detach().clone()
-    cs = make(model, loss_fn, clients, batch_size=batch_size, seed=seed, flat=flat, **(executor_options or {}))
-    cs.set_participation(k, seed)
-    run = _Run(algorithm, model, flat, x0, cs, regularizer, step, metrics_every, eval_fn, settings,
-               setup={"regularizer": repr(regularizer), "rounds": int(rounds), "seed": seed, "batch_size": batch_size,
-                      "num_clients": len(clients), "clients_per_round": k, "metrics_every": metrics_every,
-                      "metric_step": step})
-    run.warn_if_other_executor(resume)
-    state = run.start(resume)
-    state = run_rounds(run.view(), state, run.round, cbs, agree=run.cs.any_rank)
-    return run.history(state)
+    with threads_for_run(threads, x0) as n:
+        cs = make(model, loss_fn, clients, batch_size=batch_size, seed=seed, flat=flat, **(executor_options or {}))
+        cs.set_participation(k, seed)
+        run = _Run(algorithm, model, flat, x0, cs, regularizer, step, metrics_every, eval_fn, settings,
+                   setup={"regularizer": repr(regularizer), "rounds": int(rounds), "seed": seed,
+                          "batch_size": batch_size, "num_clients": len(clients), "clients_per_round": k,
+                          "metrics_every": metrics_every, "metric_step": step})
+        run.warn_if_other_executor(resume)
+        state = run.start(resume)
+        state = run_rounds(run.view(), state, run.round, cbs, agree=run.cs.any_rank)
+        return run.history(state, n)
 
 
 def _checked_inputs(algorithm, model, clients, rounds, regularizer, metrics_every, metric_step, participation,
@@ -351,10 +317,10 @@ def _checked_inputs(algorithm, model, clients, rounds, regularizer, metrics_ever
         raise ValueError(f"metrics_every must be an int >= 0, got {metrics_every!r}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    _check_one_dtype(model)
+    check_one_dtype(model)
     if isinstance(regularizer, Mapping):
         regularizer = fk.PerParameter(model, regularizer)
-    _check_group_lasso(regularizer, model)
+    check_group_lasso(regularizer, model)
     algorithm.validate(regularizer)
     k = checked_clients_per_round(algorithm, len(clients), participation, clients_per_round)
     step = float(metric_step) if metric_step is not None else float(algorithm.metric_step())
@@ -465,7 +431,7 @@ class _Run:
                        report=lambda st: self.cs.report(self.algorithm, st, self.regularizer), snapshot=self.snapshot,
                        fresh=self.fresh)
 
-    def history(self, state) -> History:
+    def history(self, state, threads: Optional[int]) -> History:
         cs, alg = self.cs, self.algorithm
         params = cs.report(alg, state, self.regularizer).detach().clone()
         if hasattr(cs, "check_replicas"):  # distributed: every rank must end with the same model
@@ -475,6 +441,8 @@ class _Run:
         setup = {k: setup[k] for k in ("regularizer", "rounds", "seed", "batch_size", "num_clients",
                                        "clients_per_round",
                                        "dim", "dtype", "metrics_every", "metric_step")}  # the order History.save writes
+        if (why := run_warning([self.initial, *self.metrics])) is not None:  # the rule of summary.json's "warning"
+            warnings.warn(f"{alg.name}: {why}", RunWarning, stacklevel=3)
         return History(params=params, metrics=self.metrics, initial=self.initial, algorithm=alg.name,
                        hparams=alg.hparams(), state=state, executor=getattr(cs, "executor", type(cs).__name__),
-                       world_size=getattr(cs, "world_size", 1), setup=setup)
+                       world_size=getattr(cs, "world_size", 1), threads=threads, setup=setup)

@@ -177,13 +177,13 @@ def test_defect7_the_command_lines_loss_takes_the_chain_path():
     assert bc.chain is not None and bc.rows_in_place
 
 
-def test_nan_row_in_client_data_is_warned_naming_client_and_row():
-    """Was: simulate ended with f+h = nan and said nothing."""
+def test_nan_row_in_client_data_is_refused_naming_client_and_row():
+    """Was: simulate ended with f+h = nan and said nothing (then: a warning, and the run went on)."""
     data = _label_sorted()
     data[2][0][3, 1] = float("nan")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(FEATURES, CLASSES)).double()
-    with pytest.warns(RuntimeWarning, match=r"client 2: row 3 of its X holds a NaN"):
+    with pytest.raises(ValueError, match=r"client 2: row 3 of its X holds a NaN"):
         pa.simulate(make("fedavg", lr=0.1, local_steps=1), model, F.cross_entropy, data, 1)
 
 

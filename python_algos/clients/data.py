@@ -38,14 +38,13 @@ read outside the batches.
 from __future__ import annotations
 
 import abc
-import warnings
 from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.utils.data
 from torch.utils.data import default_collate
 
-__all__ = ["ClientData", "TensorData", "DatasetData", "LoaderData", "client_data", "warn_nonfinite"]
+__all__ = ["ClientData", "TensorData", "DatasetData", "LoaderData", "client_data", "check_finite"]
 
 
 def _cast(t, dtype, device) -> torch.Tensor:
@@ -222,22 +221,21 @@ def client_data(client, dtype: torch.dtype, device) -> ClientData:
     return TensorData(_cast(X, dtype, device), _cast(y, dtype, device))
 
 
-def warn_nonfinite(clients: Sequence[ClientData], first_client: int = 0) -> None:
-    """Warn (``RuntimeWarning``), naming the first client and row, when in-memory client data hold
-    a NaN or an infinity: every gradient of a batch that draws the row, and f, would be nan or
-    inf, and the run would end with f+h = nan and nothing saying why. Lazy clients (a Dataset, a
-    DataLoader) are not read here."""
+def check_finite(clients: Sequence, first_client: int = 0) -> None:
+    """Refuse (``ValueError``), naming the first client and row, in-memory client data (a
+    :class:`TensorData` or an ``(X, y)`` pair of tensors) that hold a NaN or an infinity: every
+    gradient of a batch that draws the row, and f, would be nan or inf, and the run would end with
+    f+h = nan. Lazy clients (a Dataset, a DataLoader) are not read here."""
     bad = []
     for j, c in enumerate(clients):
-        if not isinstance(c, TensorData):
-            continue
-        for name, t in (("X", c.X), ("y", c.y)):
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        pair = (c.X, c.y) if isinstance(c, TensorData) else c if isinstance(c, (tuple, list)) and len(c) == 2 else ()
+        for name, t in zip(("X", "y"), pair):
+            if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 rows = (~torch.isfinite(t.reshape(t.shape[0], -1))).any(1).nonzero()[:, 0]
                 bad.append((first_client + j, name, rows))
     if bad:
         i, name, rows = bad[0]
         more = f"; {len(bad) - 1} more client(s) too: " + ", ".join(str(b[0]) for b in bad[1:6]) if len(bad) > 1 else ""
-        warnings.warn(f"client {i}: row {int(rows[0])} of its {name} holds a NaN or an infinity ({rows.numel()} such "
-                      f"row(s){more}); every gradient that reads it, and f, will be nan or inf: remove or impute "
-                      f"those samples", RuntimeWarning, stacklevel=3)
+        raise ValueError(f"clients: client {i}: row {int(rows[0])} of its {name} holds a NaN or an infinity "
+                         f"({rows.numel()} such row(s){more}); every gradient that reads it, and f, would be nan or "
+                         f"inf: remove or impute those samples")

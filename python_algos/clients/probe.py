@@ -19,7 +19,7 @@ runs clients in a process (sequential, batched, and each rank's inner one of the
 executor) calls it from its constructor, before the run starts. Whether the loss is a per-sample
 mean is decided by :mod:`.losses` (a known loss by its type, options and every client's labels;
 another callable probed on samples of several clients and labels, :mod:`.separable`), and a NaN
-or infinity in in-memory data is warned naming the client and row (:func:`.data.warn_nonfinite`).
+or infinity in in-memory data is refused naming the client and row (:func:`.data.check_finite`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .data import ClientData, LoaderData, warn_nonfinite
+from .data import ClientData, LoaderData, check_finite
 from .losses import classify_loss
 from .separable import PROBE_SAMPLES, all_labels, separability, side_effect_free
 
@@ -102,9 +102,9 @@ def check_clients(model: nn.Module, loss_fn: Callable, clients: Sequence[ClientD
     """Refuse, with ``ValueError`` naming the client (its global index ``first_client + j``), data
     that ``model`` or ``loss_fn`` cannot take or a loss that does not return a scalar; and refuse
     a loss that is not a mean of per-sample losses when a client is trained on minibatches
-    (``batch_size`` below its sample count, or a DataLoader client); warn of NaN / Inf data. See
+    (``batch_size`` below its sample count, or a DataLoader client); refuse NaN / Inf data. See
     the module docstring."""
-    warn_nonfinite(clients, first_client)
+    check_finite(clients, first_client)
     p = next(model.parameters(), None)
     device = p.device if p is not None else torch.device("cpu")
     seen, out = set(), None

@@ -32,7 +32,7 @@ import re
 from typing import Dict, List, Optional, Sequence
 
 from ..runfolder.files import write_json, write_jsonl, write_text_atomically
-from .tables import column_name, format_number, format_table
+from .tables import column_name, format_number, format_table, status_cell, warning_notes
 
 __all__ = ["stats", "aggregate_rows", "final_stats", "stats_cell", "seed_table", "write_aggregate", "seed_of",
            "group_key", "counted", "left_out", "TABLE_METRICS", "SEED_DIR"]
@@ -146,10 +146,13 @@ def seed_table(groups: Sequence[dict], metric_step: Optional[float] = None, firs
     rows, notes = [], []
     for g, f in zip(groups, finals):
         n, total = len(counted(g["summaries"])), len(g["summaries"])
-        rows.append([g["label"], f"{n} of {total}", *(stats_cell(f.get(k)) for k in keys), _status(g["summaries"])])
+        rows.append([g["label"], f"{n} of {total}", *(stats_cell(f.get(k)) for k in keys),
+                     status_cell(_status(g["summaries"]), g["summaries"])])
         out = left_out(g)
         if out:
             notes.append(f"{g['label']}: {'; '.join(out)}: left out of every column")
+        seeds = g.get("seeds") or range(len(g["summaries"]))
+        notes += warning_notes([(f"{g['label']} seed {k}", s) for k, s in zip(seeds, g["summaries"])])
     return "\n".join([format_table(header, rows), *notes])
 
 

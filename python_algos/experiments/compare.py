@@ -22,7 +22,7 @@ from .config import Config
 from .folders import compare_resume_command, resume_command
 from .prepare import check_algorithm_names, prepare_run
 from .run import Interrupted, execute_run
-from .tables import column_name, format_table
+from .tables import column_name, format_table, status_cell, warning_notes
 
 __all__ = ["compare_experiments", "comparison_table", "format_table", "finished_run", "kept_message", "verdict_line",
            "coinciding"]
@@ -169,9 +169,9 @@ def comparison_table(summaries: Sequence[dict], metric_step: Optional[float] = N
     keys += [acc] if acc else []
     keys += ["support_f1"] if any("support_f1" in f for f in finals) else []
     header = ["algorithm", *(column_name(k, metric_step) for k in keys), column_name("elapsed"), "status"]
-    rows = [[r.get("label"), *(f.get(k) for k in keys), r.get("elapsed"), r.get("status")]
+    rows = [[r.get("label"), *(f.get(k) for k in keys), r.get("elapsed"), status_cell(r.get("status"), [r])]
             for r, f in zip(summaries, finals)]
-    return format_table(header, rows)
+    return "\n".join([format_table(header, rows), *warning_notes([(r.get("label"), r) for r in summaries])])
 
 
 # Two curves closer than this (relative difference of f+h) are one line in a figure: one hides the other

@@ -30,6 +30,7 @@ from typing import Callable, Dict, Iterator, Mapping, Optional
 
 from ..algorithms.registry import ALGORITHMS, algorithm_entry, algorithm_names
 from ..clients import EXECUTORS
+from ..system.threads import MAX_THREADS
 from .data import DATASETS, PARTITIONS, check_data_options
 from .data.datasets import options_help
 from .models import MODELS
@@ -42,12 +43,10 @@ __all__ = ["Config", "ConfigError", "Setting", "SETTINGS", "setting", "flag", "n
 
 # Bounds of the integer settings. A count (rounds, local steps, clients, samples per batch, ...) above
 # 2**31 - 1 would overflow the 32-bit sizes of torch's and OpenMP's loops and would not finish anyway;
-# seeds go to torch.manual_seed, which takes at most a signed 64-bit integer. Threads: every current
-# machine has fewer than 1024 hardware threads, and OpenMP fails (20,000) or segfaults (100,000)
-# creating thousands of them, so a larger --threads is a typo, refused before any thread starts.
+# seeds go to torch.manual_seed, which takes at most a signed 64-bit integer. Threads: MAX_THREADS
+# (python_algos/system/threads.py, with its reason).
 MAX_COUNT = 2**31 - 1
 MAX_SEED = 2**63 - 1
-MAX_THREADS = 1024
 
 # How a --resume treats a setting (the `on_resume` of :func:`setting`):
 #   fixed           part of the result: taken from the folder, a checkpoint must match it, its flag is refused

@@ -19,6 +19,7 @@ from torch import nn
 import fedkernels as fk
 
 from ..algorithms.registry import algorithm_entry
+from ..clients.data import check_finite
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, RunFolderError, as_json
 from ..runfolder.folder import check_fresh_start
@@ -26,13 +27,13 @@ from ..runfolder.records import CONFIG
 from ..runfolder.setup_record import check_same_setup, describe_regularizer
 from ..simulate import checked_clients_per_round
 from ..system.lock import lock_folder
+from ..system.threads import choose_threads
 from . import launch
 from .build import build_algorithm, build_model, build_run_regularizer, hparam_error, prepare_data
 from .config import RESULT_KEYS, Config, ConfigError, flag
 from .data import FederatedData
 from .device import resolve_device
 from .folders import read_config_json, resume_command
-from .threads import choose_threads
 
 __all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size", "check_rounds_reach",
            "check_recorded_config"]
@@ -179,6 +180,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
         check_recorded_config((snap.get("extra") or {}).get("config"), cfg, ckpt_path)
         check_rounds_reach(cfg, int(snap["round"]), out_dir)
     fed = fed if fed is not None else prepare_data(cfg)
+    check_finite(fed.clients)  # simulate refuses them too, but after the folder is written
     check_world_size(len(fed.parts), launch.world_size())
     model = build_model(cfg, fed.dataset)
     torch_rng = torch.get_rng_state()

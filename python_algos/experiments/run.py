@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -37,6 +38,7 @@ from ..runfolder.folder import clear_for_fresh_run
 from ..runfolder.history import check_f_star
 from ..runfolder.records import (
     METRICS,
+    RunWarning,
     save_model,
     summary_record,
     write_config,
@@ -53,7 +55,6 @@ from .folders import resume_command
 from .losses import loss_function
 from .prepare import PreparedRun, prepare_run
 from .tensorboard import LiveEvents, check_available, live_requested  # imports no tensorboard until used
-from .threads import apply_threads
 
 __all__ = ["run_experiment", "execute_run", "close_run", "Interrupted", "KILL_ENV", "start_folder"]
 
@@ -199,11 +200,14 @@ def _run_rounds(prep: PreparedRun, cbs: list, eval_fn, executor: str, executor_o
     hist = None
     torch.set_rng_state(prep.torch_rng)  # as if the model had just been built (a comparison builds them all first)
     try:
-        hist = simulate(prep.algorithm, prep.model, loss_function(prep.fed.dataset.task), prep.fed.clients, cfg.rounds,
-                        regularizer=prep.reg, batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn,
-                        callbacks=cbs, metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
-                        participation=cfg.participation, clients_per_round=cfg.clients_per_round,
-                        executor=executor, executor_options=executor_options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RunWarning)  # summary.json's "warning", shown at the end of the command
+            hist = simulate(prep.algorithm, prep.model, loss_function(prep.fed.dataset.task), prep.fed.clients,
+                            cfg.rounds, regularizer=prep.reg, batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn,
+                            callbacks=cbs, metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
+                            participation=cfg.participation, clients_per_round=cfg.clients_per_round,
+                            executor=executor, executor_options=executor_options,
+                            threads=cfg.threads if cfg.threads is not None else "auto")  # prepare_run chose it
         status["diverged"] = next((cb.reason for cb in cbs if isinstance(cb, callbacks.StopOnDivergence)), None)
         # every process stopped at the same round (run_rounds agrees), each by its own clock's reading
         status["stopped"] = next((cb.reason for cb in cbs if isinstance(cb, callbacks.TimeBudget)), None)
@@ -256,7 +260,6 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
                          callbacks.StopOnDivergence(), saver, cfg.checkpoint_every, cfg.time_budget)
     executor, executor_options = launch.executor_for(cfg.executor)
     t0 = time.perf_counter()
-    threads = apply_threads(cfg.threads, sum(p.numel() for p in model.parameters()), prep.device)
     try:
         hist, status = _run_rounds(prep, cbs, eval_fn, executor, executor_options)
     except OSError as e:  # a write failed (disk full, file system gone read-only): the folder stays resumable
@@ -276,7 +279,8 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         dim=sum(p.numel() for p in model.parameters()), executor=hist.executor if hist is not None else executor,
         out_dir=out_dir, resume_command=resume_command(out_dir),
         process_seconds=run_seconds, dataset=ds.source, partition=cfg.partition,
-        world_size=hist.world_size if hist is not None else launch.world_size(), threads=threads,
+        world_size=hist.world_size if hist is not None else launch.world_size(),
+        threads=hist.threads if hist is not None else cfg.threads,
         last_checkpoint_round=last_ckpt)
     if executor == "distributed":
         summary["inner_executor"] = cfg.executor

@@ -77,7 +77,7 @@ from ..system.lock import folders_locked, lock_folder
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .config import Config
 from .seeds import seed_configs
-from .tables import column_name
+from .tables import column_name, status_cell, warning_notes
 from .values import parse_value
 
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
@@ -919,7 +919,8 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
         sums = [run_status(os.path.join(d, SEED_DIR.format(s)), failed) for s in seeds]
         statuses = [s.get("status", "unfinished") for s in sums]
         points.append({"algorithm": p["algorithm"], "point": p["point"], "name": p["name"], "dir": d,
-                       "statuses": statuses, "final": final_stats([s for s in sums if s.get("status") == "completed"])})
+                       "statuses": statuses, "warnings": [s.get("warning") for s in sums],
+                       "final": final_stats([s for s in sums if s.get("status") == "completed"])})
     best = {}
     for a in dict.fromkeys(p["algorithm"] for p in points):
         ok = [p for p in points if p["algorithm"] == a and all(s == "completed" for s in p["statuses"])
@@ -932,16 +933,19 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
     names = {k: column_name(k) for k in (*keys, "grad_map_sq")}
     names["grad_map_sq"] += (f" (s={step:g})" if step is not None else " (s: each point its own)"
                              if any("grad_map_step" in p["final"] for p in points) else "")
-    rows = []
+    rows, notes_w = [], []
     for p in points:
         st = p["statuses"]
         status = "completed" if all(s == "completed" for s in st) else ", ".join(
             f"{st.count(s)} {s}" for s in dict.fromkeys(st))
         mark = " *" if best.get(p["algorithm"], {}).get("name") == p["name"] else ""
-        rows.append([p["algorithm"], p["name"] + mark, *(stats_cell(p["final"].get(k)) for k in keys), status])
+        warned = [{"warning": w} for w in p["warnings"]]  # records.run_warning of each seed's run
+        rows.append([p["algorithm"], p["name"] + mark, *(stats_cell(p["final"].get(k)) for k in keys),
+                     status_cell(status, warned)])
+        notes_w += warning_notes([(f"{p['algorithm']} {p['name']} seed {k}", w) for k, w in zip(seeds, warned)])
     table = format_table(["algorithm", "point", *(names[k] for k in keys), "status"], rows)
     text = [table, "", f"* best point per algorithm by {select} ({'lowest' if better is min else 'highest'} mean "
-                       f"{metric}); mean ± std over {len(seeds)} seed(s): {', '.join(map(str, seeds))}"]
+                       f"{metric}); mean ± std over {len(seeds)} seed(s): {', '.join(map(str, seeds))}", *notes_w]
     if skipped:
         text += ["", "skipped (the point breaks a rule of the algorithm):"]
         text += [f"- {s['algorithm']} {point_name(s['point'])}: {s['reason']}" for s in skipped]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-__all__ = ["METRIC_COLUMNS", "column_name", "format_table", "format_number"]
+__all__ = ["METRIC_COLUMNS", "column_name", "format_table", "format_number", "status_cell", "warning_notes"]
 
 # metric key (metrics.jsonl, summary.json) -> its column heading in every table
 METRIC_COLUMNS = {
@@ -58,3 +58,15 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
     line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells)])
+
+
+def status_cell(status: str, summaries: Sequence[dict]) -> str:
+    """A table's status of one run or a group of runs, marked ``⚠`` (``⚠ k``: k of the group) when run
+    summaries hold a ``warning`` (:func:`~python_algos.runfolder.records.run_warning`; named below the table)."""
+    k = sum(1 for s in summaries if (s or {}).get("warning"))
+    return status if not k else f"{status} ⚠" if len(summaries) == 1 else f"{status}, ⚠ {k}"
+
+
+def warning_notes(labelled: Sequence[tuple]) -> list:
+    """``⚠ label: warning`` for each ``(label, summary)`` whose run summary holds a warning."""
+    return [f"⚠ {label}: {s['warning']}" for label, s in labelled if (s or {}).get("warning")]

@@ -159,7 +159,8 @@ def save_history(hist, path: str, *, overwrite: bool = False, label: Optional[st
         label=label or hist.algorithm, algorithm=hist.algorithm, hparams=hist.hparams, status="completed", rows=rows,
         rounds=setup.get("rounds", rows[-1].get("round", 0)), regularizer=setup.get("regularizer"),
         num_clients=setup.get("num_clients"), dim=hist.params.numel(), executor=hist.executor, out_dir=path,
-        resume_command=None, f_star=None if f_star is None else float(f_star), **{API_MARK: True})
+        resume_command=None, f_star=None if f_star is None else float(f_star), threads=hist.threads,
+        **{API_MARK: True})
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     # a name no other saver (process or thread) uses: concurrent saves never write into each other's folder

@@ -18,6 +18,7 @@ The format is in :mod:`python_algos.runfolder`; the writes are atomic (:mod:`.fi
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Mapping, Optional, Sequence
 
@@ -28,8 +29,8 @@ from .files import RunExistsError, append_row, create_json, read_json_object, re
 
 __all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "COMPARISON", "SEEDS",
            "run_folder_name", "write_config", "api_config_record", "write_partition", "metric_round", "metrics_row",
-           "write_metrics", "append_metrics_row", "final_row", "summary_record", "write_summary", "save_model",
-           "load_model", "read_config", "read_metrics", "read_summary", "group_runs"]
+           "write_metrics", "append_metrics_row", "final_row", "RunWarning", "run_warning", "summary_record",
+           "write_summary", "save_model", "load_model", "read_config", "read_metrics", "read_summary", "group_runs"]
 
 CONFIG, PARTITION, METRICS = "config.json", "partition.json", "metrics.jsonl"
 SUMMARY, MODEL = "summary.json", "model.pt"
@@ -135,6 +136,34 @@ def final_row(rows: Sequence[dict]) -> dict:
     return next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else {})
 
 
+WORSE_THAN_BEST = 10  # f+h this many times its best so far: the run went wrong, whatever it does after
+
+
+class RunWarning(RuntimeWarning):
+    """simulate's warning of a run that went wrong (:func:`run_warning`; the command line shows it at the end)."""
+
+
+def run_warning(rows: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    """Why a run's f+h (``rows``: its metrics rows, round 0 first) says it went wrong, else None: f+h
+    became non-finite, rose more than :data:`WORSE_THAN_BEST` times above its best so far (a best
+    <= 0 has no such ratio), or ended above its first value. The one rule of summary.json's
+    ``warning``, the tables' mark and simulate's ``RuntimeWarning``."""
+    pts = [(r.get("round"), math.nan if r["f+h"] is None else float(r["f+h"])) for r in rows if "f+h" in r]
+    bad = next(((t, v) for t, v in pts if not math.isfinite(v)), None)
+    if bad is not None:
+        return f"f+h became {bad[1]} at round {bad[0]}"
+    why, best = [], pts[0] if pts else None
+    for t, v in pts[1:]:
+        if best[1] > 0 and v > WORSE_THAN_BEST * best[1]:
+            why.append(f"f+h rose to {v:.4g} at round {t}, {v / best[1]:.3g}x its best {best[1]:.4g} (round {best[0]})")
+            break
+        best = min(best, (t, v), key=lambda p: p[1])
+    if len(pts) > 1 and pts[-1][1] > pts[0][1]:
+        why.insert(0, f"f+h ended at {pts[-1][1]:.4g} (round {pts[-1][0]}), above its start {pts[0][1]:.4g} "
+                      f"(round {pts[0][0]})")
+    return "; ".join(why) or None
+
+
 def summary_record(*, label: str, algorithm: str, hparams: dict, status: str, rows: Sequence[dict], rounds: int,
                    regularizer: Optional[str], num_clients: Optional[int], dim: int, executor: str,
                    out_dir: str, resume_command: Optional[str], message: Optional[str] = None,
@@ -153,6 +182,7 @@ def summary_record(*, label: str, algorithm: str, hparams: dict, status: str, ro
         "hparams": hparams,
         "status": status,
         "message": message,
+        "warning": run_warning(rows),
         "rounds": rounds,
         "rounds_done": last.get("round", 0),
         "final": final_row(rows),

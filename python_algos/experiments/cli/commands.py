@@ -136,6 +136,8 @@ def _cmd_run_flower(cmd: RunCommand) -> int:
 def _finish_run(summary: dict, figures: Figures) -> int:
     print_summary(summary)
     print(f"results written to {summary['out_dir']}")
+    if summary.get("warning"):  # records.run_warning: the run got worse
+        print(f"warning: {summary['label']}: {summary['warning']}", file=sys.stderr)
     write_run_events([summary["out_dir"]], figures.tensorboard)
     overview_figure(summary["out_dir"], figures)
     if summary["status"] == "diverged":
