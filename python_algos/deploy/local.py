@@ -99,19 +99,16 @@ class LocalDeployment:
 
     def __enter__(self):
         self._signals.enter_context(terminate_as_interrupt())  # SIGTERM / SIGHUP: leave the block, ending all
+        self._signals.callback(self.close)  # run first on leaving, even if start() fails
         try:
             self.start()
         except BaseException:
-            self.close()
             self._signals.close()
             raise
         return self
 
     def __exit__(self, *exc):
-        try:
-            self.close()
-        finally:
-            self._signals.close()
+        self._signals.close()
 
     def start(self) -> None:
         try:
@@ -157,11 +154,6 @@ class LocalDeployment:
                                       f"anything joined it: run the command again (it picks another port)")
             time.sleep(0.2)
         raise DeploymentError(f"the {name} did not listen on 127.0.0.1:{port} within {timeout:g} s:\n{self.log(name)}")
-
-    def stopped_nodes(self) -> list:
-        """(client, exit status) of the SuperNodes started here that are no longer running."""
-        return [(i, p.returncode) for i in range(self.num_clients)
-                if (p := self.procs.get(f"supernode-{i}")) is not None and p.poll() is not None]
 
     def kill_node(self, i: int) -> None:
         """Kill client i's SuperNode and what it started (tests: a node dying mid-run)."""
@@ -214,8 +206,9 @@ class FlowerRun:
         poll = poll or (lambda: None)
         while self.proc.poll() is None:
             poll()
-            stopped = self.dep.stopped_nodes() if self.dep.watch_nodes else []
-            if stopped:
+            stopped = [(i, p.returncode) for i in range(self.dep.num_clients) if self.dep.watch_nodes
+                       and (p := self.dep.procs.get(f"supernode-{i}")) is not None and p.poll() is not None]
+            if stopped:  # (client, exit status) of the SuperNodes that are no longer running
                 self.proc.signal(signal.SIGTERM)  # the run's server goes with the deployment
                 raise DeploymentError("; ".join(
                     f"client {i}'s SuperNode stopped during the run ("
