@@ -60,20 +60,17 @@ def group_seeds(runs: list, band: str = "std") -> list:
         # the seeds the tables count (aggregate.counted: the completed ones), unless none has completed yet
         members = [members[i] for i in counted([m["summary"] for m in members])] or members
         agg = aggregate_rows([m["rows"] for m in members])
-        mean = [{"round": a["round"], **{k: v["mean"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
-        if band == "std":
-            lo = [{"round": a["round"], **{k: v["mean"] - v["std"] for k, v in a.items() if isinstance(v, dict)}}
-                  for a in agg]
-            hi = [{"round": a["round"], **{k: v["mean"] + v["std"] for k, v in a.items() if isinstance(v, dict)}}
-                  for a in agg]
-        else:
-            lo = [{"round": a["round"], **{k: v["min"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
-            hi = [{"round": a["round"], **{k: v["max"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
-        floor = [{"round": a["round"], **{k: v["min"] for k, v in a.items() if isinstance(v, dict)}} for a in agg]
-        first = members[0]
-        out.append({**first, "rows": mean, "band_rows": (lo, hi, floor), "band": band,
+        lo, hi = ((_rows(agg, lambda v: v["mean"] - v["std"]), _rows(agg, lambda v: v["mean"] + v["std"]))
+                  if band == "std" else (_rows(agg, lambda v: v["min"]), _rows(agg, lambda v: v["max"])))
+        out.append({**members[0], "rows": _rows(agg, lambda v: v["mean"]),
+                    "band_rows": (lo, hi, _rows(agg, lambda v: v["min"])), "band": band,
                     "seeds": [seed_of(m["path"]) for m in members], "members": members})
     return out
+
+
+def _rows(agg: list, of) -> list:
+    """Per round of ``agg`` (:func:`~..aggregate.aggregate_rows`), ``of(statistics)`` of every metric."""
+    return [{"round": a["round"], **{k: of(v) for k, v in a.items() if isinstance(v, dict)}} for a in agg]
 
 
 def _config(path: str) -> dict:
