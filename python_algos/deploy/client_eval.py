@@ -12,17 +12,13 @@ import torch
 
 import fedkernels as fk
 
+from .exchange import check_replies, collect
 from .wire import NodeFailure, decode_vectors, encode_vectors, flwr_modules, new_message
 
 __all__ = ["EVALUATE", "handle_evaluate", "evaluate_on_nodes"]
 
 EVALUATE = "evaluate.model"
 _PREFIX = "client_"  # the row key of a node metric: client_<its name>, beside the server's own metrics
-
-
-def _count(data) -> int:
-    """The number of samples of a node's data: an (X, y) pair or a sized Dataset."""
-    return len(data[0]) if isinstance(data, (tuple, list)) else len(data)
 
 
 def handle_evaluate(msg, context, model_fn: Callable, load_data: Callable, evaluate_fn: Callable, cid: int):
@@ -39,15 +35,13 @@ def handle_evaluate(msg, context, model_fn: Callable, load_data: Callable, evalu
                                                and not isinstance(v, bool) for k, v in got.items()):
         raise TypeError(f"client {cid}: evaluate_fn must return a dict of metric name -> number, got {got!r}")
     values = {k: float(v) for k, v in got.items()}
-    return fapp.Message(reply_to=msg, content=fapp.RecordDict({"metrics": fapp.MetricRecord(
-        {**values, "num_examples": _count(data)})}))
+    values["num_examples"] = len(data[0]) if isinstance(data, (tuple, list)) else len(data)  # (X, y) or a Dataset
+    return fapp.Message(reply_to=msg, content=fapp.RecordDict({"metrics": fapp.MetricRecord(values)}))
 
 
 def evaluate_on_nodes(grid, nodes: dict, evaluators: set, x: torch.Tensor, t: int, timeout: float) -> dict:
     """The nodes' metrics of the model ``x`` (round ``t``): each evaluating client's ``evaluate_fn``,
     averaged weighted by its sample count, keys ``client_<name>`` ({} without evaluators)."""
-    from .exchange import check_replies, collect  # exchange imports wire too; no cycle at import time
-
     if not evaluators:
         return {}
     fapp, _, _ = flwr_modules()
