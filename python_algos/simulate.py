@@ -34,6 +34,7 @@ from .algorithms.steps import prox
 from .clients import EXECUTORS, ClientSet, resolve_executor
 from .clients.base import seeds
 from .clients.model_checks import check_group_lasso, check_one_dtype
+from .clients.state_plan import StatePlan, snapshot_state
 from .runfolder import setup_record
 from .runfolder.callbacks import Checkpoint, RunView, as_callbacks, run_rounds
 from .runfolder.history import load_history, save_history
@@ -228,6 +229,8 @@ def simulate(
     resume: Optional[dict] = None,
     participation: Optional[float] = None,
     clients_per_round: Optional[int] = None,
+    state: str = "dense",
+    state_folder: Optional[str] = None,
     threads: "str | int | None" = "auto",
 ) -> History:
     """Run ``rounds`` rounds of ``algorithm`` from the model's current parameters.
@@ -276,6 +279,9 @@ def simulate(
         participation: the fraction of clients sampled each round, k = max(1, round(participation·N))
             (docs/algorithms.md §1.4); ``clients_per_round``: k itself (give at most one). Only
             algorithms with ``partial_participation`` accept k < N.
+        state: where per-client stacks live: ``"dense"`` [N, d] tensors, ``"ram"`` / ``"disk"`` (a row is
+            stored once written; disk: files under ``state_folder``), or ``"auto"`` by the up-front
+            estimate; a run that cannot fit is refused (:mod:`python_algos.clients.state_plan`).
         threads: CPU threads for the run, the command line's rule (python_algos/system/threads.py: 1 for a
             model under 10⁶ parameters), an int, or None (torch's settings as they are); the caller's after.
     """
@@ -288,6 +294,8 @@ def simulate(
                                           metrics_every=metrics_every, metric_step=step)
     if resume is not None:
         _check_resume(resume, algorithm, model, settings, int(rounds))  # before anything is built or changed
+    plan = StatePlan.checked(state, state_folder, k, executor, backend, settings is not None and resume is None,
+                             resume is not None)
     cbs = as_callbacks(callbacks)
     executor, executor_options = _executor_of_resume(backend, executor, executor_options, resume)
     make = backend if backend is not None else resolve_executor(executor, model)
@@ -301,7 +309,7 @@ def simulate(
                           "batch_size": batch_size, "num_clients": len(clients), "clients_per_round": k,
                           "metrics_every": metrics_every, "metric_step": step})
         run.warn_if_other_executor(resume)
-        state = run.start(resume)
+        state = run.start(resume, plan)
         state = run_rounds(run.view(), state, run.round, cbs, agree=run.cs.any_rank)
         return run.history(state, n)
 
@@ -370,16 +378,17 @@ class _Run:
                           f"result is not bit-identical to an uninterrupted run; pass "
                           f"executor={resume['executor']!r} (or 'auto') for that", UserWarning, stacklevel=3)
 
-    def start(self, resume: Optional[dict]):
+    def start(self, resume: Optional[dict], plan: StatePlan):
         """The state before the first round this call runs: ``init`` (and round 0's metrics), or the snapshot's."""
         self.fresh = resume is None
         if resume is None:
-            self.state = self.algorithm.init(self.x0, self.cs)
+            self.state = plan.init(self.algorithm, self.x0, self.cs, self.rounds)
             if self.metrics_every:
                 self.initial = {"round": 0, **self.evaluate(self.state)}
         else:
             self.state, self.initial, self.metrics, self.elapsed, self.first = _restore(resume, self.model, self.cs,
                                                                                         self.rng)
+            self.state = plan.adopt(self.state)
         return self.state
 
     def evaluate(self, st) -> dict:
@@ -419,7 +428,8 @@ class _Run:
         """Everything a resumed run needs (references, not copies). ``metrics`` is the live list of
         rows, for a caller that keeps snapshots in memory; a checkpoint file leaves it out
         (:func:`python_algos.runfolder.checkpoint.save`): the history lives in the metrics file."""
-        return {"round": t, "algorithm": self.algorithm.name, "hparams": self.algorithm.hparams(), "state": self.state,
+        return {"round": t, "algorithm": self.algorithm.name, "hparams": self.algorithm.hparams(),
+                "state": snapshot_state(self.state),
                 "rng": self.rng.get_state(), "client_rng": self.cs.rng_state(), "torch_rng": torch.get_rng_state(),
                 "buffers": dict(self.model.named_buffers()), "metrics": self.metrics, "initial": self.initial,
                 "elapsed": self.elapsed, "executor": self.ran_on,

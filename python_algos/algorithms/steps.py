@@ -14,6 +14,8 @@ import torch
 
 import fedkernels as fk
 
+from ..clients.state_store import ClientStateStore
+
 __all__ = ["is_zero", "prox_", "prox", "sgd_step_", "load_rows_", "rows_", "put_rows_", "damped_step_", "warn_smooth"]
 
 
@@ -51,7 +53,11 @@ def load_rows_(X: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def rows_(T: torch.Tensor, ids: Optional[torch.Tensor], out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The participants' rows of a per-client stack (a gathered copy, into ``out`` if given), or
-    T itself under full participation (``ids`` None)."""
+    T itself under full participation (``ids`` None). A :class:`ClientStateStore` (``simulate``'s
+    ``state="ram"|"disk"``) gathers them in one call (all its rows when ``ids`` is None)."""
+    if isinstance(T, ClientStateStore):
+        return T.gather_(ids, out if out is not None else torch.empty(
+            T.rows if ids is None else ids.numel(), T.dim, dtype=T.dtype))
     if ids is None:
         return T
     return torch.index_select(T, 0, ids, out=out) if out is not None else T.index_select(0, ids)
@@ -59,8 +65,10 @@ def rows_(T: torch.Tensor, ids: Optional[torch.Tensor], out: Optional[torch.Tens
 
 def put_rows_(T: torch.Tensor, ids: Optional[torch.Tensor], V: torch.Tensor) -> torch.Tensor:
     """Write a participant stack V back into rows ``ids`` of T (nothing to do when ids is None:
-    V is T)."""
-    if ids is not None:
+    V is T). A :class:`ClientStateStore` takes them in one call."""
+    if isinstance(T, ClientStateStore):
+        T.scatter_(ids, V)
+    elif ids is not None:
         T.index_copy_(0, ids, V)
     return T
 

@@ -47,6 +47,8 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from .state_plan import check_dense_fits
+
 __all__ = ["ClientSet", "CommCounter", "client_generators", "seeds"]
 
 
@@ -76,6 +78,7 @@ class ClientSet(abc.ABC):
     executor: ClassVar[str] = "custom"  # the name simulate() records (History.executor, summary.json)
     measures_bytes: ClassVar[bool] = False  # True: comm.sent_bytes / recv_bytes are real network bytes
     world_size: int = 1  # processes sharing the clients (DistributedClients: the ranks)
+    lazy_stacks: bool = False  # new_stack gives stride-0 views (a store's init: state_plan.StatePlan.init)
     num_clients: int
     rows: int
     dim: int
@@ -184,7 +187,14 @@ class ClientSet(abc.ABC):
         return self._new((self.dim,), fill)
 
     def new_stack(self, fill: Optional[torch.Tensor | float] = None) -> torch.Tensor:
-        """A new ``[rows, d]`` client stack: zeros, a constant, or every row a copy of a ``[d]`` tensor."""
+        """A new ``[rows, d]`` client stack: zeros, a constant, or every row a copy of a ``[d]`` tensor.
+        While ``lazy_stacks`` (a run with a client-state store, :mod:`.state_plan`, during ``init``):
+        a read-only stride-0 view of that one row, which the store takes over without an [N, d] copy."""
+        if self.lazy_stacks:
+            return self._new((self.dim,), fill).expand(self.rows, self.dim)
+        if torch.device(self.device).type == "cpu":  # host memory (a GPU's allocator names its own limit)
+            check_dense_fits(self.rows * self.dim * torch.empty((), dtype=self.dtype).element_size(),
+                             f"a dense [{self.rows}, {self.dim}] client stack")
         return self._new((self.rows, self.dim), fill)
 
     def workspace(self, name: str, rows: Optional[int] = None) -> torch.Tensor:

@@ -1,0 +1,255 @@
+"""Where a run keeps its per-client state: ``simulate(..., state=)`` (docs/population.md).
+
+``state="dense"`` (default): every ``client_fields`` stack is an ``[N, d]`` tensor, as always.
+``"ram"`` / ``"disk"``: each is a :class:`~.state_store.ClientStateStore` (rows stored only once
+written; the block in RAM or in a memory-mapped file under ``state_folder``), and a round gathers
+the cohort's rows into its ``[k, d]`` working stack once and scatters them back once
+(:func:`python_algos.algorithms.steps.rows_` / ``put_rows_``), so the algorithm's code is unchanged.
+``"auto"``: ``"ram"`` when the up-front estimate (:class:`StateEstimate`) fits the memory this
+process may use, else ``"disk"`` when it fits the disk, else the run is refused naming what to
+change; under full participation, ``"dense"``.
+
+How the stores start without an ``[N, d]`` stack: ``init`` runs with ``clients.new_stack`` giving
+a read-only stride-0 view of the initial row (:meth:`ClientSet.new_stack`), so an init that reads
+its stacks (FedADMM's and FedDR's ``clients.mean``) works, and one that writes every client's row
+(FedDR's ``init_from="paper"``) is refused before a round runs. torch sums such a view as it sums
+a dense stack for the populations the tests compare; for ~10^4 or more float32 rows it may order
+that sum differently (the same algorithm, another rounding of the init's mean).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import shutil
+import tempfile
+from typing import Optional
+
+import torch
+
+from .state_store import ClientStateStore, StoredRows
+
+__all__ = ["MODES", "StateEstimate", "StatePlan", "DoesNotFit", "memory_available", "check_dense_fits",
+           "snapshot_state"]
+
+MODES = ("dense", "ram", "disk", "auto")
+WORKSPACES = 4  # [k, d] scratch stacks an algorithm's round keeps besides the gathered rows (FedDR: 3)
+RAM_SHARE = 0.8  # of the memory available, what the state may take: the rest is the run's own headroom
+_OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
+
+
+class DoesNotFit(ValueError):
+    """The run's state cannot fit in the memory (and disk) this process may use."""
+
+
+def memory_available() -> int:
+    """Bytes this process may still allocate: the least of the kernel's MemAvailable, the address-space
+    limit (``RLIMIT_AS``) less what is mapped, and the cgroup's memory.max less its memory.current."""
+    out = [v for v in (_meminfo("MemAvailable"),) if v is not None]
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        out.append(soft - _status("VmSize"))
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit = f.read().strip()
+            if limit != "max":
+                out.append(int(limit) - int(g.read()))
+    except (OSError, ValueError):
+        pass
+    return max(0, min(out)) if out else 1 << 62
+
+
+def check_dense_fits(nbytes: int, what: str) -> None:
+    """Refuse (:class:`DoesNotFit`, naming ``state=``) a dense allocation over the memory available,
+    instead of the allocator's raw error or the OOM killer."""
+    if nbytes < 1 << 26:  # small stacks never need the check (it reads /proc)
+        return
+    avail = memory_available()
+    if nbytes > RAM_SHARE * avail:
+        raise DoesNotFit(f"{what} takes {_gb(nbytes)}, more than this process may use ({_gb(avail)} available): run "
+                         f"with state='ram' or state='disk' (simulate's state=; rows kept only for the clients that "
+                         f"train), or fewer clients")
+
+
+@dataclasses.dataclass(frozen=True)
+class StateEstimate:
+    """Bytes of a run's per-client state, from its shape alone (before anything is allocated)."""
+
+    num_clients: int
+    dim: int
+    itemsize: int
+    fields: int  # per-client stacks (client_fields)
+    cohort: int  # k, clients per round
+    rounds: int
+    data_bytes: int = 0  # the clients' tensors (already in memory)
+
+    @property
+    def dense_bytes(self) -> int:
+        return self.fields * self.num_clients * self.dim * self.itemsize
+
+    @property
+    def store_bytes(self) -> int:
+        """Row tables plus every row the run can write: at most min(N, k × rounds) per stack."""
+        touched = min(self.num_clients, self.cohort * self.rounds)
+        return self.fields * (8 * self.num_clients + (1 + touched) * self.dim * self.itemsize)
+
+    @property
+    def working_bytes(self) -> int:
+        return (self.fields + WORKSPACES) * self.cohort * self.dim * self.itemsize
+
+    def describe(self) -> str:
+        return (f"client state: {self.fields} stack(s) of {self.num_clients} x {self.dim}: dense "
+                f"{_gb(self.dense_bytes)}, stored rows at most {_gb(self.store_bytes)}; working stacks "
+                f"{_gb(self.working_bytes)}; data {_gb(self.data_bytes)}")
+
+
+@dataclasses.dataclass
+class StatePlan:
+    """``simulate``'s ``state`` / ``state_folder``, checked before anything is built (:meth:`checked`)."""
+
+    mode: str
+    folder: Optional[str]
+    cohort: Optional[int]  # k, None under full participation
+    estimate: Optional[StateEstimate] = None  # set by init for a store (the CLI prints it with the setup)
+
+    @classmethod
+    def checked(cls, state, state_folder, cohort: Optional[int], executor, backend, checkpoints: bool,
+                resume: bool) -> "StatePlan":
+        if state not in MODES:
+            raise ValueError(f"state must be one of {MODES}, got {state!r}")
+        if state_folder is not None and state not in ("disk", "auto"):
+            raise ValueError(f"state_folder is where state='disk' keeps its rows; got it with state={state!r}")
+        if state in ("ram", "disk"):
+            if cohort is None:
+                raise ValueError(f"state={state!r} needs partial participation (clients_per_round or participation): "
+                                 f"under full participation every client's row is read and written each round, so "
+                                 f"a store saves nothing; use state='dense'")
+            if executor == "distributed" or backend is not None:
+                raise ValueError(f"state={state!r} runs on the sequential and batched executors only (the "
+                                 f"distributed executor and a custom backend hold dense [N, d] stacks): use "
+                                 f"state='dense'")
+        if state == "disk" and (checkpoints or resume):
+            raise ValueError("state='disk' is not checkpointed yet: take checkpoints (or resume) with state='ram' or "
+                             "'dense', or run state='disk' without Checkpoint / resume")
+        if state == "auto" and (cohort is None or executor == "distributed" or backend is not None):
+            state = "dense"
+        return cls(mode=state, folder=state_folder, cohort=cohort)
+
+    def init(self, algorithm, x0: torch.Tensor, cs, rounds: int):
+        """``algorithm.init(x0, cs)``, its client stacks in the store this plan picks."""
+        if self.mode == "dense":
+            return algorithm.init(x0, cs)
+        if cs.device.type != "cpu":
+            raise ValueError(f"state={self.mode!r} keeps rows in host memory and gathers them on the CPU; this run is "
+                             f"on {cs.device}: use state='dense'")
+        cs.lazy_stacks = True
+        try:
+            state = algorithm.init(x0, cs)
+        except RuntimeError as e:
+            if _OVERLAP not in str(e):
+                raise
+            raise ValueError(f"state={self.mode!r}: {algorithm.name}.init writes every client's row (its clients "
+                             f"do not all start alike), so its state cannot start without an [N, d] stack: use "
+                             f"state='dense' (or an initialization that starts every client alike)") from None
+        finally:
+            cs.lazy_stacks = False
+        fields = tuple(type(state).client_fields)
+        self.estimate = StateEstimate(cs.rows, cs.dim, x0.element_size(), len(fields), self.cohort, int(rounds),
+                                      _data_bytes(cs))
+        backend = self._backend(self.estimate)
+        stores = {f: _store(getattr(state, f), backend, self.folder, f) for f in fields}
+        return state._replace(**stores)
+
+    def adopt(self, state):
+        """A resumed state's client stacks in this run's form (a dense stack or a RAM store, the same
+        rows), from a snapshot's dense stacks, stores or :class:`StoredRows` (a checkpoint file's)."""
+        out = {}
+        for f in type(state).client_fields:
+            v = getattr(state, f)
+            if isinstance(v, StoredRows):
+                v = out[f] = ClientStateStore.from_stored_rows(v)
+            if self.mode == "dense" and isinstance(v, ClientStateStore):
+                out[f] = v.to_dense()
+            elif self.mode != "dense" and not isinstance(v, ClientStateStore):
+                out[f] = _store(v, "ram", None, f)
+        return state._replace(**out) if out else state
+
+    def _backend(self, est: StateEstimate) -> str:
+        """ram or disk, checked against what the machine has (:class:`DoesNotFit` names what to change)."""
+        avail = memory_available()
+        ram = RAM_SHARE * avail
+        if est.working_bytes > ram:
+            raise DoesNotFit(f"{est.describe()}: the working stacks alone need more than this process may use "
+                             f"({_gb(avail)} available): a smaller clients_per_round, or a smaller model")
+        fits_ram = est.store_bytes + est.working_bytes <= ram
+        if self.mode == "ram" or (self.mode == "auto" and fits_ram):
+            if not fits_ram:
+                raise DoesNotFit(f"{est.describe()}: more than this process may use ({_gb(avail)} available): run "
+                                 f"with state='disk' (rows in files under state_folder), or fewer clients")
+            return "ram"
+        disk = _free_disk(self.folder)
+        if est.store_bytes > disk:
+            raise DoesNotFit(f"{est.describe()}: more than the {_gb(disk)} of free disk (and {_gb(avail)} of memory) "
+                             f"this run may use: give state_folder on a larger disk, fewer rounds or clients_per_round "
+                             f"(rows written), or fewer clients")
+        return "disk"
+
+
+def snapshot_state(state):
+    """The state a snapshot holds: each store as its :class:`StoredRows` (a checkpoint file holds
+    NamedTuples of tensors), dense stacks as they are; references, as the snapshot's other entries."""
+    stores = {f: getattr(state, f).stored_rows() for f in getattr(type(state), "client_fields", ())
+              if isinstance(getattr(state, f), ClientStateStore)}
+    return state._replace(**stores) if stores else state
+
+
+def _store(v: torch.Tensor, backend: str, folder: Optional[str], field: str) -> ClientStateStore:
+    """The store of one init stack: a stride-0 view (every row its first) stores no row; a dense stack all."""
+    where = os.path.join(folder, field) if folder is not None else None
+    if v.stride(0) == 0:
+        return ClientStateStore(v.shape[0], v.shape[1], v.dtype, v[0], backend=backend, folder=where)
+    store = ClientStateStore(v.shape[0], v.shape[1], v.dtype, backend=backend, folder=where)
+    store.scatter_(None, v.detach().to("cpu"))
+    return store
+
+
+def _data_bytes(cs) -> int:
+    """Bytes of the clients' tensors held by ``cs`` (each storage once: clients may share one)."""
+    storages = {}
+    for c in getattr(cs, "clients", ()):
+        for t in (getattr(c, "X", None), getattr(c, "y", None)):
+            if isinstance(t, torch.Tensor):
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def _free_disk(folder: Optional[str]) -> int:
+    """Free bytes on the disk of ``folder`` (its nearest existing ancestor), or of the temporary folder."""
+    path = os.path.abspath(folder) if folder is not None else tempfile.gettempdir()
+    while not os.path.isdir(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free
+
+
+def _meminfo(key: str) -> Optional[int]:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _gb(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"

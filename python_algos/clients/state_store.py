@@ -1,0 +1,207 @@
+"""A client-state store: the rows of a per-client ``[N, d]`` stack, kept only where written.
+
+A run touches at most rounds × cohort clients, so most rows of a per-client stack (SCAFFOLD's
+control variates, FedDR's three stacks) keep their initial value for the whole run. A
+:class:`ClientStateStore` holds N rows of d numbers as
+
+* a **row table** ``[N]`` (int64): 0 for a row never written, else its slot in the block;
+* a **block** ``[1 + written, d]`` whose slot 0 is the initial row (zeros or a given row), so a
+  never-written row reads as the initial value without being stored.
+
+``gather_(ids, out)`` is one ``index_select`` on the block (through the table), ``scatter_(ids,
+rows)`` one ``index_copy_`` (new rows get slots first). The block lives in RAM (``backend="ram"``)
+or in a memory-mapped file in a folder (``backend="disk"``: ``rows.bin``, append-only, and the
+table memory-mapped as ``index.bin``, a sparse file of zeros until rows are written). Rows read
+back are the bits written: a run on a store equals the dense run bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from typing import Iterator, NamedTuple, Optional
+
+import numpy as np
+import torch
+
+__all__ = ["ClientStateStore", "StoredRows", "BACKENDS", "DTYPES"]
+
+BACKENDS = ("ram", "disk")
+DTYPES = (torch.float32, torch.float64)
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+class StoredRows(NamedTuple):
+    """A RAM store's checkpoint form: ``table`` [N] (0: never written, else the row's slot) and
+    ``block`` [1 + written, d] (slot 0: the initial row)."""
+
+    table: torch.Tensor
+    block: torch.Tensor
+
+
+class ClientStateStore:
+    """N rows of d numbers (``dtype`` float32 or float64), each its ``initial`` row (default zeros)
+    until written. ``folder`` (disk only): where ``rows.bin`` / ``index.bin`` go, an empty or new
+    folder (default: a temporary one, removed with the store)."""
+
+    def __init__(self, rows: int, dim: int, dtype: torch.dtype = torch.float64,
+                 initial: Optional[torch.Tensor] = None, *, backend: str = "ram", folder: Optional[str] = None):
+        for name, v in (("rows", rows), ("dim", dim)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if initial is not None and (not isinstance(initial, torch.Tensor) or initial.shape != (dim,)):
+            raise ValueError(f"initial must be None or a [{dim}] tensor, got "
+                             f"{tuple(initial.shape) if isinstance(initial, torch.Tensor) else type(initial).__name__}")
+        if folder is not None and backend != "disk":
+            raise ValueError(f"folder is for backend='disk' only, got backend={backend!r}")
+        self.rows, self.dim, self.dtype, self.backend = int(rows), int(dim), dtype, backend
+        self.written = 0  # rows written so far; slots 1..written of the block
+        first = torch.zeros(1, self.dim, dtype=dtype)
+        if initial is not None:
+            first[0] = initial.detach().to(device="cpu", dtype=dtype)
+        self.folder = None if backend == "ram" else _new_folder(self, folder)
+        if backend == "ram":
+            self._table = torch.zeros(self.rows, dtype=torch.int64)
+            self._block = first
+        else:
+            self._table = torch.from_numpy(np.memmap(self._path("index.bin"), np.int64, "w+", shape=(self.rows,)))
+            self._block = self._map_rows(1)
+            self._block[0] = first[0]
+
+    # -- reading and writing rows ---------------------------------------------------------
+    def gather_(self, ids: Optional[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+        """``out[j] <- row ids[j]`` (all rows in order when ``ids`` is None), one index_select."""
+        ids = self._checked_ids(ids, "ids")
+        self._check_stack(out, ids.numel(), "out")
+        return torch.index_select(self._block, 0, self._table.index_select(0, ids), out=out)
+
+    def scatter_(self, ids: Optional[torch.Tensor], rows: torch.Tensor) -> None:
+        """Row ``ids[j] <- rows[j]`` (``ids`` distinct; all rows when None), one index_copy_. Rows
+        written for the first time get the next slots of the block (which grows first, so a
+        failure leaves the store as it was)."""
+        ids = self._checked_ids(ids, "ids")
+        self._check_stack(rows, ids.numel(), "rows")
+        if ids.numel() > 1 and torch.unique(ids).numel() != ids.numel():
+            raise ValueError("ids must be distinct: two rows written to one client would leave it either one")
+        slots = self._table.index_select(0, ids)
+        new = ids[slots == 0]
+        if new.numel():
+            self._reserve(1 + self.written + new.numel())
+            self._table.index_copy_(0, new, torch.arange(self.written + 1, self.written + 1 + new.numel()))
+            self.written += int(new.numel())
+            slots = self._table.index_select(0, ids)
+        self._block.index_copy_(0, slots, rows.to(device="cpu"))
+
+    def chunks(self, size: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(first, rows[first : first + n])`` over all rows in order, ``n <= size`` (a fresh
+        tensor each, so at most ``size`` rows are held at a time)."""
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"size must be an int >= 1, got {size!r}")
+        for first in range(0, self.rows, int(size)):
+            yield first, self._block.index_select(0, self._table[first:first + int(size)])
+
+    def to_dense(self) -> torch.Tensor:
+        """All rows as one ``[N, d]`` tensor (N × d memory: for tests and small populations)."""
+        return self._block.index_select(0, self._table)
+
+    @property
+    def initial(self) -> torch.Tensor:
+        """The value of a never-written row (a copy)."""
+        return self._block[0].clone()
+
+    @property
+    def rows_written(self) -> int:
+        return self.written
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the store holds: the row table plus the block as allocated (RAM, or the row file)."""
+        return self._table.numel() * 8 + self._block.numel() * self._block.element_size()
+
+    def __repr__(self) -> str:
+        return (f"ClientStateStore({self.rows} x {self.dim}, {str(self.dtype).replace('torch.', '')}, "
+                f"{self.backend}, {self.written} rows written, {self.nbytes} bytes)")
+
+    # -- checkpoints (RAM only) -----------------------------------------------------------------
+    def stored_rows(self) -> StoredRows:
+        """The store as a NamedTuple of tensors (the table and the written rows, references), which a
+        checkpoint file holds as it holds any state (runfolder/checkpoint.py); :meth:`from_stored_rows`
+        rebuilds it."""
+        if self.backend != "ram":
+            raise ValueError("a state='disk' store is not checkpointed yet: run with state='ram' (or 'dense') to "
+                             "take checkpoints, or leave the checkpoints out")
+        return StoredRows(self._table, self._block[: 1 + self.written])
+
+    @classmethod
+    def from_stored_rows(cls, sr: StoredRows) -> "ClientStateStore":
+        store = cls(sr.table.numel(), sr.block.shape[1], sr.block.dtype, sr.block[0])
+        store._table, store._block, store.written = sr.table.clone(), sr.block.clone(), sr.block.shape[0] - 1
+        return store
+
+    def __reduce__(self):
+        return (type(self).from_stored_rows, (self.stored_rows(),))
+
+
+    # -- internals ----------------------------------------------------------------------------
+    def _checked_ids(self, ids, name: str) -> torch.Tensor:
+        if ids is None:
+            return torch.arange(self.rows)
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64:
+            raise ValueError(f"{name} must be a 1-D int64 tensor of row numbers, got "
+                             f"{ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")
+        ids = ids.to(device="cpu")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.rows):
+            raise ValueError(f"{name} must be row numbers in [0, {self.rows}), got {int(ids.min())}..{int(ids.max())}")
+        return ids
+
+    def _check_stack(self, t, k: int, name: str) -> None:
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (k, self.dim) or t.dtype != self.dtype:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a [{k}, {self.dim}] {self.dtype} tensor, got {got}")
+
+    def _reserve(self, need: int) -> None:
+        """Room for ``need`` slots: the block grows to 1.5 × (RAM: a copy; disk: a longer file)."""
+        cap = self._block.shape[0]
+        if need <= cap:
+            return
+        cap = max(need, cap + cap // 2, 16)
+        if self.backend == "ram":
+            block = torch.empty(cap, self.dim, dtype=self.dtype)
+            block[: 1 + self.written] = self._block[: 1 + self.written]
+            self._block = block
+        else:
+            self._block = self._map_rows(cap)
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+    def _map_rows(self, cap: int) -> torch.Tensor:
+        """The row file, ``cap`` rows long (the written rows kept: the file only grows)."""
+        path = self._path("rows.bin")
+        with open(path, "ab") as f:
+            f.truncate(max(os.path.getsize(path), cap * self.dim * self._block_itemsize()))
+        return torch.from_numpy(np.memmap(path, _NUMPY[self.dtype], "r+", shape=(cap, self.dim)))
+
+    def _block_itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+
+def _new_folder(store: ClientStateStore, folder: Optional[str]) -> str:
+    """The disk store's folder: ``folder`` (created, or empty), else a temporary one removed with the store."""
+    if folder is None:
+        path = tempfile.mkdtemp(prefix="fedkernels-state-")
+        weakref.finalize(store, shutil.rmtree, path, True)
+        return path
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    taken = [n for n in ("rows.bin", "index.bin") if os.path.exists(os.path.join(folder, n))]
+    if taken:
+        raise FileExistsError(f"state_folder {folder!r} already holds a state store ({', '.join(taken)}): give an "
+                              f"empty folder, or remove it first (a store never writes over another's rows)")
+    return folder
