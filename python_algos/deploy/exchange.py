@@ -90,7 +90,7 @@ def nonfinite_entries(ups: dict, who: str, t: int) -> Optional[str]:
 
 def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, restore: dict,
               evaluators: Optional[set] = None) -> dict:
-    """Wait for N nodes, ask each its client id (``partition-id``) and settings, and tell each where the
+    """Ask each node as it connects (N within ``connect_timeout``) its client id and settings, and tell it where the
     run starts (``restore``: run key, round, each client's last round, which a resumed node loads from
     its ``state-dir``); return client -> node id. Raises ValueError if two nodes claim one client or a
     node's settings differ from the server's, NodeFailure if a node fails (e.g. cannot restore its
@@ -106,7 +106,6 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
     restarted node registered), every new node is asked too, and the run goes on as soon as one node
     of every client has answered."""
     fapp, _, _ = flwr_modules()
-    node_ids = _wait_for_nodes(grid, n, connect_timeout)
     config = {"fingerprint": json.dumps(fp), "restore": json.dumps(restore)}
     asked: dict = {}  # node id -> the id of the message that asked it
 
@@ -117,11 +116,18 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
                     for nid in new]
             asked.update(zip(new, grid.push_messages(msgs)))
 
-    ask(node_ids)
     wait = max(timeout, connect_timeout)
-    nodes, errors, answered, until = {}, [], set(), time.monotonic() + wait
-    relist = time.monotonic()
+    nodes, errors, answered = {}, [], set()
+    connected_by, until, relist = time.monotonic() + connect_timeout, None, 0.0
     while len(nodes) + len(errors) < n:
+        if time.monotonic() >= relist:  # 5 times a second until N nodes are listed, then once a second
+            ask(sorted(int(i) for i in grid.get_node_ids()))
+            relist = time.monotonic() + (1.0 if len(asked) >= n else 0.2)
+        if until is None and len(asked) >= n:  # the answers' wait starts once N nodes are connected
+            until = time.monotonic() + wait
+        elif until is None and time.monotonic() > connected_by:
+            raise NodeFailure(f"only {len(asked)} of num_clients={n} client nodes connected within "
+                              f"connect_timeout={connect_timeout:g} s")
         for r in grid.pull_messages([mid for nid, mid in asked.items() if nid not in answered]):
             nid = int(r.metadata.src_node_id)
             if nid not in asked or nid in answered:
@@ -135,12 +141,9 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
                 nodes[cid] = nid
                 if evaluators is not None and r.content["hello"].get("evaluates"):
                     evaluators.add(cid)  # its client_app has an evaluate_fn (client_eval)
-        if len(nodes) + len(errors) >= n or time.monotonic() > until:
+        if len(nodes) + len(errors) >= n or (until is not None and time.monotonic() > until):
             break
         time.sleep(POLL)
-        if time.monotonic() >= relist:  # a node restarted meanwhile (the list is asked for once a second)
-            ask(sorted(int(i) for i in grid.get_node_ids()))
-            relist = time.monotonic() + 1.0
     if errors:
         raise NodeFailure("the handshake: " + "; ".join(errors))
     missing = [i for i in range(n) if i not in nodes]
@@ -160,19 +163,6 @@ def _not_ours(nid: int) -> str:
             f"'query.hello'): the server runs an algorithm whose client program must run on the nodes; build "
             f"the ClientApp with python_algos.deploy.flower.client_app(algorithm, model_fn, loss_fn, load_data, "
             f"...) from your model and data loader (docs/flower.md)")
-
-
-def _wait_for_nodes(grid, n: int, connect_timeout: float) -> list:
-    """The node ids listed once at least ``n`` nodes are (NodeFailure after ``connect_timeout`` s)."""
-    deadline = time.monotonic() + connect_timeout
-    while True:
-        node_ids = sorted(int(i) for i in grid.get_node_ids())
-        if len(node_ids) >= n:
-            return node_ids
-        if time.monotonic() > deadline:
-            raise NodeFailure(f"only {len(node_ids)} of num_clients={n} client nodes connected within "
-                              f"connect_timeout={connect_timeout:g} s")
-        time.sleep(0.2)
 
 
 def _hello_client(r, nid: int, fp: dict, n: int, nodes: dict) -> int:
