@@ -35,7 +35,7 @@ from ..simulate import checked_clients_per_round
 from .client_eval import evaluate_on_nodes
 from .exchange import check_replies, check_upload, collect, handshake, nonfinite_entries
 from .nodes import ServerClients, receives, scalars, server_state
-from .persist import history_path, load_server, save_server
+from .persist import history_path, save_server
 from .persist import load_server as load_server_checkpoint  # what run_server(checkpoint=) wrote, for resume=
 from .wire import (
     ROUND,
@@ -110,22 +110,24 @@ class ServerProgram:
                  checkpoint: Optional[str] = None, checkpoint_every: int = 1, resume: Optional[dict] = None,
                  checkpoint_extra: Optional[Callable[[], dict]] = None, run_key: Optional[str] = None):
         check_algorithm(algorithm)
-        _check_counts(rounds=rounds, num_clients=num_clients, metrics_every=metrics_every)
+        for name, v, low in (("rounds", rounds, 0), ("num_clients", num_clients, 1),
+                             ("metrics_every", metrics_every, 0)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         for name, v in (("round_timeout", round_timeout), ("connect_timeout", connect_timeout)):
             if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number of seconds > 0 (a run never waits forever), "
                                  f"got {v!r}")
         saver = Checkpoint(self._write_snapshot, checkpoint_every)  # checks checkpoint_every (an int >= 0)
         algorithm.validate(regularizer)
-        self.algorithm, self.model_fn, self.regularizer = algorithm, model_fn, regularizer
+        self.algorithm, self.regularizer = algorithm, regularizer
         self.rounds, self.n = int(rounds), int(num_clients)
         self.k = checked_clients_per_round(algorithm, self.n, participation, clients_per_round)
         self.round_timeout, self.connect_timeout = float(round_timeout), float(connect_timeout)
         self.evaluate, self.metrics_every = evaluate, int(metrics_every)
         self.grid, self.evaluators = None, set()  # after connect(): the grid, the clients that evaluate
-        self.checkpoint, self.checkpoint_every, self.checkpoint_extra = checkpoint, checkpoint_every, checkpoint_extra
+        self.checkpoint, self.checkpoint_extra = checkpoint, checkpoint_extra
         _, x0 = flat_x0(model_fn)
-        self.dtype = x0.dtype
         self.cs = ServerClients(self.n, x0.numel(), x0.dtype, x0.device)
         self.cs.set_participation(self.k, seed)  # simulate's participant draw
         self.rng = torch.Generator().manual_seed(seeds(seed, 1, stream=1)[0])  # simulate's server generator
@@ -210,7 +212,7 @@ class ServerProgram:
                               ) from None
         msgs = alg.messages()
         who = {i: f"client {i} (node {self.nodes[i]})" for i in part}
-        ups = {i: check_upload(got[i].content["up"], msgs.up, self.cs.dim, self.dtype, who[i], t) for i in part}
+        ups = {i: check_upload(got[i].content["up"], msgs.up, self.cs.dim, self.cs.dtype, who[i], t) for i in part}
         for i in part:  # averaged as one process averages them: the divergence check then ends the run
             why = nonfinite_entries(ups[i], who[i], t)
             if why is not None:
@@ -258,14 +260,6 @@ class ServerProgram:
                             setup=setup)
 
 
-def _check_counts(**counts) -> None:
-    """rounds, metrics_every: ints >= 0; num_clients: an int >= 1."""
-    for name, v in counts.items():
-        low = 1 if name == "num_clients" else 0
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-
-
 def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, **settings) -> FlowerResult:
     """The server's loop on a Flower ``Grid`` (a ServerApp's ``main`` calls it): :class:`ServerProgram`
     with these settings, driven by ``simulate``'s engine loop
@@ -306,7 +300,7 @@ def checkpoint_to_resume(path: Optional[str], resume: bool, *, setting: str = "r
     if not os.path.isfile(path):
         raise ValueError(f"{setting}=true: no server checkpoint at {path_setting}={path!r} (no such file); give the "
                          f"path the stopped run wrote its checkpoint to, or set {setting}=false to start a new run")
-    return load_server(path)
+    return load_server_checkpoint(path)
 
 
 def _round_content(state, down: dict, recv: Optional[dict], head: dict):
