@@ -12,6 +12,8 @@ torch ops, for torch.compile), regularizer objects (``fk.L1`` ... ``fk.L2Ball``,
 (``ProxSGD``, ``Proximal``: torch.optim-style proximal optimizers).
 """
 
+import importlib.metadata as _metadata
+
 from . import fused, ops, optim, raw
 from ._backend import backend_info, emulate_cuda, get_num_threads, max_num_threads, set_num_threads
 from ._validate import ParameterError, ParameterTypeError
@@ -35,7 +37,10 @@ from .regularizers import (
     register_regularizer,
 )
 
-__version__ = "0.1.0"
+try:  # one source: the installed package's metadata, i.e. pyproject.toml's version
+    __version__ = _metadata.version("fedkernels")
+except _metadata.PackageNotFoundError:  # imported from a checkout that was never installed
+    __version__ = "unknown"
 
 __all__ = [
     "backend_info",

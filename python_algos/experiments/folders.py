@@ -8,6 +8,7 @@ import shlex
 
 from ..runfolder.files import RunFolderError, read_json_object
 from ..runfolder.folder import claim_new_folder
+from ..runfolder.records import run_folder_name
 from .config import Config, ConfigError
 
 __all__ = ["default_out_dir", "resume_command", "compare_resume_command", "read_config_json"]
@@ -16,8 +17,9 @@ __all__ = ["default_out_dir", "resume_command", "compare_resume_command", "read_
 def default_out_dir(name: str, root: str = "results") -> str:
     """A new, empty folder ``root/<date>-<time>-<name>`` for a command given no ``--out``, created
     here (:func:`~python_algos.runfolder.folder.claim_new_folder`): two commands started in the same
-    second get two folders. Being new, it is never a run to replace."""
-    return claim_new_folder(root, name)
+    second get two folders. Being new, it is never a run to replace. A user's class given as
+    ``package.module:Class`` is named without the ``:`` (``run_folder_name``)."""
+    return claim_new_folder(root, run_folder_name(name))
 
 
 def read_config_json(path: str) -> Config:

@@ -23,9 +23,12 @@ the command started ends, the summary so far is written and the resume command p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 
-from ..config import MAX_COUNT, MAX_THREADS, SETTINGS, Config, Setting
+import fedkernels as fk
+
+from ..config import MAX_COUNT, MAX_THREADS, SETTINGS, Config, Setting, show_value
 from ..plotting import parse_formats  # matplotlib itself: imported when a figure is drawn
 
 DEMO_ALGORITHMS = ("fedcanon", "fedavg", "za1", "fednmap", "fedmid")
@@ -184,6 +187,7 @@ def _add_figure_flags(p: argparse.ArgumentParser) -> None:
 
 
 S = argparse.SUPPRESS
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING}
 
 
 def _add_setting(g, s: Setting, single: bool) -> None:
@@ -191,6 +195,9 @@ def _add_setting(g, s: Setting, single: bool) -> None:
     help = s.help
     if s.name == "alg_opts" and not single:
         help += "; ALG.KEY=VALUE for one algorithm"
+    default = _DEFAULTS.get(s.name)  # Config's (the flag's own default is SUPPRESS: only given flags override)
+    if default is not None and "default" not in (help or ""):  # None: the help says what no value means
+        help = f"{help or ''} (default: {show_value(default)})".lstrip()
     g.add_argument(*s.flags, action=SettingAction, setting=s, dest=s.name, default=S, help=help,
                    metavar=s.metavar, choices=s.choices)
 
@@ -348,6 +355,7 @@ def build_parser() -> Parser:
                                 "(python_algos on fedkernels). No arguments: run the built-in demo.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Examples:\n" + __doc__.split("\n\n")[1])
+    p.add_argument("--version", action="version", version=f"%(prog)s {fk.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     _add_run_command(p, sub)
     _add_compare_command(p, sub)
