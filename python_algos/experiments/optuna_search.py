@@ -32,6 +32,7 @@ from ..runfolder.folder import check_group_start, open_group_folder
 from ..runfolder.records import SUMMARY, read_summary, run_folder_name
 from ..runfolder.signals import stop_signals_held  # a change to the study is never cut in two by a stop
 from .aggregate import SEED_DIR, final_stats, stats_cell
+from .compare import finished_run
 from .config import Config
 from .seeds import seed_configs
 from .sweep import (
@@ -45,7 +46,6 @@ from .sweep import (
     check_one_step,
     check_select_and_jobs,
     check_swept_settings,
-    finished_run,
     keys_of,
     parse_grid_values,
     parse_keyed,

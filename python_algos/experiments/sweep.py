@@ -75,6 +75,7 @@ from ..runfolder.signals import STOP_SIGNALS, exit_code
 from ..system import processes
 from ..system.lock import folders_locked, lock_folder
 from .aggregate import SEED_DIR, final_stats, stats_cell
+from .compare import finished_run  # completed at the rounds asked, or diverged: never run again
 from .config import Config
 from .seeds import seed_configs
 from .tables import column_name, status_cell, warning_notes
@@ -82,7 +83,7 @@ from .values import parse_value
 
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
            "STOP_AFTER_ENV", "KILL_POINT_ENV", "SWEEP_FILE", "sweep_metric_step", "key_meaning", "check_keys",
-           "check_swept_settings", "Workers", "plan_point", "summarize", "value_text", "point_name", "finished_run",
+           "check_swept_settings", "Workers", "plan_point", "summarize", "value_text", "point_name",
            "run_status", "read_sweep", "SWEEP_RECORDS", "STUDY_FILE", "sweep_resume_command",
            "check_select_and_jobs"]
 
@@ -96,7 +97,6 @@ KILL_POINT_ENV = "_FEDKERNELS_TEST_SWEEP_KILL_POINT"  # test hook: SIGKILL the w
 STOP_GRACE = 10.0  # seconds the runs get to write their summaries after a stop, before their processes are killed
 # --select: the metric, and whether the best point has its smallest or largest mean
 SELECT = {"f_plus_h": ("f+h", min), "test_acc": ("test_acc", max), "stationarity": ("grad_map_sq", min)}
-_FINISHED = ("completed", "diverged")  # a run that ended this way is never run again
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -489,11 +489,6 @@ def _serve(conn) -> None:
 def _interrupt_once(signum, frame):
     _ignore_stop_signals()  # a second Ctrl-C must not cut the summary's write short
     raise KeyboardInterrupt
-
-
-def finished_run(run_dir: str, rounds: int) -> Optional[dict]:
-    s = read_summary(run_dir)
-    return s if s is not None and s.get("status") in _FINISHED and s.get("rounds") == rounds else None
 
 
 def run_point(task: dict) -> dict:
