@@ -133,7 +133,7 @@ def run_ours(rounds: int, folder: str) -> list:
                              "connect-timeout": 120.0, "checkpoint": paths["checkpoint.pt"], "resume": False,
                              "points-dir": paths["points"], "run-key": secrets.token_hex(8),
                              "recorded-config": paths["config.json"], "timing-file": paths["timing.jsonl"]})
-        dep.run(app, {}, timeout=900)
+        dep.start_run(app, {}).wait(timeout=900)
     with open(paths["timing.jsonl"]) as f:
         return [json.loads(line) for line in f]
 

@@ -81,10 +81,10 @@ def test_a_killed_supernode_stops_the_run_naming_the_client_and_the_run_resumes_
         threading.Thread(target=kill_after_first_round, daemon=True).start()
         with pytest.raises(DeploymentError, match=r"NodeFailure: round \d: client 2 \(node \d+\).*The server's "
                                                   r"checkpoint of round \d is .*server\.pt: restart the node"):
-            dep.run(APP, cfg, timeout=400)
+            dep.start_run(APP, cfg).wait(timeout=400)
         assert not os.path.exists(os.path.join(dep.result_dir, "result.pt"))
         dep.start_node(2)
-        got = dep.run(APP, {**cfg, "resume": True}, timeout=400)
+        got = dep.start_run(APP, {**cfg, "resume": True}).wait(timeout=400)
         groups = dict(dep.procs)
     assert _close(got["params"], example_app.simulate(cfg).params)
     assert [m["round"] for m in got["metrics"]] == [1, 2, 3]

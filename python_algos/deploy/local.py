@@ -1,7 +1,7 @@
 """A real local Flower deployment: one SuperLink and one SuperNode per client as local processes.
 
     with LocalDeployment(num_clients=4) as dep:
-        result = dep.run("examples/flower_app", {"rounds": 5, ...})   # the ServerApp's result.pt
+        result = dep.start_run("examples/flower_app", {"rounds": 5, ...}).wait()   # the ServerApp's result.pt
 
 Every process listens on 127.0.0.1 only (Flower 1.41 speaks HTTP between them; ``--insecure`` is
 used on loopback only) and answers only the deploying user's processes (:mod:`.same_user`: another
@@ -184,14 +184,6 @@ class LocalDeployment:
                                "--stream"])
         return FlowerRun(self, name, p, out)
 
-    def run(self, app_dir: str, run_config: dict, timeout: float = 600.0,
-            poll: Optional[Callable[[], None]] = None) -> dict:
-        """:meth:`start_run` and wait for it: the ServerApp's ``result.pt``. Raises DeploymentError
-        with the ServerApp's error (e.g. a NodeFailure naming the client) or Flower's log if the run
-        fails, or if it does not finish within ``timeout`` seconds. ``poll()``: called while waiting
-        (a few times a second) and once when the run has ended, e.g. to show its progress."""
-        return self.start_run(app_dir, run_config).wait(timeout, poll)
-
 
 class FlowerRun:
     """One ``flwr run`` of a :class:`LocalDeployment` (``result_dir``: where its ServerApp writes)."""
@@ -200,8 +192,9 @@ class FlowerRun:
         self.dep, self.name, self.proc, self.result_dir = dep, name, proc, result_dir
 
     def wait(self, timeout: float = 600.0, poll: Optional[Callable[[], None]] = None) -> dict:
-        """The ServerApp's ``result.pt``, once the run has ended; DeploymentError if it failed or
-        did not end within ``timeout`` seconds. ``poll()`` is called while waiting and at the end."""
+        """The ServerApp's ``result.pt``, once the run has ended; DeploymentError if it failed (with the
+        ServerApp's error, e.g. a NodeFailure naming the client, or Flower's log) or did not end within
+        ``timeout`` seconds. ``poll()`` is called while waiting (a few times a second) and at the end."""
         deadline = time.monotonic() + timeout
         poll = poll or (lambda: None)
         while self.proc.poll() is None:
