@@ -13,7 +13,7 @@ from ..optuna_search import parse_space, run_study  # optuna itself: imported wh
 from ..plotting import plot_sweep  # matplotlib itself: imported when a figure is drawn
 from ..seeds import compare_seeds, is_seeds_folder, run_seeds
 from ..sweep import SELECT, SweepInterrupted, parse_grid, read_sweep, run_sweep
-from ..tensorboard import check_available, write_events  # the tensorboard package: imported when events are written
+from ..tensorboard import write_events  # the tensorboard package: imported when events are written
 from .options import Common, CompareCommand, GivenSettings, RunCommand, SweepCommand
 from .parser import formats_flag
 from .settings import (
@@ -51,22 +51,12 @@ def wants_seeds(cmd: Common) -> bool:
     return False
 
 
-
-
-def _tb_hook(tensorboard: bool):
-    """--tensorboard with several seeds: after each seed, its events (already written live: a no-op;
-    see :func:`write_run_events`)."""
-    if not tensorboard:
-        return None
-
-    check_available()
-    return write_events
-
-
 def cmd_seeds(cmd: Union[RunCommand, CompareCommand]) -> int:
     """``run`` or ``compare`` with several seeds (seeds.py): new, or resumed (``--resume`` of a folder of seeds)."""
     compare = isinstance(cmd, CompareCommand)
-    kw = dict(progress=not cmd.no_progress, after_run=_tb_hook(cmd.figures.tensorboard))
+    # --tensorboard (main checked the package): after each seed, its events (a no-op for a run that wrote them
+    # live, see write_run_events; a seed a resume kept may have none yet)
+    kw = dict(progress=not cmd.no_progress, after_run=write_events if cmd.figures.tensorboard else None)
     if cmd.resume:
         check_resume_flags(cmd)
         print(f"resuming the seeds in {cmd.resume}")
