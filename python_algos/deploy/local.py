@@ -91,11 +91,9 @@ class LocalDeployment:
         return self._start(name, [sys.executable, same_user.__file__, *args])
 
     def log(self, name: str, tail: int = 3000) -> str:
-        try:
-            with open(os.path.join(self.dir, name + ".log")) as f:
-                return f.read()[-tail:]
-        except OSError:
-            return ""
+        with contextlib.suppress(OSError), open(os.path.join(self.dir, name + ".log")) as f:
+            return f.read()[-tail:]
+        return ""
 
     def __enter__(self):
         self._signals.enter_context(terminate_as_interrupt())  # SIGTERM / SIGHUP: leave the block, ending all

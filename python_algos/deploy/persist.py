@@ -25,6 +25,7 @@ file at or before it (``prune``), which is all a resume can ask for.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -52,15 +53,10 @@ def _records_up_to(path: str, last: int) -> list:
     written since the engine's MetricsFile wrote them holds, is the snapshot's ``initial``; rows past
     ``last`` are dropped)."""
     rows = []
-    try:
-        with open(history_path(path)) as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:  # a torn last line
-                    pass
-    except FileNotFoundError:
-        pass
+    with contextlib.suppress(FileNotFoundError), open(history_path(path)) as f:
+        for line in f:
+            with contextlib.suppress(json.JSONDecodeError):  # a torn last line
+                rows.append(json.loads(line))
     kept = [r for r in rows if 1 <= int(r.get("round", 0)) <= last]
     if [int(r.get("round", 0)) for r in kept] != list(range(1, last + 1)):
         raise ckpt.CheckpointError(f"{history_path(path)} does not hold the records of rounds 1..{last} that the "

@@ -25,6 +25,7 @@ joins, and a SuperNode started here refuses a SuperLink whose listening socket i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -142,17 +143,12 @@ def socket_inodes(pids) -> set:
     """The inodes of the sockets that the processes ``pids`` hold open (those readable here)."""
     found = set()
     for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                found.add(int(link[len("socket:["):-1]))
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):  # a descriptor closed meanwhile
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        found.add(int(link[len("socket:["):-1]))
     return found
 
 
