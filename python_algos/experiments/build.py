@@ -64,8 +64,10 @@ def prepare_data(cfg: Config) -> FederatedData:
                               f"{groups} group(s): use -N {groups}{also}")
     try:
         return federate(ds, cfg.partition, cfg.num_clients, seed=seed, eta=cfg.eta, min_size=cfg.min_size,
-                        shards_per_client=cfg.shards_per_client)
+                        shards_per_client=cfg.shards_per_client, standardize=cfg.standardize)
     except ValueError as e:
+        if str(e).startswith("standardize: "):
+            raise ConfigError("standardize", cfg.standardize, str(e)[len("standardize: "):]) from None
         raise ValueError(f"--partition {cfg.partition} -N {cfg.num_clients}: {e}") from None
 
 

@@ -33,6 +33,7 @@ from ..clients import EXECUTORS
 from ..system.threads import MAX_THREADS
 from .data import DATASETS, PARTITIONS, check_data_options
 from .data.datasets import options_help
+from .data.standardize import MODES
 from .models import MODELS
 from .regularizer_specs import REGULARIZERS
 from .values import parse_batch, parse_float, parse_int, parse_option, parse_reg_param, parse_seed
@@ -355,6 +356,10 @@ class Config:
                                    "signature declares: " + options_help())
     test_fraction: float = setting(0.2, group="data", parse=parse_float,
                                    check=_num(0, open_lo=False, hi=1, open_hi=True))
+    standardize: Optional[str] = setting(None, group="data", choices=MODES, check=_str(MODES, none_ok=True),
+                                         help="scale each feature by the pooled mean and std (global: from each "
+                                              "client's count, sum and sum of squares), each client's own (local) or "
+                                              "not (none, the default)")
     partition: str = setting("iid", group="data", choices=("iid", "dirichlet", "shards", "writers", "natural"),
                              check=_registry("partition"))
     num_clients: int = setting(10, short="-N", group="data", parse=parse_int, check=_int(1))

@@ -11,13 +11,14 @@ for the splits.
 from .datasets import DATASETS, Dataset, FederatedData, check_data_options, data_options, federate, load_dataset
 from .loaders import DataNotFoundError, load_a9a, load_cifar10, load_femnist, load_libsvm, load_mnist, read_idx
 from .partitions import PARTITIONS, by_group, dirichlet, iid, label_histograms, label_shards
+from .standardize import standardize
 from .synthetic import fedprox_synthetic, image_like, sparse_regression
 
 __all__ = [
     "Dataset", "FederatedData", "DATASETS", "PARTITIONS", "load_dataset", "federate",
     "DataNotFoundError",
     "data_options", "check_data_options",
-    "read_idx", "load_mnist", "load_cifar10", "load_libsvm", "load_a9a", "load_femnist",
+    "read_idx", "load_mnist", "load_cifar10", "load_libsvm", "load_a9a", "load_femnist", "standardize",
     "iid", "dirichlet", "label_shards", "by_group", "label_histograms",
     "fedprox_synthetic", "sparse_regression", "image_like",
 ]

@@ -51,6 +51,7 @@ from .options import COUNT, Opt, check_options, options_of
 from .sklearn_data import PREFIX as SKLEARN_PREFIX
 from .sklearn_data import SKLEARN, load_sklearn
 from .split import train_test_indices
+from .standardize import client_scales, scaled
 
 __all__ = ["Dataset", "FederatedData", "DATASETS", "BUILTIN", "DATA_OPTIONS", "load_dataset", "federate",
            "data_options", "check_data_options"]
@@ -74,6 +75,7 @@ class Dataset:
     groups: Optional[torch.Tensor] = None  # [n] writer / generating-client id of each training sample
     x_true: Optional[torch.Tensor] = None  # ground-truth weights (sparse generators)
     source: str = ""  # where the data came from, for reports
+    test_groups: Optional[torch.Tensor] = None  # [n_test] the client of each test row, if known
 
     @property
     def in_shape(self) -> tuple:
@@ -242,14 +244,39 @@ def _checked(ds: Dataset) -> Dataset:
     return ds
 
 
+def _standardized(ds: Dataset, parts: list, mode: str) -> Dataset:
+    """``ds`` with each client's rows (``parts``), and each test row, scaled as ``mode`` says; the
+    mode goes into ``source`` (the summary's ``dataset``)."""
+    if mode == "none":
+        return ds
+    scales = client_scales([ds.X[torch.from_numpy(p)] for p in parts], mode)
+    if mode == "local" and ds.X_test is not None and ds.test_groups is None:
+        raise ValueError(f"standardize: 'local' scales each client by its own statistics, and the test rows of "
+                         f"{ds.name} belong to no client; use 'global'")
+    X = ds.X.clone()
+    for p, s in zip(parts, scales):
+        X[torch.from_numpy(p)] = scaled(ds.X[torch.from_numpy(p)], *s)
+    Xt = ds.X_test
+    if Xt is not None and mode == "global":
+        Xt = scaled(Xt, *scales[0])
+    elif Xt is not None:
+        Xt = Xt.clone()
+        for i, s in enumerate(scales):
+            Xt[ds.test_groups == i] = scaled(ds.X_test[ds.test_groups == i], *s)
+    how = "pooled statistics from each client's count, sum and sum of squares" if mode == "global" else "per client"
+    return dataclasses.replace(ds, X=X, X_test=Xt, source=f"{ds.source}; standardized {mode} ({how})")
+
+
 def federate(ds: Dataset, partition: str = "iid", num_clients: int = 10, seed: int = 0, eta: float = 0.5,
-             min_size: Optional[int] = None, shards_per_client: int = 1) -> FederatedData:
+             min_size: Optional[int] = None, shards_per_client: int = 1,
+             standardize: Optional[str] = None) -> FederatedData:
     """Split the training data of ``ds`` over clients.
 
     ``partition``: ``iid``; ``dirichlet`` (label skew Dir(eta)); ``shards`` (label-sorted
     contiguous chunks, FedNMap); ``writers`` (Dir(eta) over ``ds.groups``, e.g. FEMNIST writers);
     ``natural`` (one client per group: FedProx synthetic's clients, FEMNIST writers, the sparse
     generators' feature-shift groups). ``min_size`` (Dirichlet) defaults to min(10, n / 2N).
+    ``standardize`` (:mod:`.standardize`): ``global``, ``local`` or ``none`` (None).
     """
     n = ds.X.shape[0]
     if partition == "iid":
@@ -274,6 +301,7 @@ def federate(ds: Dataset, partition: str = "iid", num_clients: int = 10, seed: i
             parts = partitions.dirichlet(ds.groups, num_clients, eta, seed=seed, min_size=ms)
     else:
         raise ValueError(f"unknown partition {partition!r}; valid: {', '.join(partitions.PARTITIONS)}")
+    ds = _standardized(ds, parts, standardize or "none")
     clients = [(ds.X[torch.from_numpy(p)], ds.y[torch.from_numpy(p)]) for p in parts]
     hist = None
     if ds.task in ("multiclass", "binary"):
