@@ -22,7 +22,7 @@ import fedkernels as fk
 
 from ..algorithms.base import ServerClientAlgorithm
 from ..clients.base import ClientSet
-from ..clients.data import LoaderData, client_data
+from ..clients.data import client_data
 from ..clients.separable import side_effect_free, training_side_effects
 from ..clients.sequential import SequentialClients
 
@@ -221,13 +221,8 @@ def check_no_node_state(model, data, where: str, fix: Optional[str] = None) -> N
     p = next(model.parameters(), None)
     dtype = p.dtype if p is not None else torch.get_default_dtype()
     device = p.device if p is not None else torch.device("cpu")
-    cd = client_data(data, dtype, device)
-    with side_effect_free(model, device):
-        if isinstance(cd, LoaderData):
-            X = next(iter(cd.loader))[0][:4]
-            X = X.to(device=device, dtype=dtype) if X.is_floating_point() else X.to(device)
-        else:
-            X = cd.take(torch.arange(min(4, cd.n)))[0]
+    with side_effect_free(model, device):  # a loader's first batch may draw from torch's generator
+        X = next(client_data(data, dtype, device).batches(None, None, 4))[0][:4]  # as a gradient call reads
     why = training_side_effects(model, X)
     if why:
         raise ValueError(f"{where}: {why}. In one process every client shares that state in turn; a deployed node "
