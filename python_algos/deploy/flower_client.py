@@ -36,7 +36,7 @@ def node_client_id(context) -> int:
     return int(cfg["partition-id"])
 
 
-def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size, load_data=None):
+def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_size, load_data):
     """The node's answer to the handshake: its client id and its settings' fingerprint (after checking,
     on a few of its samples from ``load_data``, that the model keeps no state outside its parameters)."""
     fapp, _, _ = flwr_modules()
@@ -46,8 +46,7 @@ def handle_hello(msg, context, algorithm, model_fn, regularizer, seed, batch_siz
         raise ValueError(f"client {cid}: num-partitions={context.node_config['num-partitions']} in its node config, "
                          f"the server runs num_clients={server['num_clients']}")
     model, x0 = flat_x0(model_fn)
-    if load_data is not None:
-        check_no_node_state(model, load_data(cid, context), f"client {cid}")
+    check_no_node_state(model, load_data(cid, context), f"client {cid}")
     fp = fingerprint(algorithm, regularizer, seed, batch_size, server["num_clients"], x0)
     if fp == server and "restore" in msg.content["config"]:  # other settings: the server refuses the node
         _restore_node(context, cid, json.loads(msg.content["config"]["restore"]))
@@ -153,10 +152,9 @@ def client_app(algorithm: ServerClientAlgorithm, model_fn: Callable, loss_fn: Ca
     def train(msg, context):
         return handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regularizer, *settings(context))
 
-    @app.evaluate("model")
-    def evaluate(msg, context):
-        if evaluate_fn is None:
-            raise ValueError("this node was built without evaluate_fn (client_app(..., evaluate_fn=...))")
-        return handle_evaluate(msg, context, model_fn, load_data, evaluate_fn, node_client_id(context))
+    if evaluate_fn is not None:  # the server asks only the nodes whose handshake said so
+        @app.evaluate("model")
+        def evaluate(msg, context):
+            return handle_evaluate(msg, context, model_fn, load_data, evaluate_fn, node_client_id(context))
 
     return app
