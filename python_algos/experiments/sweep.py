@@ -644,19 +644,14 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
     log(f"sweep: {len(plans)} points ({sum(p['config'] is None for p in plans)} skipped) x {len(seeds)} seed(s) = "
         f"{len(tasks)} runs, {len(tasks) - len(todo)} already finished; {len(todo)} to run on {jobs} process(es)"
         + (f"; ‖G_s‖² at s={step:g} for every point" if step is not None else ""))
-    with Workers(min(jobs, max(1, len(todo))), log, _progress_printer(progress), SELECT[select][0]) as w:
+    # progress lines go to stderr, as a run's progress does: stdout keeps the results
+    printer = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else None
+    with Workers(min(jobs, max(1, len(todo))), log, printer, SELECT[select][0]) as w:
         interrupted = w.run(todo)
     result = summarize(out_dir, plans, seeds, select, interrupted, failed=w.failed)
     if interrupted:
         raise SweepInterrupted(out_dir, result["table"], w.interrupt)
     return result
-
-
-def _progress_printer(progress: bool) -> Optional[Callable[[str], None]]:
-    """Progress lines go to stderr, as a run's progress does: stdout keeps the results."""
-    if not progress:
-        return None
-    return lambda line: print(line, file=sys.stderr, flush=True)
 
 
 class _Process:
@@ -753,7 +748,13 @@ class Workers:
                 self.warned.add((category, text))
                 warnings.warn(text, category, stacklevel=2)
 
-    def _report(self, r, results) -> None:
+    def _report(self, r: dict, task: dict, results) -> None:
+        """The end of ``task``'s run (``r``: :func:`run_point`'s result): its warnings, its progress line, the
+        failed runs; KeyboardInterrupt when the run saw Ctrl-C from the terminal."""
+        r["name"] = task.get("name")
+        self._warn(r)
+        if r["status"] == "interrupted":
+            raise KeyboardInterrupt
         self.ended += 1
         done, total, t0 = self._batch
         done += 1
@@ -802,12 +803,7 @@ class Workers:
         """--jobs 1: the runs in this process, one after another."""
         try:
             for t in tasks:
-                r = run_point(t)
-                r["name"] = t.get("name")
-                self._warn(r)
-                if r["status"] == "interrupted":
-                    return True
-                self._report(r, results)
+                self._report(run_point(t), t, results)
         except KeyboardInterrupt as e:
             self.interrupt = e
             return True
@@ -839,11 +835,7 @@ class Workers:
                 self.failed[task["dir"]] = r["message"]
                 self.procs.remove(w)
                 w.end()
-            r["name"] = task.get("name")
-            self._warn(r)
-            if r["status"] == "interrupted":  # a worker saw Ctrl-C from the terminal
-                raise KeyboardInterrupt
-            self._report(r, results)
+            self._report(r, task, results)
 
     def _stop_all(self, busy: list) -> None:
         """Stop every running run as Ctrl-C would (each writes its summary, status interrupted),
