@@ -134,8 +134,6 @@ def objective_metrics(clients: ClientSet, reg: fk.Regularizer, x: torch.Tensor, 
 # what a snapshot must hold ("metrics" is optional: a checkpoint file holds the state, not the history)
 _SNAPSHOT_KEYS = ("round", "algorithm", "hparams", "state", "rng", "client_rng", "torch_rng", "buffers", "initial",
                   "elapsed")
-# how a refused resume names each recorded setting: simulate's keyword that sets it
-_RESUME_LABELS = {**setup_record.LABELS, "algorithm": "algorithm", "model_buffers": "model (buffers)"}
 
 
 def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rounds: int) -> None:
@@ -154,7 +152,7 @@ def _check_resume(snap, algorithm: Algorithm, model: nn.Module, setup: dict, rou
              **(dict(recorded) if isinstance(recorded, Mapping) else {})}
     now = {"algorithm": {"name": algorithm.name, "hparams": algorithm.hparams()},
            "model_buffers": {n: tuple(b.shape) for n, b in model.named_buffers()}, **setup}
-    setup_record.check_same_setup(saved, now, what="from the snapshot", labels=_RESUME_LABELS,
+    setup_record.check_same_setup(saved, now, what="from the snapshot",
                                   fix="resume with the snapshot's settings (only rounds may differ), or start a new "
                                       "run without resume")
     rows = snap.get("metrics")

@@ -164,28 +164,18 @@ def _check_server_checkpoint(prep: PreparedRun, x0: torch.Tensor, out_dir: str) 
         return None, run_key
     snap = load_server(path)
     check_recorded_config((snap.get("extra") or {}).get("config"), cfg, path)
-    saved_data = (snap.get("extra") or {}).get("data")  # None: a checkpoint from before the data were recorded
-    check_same_setup(None if saved_data is None else {"data": saved_data},
-                     {"data": fingerprint_clients(prep.fed.clients)}, what=f"from {path}", error=RunFolderError,
-                     labels={"data": "the clients' data (--dataset, --data-opt and the files they name)"},
+    check_same_setup({"clients": snap["extra"]["data"]}, {"clients": fingerprint_clients(prep.fed.clients)},
+                     what=f"from {path}", audience="cli", error=RunFolderError,
                      fix="put the run's data back, or start a run on these data in a new folder")
     now = server_setup(alg, prep.reg, cfg.seed, cfg.batch_size, len(prep.fed.parts), x0,
                        clients_per_round=cfg.clients_per_round, participation=cfg.participation)
-    check_checkpoint(snap, now, labels=SETUP_FLAGS, fix="undo the edit of config.json (or put the run's own "
+    check_checkpoint(snap, now, audience="cli", fix="undo the edit of config.json (or put the run's own "
                      "checkpoint back), or start these settings in a new folder")
     if snap["run_key"] != run_key:
         raise ConfigError("resume", out_dir, f"{path} belongs to another run than {FLOWER_MARK} (their run keys "
                                              f"differ); nothing was changed")
     check_rounds_reach(cfg, int(snap["round"]), out_dir)
     return snap, run_key
-
-
-# the flags that set each key of the server's setup record (deploy.flower_server.server_setup)
-SETUP_FLAGS = {"algorithm": "the algorithm (-a)", "hparams": "the algorithm's hyper-parameters (--alg-opt, --lr, ...)",
-               "regularizer": "h (--reg, --reg-param, --reg-opt)", "seed": "--seed", "batch_size": "--batch-size",
-               "num_clients": "--num-clients", "dim": "the model (--model)", "dtype": "--dtype",
-               "x0_sha256": "the initial model (--model, --seed)",
-               "clients_per_round": "--clients-per-round / --participation"}
 
 
 def _python_path(cfg) -> str:

@@ -91,11 +91,17 @@ def check_recorded_config(saved: Optional[dict], cfg: Config, ckpt_path: str) ->
         return
     keys = RESULT_KEYS
     saved, now = as_json(saved), as_json(cfg.to_dict())
-    labels = {k: f"{k} ({flag(k)}" + (f" / {flag(PAIRED[k])})" if k in PAIRED else ")") for k in keys}
     check_same_setup({k: saved.get(k) for k in keys}, {k: now.get(k) for k in keys}, what=f"from {ckpt_path}",
-                     labels=labels,
+                     audience=_config_label,  # the config's keys are its settings, each named by its flag
                      fix="undo the edit of config.json (or put the run's own checkpoint back), or start these "
                          "settings in a new folder", error=RunFolderError)
+
+
+def _config_label(key: str) -> str:
+    """A setting of config.json as a refusal names it: key and flag (participation / clients_per_round:
+    both flags, they set one thing together)."""
+    pair = {"clients_per_round": "participation", "participation": "clients_per_round"}.get(key)
+    return f"{key} ({flag(key)}" + (f" / {flag(pair)})" if pair else ")")
 
 
 def _resumed_config(out_dir: str, rounds: Optional[int], flower: bool):
@@ -137,10 +143,6 @@ def _absolute_data_paths(cfg: Config) -> Config:
         if isinstance(opts.get(k), str) and data_dir is None:
             opts[k] = os.path.abspath(os.path.expanduser(opts[k]))
     return cfg.replace(data_dir=data_dir, data_opts=opts)
-
-
-# settings that set one thing together: a refusal names both flags
-PAIRED = {"clients_per_round": "participation", "participation": "clients_per_round"}
 
 
 def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None, resume: bool = False,

@@ -1,35 +1,25 @@
-"""The settings a ``simulate`` snapshot records (``snapshot["setup"]``), and the check that a run
-resumed from it uses the same ones.
+"""The settings a ``simulate`` snapshot records (``snapshot["setup"]``), and the one resume check.
 
 A snapshot holds the algorithm's state and every generator, but not the run's inputs: resumed with
-another data set, regularizer, batch size, seed or participation, the rounds after the snapshot
-would continue the old state under new settings and the History would describe a run that never
-happened. The command line refuses that by comparing its config with the one stored beside the
-checkpoint; :func:`run_setup` is the same record for a Python run, made from ``simulate``'s own
-arguments, and :func:`differences` the comparison. :func:`check_same_setup` is the one resume check
-built on it, for every engine: ``simulate(resume=...)`` (the algorithm, its hyper-parameters and the
-model's buffers beside this record); the command
-line (one process, ``--workers``, seeds, sweeps, Optuna, ``--flower``) compares the config recorded
-in a checkpoint with config.json (``experiments.prepare.check_recorded_config``, each setting named
-by its flag), and a Flower server its record (``deploy.flower_server.check_checkpoint``: h exactly,
-participation, x0). Everything here is a JSON-like value of
-built-in types (a checkpoint loads with ``torch.load(weights_only=True)``).
+another data set, regularizer, batch size, seed or participation, the rounds after it would continue
+the old state under new settings, and the History describe a run that never happened.
+:func:`run_setup` is the record and :func:`check_same_setup` the one resume check, for every engine:
+``simulate(resume=...)`` (this record, the algorithm and the model's buffers), the command line
+(``experiments.prepare.check_recorded_config``: the config recorded in a checkpoint against
+config.json) and a Flower server (``deploy.flower_server.check_checkpoint``: h exactly,
+participation, x0). A refusal names each key for its audience from one table, :data:`NAMES` (a
+Python keyword, a flag). Everything here is a JSON-like value of built-in types (a checkpoint loads
+with ``torch.load(weights_only=True)``).
 
-Recorded (keyed as ``simulate``'s keywords, so a refusal names the argument to fix):
-
-* ``clients``: per-client sample counts, and a content hash (blake2b) of tensor clients — exact
-  bits, dtype and shape; hashing reads the data once (on a GPU in chunks, never the whole copy at
-  once), about a second per few GB. ``Dataset`` and ``DataLoader`` clients are recorded by kind
-  and length only: reading a lazy Dataset or iterating a loader could cost as much as the run;
-* ``loss_fn`` (its qualified name), ``regularizer`` (an exact description: class and parameters
-  with full-precision floats; a per-parameter mapping by what it applies where);
-* ``batch_size``, ``seed``, ``clients_per_round`` (k from ``participation`` /
-  ``clients_per_round``; None: all), ``metrics_every``, ``metric_step`` (the step in use);
-* ``model``: the trainable parameters' names and shapes, their dtype and device type.
-
-Not recorded: ``rounds`` (resuming may extend a run), ``executor`` (it changes how fast the
-clients run and the floating-point summation order, not the algorithm: ``simulate`` warns when a
-resume changes it), callbacks, ``eval_fn``, checkpointing.
+Recorded: ``clients`` (per-client sample counts and a blake2b hash of tensor clients' exact bits,
+dtype and shape, read once, on a GPU in chunks; ``Dataset`` / ``DataLoader`` clients by kind and
+length only, as reading them could cost as much as the run), ``loss_fn`` (its qualified name),
+``regularizer`` (class and parameters, floats at full precision; a per-parameter mapping by what it
+applies where), ``batch_size``, ``seed``, ``clients_per_round`` (k; None: all), ``metrics_every``,
+``metric_step`` (the step in use), the model's trainable parameters (names, shapes), dtype and device.
+Not recorded: ``rounds`` (a resume may extend a run), ``executor`` (it changes the speed and the
+summation order, not the algorithm: ``simulate`` warns when a resume changes it), callbacks,
+``eval_fn``, checkpointing.
 """
 
 from __future__ import annotations
@@ -45,23 +35,41 @@ from torch import nn
 
 import fedkernels as fk
 
-__all__ = ["run_setup", "differences", "check_same_setup", "SetupMismatch", "describe_regularizer",
-           "fingerprint_clients", "LABELS"]
+__all__ = ["run_setup", "check_same_setup", "SetupMismatch", "describe_regularizer",
+           "fingerprint_clients", "NAMES", "AUDIENCES", "label"]
 
-# the names a refusal gives each key: the simulate() keyword(s) that set it
-LABELS = {
-    "clients": "clients",
-    "loss_fn": "loss_fn",
-    "regularizer": "regularizer",
-    "batch_size": "batch_size",
-    "seed": "seed",
-    "clients_per_round": "participation/clients_per_round",
-    "metrics_every": "metrics_every",
-    "metric_step": "metric_step",
-    "model_parameters": "model (trainable parameters)",
-    "model_dtype": "model (dtype)",
-    "model_device": "model (device)",
+# Every key a setup record holds (simulate's snapshot: run_setup's, the algorithm and the model's
+# buffers; a Flower server checkpoint: deploy.flower_server.server_setup's) -> what sets it, for each
+# audience a refusal speaks to (AUDIENCES): the Python keyword(s), the command-line flag(s).
+AUDIENCES = ("python", "cli")
+NAMES = {
+    "algorithm": ("algorithm", "the algorithm (-a)"),
+    "hparams": ("algorithm (hyper-parameters)", "the algorithm's hyper-parameters (--alg-opt, --lr, ...)"),
+    "clients": ("clients", "the clients' data (--dataset, --data-opt and the files they name)"),
+    "loss_fn": ("loss_fn", "the loss (--dataset's task)"),
+    "regularizer": ("regularizer", "h (--reg, --reg-param, --reg-opt)"),
+    "batch_size": ("batch_size", "--batch-size"), "seed": ("seed", "--seed"),
+    "num_clients": ("num_clients", "--num-clients"), "metrics_every": ("metrics_every", "--metrics-every"),
+    "clients_per_round": ("participation/clients_per_round", "--clients-per-round / --participation"),
+    "metric_step": ("metric_step", "--metric-step"), "model_device": ("model (device)", "--device"),
+    "model_dtype": ("model (dtype)", "--dtype"), "dtype": ("model_fn (dtype)", "--dtype"),
+    "model_parameters": ("model (trainable parameters)", "the model (--model, --model-opt)"),
+    "model_buffers": ("model (buffers)", "the model (--model, --model-opt)"),
+    "dim": ("model_fn (number of parameters)", "the model (--model, --model-opt)"),
+    "x0_sha256": ("model_fn (initial parameters)", "the initial model (--model, --seed)"),
 }
+
+
+def label(key: str, audience="python") -> str:
+    """How a refusal names ``key`` to ``audience``: one of :data:`AUDIENCES` (its column of
+    :data:`NAMES`), or a function of the key for a record keyed otherwise (the command line's config,
+    whose settings name their own flags)."""
+    if callable(audience):
+        return audience(key)
+    if audience not in AUDIENCES:
+        raise ValueError(f"audience must be one of {', '.join(AUDIENCES)} or a function, got {audience!r}")
+    return NAMES[key][AUDIENCES.index(audience)] if key in NAMES else key
+
 
 _CHUNK_BYTES = 1 << 26  # hash a tensor 64 MiB at a time (a GPU tensor is copied to the host piecewise)
 
@@ -226,19 +234,6 @@ def _show(key: str, v) -> str:
     return v if isinstance(v, str) else repr(v)
 
 
-def differences(saved: dict, now: dict, labels: Optional[dict] = None) -> list[str]:
-    """One line per key recorded in both that differs: ``label: snapshot A, given B``. ``labels``
-    names each key as the caller's user sets it (a flag, a keyword; default :data:`LABELS`)."""
-    labels = LABELS if labels is None else labels
-    out = []
-    for key in saved:
-        if key not in now or saved[key] == now[key]:
-            continue
-        a, b = _show(key, saved[key]), _show(key, now[key])
-        out.append(f"{labels.get(key, key)}: snapshot {a}, given {b}")
-    return out
-
-
 class SetupMismatch(ValueError):
     """A resume under other settings than the recorded run's; ``lines``: one per differing setting."""
 
@@ -247,13 +242,14 @@ class SetupMismatch(ValueError):
         self.lines = list(lines)
 
 
-def check_same_setup(saved: Optional[dict], now: dict, *, what: str, labels: Optional[dict] = None,
+def check_same_setup(saved: Optional[dict], now: dict, *, what: str, audience="python",
                      fix: str = "resume with the recorded settings, or start a new run", error=SetupMismatch) -> None:
     """The one resume check: refuse (``error``, a :class:`SetupMismatch` by default) when the setup
     recorded with ``what`` (a checkpoint, a snapshot) differs from ``now`` in any setting recorded in
-    both, naming every such setting (by ``labels``), with both values. Call it before anything is
-    written. ``saved`` None (nothing was recorded) passes."""
-    lines = differences(dict(saved), now, labels) if saved is not None else []
+    both, naming every such setting for ``audience`` (:func:`label`: ``"python"``, ``"cli"``), with
+    both values. Call it before anything is written. ``saved`` None (nothing was recorded) passes."""
+    lines = [f"{label(key, audience)}: snapshot {_show(key, saved[key])}, given {_show(key, now[key])}"
+             for key in (saved or {}) if key in now and saved[key] != now[key]]
     if not lines:
         return
     message = (f"cannot resume {what}: it was recorded under other settings, and its state would continue under "
