@@ -116,10 +116,8 @@ def handle_round(msg, context, algorithm, model_fn, loss_fn, load_data, regulari
     reply = encode_vectors({name: v[0] for name, v in up.items()})
     keep = save_node(state, names, clients, up if receives(algorithm) else None)
     context.state[NODE_KEY] = encode_vectors(keep)
-    if layout is not None:
+    if layout is not None:  # None for every round of a State that has none (nodes.state_layout)
         context.state[LAYOUT_KEY] = fapp.ConfigRecord({"layout": layout})
-    elif LAYOUT_KEY in context.state:
-        del context.state[LAYOUT_KEY]
     if store is not None:  # on disk too: a resume after a failure (this node's or another's) reads it
         store.save(plan["round"], keep)
         store.prune(plan["committed"])
