@@ -10,8 +10,7 @@ import torch
 
 from python_algos.deploy import persist
 from python_algos.runfolder.checkpoint import CheckpointError
-from python_algos.runfolder.files import write_jsonl
-from python_algos.runfolder.records import append_metrics_row
+from python_algos.runfolder.files import append_row, write_jsonl
 
 
 def _snap(t):
@@ -25,7 +24,7 @@ def test_server_checkpoint_size_does_not_grow_with_the_round(tmp_path):
     sizes = {}
     with open(persist.history_path(path), "a") as f:  # as the run's MetricsFile appends them
         for t in range(1, 201):
-            append_metrics_row(f, {"round": t, "wall_time": 0.5, "participants": [0, 1, 2]})
+            append_row(f, {"round": t, "wall_time": 0.5, "participants": [0, 1, 2]})
             if t in (10, 200):
                 persist.save_server(path, _snap(t))
                 sizes[t] = os.path.getsize(path)
@@ -39,13 +38,13 @@ def test_server_checkpoint_size_does_not_grow_with_the_round(tmp_path):
 
 def test_records_past_the_checkpoint_are_dropped_and_missing_ones_refused(tmp_path):
     path = str(tmp_path / "server.pt")
-    write_jsonl(persist.history_path(path), [{"round": r} for r in range(1, 6)])
+    write_jsonl(persist.history_path(path), [{"round": r} for r in range(6)])
     with open(persist.history_path(path), "a") as f:
         f.write('{"round": 6, "wall')  # torn by a kill
     persist.save_server(path, _snap(4))
     assert [r["round"] for r in persist.load_server(path)["metrics"]] == [1, 2, 3, 4]
-    write_jsonl(persist.history_path(path), [{"round": r} for r in (1, 2)])
-    with pytest.raises(CheckpointError, match="rounds 1..4"):
+    write_jsonl(persist.history_path(path), [{"round": r} for r in (0, 1, 2)])
+    with pytest.raises(CheckpointError, match="lacks round 3 of the rounds 0..4"):
         persist.load_server(path)
 
 

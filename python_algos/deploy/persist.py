@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 
 from ..runfolder import checkpoint as ckpt
+from ..runfolder.callbacks import rows_up_to
 
 __all__ = ["save_server", "load_server", "history_path", "NodeStore", "SERVER_FORMAT"]
 
@@ -49,20 +50,18 @@ def history_path(path: str) -> str:
 
 
 def _records_up_to(path: str, last: int) -> list:
-    """Rounds 1..``last`` of the records of checkpoint ``path`` (round 0's row, which a records file
-    written since the engine's MetricsFile wrote them holds, is the snapshot's ``initial``; rows past
-    ``last`` are dropped)."""
+    """Rounds 1..``last`` of the records of checkpoint ``path`` (round 0's row is the snapshot's
+    ``initial``), by the rule of a one-process resume (:func:`~python_algos.runfolder.callbacks.rows_up_to`:
+    rows past ``last`` dropped, a missing or repeated round refused)."""
     rows = []
     with contextlib.suppress(FileNotFoundError), open(history_path(path)) as f:
         for line in f:
             with contextlib.suppress(json.JSONDecodeError):  # a torn last line
                 rows.append(json.loads(line))
-    kept = [r for r in rows if 1 <= int(r.get("round", 0)) <= last]
-    if [int(r.get("round", 0)) for r in kept] != list(range(1, last + 1)):
-        raise ckpt.CheckpointError(f"{history_path(path)} does not hold the records of rounds 1..{last} that the "
-                                   f"checkpoint {path} continues (removed, cut or edited): restore it from a copy, "
-                                   f"or start the run again")
-    return kept
+    try:
+        return rows_up_to(rows, last, history_path(path))[1:]
+    except ValueError as e:  # the checkpoint cannot be continued: refused as a damaged one is
+        raise ckpt.CheckpointError(str(e)) from None
 
 
 def save_server(path: str, snapshot: dict) -> None:
