@@ -163,7 +163,7 @@ def cmd_compare(cmd: CompareCommand) -> int:
                                         progress=not cmd.no_progress and main, log=say)
         step = read_json_object(os.path.join(out, COMPARISON))["config"]["metric_step"]
     else:
-        cfg, algorithms, per = compare_settings(cmd.settings, cmd.algorithms)
+        cfg, algorithms, per, _, _ = compare_settings(cmd.settings, cmd.algorithms)
         out = launch.agree_on(output_folder(cmd, "compare") if main else None, cfg.device)  # rank 0's folder
         say(f"comparing {', '.join(algorithms)} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), "
             f"{cfg.model}, h={cfg.reg}; results -> {out}")
@@ -185,7 +185,7 @@ def _launch_compare(cmd: CompareCommand) -> int:
     if cmd.resume:
         check_resume_flags(cmd)
     else:  # check the settings here, and pick the folder once for every rank
-        cfg, _, _ = compare_settings(cmd.settings, cmd.algorithms)  # checks the values and the names
+        cfg, *_ = compare_settings(cmd.settings, cmd.algorithms)  # checks the values and the names
         resolve_device(cfg.device)
         check_world_size(cfg.num_clients, cmd.workers)
         out = output_folder(cmd, "compare")

@@ -18,7 +18,7 @@ from .options import Common, CompareCommand, GivenSettings, RunCommand, SweepCom
 from .parser import formats_flag
 from .settings import (
     check_resume_flags,
-    compare_seed_settings,
+    compare_settings,
     output_folder,
     overview_figure,
     read_config_file,
@@ -65,7 +65,7 @@ def cmd_seeds(cmd: Union[RunCommand, CompareCommand]) -> int:
                   else run_seeds(None, None, cmd.resume, **kw))
     else:
         if compare:
-            cfg, algorithms, per, seeds, reseed = compare_seed_settings(cmd.settings, cmd.algorithms)
+            cfg, algorithms, per, seeds, reseed = compare_settings(cmd.settings, cmd.algorithms)
         else:
             merged, seeds, reseed = seed_settings(cmd.settings)
             cfg, algorithms = Config.from_dict(merged), None

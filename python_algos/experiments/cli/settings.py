@@ -269,18 +269,10 @@ def resumed_run(cmd: Common):
 
 
 def compare_settings(given: GivenSettings, algorithms: Optional[Sequence[str]]):
-    """(the shared Config, the algorithm names, each algorithm's own options) of a ``compare``,
-    checked (values, algorithm names); ``algorithms``: -a, else the config file's, else the demo's."""
-    return _compare_config(merge_settings(given, extra_keys=("algorithms",)), algorithms)
-
-
-def compare_seed_settings(given: GivenSettings, algorithms: Optional[Sequence[str]]):
-    """:func:`compare_settings` of a ``compare`` with seeds, and (the seeds, reseed_data)."""
+    """(the shared Config, the algorithm names, each algorithm's own options, the seeds (None: one each),
+    reseed_data) of a ``compare``, checked (values, algorithm names); ``algorithms``: -a, else the config
+    file's, else the demo's."""
     merged, seeds, reseed = seed_settings(given, extra=("algorithms",))
-    return (*_compare_config(merged, algorithms), seeds, reseed)
-
-
-def _compare_config(merged: dict, algorithms: Optional[Sequence[str]]):
     algorithms = list(algorithms or merged.pop("algorithms", None) or DEMO_ALGORITHMS)
     merged.pop("algorithms", None)
     twice = sorted({a for a in algorithms if algorithms.count(a) > 1})
@@ -293,7 +285,7 @@ def _compare_config(merged: dict, algorithms: Optional[Sequence[str]]):
     # name or a bad flag is then the only thing printed (compare_experiments checks the rest before it writes)
     cfg = Config.from_dict(merged)
     check_algorithm_names(algorithms)
-    return cfg, algorithms, per
+    return cfg, algorithms, per, seeds, reseed
 
 
 def overview_figure(folder: str, figures: Figures) -> None:
