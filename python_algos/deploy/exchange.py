@@ -108,20 +108,16 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
     fapp, _, _ = flwr_modules()
     config = {"fingerprint": json.dumps(fp), "restore": json.dumps(restore)}
     asked: dict = {}  # node id -> the id of the message that asked it
-
-    def ask(ids) -> None:
-        new = [nid for nid in ids if nid not in asked]
-        if new:
-            msgs = [new_message(fapp.RecordDict({"config": fapp.ConfigRecord(dict(config))}), nid, HELLO, 0)
-                    for nid in new]
-            asked.update(zip(new, grid.push_messages(msgs)))
-
     wait = max(timeout, connect_timeout)
     nodes, errors, answered = {}, [], set()
     connected_by, until, relist = time.monotonic() + connect_timeout, None, 0.0
     while len(nodes) + len(errors) < n:
         if time.monotonic() >= relist:  # 5 times a second until N nodes are listed, then once a second
-            ask(sorted(int(i) for i in grid.get_node_ids()))
+            new = [nid for nid in sorted(int(i) for i in grid.get_node_ids()) if nid not in asked]
+            if new:
+                msgs = [new_message(fapp.RecordDict({"config": fapp.ConfigRecord(dict(config))}), nid, HELLO, 0)
+                        for nid in new]
+                asked.update(zip(new, grid.push_messages(msgs)))
             relist = time.monotonic() + (1.0 if len(asked) >= n else 0.2)
         if until is None and len(asked) >= n:  # the answers' wait starts once N nodes are connected
             until = time.monotonic() + wait
