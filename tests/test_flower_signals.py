@@ -193,7 +193,7 @@ def _environ_of(pid: int) -> bytes | None:
         return None
 
 
-def test_close_ends_a_deployment_process_that_left_every_group_and_parent(tmp_path):
+def test_close_ends_a_deployment_process_that_left_every_group_and_parent():
     """Flower's SuperExec starts app processes in sessions of their own; one whose parent has already
     ended points back to nothing. LocalDeployment.close finds it by the token that every process
     below one of its children carries in its environment (its ServerApp would otherwise write the
@@ -202,7 +202,7 @@ def test_close_ends_a_deployment_process_that_left_every_group_and_parent(tmp_pa
     from python_algos.deploy.local import LocalDeployment
     from python_algos.system import processes
 
-    dep = LocalDeployment(1, workdir=str(tmp_path))
+    dep = LocalDeployment(1)
     marker = "FLWR_HOME=" + dep.env["FLWR_HOME"]
     launcher = processes.spawn([sys.executable, "-c", _LAUNCHER], env=dep.env, stdout=subprocess.PIPE)
     dep.procs["launcher"] = launcher

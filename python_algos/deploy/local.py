@@ -54,7 +54,7 @@ def _free_port() -> int:
 class LocalDeployment:
     """SuperLink + ``num_clients`` SuperNodes (``partition-id`` = 0..N-1) on 127.0.0.1."""
 
-    def __init__(self, num_clients: int, workdir: Optional[str] = None, env: Optional[dict] = None,
+    def __init__(self, num_clients: int, env: Optional[dict] = None,
                  node_config: Optional[dict] = None, watch_nodes: bool = True):
         """``node_config``: more node config for every SuperNode (e.g. ``{"state-dir": folder}``, where
         each node keeps its state on disk so that a stopped run can resume). ``watch_nodes``: a run
@@ -64,8 +64,7 @@ class LocalDeployment:
             raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
         self.num_clients, self.watch_nodes = num_clients, bool(watch_nodes)
         self.node_config = dict(node_config or {})
-        self._own_dir = workdir is None
-        self.dir = workdir or processes.temp_dir("pa-flower-")
+        self.dir = processes.temp_dir("pa-flower-")  # removed by close(), or by the watcher if the command dies
         self.bin = os.path.dirname(sys.executable)  # Flower's commands, installed beside this Python
         self.env = {**os.environ, **(env or {}), "FLWR_HOME": os.path.join(self.dir, "flwr-home")}
         # Flower's SuperExecs look for a task (an app process to start) every second by default; on
@@ -165,8 +164,7 @@ class LocalDeployment:
         with stop_signals_held():
             processes.stop_all(list(self.procs.values()), signal.SIGTERM, grace=10.0)
             self.procs.clear()
-            if self._own_dir:
-                shutil.rmtree(self.dir, ignore_errors=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     # -- a run --------------------------------------------------------------------------------
     def start_run(self, app_dir: str, run_config: dict) -> "FlowerRun":
