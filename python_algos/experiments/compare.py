@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence
 
 from ..runfolder.files import RunFolderError, read_json_object, write_json, write_text_atomically
 from ..runfolder.folder import check_group_start, open_group_folder
-from ..runfolder.records import COMPARISON, CONFIG, read_metrics, read_summary, run_folder_name
+from ..runfolder.records import API_MARK, COMPARISON, CONFIG, read_metrics, read_summary, run_folder_name
 from ..system.lock import lock_folder
 from . import launch
 from .build import prepare_data
@@ -25,7 +25,7 @@ from .run import Interrupted, execute_run
 from .tables import column_name, format_table, status_cell, warning_notes
 
 __all__ = ["compare_experiments", "comparison_table", "format_table", "finished_run", "kept_message", "verdict_line",
-           "coinciding"]
+           "coinciding", "write_comparison", "check_resumable", "COMPARISON_RECORDS"]
 
 COMPARISON_RECORDS = (COMPARISON, "comparison.md")  # a comparison's own files, beside its runs
 
@@ -38,11 +38,20 @@ def _read_comparison(out_dir: str) -> dict:
                 if os.path.isfile(os.path.join(out_dir, CONFIG)) else "")
         raise RunFolderError(f"cannot resume the comparison {out_dir}: it holds no {COMPARISON}{hint}")
     d = read_json_object(path)  # a damaged file: RunFolderError naming the file and line
+    check_resumable(out_dir, d)
     try:
         cfg = Config.from_dict(d["config"])
         return {"config": cfg, "algorithms": list(d["algorithms"]), "alg_opts": dict(d.get("alg_opts") or {})}
     except (KeyError, TypeError, ValueError) as e:
         raise RunFolderError(f"{path}: not a comparison written by `compare` ({e})") from None
+
+
+def check_resumable(folder: str, record: dict) -> None:
+    """A group :func:`.api.compare` wrote (``api_run``) records no data settings, so no resume continues it."""
+    if record.get(API_MARK):
+        raise RunFolderError(f"cannot resume {folder}: compare() from Python wrote it, which records no data settings "
+                             f"to continue from; draw it with `python -m python_algos plot {folder}` (nothing was "
+                             f"changed)")
 
 
 def _plan_runs(cfg: Config, algorithms: Sequence[str], alg_opts: dict, out_dir: str, resume: bool,
@@ -133,11 +142,15 @@ def compare_experiments(cfg: Optional[Config], algorithms: Optional[Sequence[str
             raise
         if summaries[-1]["status"] != "completed":
             log(summaries[-1]["message"])
-    write_record(summaries)
     if main:
-        write_text_atomically(os.path.join(out_dir, "comparison.md"),
-                              comparison_table(summaries, cfg.metric_step) + "\n")
+        write_comparison(out_dir, record, summaries, cfg.metric_step)
     return summaries
+
+
+def write_comparison(out_dir: str, record: dict, summaries: Sequence[dict], metric_step: Optional[float]) -> None:
+    """A finished comparison's records: comparison.json (``record`` and the runs' summaries) and comparison.md."""
+    write_json(os.path.join(out_dir, COMPARISON), {**record, "runs": list(summaries)})
+    write_text_atomically(os.path.join(out_dir, "comparison.md"), comparison_table(summaries, metric_step) + "\n")
 
 
 def finished_run(run_dir: str, rounds: int) -> Optional[dict]:

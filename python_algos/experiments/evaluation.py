@@ -37,7 +37,8 @@ def _batch_dependent(model: nn.Module) -> list:
             if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats]
 
 
-def make_eval(ds, model: nn.Module, extra: Optional[Callable] = None, chunk: int = 4096) -> Callable:
+def make_eval(ds, model: nn.Module, extra: Optional[Callable] = None, chunk: int = 4096,
+              loss_fn: Optional[Callable] = None) -> Callable:
     """``eval_fn(params)`` for simulate: test (or, without a test set, train) accuracy and loss;
     with a known ``x_true`` and a linear model, the support F1 score and ||w − x_true||².
 
@@ -54,7 +55,7 @@ def make_eval(ds, model: nn.Module, extra: Optional[Callable] = None, chunk: int
                          f"depend on the evaluation chunk size; use track_running_stats=True (or another norm "
                          f"layer, e.g. GroupNorm / LayerNorm)")
     X, y, prefix = (ds.X_test, ds.y_test, "test") if ds.X_test is not None else (ds.X, ds.y, "train")
-    loss_fn = loss_function(ds.task)
+    loss_fn = loss_fn or loss_function(ds.task)  # the run's own loss (:func:`.api.compare`) or the task's
     p0 = next(model.parameters())
     X = X.to(device=p0.device, dtype=p0.dtype)
     y = y.to(device=p0.device)

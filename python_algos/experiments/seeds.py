@@ -31,8 +31,8 @@ from ..system.lock import lock_folder
 from .aggregate import SEED_DIR, write_aggregate
 from .config import Config, ConfigError
 
-__all__ = ["parse_seed_list", "seed_list", "seed_configs", "run_seeds", "compare_seeds", "is_seeds_folder",
-           "read_seeds", "SEEDS_FILE", "SEEDS_RECORDS"]
+__all__ = ["parse_seed_list", "seed_list", "seed_configs", "run_seeds", "compare_seeds", "aggregate_comparison",
+           "is_seeds_folder", "read_seeds", "SEEDS_FILE", "SEEDS_RECORDS"]
 
 SEEDS_FILE = SEEDS
 # the files of a folder of seeds beside its seed-<k>/ folders (a replacement deletes them with the runs);
@@ -97,6 +97,9 @@ def read_seeds(out_dir: str, kind: Optional[str] = None) -> dict:
     lock_folder(out_dir)  # a resume: no other command in the folder meanwhile
     path = os.path.join(out_dir, SEEDS_FILE)
     d = read_json_object(path)  # a damaged file: RunFolderError naming the file and line
+    from .compare import check_resumable
+
+    check_resumable(out_dir, d)
     try:
         d["config"] = Config.from_dict(d["config"])
         d["seeds"] = _check_seeds(d["seeds"], path)
@@ -248,9 +251,14 @@ def compare_seeds(cfg: Optional[Config], algorithms: Optional[Sequence[str]], se
                 for a in algorithms:
                     if os.path.isdir(os.path.join(d, run_folder_name(a))):
                         after_run(os.path.join(d, run_folder_name(a)))
-    groups = []
-    for i, a in enumerate(algorithms):
-        dirs = [os.path.join(out_dir, SEED_DIR.format(s), run_folder_name(a)) for s, _ in configs]
-        groups.append((a, dirs, [summ[i] for summ in per_seed]))
-    table = _aggregate_runs(out_dir, groups, cfg.metric_step, seeds)
+    table = aggregate_comparison(out_dir, algorithms, seeds, per_seed, cfg.metric_step)
     return {"summaries": per_seed, "table": table, "out_dir": out_dir, "seeds": list(seeds)}
+
+
+def aggregate_comparison(out_dir: str, labels: Sequence[str], seeds: Sequence[int], per_seed: Sequence[list],
+                         metric_step: Optional[float]) -> str:
+    """The aggregate files of a comparison's seeds (``per_seed[j][i]``: the summary of ``labels[i]`` in
+    ``seed-<seeds[j]>/<label>/``), for ``compare --seeds`` and :func:`.api.compare`; returns the table."""
+    return _aggregate_runs(out_dir, [(a, [os.path.join(out_dir, SEED_DIR.format(s), run_folder_name(a))
+                                          for s in seeds], [summ[i] for summ in per_seed])
+                                     for i, a in enumerate(labels)], metric_step, seeds)
