@@ -63,6 +63,7 @@ INSTALL = "pip install optuna (or fedkernels[optuna])"
 _KINDS = ("log", "float", "int", "intlog")
 _RULE = "the point breaks a rule of the algorithm"
 _BUDGET = "its runs stopped at --time-budget"  # a trial left running: resumable
+_SHOWN = {"RUNNING": "stopped", "FAIL": "failed"}  # a trial's state as its line says it
 
 
 def _optuna():
@@ -311,26 +312,20 @@ def _evaluate(optuna, study, number: int, point: dict, cfg: Config, algorithm: s
         raise workers.interrupt or KeyboardInterrupt()
     sums = [run_status(t["dir"], workers.failed) for t in tasks]
     statuses = [s.get("status", "unfinished") for s in sums]
+    stat, value, shown = final_stats(sums).get(metric), None, None  # shown: the line of a completed trial
     if all(s == "completed" for s in statuses):
-        st = final_stats(sums).get(metric)
-        if st is None:
-            _tell(optuna, study, number, TS.FAIL, None, f"the runs logged no {metric}")
-            log(f"{head}: failed (the runs logged no {metric})")
-            return False
-        _tell(optuna, study, number, TS.COMPLETE, st["mean"], None)
-        log(f"{head}: {metric} {stats_cell(st)}")
-        return False
-    if "stopped" in statuses and all(st in ("completed", "stopped") for st in statuses):
-        _tell(optuna, study, number, TS.RUNNING, None, f"{_BUDGET}; `sweep --resume` continues it")
-        log(f"{head}: stopped ({_BUDGET}; `sweep --resume` continues it)")
-        return True
-    bad = [(s, st, (results.get(t["dir"]) or {}).get("message") or sm.get("message"))
-           for s, st, t, sm in zip(seeds, statuses, tasks, sums) if st != "completed"]
-    reason = "; ".join(f"seed {s}: {st}" + (f" ({m})" if m else "") for s, st, m in bad)
-    state = TS.PRUNED if all(st == "diverged" for _, st, _ in bad) else TS.FAIL
-    _tell(optuna, study, number, state, None, reason)
-    log(f"{head}: {state.name.lower()} ({reason})")
-    return False
+        state, reason = (TS.COMPLETE, None) if stat is not None else (TS.FAIL, f"the runs logged no {metric}")
+        value, shown = (stat["mean"], f"{metric} {stats_cell(stat)}") if stat is not None else (None, None)
+    elif "stopped" in statuses and all(st in ("completed", "stopped") for st in statuses):
+        state, reason = TS.RUNNING, f"{_BUDGET}; `sweep --resume` continues it"  # True: no new trial asked for
+    else:
+        bad = [(s, st, (results.get(t["dir"]) or {}).get("message") or sm.get("message"))
+               for s, st, t, sm in zip(seeds, statuses, tasks, sums) if st != "completed"]
+        reason = "; ".join(f"seed {s}: {st}" + (f" ({m})" if m else "") for s, st, m in bad)
+        state = TS.PRUNED if all(st == "diverged" for _, st, _ in bad) else TS.FAIL
+    _tell(optuna, study, number, state, value, reason)
+    log(f"{head}: {shown or f'{_SHOWN.get(state.name, state.name.lower())} ({reason})'}")
+    return state == TS.RUNNING
 
 
 def _tell(optuna, study, number: int, state, value, reason: Optional[str]) -> None:
