@@ -172,6 +172,9 @@ def test_state_options_are_checked_before_the_run():
         _run("scaffold", state="ram", state_folder="x")
     with pytest.raises(ValueError, match="state='ram' runs on the sequential and batched executors only"):
         _run("scaffold", state="ram", executor="distributed")
+    full = simulate(SCAFFOLD(lr_local=0.05, local_steps=2), _model(), nn.functional.cross_entropy, _problem(), 2,
+                    state="auto")  # full participation: auto keeps the dense stack
+    assert isinstance(full.state.c_i, torch.Tensor) and full.state.c_i.shape == (9, 43)
 
 
 def test_an_init_that_writes_every_clients_row_is_refused_naming_state_dense():
@@ -248,3 +251,32 @@ def test_auto_picks_ram_then_disk_from_the_estimate_and_refuses_what_fits_neithe
     for mode in ("auto", "disk"):
         with pytest.raises(sp.DoesNotFit, match="give state_folder on a larger disk"):
             sp.StatePlan(mode, None, 100)._backend(est)
+
+
+def test_the_mean_of_a_stores_start_view_equals_the_dense_mean():
+    """torch sums a stride-0 view's 10^5 float32 rows in another order than a dense stack's (at the
+    time of writing: off by an ulp); clients.mean sums a dense copy, as the dense run does."""
+    from python_algos.clients import SequentialClients
+
+    cs = SequentialClients(nn.Linear(6, 1), nn.functional.mse_loss, [(torch.randn(2, 6), torch.randn(2, 1))])
+    row = torch.linspace(0.1, 3.7, 7)
+    view, dense = row.expand(10**5, 7), row.expand(10**5, 7).contiguous()
+    assert not torch.equal(view.mean(0), dense.mean(0))  # the case this test is about: torch's sums differ
+    assert torch.equal(cs.mean(view), cs.mean(dense))
+    assert torch.equal(cs.mean(view, divisor=3), cs.mean(dense, divisor=3))
+
+
+@pytest.mark.slow
+def test_fedadmm_on_a_float32_population_of_2e4_equals_the_dense_run():
+    X, y = torch.randn(20_000, 2, 6), torch.randn(20_000, 2, 1)
+    out = {}
+    for state in ("dense", "ram"):
+        torch.manual_seed(0)
+        model = nn.Linear(6, 1)
+        with torch.no_grad():
+            model.weight.mul_(3.3)
+        out[state] = simulate(make("fedadmm", lr=0.05, local_steps=2), model, nn.functional.mse_loss,
+                              [(X[i], y[i]) for i in range(20_000)], 2, clients_per_round=10, state=state,
+                              metrics_every=0)
+    assert torch.equal(out["ram"].state.xtilde, out["dense"].state.xtilde)
+    assert torch.equal(out["ram"].params, out["dense"].params)

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from .state_plan import check_dense_fits
+from .state_plan import as_summed_densely, check_dense_fits
 
 __all__ = ["ClientSet", "CommCounter", "client_generators", "seeds"]
 
@@ -138,7 +138,7 @@ class ClientSet(abc.ABC):
         ``(1/n) sum_j S[j]`` over the n rows of S, or ``(1/divisor) sum_j S[j]`` (e.g. divisor = N
         with a participant stack: the server's update of an average over all clients)."""
         self.comm.up += 1
-        return self._mean(S, divisor)
+        return self._mean(as_summed_densely(S), divisor)
 
     def broadcast(self, v: torch.Tensor) -> torch.Tensor:
         """Downlink of one d-vector (the server's ``v``) to every (participating) client; returns the clients' copy."""

@@ -11,10 +11,9 @@ change; under full participation, ``"dense"``.
 
 How the stores start without an ``[N, d]`` stack: ``init`` runs with ``clients.new_stack`` giving
 a read-only stride-0 view of the initial row (:meth:`ClientSet.new_stack`), so an init that reads
-its stacks (FedADMM's and FedDR's ``clients.mean``) works, and one that writes every client's row
-(FedDR's ``init_from="paper"``) is refused before a round runs. torch sums such a view as it sums
-a dense stack for the populations the tests compare; for ~10^4 or more float32 rows it may order
-that sum differently (the same algorithm, another rounding of the init's mean).
+its stacks works (FedADMM's and FedDR's ``clients.mean`` sum a dense copy when it fits:
+:func:`as_summed_densely`), and one that writes every client's row (FedDR's ``init_from="paper"``)
+is refused before a round runs.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import torch
 from .state_store import ClientStateStore, StoredRows
 
 __all__ = ["MODES", "StateEstimate", "StatePlan", "DoesNotFit", "memory_available", "check_dense_fits",
-           "snapshot_state"]
+           "snapshot_state", "as_summed_densely"]
 
 MODES = ("dense", "ram", "disk", "auto")
 WORKSPACES = 4  # [k, d] scratch stacks an algorithm's round keeps besides the gathered rows (FedDR: 3)
@@ -70,6 +69,17 @@ def check_dense_fits(nbytes: int, what: str) -> None:
         raise DoesNotFit(f"{what} takes {_gb(nbytes)}, more than this process may use ({_gb(avail)} available): run "
                          f"with state='ram' or state='disk' (simulate's state=; rows kept only for the clients that "
                          f"train), or fewer clients")
+
+
+def as_summed_densely(S: torch.Tensor) -> torch.Tensor:
+    """The stack ``clients.mean`` sums: a dense copy of a stride-0 view (a store's stack during
+    ``init``) when one fits in memory, since torch may order the sum of a view's rows differently
+    from a dense stack's (float32, ~10^4 rows and more) and the run must equal the dense run bit for
+    bit; a view whose dense copy does not fit (no dense run could hold it) is summed as it is."""
+    if S.dim() != 2 or S.shape[0] < 2 or S.stride(0) != 0:
+        return S
+    nbytes = S.shape[0] * S.shape[1] * S.element_size()
+    return S.contiguous() if S.device.type != "cpu" or nbytes <= RAM_SHARE * memory_available() else S
 
 
 @dataclasses.dataclass(frozen=True)
