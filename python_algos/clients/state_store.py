@@ -61,7 +61,7 @@ class ClientStateStore:
         if folder is not None and backend != "disk":
             raise ValueError(f"folder is for backend='disk' only, got backend={backend!r}")
         self.rows, self.dim, self.dtype, self.backend = int(rows), int(dim), dtype, backend
-        self.written = 0  # rows written so far; slots 1..written of the block
+        self._written = 0  # rows written so far; slots 1..written of the block
         first = torch.zeros(1, self.dim, dtype=dtype)
         if initial is not None:
             first[0] = initial.detach().to(device="cpu", dtype=dtype)
@@ -92,9 +92,9 @@ class ClientStateStore:
         slots = self._table.index_select(0, ids)
         new = ids[slots == 0]
         if new.numel():
-            self._reserve(1 + self.written + new.numel())
-            self._table.index_copy_(0, new, torch.arange(self.written + 1, self.written + 1 + new.numel()))
-            self.written += int(new.numel())
+            self._reserve(1 + self._written + new.numel())
+            self._table.index_copy_(0, new, torch.arange(self._written + 1, self._written + 1 + new.numel()))
+            self._written += int(new.numel())
             slots = self._table.index_select(0, ids)
         self._block.index_copy_(0, slots, rows.to(device="cpu"))
 
@@ -117,7 +117,7 @@ class ClientStateStore:
 
     @property
     def rows_written(self) -> int:
-        return self.written
+        return self._written
 
     @property
     def nbytes(self) -> int:
@@ -126,7 +126,7 @@ class ClientStateStore:
 
     def __repr__(self) -> str:
         return (f"ClientStateStore({self.rows} x {self.dim}, {str(self.dtype).replace('torch.', '')}, "
-                f"{self.backend}, {self.written} rows written, {self.nbytes} bytes)")
+                f"{self.backend}, {self._written} rows written, {self.nbytes} bytes)")
 
     # -- checkpoints (RAM only) -----------------------------------------------------------------
     def stored_rows(self) -> StoredRows:
@@ -136,12 +136,12 @@ class ClientStateStore:
         if self.backend != "ram":
             raise ValueError("a state='disk' store is not checkpointed yet: run with state='ram' (or 'dense') to "
                              "take checkpoints, or leave the checkpoints out")
-        return StoredRows(self._table, self._block[: 1 + self.written])
+        return StoredRows(self._table, self._block[: 1 + self._written])
 
     @classmethod
     def from_stored_rows(cls, sr: StoredRows) -> "ClientStateStore":
         store = cls(sr.table.numel(), sr.block.shape[1], sr.block.dtype, sr.block[0])
-        store._table, store._block, store.written = sr.table.clone(), sr.block.clone(), sr.block.shape[0] - 1
+        store._table, store._block, store._written = sr.table.clone(), sr.block.clone(), sr.block.shape[0] - 1
         return store
 
     def __reduce__(self):
@@ -173,7 +173,7 @@ class ClientStateStore:
         cap = max(need, cap + cap // 2, 16)
         if self.backend == "ram":
             block = torch.empty(cap, self.dim, dtype=self.dtype)
-            block[: 1 + self.written] = self._block[: 1 + self.written]
+            block[: 1 + self._written] = self._block[: 1 + self._written]
             self._block = block
         else:
             self._block = self._map_rows(cap)
