@@ -77,17 +77,15 @@ class LocalDeployment:
         self._signals = contextlib.ExitStack()
 
     # -- processes --------------------------------------------------------------------------
-    def _start(self, name: str, args: list) -> processes.Child:
-        """Start ``args`` (Flower's ``flower-superlink`` / ``flower-supernode`` through :mod:`.same_user`,
-        whose HTTP API then answers only this user's processes; or ``flwr run``), logging to ``name``."""
+    def _start(self, name: str, args: list, guarded: bool = True) -> processes.Child:
+        """Start ``args``, logging to ``name``: Flower's ``flower-superlink`` / ``flower-supernode``
+        ``guarded`` by :mod:`.same_user` (its HTTP API then answers only this user's processes; run as
+        a file, not ``-m``: importing python_algos, torch, would cost each process seconds), or not."""
+        args = [sys.executable, same_user.__file__, *args] if guarded else args
         with open(os.path.join(self.dir, name + ".log"), "w") as log:
             p = self.procs[name] = processes.spawn(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                                    cwd=self.dir)
         return p
-
-    def _guarded(self, name: str, args: list) -> processes.Child:
-        # run as a file, not ``-m``: importing python_algos (torch) would cost each process seconds
-        return self._start(name, [sys.executable, same_user.__file__, *args])
 
     def log(self, name: str, tail: int = 3000) -> str:
         with contextlib.suppress(OSError), open(os.path.join(self.dir, name + ".log")) as f:
@@ -117,9 +115,9 @@ class LocalDeployment:
         with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as f:
             f.write(f'[superlink]\ndefault = "pa-local"\n\n[superlink.pa-local]\n'
                     f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
-        self._guarded("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(self.port),
-                                  "--database", os.path.join(self.dir, "superlink.db"),
-                                  "--disable-runtime-dependency-installation"])
+        self._start("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(self.port),
+                                "--database", os.path.join(self.dir, "superlink.db"),
+                                "--disable-runtime-dependency-installation"])
         self._wait_port(self.port, "superlink", 60)
         if not same_user.is_guarded(self.port):
             raise DeploymentError("the SuperLink answers without the check that only your user's processes reach "
@@ -131,9 +129,9 @@ class LocalDeployment:
     def start_node(self, i: int) -> None:
         """Start client i's SuperNode (again, after :meth:`kill_node`: it rejoins the SuperLink)."""
         cfg = {"partition-id": i, "num-partitions": self.num_clients, **self.node_config}
-        self._guarded(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
-                                       "--host", "127.0.0.1", "--port", str(_free_port()),
-                                       "--node-config", " ".join(f"{k}={toml_value(k, v)}" for k, v in cfg.items())])
+        self._start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+                                     "--host", "127.0.0.1", "--port", str(_free_port()),
+                                     "--node-config", " ".join(f"{k}={toml_value(k, v)}" for k, v in cfg.items())])
 
     def _wait_port(self, port: int, name: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -177,7 +175,7 @@ class LocalDeployment:
         cfg = " ".join(f"{key}={toml_value(key, v)}" for key, v in {**run_config, "result-dir": out}.items())
         name = "flwr-run" if k == 1 else f"flwr-run-{k}"
         p = self._start(name, [os.path.join(self.bin, "flwr"), "run", os.path.abspath(app_dir), "--run-config", cfg,
-                               "--stream"])
+                               "--stream"], guarded=False)
         return FlowerRun(self, name, p, out)
 
 
