@@ -254,10 +254,8 @@ class ServerProgram:
         self.committed = int(snap["round"])
 
     def result(self) -> FlowerResult:
-        params = self.algorithm.report(self.state, self.regularizer).detach().clone()
-        setup = {**self.setup, "rounds": self.rounds}
-        return FlowerResult(params=params, state=self.state, metrics=self.metrics, nodes=dict(self.nodes or {}),
-                            setup=setup)
+        return FlowerResult(params=self._report(self.state).clone(), state=self.state, metrics=self.metrics,
+                            nodes=dict(self.nodes or {}), setup={**self.setup, "rounds": self.rounds})
 
 
 def run_server(grid, algorithm: ServerClientAlgorithm, model_fn: Callable, **settings) -> FlowerResult:
