@@ -203,12 +203,9 @@ def is_guarded(port: int, host: str = "127.0.0.1", timeout: float = 30.0) -> boo
     """Whether the HTTP server on ``host:port`` answers with :class:`SameUserOnly` in front (a Flower
     version that no longer builds its app where :func:`main` puts the check would not)."""
     import http.client
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
+    with contextlib.closing(http.client.HTTPConnection(host, port, timeout=timeout)) as conn:
         conn.request("GET", "/health")
         return conn.getresponse().getheader(GUARD_HEADER) == "1"
-    finally:
-        conn.close()
 
 
 def _guarded(create_app):
