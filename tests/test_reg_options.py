@@ -131,13 +131,15 @@ def test_l2ball_radius_reaches_the_run_and_its_resume(tmp_path, capsys):
 
 
 def test_a_folder_whose_l2ball_radius_would_change_is_refused(tmp_path, capsys):
-    """A folder written before the fix by `--reg l2ball` (config.json: reg_strength 0.001, no radius) ran
-    with radius 0.001; it now means radius 1, so resuming it is refused, naming both, and no round is added."""
+    """A folder written before the fix by `--reg l2ball` (config.json: reg_strength 0.001, no radius, no
+    format version) ran with radius 0.001; it now means radius 1, so resuming it is refused (its format
+    is not this version's: runfolder.records.check_format) and no round is added."""
     out = tmp_path / "run"
     assert main(["run", *SMALL, "--reg", "l2ball", "--reg-opt", "radius=0.001", "--out", str(out)]) == 0
     for path in (out / "config.json",):  # what the old version wrote for `--reg l2ball`
         conf = json.loads(path.read_text())
         conf["reg_opts"] = {}
+        del conf["format_version"]
         path.write_text(json.dumps(conf))
     snap = ckpt.load(str(out / "checkpoint.pt"))
     extra = snap.pop("extra")
@@ -148,6 +150,5 @@ def test_a_folder_whose_l2ball_radius_would_change_is_refused(tmp_path, capsys):
     # -T 4: a resume that extends the run would rewrite config.json's rounds, so the refusal must come first
     assert main(["run", "--resume", str(out), "-T", "4", "--no-progress", "--no-plot"]) == 1
     err = capsys.readouterr().err
-    assert ("was written with the regularizer L2Ball(center=None, radius=0.001), but config.json's settings now "
-            "give L2Ball(center=None, radius=1.0)") in err and "nothing was changed" in err
+    assert f"cannot resume {out}: it was written in run-folder format 1, this version continues format" in err
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before

@@ -37,10 +37,10 @@ def _grad_map_sq_by_hand(run_dir, step):
     """‖G_s(x)‖² = ‖(x − prox_{s h}(x − s ∇f(x))) / s‖² at the run's final model, f the mean over the
     clients of each client's mean loss (float64 throughout)."""
     from python_algos.experiments.build import build_model, prepare_data
-    from python_algos.experiments.config import Config
+    from python_algos.experiments.folders import read_config_json
     from python_algos.experiments.losses import loss_function
 
-    cfg = Config.from_dict(json.load(open(os.path.join(run_dir, "config.json"))))
+    cfg = read_config_json(os.path.join(run_dir, "config.json"))
     fed = prepare_data(cfg)
     model = build_model(cfg, fed.dataset)
     x = params_of(run_dir).to(torch.float64)

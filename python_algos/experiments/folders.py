@@ -8,7 +8,7 @@ import shlex
 
 from ..runfolder.files import RunFolderError, read_json_object
 from ..runfolder.folder import claim_new_folder
-from ..runfolder.records import run_folder_name
+from ..runfolder.records import FORMAT_KEY, run_folder_name
 from .config import Config, ConfigError
 
 __all__ = ["default_out_dir", "resume_command", "compare_resume_command", "read_config_json"]
@@ -32,6 +32,7 @@ def read_config_json(path: str) -> Config:
         raise RunFolderError(f"cannot resume {folder}: it is a run saved from Python with History.save (a simulate() "
                              f"result), which has no checkpoint or data settings to continue from; draw it with "
                              f"`python -m python_algos plot {shlex.quote(folder)}` (nothing was changed)")
+    d.pop(FORMAT_KEY, None)  # the folder's format (records.check_format), not a setting
     try:
         return Config.from_dict(d)
     except ConfigError as e:

@@ -23,8 +23,8 @@ from ..clients.data import check_finite
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, RunFolderError, as_json
 from ..runfolder.folder import check_fresh_start
-from ..runfolder.records import CONFIG
-from ..runfolder.setup_record import check_same_setup, describe_regularizer
+from ..runfolder.records import CONFIG, check_format, read_config
+from ..runfolder.setup_record import check_same_setup
 from ..simulate import checked_clients_per_round
 from ..system.lock import lock_folder
 from ..system.threads import choose_threads
@@ -125,6 +125,7 @@ def _resumed_config(out_dir: str, rounds: Optional[int], flower: bool):
     if flower and not ran_flower:
         raise RunFolderError(f"{out_dir} ran in this process, not through Flower: continue it without --flower, "
                              f"with `{resume_command(out_dir)}`; nothing was changed")
+    check_format(out_dir, read_config(out_dir))  # a folder of another format version: refused, it still plots
     cfg = read_config_json(cfg_path)
     if rounds is None:
         return cfg, False
@@ -203,12 +204,6 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
         raise ConfigError(key, getattr(cfg, key), str(e)) from None
     if cfg.metric_step is None and not algorithm.metric_step() > 0:
         raise ConfigError("metric_step", cfg.metric_step, f"{algorithm.name}'s default step is not > 0; give one")
-    recorded = ((snap or {}).get("setup") or {}).get("regularizer")
-    # differs e.g. when written by a version that read the options otherwise
-    if isinstance(recorded, str) and recorded != describe_regularizer(reg):
-        raise RunFolderError(f"{ckpt_path} was written with the regularizer {recorded}, but config.json's settings "
-                             f"now give {describe_regularizer(reg)}; resuming would change h mid-run, so nothing was "
-                             f"changed: start these settings in a new folder")
     if snap is not None and (snap.get("algorithm") != algorithm.name or snap.get("hparams") != algorithm.hparams()):
         raise RunFolderError(f"{ckpt_path} is a checkpoint of {snap.get('algorithm')} {snap.get('hparams')}, not of "
                              f"{algorithm.name} {algorithm.hparams()} as config.json says; nothing was changed")

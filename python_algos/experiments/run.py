@@ -128,18 +128,10 @@ def start_folder(prep: PreparedRun, log) -> None:
 
 
 def _history_of(out_dir: str, snap: dict) -> list:
-    """The rows of rounds 0..the checkpoint's round, which the resumed run continues: from metrics.jsonl
-    (the history; a checkpoint holds the state only), or, for a checkpoint of an older version that
-    held them, from the checkpoint when the file lacks them."""
+    """The rows of rounds 0..the checkpoint's round, which the resumed run continues: metrics.jsonl's
+    (the history; a checkpoint holds the state only)."""
     path = os.path.join(out_dir, METRICS)
-    rows = read_metrics(out_dir) if os.path.isfile(path) else []
-    last = int(snap["round"])
-    try:
-        return callbacks.rows_up_to(rows, last, path)
-    except ValueError:
-        if isinstance(snap.get("metrics"), list) and len(snap["metrics"]) == last:  # an older checkpoint
-            return [snap["initial"], *snap["metrics"]]
-        raise
+    return callbacks.rows_up_to(read_metrics(out_dir) if os.path.isfile(path) else [], int(snap["round"]), path)
 
 
 class _KillHooks(callbacks.Callback):

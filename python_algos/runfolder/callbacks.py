@@ -41,8 +41,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .files import append_row
 from .progress import Progress
-from .records import append_metrics_row
 
 __all__ = ["Callback", "RunView", "run_rounds", "as_callbacks", "Checkpoint", "MetricsFile", "TensorBoard",
            "ShowProgress", "StopOnDivergence", "TimeBudget", "FunctionCallback", "DIVERGENCE_FACTOR", "FINAL",
@@ -192,11 +192,11 @@ class MetricsFile(Callback):
             return
         self.file = open(self.path, "a")
         if run.fresh:
-            append_metrics_row(self.file, run.initial)
+            append_row(self.file, run.initial)
 
     def after_round(self, t, state, row):
         if self.file is not None:
-            append_metrics_row(self.file, row)
+            append_row(self.file, row)
 
     def sync(self) -> None:
         """The rows written so far, on disk (a checkpoint is durable; the rows it counts on must be too)."""

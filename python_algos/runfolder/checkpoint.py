@@ -162,14 +162,12 @@ def nonfinite_entry(obj) -> Optional[str]:
         return None if (not obj.is_floating_point() or bool(torch.isfinite(obj).all())) else "tensor"
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         for k, v in obj._asdict().items():
-            bad = nonfinite_entry(v)
-            if bad:
+            if nonfinite_entry(v):
                 return k
         return None
     if isinstance(obj, (list, tuple)):
         for v in obj:
-            bad = nonfinite_entry(v)
-            if bad:
+            if bad := nonfinite_entry(v):
                 return bad
     if isinstance(obj, float) and not math.isfinite(obj):
         return "value"
@@ -191,8 +189,7 @@ class Checkpointer:
         self.last_round: Optional[int] = None
 
     def __call__(self, snapshot: dict) -> None:
-        bad = nonfinite_entry(snapshot["state"])
-        if bad:
+        if bad := nonfinite_entry(snapshot["state"]):
             raise Diverged(f"round {snapshot['round']}: the algorithm state field {bad!r} holds NaN/Inf")
         save(self.path, snapshot, self.extra)
         self.last_round = int(snapshot["round"])

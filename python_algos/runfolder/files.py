@@ -96,10 +96,9 @@ def create_json(path: str, obj) -> None:
             os.fsync(f.fileno())
         try:
             os.link(tmp, path)
-        except FileExistsError:
-            raise
         except OSError as e:
-            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+            if isinstance(e, FileExistsError) or e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS,
+                                                                  errno.EMLINK):
                 raise
             with open(path, "x") as f:
                 f.write(text)
@@ -170,10 +169,8 @@ def remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:
     """Temp files of writes a kill interrupted, plus the run files in ``also``."""
     for f in os.listdir(out_dir):
         if ".tmp-" in f or f in also:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(out_dir, f))
-            except FileNotFoundError:
-                pass
 
 
 def as_json(v):

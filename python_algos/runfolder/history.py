@@ -41,6 +41,7 @@ from .records import (
     API_MARK,
     COMPARISON,
     CONFIG,
+    FORMAT_KEY,
     METRICS,
     MODEL,
     SEEDS,
@@ -252,7 +253,7 @@ def load_history(path: str) -> dict:
     missing = [f for f in (CONFIG, METRICS) if not os.path.isfile(os.path.join(path, f))]
     if missing:
         raise FileNotFoundError(_not_a_run_folder(path, missing))
-    config = read_config(path)
+    config = {k: v for k, v in read_config(path).items() if k != FORMAT_KEY}  # the format is no setting
     summary = read_json_object(os.path.join(path, SUMMARY)) if os.path.isfile(os.path.join(path, SUMMARY)) else {}
     rows = [_nan_for_null(r) for r in read_metrics(path)]
     if not rows:
@@ -261,7 +262,6 @@ def load_history(path: str) -> dict:
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"History.load: {path} holds no model.pt (the run did not complete)")
     saved = load_model(path)
-    params = saved["params"]
     rows = _rows_of_model(path, rows, saved.get("round"), summary, bool(config.get(API_MARK)))
     if config.get(API_MARK):
         setup = {k: v for k, v in config.items() if k not in (API_MARK, "saved_by", "algorithm", "hparams", "executor")}
@@ -270,5 +270,5 @@ def load_history(path: str) -> dict:
         setup = dict(config)
         algorithm = summary.get("algorithm", config.get("algorithm"))
         hparams, executor = summary.get("hparams", {}), summary.get("executor", config.get("executor"))
-    return dict(params=params, metrics=rows[1:], initial=rows[0], algorithm=algorithm, hparams=hparams,
+    return dict(params=saved["params"], metrics=rows[1:], initial=rows[0], algorithm=algorithm, hparams=hparams,
                 executor=executor, setup=setup)

@@ -5,7 +5,7 @@
 * ``config.json`` — :func:`write_config` (the settings; ``History.save``: :func:`api_config_record`);
 * ``partition.json`` — :func:`write_partition` (the split: client sizes, label histograms);
 * ``metrics.jsonl`` — :func:`metrics_row` (one round's row; :func:`metric_round`: which rows hold
-  metrics), :func:`write_metrics` (rows 0..t), :func:`append_metrics_row` (one more row);
+  metrics), :func:`write_metrics` (rows 0..t), :func:`~.files.append_row` (one more row);
 * ``summary.json`` — :func:`summary_record` (how the run ended, its first and last metrics, what it
   ran on), :func:`write_summary`;
 * ``model.pt`` — :func:`save_model` (the reported model and its round), :func:`load_model`.
@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
 from . import checkpoint as ckpt
-from .files import RunExistsError, append_row, create_json, read_json_object, read_metrics, write_json, write_jsonl
+from .files import RunExistsError, RunFolderError, create_json, read_json_object, read_metrics, write_json, write_jsonl
 
 __all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "COMPARISON", "SEEDS",
+           "FORMAT_VERSION", "FORMAT_KEY", "check_format",
            "run_folder_name", "write_config", "api_config_record", "write_partition", "metric_round", "metrics_row",
-           "write_metrics", "append_metrics_row", "final_row", "RunWarning", "run_warning", "summary_record",
+           "write_metrics", "final_row", "RunWarning", "run_warning", "summary_record",
            "write_summary", "save_model", "load_model", "read_config", "read_metrics", "read_summary", "group_runs"]
 
 CONFIG, PARTITION, METRICS = "config.json", "partition.json", "metrics.jsonl"
@@ -43,6 +45,9 @@ COMPARISON, SEEDS = "comparison.json", "seeds.json"
 STATUSES = ("completed", "diverged", "interrupted", "failed", "stopped")
 
 API_MARK = "api_run"  # config.json / summary.json key that tells a folder written by History.save from a `run` folder
+# The run-folder format, in every run's config.json (check_format: a resume's one check of it); raised when
+# a resume could no longer continue a folder of the last one. 2: the first recorded (Flower records data).
+FORMAT_VERSION, FORMAT_KEY = 2, "format_version"
 
 
 # --------------------------------------------------------------------------- config.json
@@ -56,11 +61,12 @@ def write_config(out_dir: str, settings: Mapping[str, Any], *, exclusive: bool =
     first file, so two commands starting runs in one folder at once (the same ``--out``) cannot
     both start: the second is refused instead of clearing the first's files."""
     path = os.path.join(out_dir, CONFIG)
+    settings = {FORMAT_KEY: FORMAT_VERSION, **settings}
     if not exclusive:
-        write_json(path, dict(settings))
+        write_json(path, settings)
         return
     try:
-        create_json(path, dict(settings))
+        create_json(path, settings)
     except FileExistsError:
         raise RunExistsError(f"{out_dir}: another command started a run in this folder after this one had checked "
                              f"it; that run was left alone and this one did not start: choose another --out") from None
@@ -70,6 +76,15 @@ def read_config(out_dir: str) -> dict:
     """``out_dir/config.json`` as written (:func:`write_config`); ``FileNotFoundError`` when missing,
     :class:`~.files.RunFolderError` naming the file and line when damaged."""
     return read_json_object(os.path.join(out_dir, CONFIG))
+
+
+def check_format(folder: str, record: Mapping[str, Any]) -> None:
+    """The one format check of a resume: refuse a folder whose ``record`` (config.json) is of another
+    format than :data:`FORMAT_VERSION` (none recorded: 1), naming the fix."""
+    if (version := record.get(FORMAT_KEY, 1)) != FORMAT_VERSION:
+        raise RunFolderError(f"cannot resume {folder}: it was written in run-folder format {version}, this version "
+                             f"continues format {FORMAT_VERSION}: start the run again in a new folder (the old one "
+                             f"still plots: `python -m python_algos plot {shlex.quote(folder)}`)")
 
 
 def api_config_record(algorithm: str, hparams: dict, executor: str, setup: Mapping[str, Any]) -> dict:
@@ -119,12 +134,6 @@ def metrics_row(round_: int, *, wall_time: float, elapsed: float, prox_time: flo
 def write_metrics(out_dir: str, rows: Sequence[dict]) -> None:
     """``out_dir/metrics.jsonl`` replaced by ``rows`` (round 0 first), atomically."""
     write_jsonl(os.path.join(out_dir, METRICS), rows)
-
-
-def append_metrics_row(f, row: dict) -> None:
-    """One more row on the open (``"a"``) ``metrics.jsonl`` file ``f``; a kill mid-line leaves a torn
-    last line, which :func:`~.files.read_metrics` skips."""
-    append_row(f, row)
 
 
 # --------------------------------------------------------------------------- summary.json
