@@ -284,20 +284,19 @@ def _restore(snap: dict, setup: dict, state, rng, cs, rounds):
     return saved, int(snap["round"])
 
 
-def checkpoint_to_resume(path: Optional[str], resume: bool, *, setting: str = "resume",
-                         path_setting: str = "checkpoint") -> Optional[dict]:
+def checkpoint_to_resume(path: Optional[str], resume: bool) -> Optional[dict]:
     """The server checkpoint a run continues from: None for a fresh run (``resume`` false), else the
     snapshot at ``path``. ``resume`` true with no checkpoint there is refused (ValueError naming the
-    path and both settings) instead of silently starting a new run: a mistyped path would otherwise
-    redo every round and overwrite the nodes' saved states."""
+    path and both settings, as the apps' run configs call them) instead of silently starting a new run:
+    a mistyped path would otherwise redo every round and overwrite the nodes' saved states."""
     if not resume:
         return None
     if not path:
-        raise ValueError(f"{setting}=true needs the server checkpoint to continue from: set {path_setting} to its "
-                         f"file (it is empty)")
+        raise ValueError("resume=true needs the server checkpoint to continue from: set checkpoint to its file "
+                         "(it is empty)")
     if not os.path.isfile(path):
-        raise ValueError(f"{setting}=true: no server checkpoint at {path_setting}={path!r} (no such file); give the "
-                         f"path the stopped run wrote its checkpoint to, or set {setting}=false to start a new run")
+        raise ValueError(f"resume=true: no server checkpoint at checkpoint={path!r} (no such file); give the path "
+                         f"the stopped run wrote its checkpoint to, or set resume=false to start a new run")
     return load_server_checkpoint(path)
 
 
