@@ -130,7 +130,7 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
                 continue
             answered.add(nid)
             if r.has_error() or "hello" not in r.content:
-                errors.append(_not_ours(nid) if not r.has_error() or HELLO_UNKNOWN in r.error.reason
+                errors.append(NOT_OURS.format(nid) if not r.has_error() or HELLO_UNKNOWN in r.error.reason
                               else f"node {nid}: {r.error.reason}")
             else:
                 cid = _hello_client(r, nid, fp, n, nodes)
@@ -151,14 +151,10 @@ def handshake(grid, fp: dict, n: int, connect_timeout: float, timeout: float, re
 
 
 HELLO_UNKNOWN = "registered with name 'hello'"  # what a Flower ClientApp without our handler answers
-
-
-def _not_ours(nid: int) -> str:
-    """Why node ``nid``'s reply to the handshake is not one of ours: its ClientApp is the user's own."""
-    return (f"node {nid} runs a ClientApp that is not python_algos' (it has no handler for the handshake "
-            f"'query.hello'): the server runs an algorithm whose client program must run on the nodes; build "
-            f"the ClientApp with python_algos.deploy.flower.client_app(algorithm, model_fn, loss_fn, load_data, "
-            f"...) from your model and data loader (docs/flower.md)")
+NOT_OURS = ("node {} runs a ClientApp that is not python_algos' (it has no handler for the handshake 'query.hello'): "
+            "the server runs an algorithm whose client program must run on the nodes; build the ClientApp with "
+            "python_algos.deploy.flower.client_app(algorithm, model_fn, loss_fn, load_data, ...) from your model and "
+            "data loader (docs/flower.md)")  # why a node's reply to the handshake is not one of ours
 
 
 def _hello_client(r, nid: int, fp: dict, n: int, nodes: dict) -> int:
