@@ -9,7 +9,7 @@ A run folder holds:
 
 =====================  ======================================================================
 ``config.json``        the settings of the run (the resolved ``Config`` of the command line; what
-                       ``simulate`` knew plus ``"api_run": true`` for :meth:`History.save`)
+                       ``simulate`` knew plus ``"api_run": true`` for :meth:`History.save`), ``format_version``
 ``partition.json``     client sizes and per-client label histograms (command line only)
 ``metrics.jsonl``      one JSON object per round (round 0 = the starting point): §3 metrics,
                        timings, communication, test accuracy; non-finite numbers as null
