@@ -265,8 +265,8 @@ def load_libsvm(path: str, n_features: Optional[int] = None, sparse: bool = Fals
     if not os.path.isfile(path):
         raise DataNotFoundError(f"LIBSVM file {path} does not exist")
     labels, rows, cols, vals = [], [], [], []
-    with _open(path) as f:
-        for lineno, raw in enumerate(io.TextIOWrapper(f, encoding="utf-8"), 1):
+    with _open(path) as f, io.TextIOWrapper(f, encoding="utf-8") as text:
+        for lineno, raw in enumerate(text, 1):
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
