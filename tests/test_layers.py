@@ -208,7 +208,7 @@ MAX_FUNCTION_LINES = 80  # a function's body, docstring included (the developers
 # lower it as the remaining item-7 deletions (label maps, one folder format, build.py's trial rebuilds) land.
 # runfolder/: 2050 + 31 for issue 38 item 5's one rule of a run that went wrong (records.run_warning, RunWarning),
 # which summary.json, the tables and simulate's warning all read, so it sits below them in the run records.
-LINE_BUDGETS = {"python_algos/simulate.py": 480, "python_algos/runfolder": 2081, "python_algos/deploy": 2190,
+LINE_BUDGETS = {"python_algos/simulate.py": 480, "python_algos/runfolder": 2081, "python_algos/deploy": 2050,
                 "python_algos/experiments": 9228}
 
 
