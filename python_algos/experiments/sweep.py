@@ -587,9 +587,8 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
               select: Optional[str] = "f_plus_h", resume: bool = False, tensorboard: bool = False,
               progress: bool = True, figures: Optional[dict] = None, log: Callable[[str], None] = print,
               replace: bool = False) -> dict:
-    """Run (or with ``resume=True`` finish) the sweep in ``out_dir`` (a random search's:
-    :func:`~.optuna_search.run_study` continues it); returns ``{"table", "points", "best", "skipped",
-    "select", "metric_step"}``. Raises :class:`SweepInterrupted` on Ctrl-C (after
+    """Run (or with ``resume=True`` finish) the sweep in ``out_dir``; returns ``{"table", "points",
+    "best", "skipped", "select", "metric_step"}``. Raises :class:`SweepInterrupted` on Ctrl-C (after
     writing the summary). ``select=None``: the sweep's own (a resumed sweep: what it was started
     with; f_plus_h for a new one). Every point measures ‖G_s‖² at one s (:func:`sweep_metric_step`),
     recorded in ``sweep.json`` (its config's ``metric_step``) and kept on resume. ``progress``: one
@@ -601,11 +600,9 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
     check_select_and_jobs(select, jobs)
     if resume:
         saved = read_sweep(out_dir)
-        if "optuna" in saved:  # a random search: its trials continue (optuna_search.py)
-            from .optuna_search import run_study
-
-            return run_study(None, None, None, None, out_dir=out_dir, jobs=jobs, select=select, resume=True,
-                             tensorboard=tensorboard, log=log)
+        if "optuna" in saved:  # a random search resumes through its own module (the CLI dispatches)
+            raise RunFolderError(f"{out_dir} holds a random search: resume it with optuna_search.run_study(..., "
+                                 f"resume=True) or `sweep --resume {out_dir}`")
         select = select or saved.get("select") or "f_plus_h"
         cfg, algorithms, grid = saved["config"], saved["algorithms"], saved["grid"]
         seeds, reseed_data, alg_opts = saved["seeds"], saved["reseed_data"], saved.get("alg_opts") or {}

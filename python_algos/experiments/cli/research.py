@@ -161,6 +161,9 @@ def _run_points(cmd: SweepCommand, out: str, kw: dict, opts: dict, figures: dict
                          out_dir=out, jobs=opts["jobs"] or 1, select=select or "f_plus_h",
                          tensorboard=tensorboard, figures=figures, replace=replace_requested(cmd),
                          **{k: v for k, v in kw.items() if k != "grid"})
+    if kw.get("resume") and "optuna" in read_sweep(out):  # a random search: its trials continue
+        return run_study(None, None, None, None, out_dir=out, jobs=opts["jobs"] or 1, select=select,
+                         resume=True, tensorboard=tensorboard)
     return run_sweep(out_dir=out, jobs=opts["jobs"] or 1, select=select, tensorboard=tensorboard,
                      progress=not cmd.no_progress, figures=None if kw.get("resume") else figures,
                      replace=False if kw.get("resume") else replace_requested(cmd), **kw)
