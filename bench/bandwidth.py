@@ -213,6 +213,39 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# (vendor, family, lowest model, highest model) -> core generation, for CPUs whose model name does not
+# say it (a VM's "AMD EPYC"): the tables of different days are then comparable by microarchitecture.
+_MICROARCHITECTURES = [
+    ("AuthenticAMD", 0x17, 0x00, 0x2F, "Zen / Zen+"), ("AuthenticAMD", 0x17, 0x30, 0xFF, "Zen 2"),
+    ("AuthenticAMD", 0x19, 0x00, 0x0F, "Zen 3"), ("AuthenticAMD", 0x19, 0x10, 0x1F, "Zen 4"),
+    ("AuthenticAMD", 0x19, 0x20, 0x5F, "Zen 3"), ("AuthenticAMD", 0x19, 0x60, 0xAF, "Zen 4"),
+    ("AuthenticAMD", 0x1A, 0x00, 0xFF, "Zen 5"),
+    ("GenuineIntel", 6, 0x55, 0x55, "Skylake-SP / Cascade Lake"), ("GenuineIntel", 6, 0x6A, 0x6C, "Ice Lake-SP"),
+    ("GenuineIntel", 6, 0x8F, 0x8F, "Sapphire Rapids"), ("GenuineIntel", 6, 0xCF, 0xCF, "Emerald Rapids"),
+    ("GenuineIntel", 6, 0xAD, 0xAE, "Granite Rapids"),
+]
+
+
+def cpu_microarchitecture() -> str:
+    """The core generation from /proc/cpuinfo's vendor, family and model ("Zen 5"), else "family F model M"
+    ("" where /proc/cpuinfo is unavailable)."""
+    fields = {}
+    for line in (_read("/proc/cpuinfo") or "").splitlines():
+        key, _, value = line.partition(":")
+        if not key.strip():
+            break  # the first CPU's block only
+        fields.setdefault(key.strip(), value.strip())
+    try:
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return ""
+    vendor = fields.get("vendor_id", "")
+    for v, f, lo, hi, name in _MICROARCHITECTURES:
+        if v == vendor and f == family and lo <= model <= hi:
+            return name
+    return f"family {family} model {model}"
+
+
 def _cpu_flags() -> list:
     text = _read("/proc/cpuinfo") or ""
     for line in text.splitlines():
@@ -277,6 +310,7 @@ def machine_info() -> dict:
     info = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpu_model": _cpu_model(),
+        "microarchitecture": cpu_microarchitecture(),
         "cpu_flags": _cpu_flags(),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
@@ -303,8 +337,9 @@ def machine_line(info: dict) -> str:
     """One line for a table caption."""
     caches = ", ".join(f"{k} {v}" for k, v in info.get("caches", {}).items())
     fkinfo = info.get("fedkernels", {})
+    arch = info.get("microarchitecture")
     parts = [
-        info["cpu_model"],
+        info["cpu_model"] + (f" ({arch})" if arch and arch not in info["cpu_model"] else ""),
         f"{info['usable_cpus']} usable CPUs" + (f" ({caches})" if caches else ""),
         f"{info['mem_total_gib']} GiB RAM" if info.get("mem_total_gib") else None,
         f"torch {info['torch']} ({info['torch_threads']} threads)",

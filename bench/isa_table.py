@@ -268,7 +268,8 @@ def render_markdown(res: dict) -> str:
     threads = sorted({r["threads"] for r in res["rows"]})
     head = [f"{v}{'*' if v == picked else ''}, {t} thr" for t in threads for v in variants + [TWIN]]
     lines = [
-        f"Machine: {machine_line(res['machine'])}. CPU flags: "
+        f"Machine: {machine_line(res['machine'])}; prox variant {res['picked']} "
+        f"({res['machine']['fedkernels'].get('cpu_isa_source', '?')}); measured {res['machine']['date']}. CPU flags: "
         f"{', '.join(res['machine']['cpu_flags']) or 'none of note'}.",
         _load_line(res),
         f"{res['dtype']}, {res['numel']:,} values per buffer, {STAT_WORDS[res['stat']]} of {res['rounds']} calls "
