@@ -34,6 +34,7 @@ from ..runfolder.signals import stop_signals_held  # a change to the study is ne
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .compare import finished_run
 from .config import Config
+from .prepare import check_algorithm_names, prepare_run
 from .seeds import seed_configs
 from .sweep import (
     SELECT,
@@ -51,6 +52,7 @@ from .sweep import (
     parse_keyed,
     plan_point,
     point_name,
+    read_sweep,
     run_status,
     summarize,
     sweep_metric_step,
@@ -162,8 +164,6 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
     optuna = _optuna()
     check_select_and_jobs(select, jobs)
     if resume:
-        from .sweep import read_sweep
-
         saved = read_sweep(out_dir)
         cfg, algorithms, space, trials = saved["config"], saved["algorithms"], saved["space"], saved["optuna"]
         seeds, reseed_data, alg_opts = saved["seeds"], saved["reseed_data"], saved.get("alg_opts") or {}
@@ -230,8 +230,6 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
 
 def _check_new_study(cfg: Config, algorithms: Sequence[str], space: dict, trials) -> None:
     """The checks of a new search's settings (each error names its flag), before anything is written."""
-    from .prepare import check_algorithm_names
-
     check_algorithm_names(algorithms)
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ValueError(f"--optuna {trials}: must be an integer >= 1 (trials per algorithm)")
@@ -251,8 +249,6 @@ def _start_study(cfg: Config, algorithms, space: dict, trials: int, seeds: list,
     """The base config of a new search (one torch thread per run, one s for every trial), checked on
     one run's data, model and folder, then recorded in ``sweep.json`` with ``record`` as the search's
     folder is started (``replace``: emptied of the old one); returns it."""
-    from .prepare import prepare_run
-
     if cfg.threads is None:
         cfg = cfg.replace(threads=1)  # one thread per run: the parallelism is the --jobs processes
     lows = {k: d["choices"] if d["kind"] == "choice" else [d["low"]] for k, d in space.items()}

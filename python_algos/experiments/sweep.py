@@ -53,6 +53,7 @@ and end with the same :func:`summarize`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -67,6 +68,7 @@ import time
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..algorithms.registry import algorithm_entry
 from ..runfolder.files import RunFolderError, read_json_object, write_json, write_text_atomically
 from ..runfolder.folder import check_group_start, open_group_folder
 from ..runfolder.progress import human_time
@@ -75,10 +77,15 @@ from ..runfolder.signals import STOP_SIGNALS, exit_code
 from ..system import processes
 from ..system.lock import folders_locked, lock_folder
 from .aggregate import SEED_DIR, final_stats, stats_cell
+from .build import build_algorithm, build_run_regularizer, hparam_error
 from .compare import finished_run  # completed at the rounds asked, or diverged: never run again
-from .config import Config
+from .config import PARTITION_KEYS, Config, ConfigError, check_given
+from .config import flag as setting_flag
+from .prepare import check_algorithm_names, prepare_run
+from .run import Interrupted, execute_run
 from .seeds import seed_configs
-from .tables import column_name, status_cell, warning_notes
+from .tables import column_name, format_table, status_cell, warning_notes
+from .tensorboard import write_events
 from .values import parse_value
 
 __all__ = ["parse_grid_values", "parse_grid", "plan_sweep", "run_sweep", "SweepInterrupted", "SELECT",
@@ -177,16 +184,10 @@ def parse_grid(items) -> Dict[str, list]:
 
 
 def _hparams(algorithm: str) -> List[str]:
-    import dataclasses
-
-    from ..algorithms.registry import algorithm_entry
-
     return [f.name for f in dataclasses.fields(algorithm_entry(algorithm).cls)]
 
 
 def _settings() -> set:
-    import dataclasses
-
     return {f.name for f in dataclasses.fields(Config)}
 
 
@@ -197,8 +198,6 @@ def _fed_by_setting(algorithm: str, name: str) -> bool:
     """Whether hyper-parameter ``name`` of ``algorithm`` is set by the run setting of the same name
     (``lr`` and ``local_steps`` feed the algorithm through its ``from_lr`` map): then the two are
     one thing and a bare key is unambiguous. Detected by mapping distinctive probe values."""
-    from ..algorithms.registry import algorithm_entry
-
     probe = {"lr": 0.123456789, "local_steps": 7}
     if name not in probe:
         return False
@@ -288,16 +287,12 @@ def _hparams_text(algorithms) -> str:
 
 
 def _check_bare(k: str, algorithms: Sequence[str], flag: str) -> None:
-    from .config import flag as setting_flag
-
     owners = [a for a in algorithms if k in _hparams(a)]
     if k not in _settings() and not owners:
         raise ValueError(f"{flag} {k}: neither a run setting nor a hyper-parameter of {', '.join(algorithms)} "
                          f"(hyper-parameters: {_hparams_text(algorithms)})")
     both = [a for a in owners if k in _settings() and not _fed_by_setting(a, k)]
     if both:
-        from .config import PARTITION_KEYS
-
         read_by = (f", read by --partition {' or '.join(PARTITION_KEYS[k])}" if k in PARTITION_KEYS else "")
         qualified = " or ".join(f"{flag} {a.lower()}.{k}=..." for a in both)
         raise ValueError(
@@ -327,8 +322,6 @@ def check_swept_settings(cfg: Config, values: Dict[str, list], algorithms: Seque
     values, or a range's ends): a swept ``lr=-1`` is refused as ``--lr -1`` is, naming
     ``FLAG KEY=VALUE``, before anything is written; and a partition setting that no swept partition
     reads (``eta`` under ``--partition iid``) is refused, as its flag is: every point would be the same run."""
-    from .config import ConfigError, check_given
-
     swept = {}
     for k, vals in values.items():
         meanings = {key_meaning(k, a) for a in algorithms} - {None}
@@ -345,8 +338,6 @@ def check_swept_settings(cfg: Config, values: Dict[str, list], algorithms: Seque
 
 
 def _partition_reads(name: str, partition, value) -> bool:
-    from .config import ConfigError, check_given
-
     try:
         check_given({"partition": partition, name: value})
         return True
@@ -377,8 +368,6 @@ def point_step(cfg: Config) -> float:
     step (what a sweep written before sweeps had one s left to each point)."""
     if cfg.metric_step is not None:
         return float(cfg.metric_step)
-    from .build import build_algorithm
-
     return float(build_algorithm(cfg).metric_step())
 
 
@@ -405,8 +394,6 @@ def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict
     """One point: ``{"algorithm", "point", "name", "config": Config | None, "skip": reason | None}``;
     a point whose settings or algorithm break a rule has ``config = None`` and the rule in ``skip``.
     The point's keys are sweep keys (:func:`key_meaning`)."""
-    from .build import build_algorithm, build_run_regularizer, hparam_error
-
     meant = {k: key_meaning(k, algorithm) for k in point}
     opts = dict((alg_opts or {}).get(algorithm, {}))
     opts.update({m[1]: point[k] for k, m in meant.items() if m is not None and m[0] == "hparam"})
@@ -511,9 +498,6 @@ def run_point(task: dict) -> dict:
 
 
 def _run_point(task: dict) -> dict:
-    from .prepare import prepare_run
-    from .run import Interrupted, execute_run
-
     d, cfg = task["dir"], Config.from_dict(task["config"])
     if _STOP is not None and _STOP.is_set():
         return {"dir": d, "status": "not started", "message": None}
@@ -543,8 +527,6 @@ def _run_point(task: dict) -> dict:
         if in_worker:
             _ignore_stop_signals()
     if task.get("tensorboard") and os.path.isfile(os.path.join(d, METRICS)):
-        from .tensorboard import write_events
-
         write_events(d)
     return {"dir": d, "status": status, "message": message}
 
@@ -608,8 +590,6 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
         seeds, reseed_data, alg_opts = saved["seeds"], saved["reseed_data"], saved.get("alg_opts") or {}
         figures = saved.get("figures")
     else:
-        from .prepare import check_algorithm_names
-
         select = select or "f_plus_h"
         check_algorithm_names(algorithms)
         check_group_start(out_dir, SWEEP_RECORDS, replace, how_to_resume=sweep_resume_command(out_dir))
@@ -632,8 +612,6 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
     steps = {point_step(p["config"]) for p in plans if p["config"] is not None}
     check_one_step(steps, select, out_dir)  # a sweep.json from before one s per sweep: before anything is run
     if not resume:  # data, model and folder checks of one run before anything is written
-        from .prepare import prepare_run
-
         prepare_run(Config.from_dict(tasks[0]["config"]), tasks[0]["dir"], replace=replace)
         open_group_folder(out_dir, SWEEP_FILE, {
             "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": grid, "seeds": seeds,
@@ -894,8 +872,6 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
     ``summary.json``, ``notes`` (lines) below the table (a random search's trials). ``failed``: run
     folder -> why its worker process died (:attr:`Workers.failed`); those runs are ``failed``, listed
     with the reason in ``summary.json`` (``failed``) and below the table, and a resume runs them again."""
-    from .compare import format_table
-
     metric, better = SELECT[select]
     points, skipped = [], []
     for p in plans:
