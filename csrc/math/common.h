@@ -37,6 +37,26 @@ FK_HD uint32_t float_to_bits(float f) {
 #endif
 }
 
+FK_HD uint64_t double_to_bits(double f) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double_as_longlong(f));
+#else
+  uint64_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+
+FK_HD double bits_to_double(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
 FK_HD float bits_to_float(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
