@@ -24,6 +24,7 @@ holds a checkpoint resumes from it, so the job finishes with the uninterrupted r
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import signal
@@ -31,10 +32,14 @@ import sys
 from typing import Optional, Sequence
 
 import torch
+import torch.distributed as dist  # loaded with process_group, which the module imports anyway
 
 from ..clients import process_group
 from ..runfolder import checkpoint as ckpt
+from ..runfolder.signals import exit_code, signal_of
 from ..system import processes
+from ..system.lock import lock_folder
+from .device import resolve_device
 
 __all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "agree", "barrier", "restarting",
            "executor_for", "workers_command", "run_workers", "ShardedCheckpointer", "SingleFileCheckpointer",
@@ -61,8 +66,6 @@ def restarting() -> bool:
 def join(device: str = "cpu") -> None:
     """Join the job's process group now (under torchrun; nothing otherwise)."""
     if distributed():
-        from .device import resolve_device
-
         resolve_device(device)  # --device cuda without a GPU: the flag's error, not one from set_device
         dev = torch.device("cuda") if str(device).startswith("cuda") or (
             device == "auto" and torch.cuda.is_available()) else torch.device("cpu")
@@ -74,8 +77,6 @@ def agree_on(value, device: str = "cpu"):
     if not distributed():
         return value
     join(device)
-    import torch.distributed as dist
-
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
@@ -84,8 +85,6 @@ def agree_on(value, device: str = "cpu"):
 def barrier() -> None:
     """Wait for every rank (under torchrun; nothing otherwise)."""
     if distributed() and world_size() > 1:
-        import torch.distributed as dist
-
         dist.barrier()
 
 
@@ -101,8 +100,6 @@ def first_message(message: Optional[str]) -> Optional[str]:
     """The first rank's non-None ``message`` on every rank (None if none has one)."""
     if not distributed() or world_size() == 1:
         return message
-    import torch.distributed as dist
-
     got = [None] * world_size()
     dist.all_gather_object(got, message)
     return next((m for m in got if m is not None), None)
@@ -117,10 +114,6 @@ def finish(ok: bool = True) -> None:
     instead of exiting with its own error. ``ok``: every rank got here normally; after an error
     (often raised on every rank, see :func:`agree`) a rank waits at most :data:`FINISH_WAIT`
     seconds (gloo), then leaves anyway (a peer may be gone or stuck)."""
-    import datetime
-
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         if dist.get_world_size() > 1:
             try:
@@ -139,8 +132,6 @@ def leave_interrupted(code: int = 130) -> None:
     group can be waited for (torchrun would kill the rank after its grace period); the run's files
     are already complete (atomic writes), and exiting closes the connections, which releases the
     peers. Outside a job of several ranks: leave the group (if any) normally and return."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -190,9 +181,6 @@ def run_workers(argv: Sequence[str], workers: int, out: Optional[str]) -> int:
     torchrun and every process under it are killed. ``out`` (a folder that exists) is locked for
     the command's lifetime (:func:`~python_algos.system.lock.lock_folder`): the ranks, below
     this command, use it; another command is refused."""
-    from ..runfolder.signals import exit_code, signal_of
-    from ..system.lock import lock_folder
-
     if out is not None and os.path.isdir(out):
         lock_folder(out)
     env = dict(os.environ)
