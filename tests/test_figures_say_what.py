@@ -67,3 +67,13 @@ def test_the_best_cell_of_a_heat_map_says_best():
         assert texts["0.5\nbest"] == "bold" and "1" in texts and not any("best" in t for t in texts if t != "0.5\nbest")
     finally:
         plt.close(fig)
+
+
+def test_the_step_in_use_is_recorded_when_the_algorithm_chose_it(tmp_path):
+    from python_algos.algorithms.registry import build
+
+    out = str(tmp_path / "d")
+    cfg = tiny(rounds=1)
+    run_experiment(cfg, out, progress=False, log=quiet)
+    want = build(cfg.algorithm, cfg.lr, cfg.local_steps, cfg.alg_opts).metric_step()
+    assert cfg.metric_step is None and plotting.load_run(out)["summary"]["metric_step"] == want

@@ -367,5 +367,6 @@ def _summary(prep: PreparedRun, label: str, status: str, initial: dict, rows: li
         resume_command=flower_resume_command(prep.out_dir), engine="flower", process_seconds=got.seconds,
         dataset=prep.fed.dataset.source, partition=cfg.partition,
         world_size=n + 1,  # the server and one node per client
-        threads=cfg.threads or 1, last_checkpoint_round=int(saved["round"]) if saved is not None else None,
+        threads=cfg.threads or 1, metric_step=alg.metric_step() if cfg.metric_step is None else cfg.metric_step,
+        last_checkpoint_round=int(saved["round"]) if saved is not None else None,
         nodes={str(k): v for k, v in got.result["nodes"].items()} if got.result is not None else None)

@@ -273,6 +273,7 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         process_seconds=run_seconds, dataset=ds.source, partition=cfg.partition,
         world_size=hist.world_size if hist is not None else launch.world_size(),
         threads=hist.threads if hist is not None else cfg.threads,
+        metric_step=algorithm.metric_step() if cfg.metric_step is None else cfg.metric_step,
         last_checkpoint_round=last_ckpt)
     if executor == "distributed":
         summary["inner_executor"] = cfg.executor
