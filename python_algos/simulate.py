@@ -242,7 +242,8 @@ def simulate(
             data before the first round (:mod:`python_algos.clients.probe`: a loss that is not a mean of
             per-sample losses is refused with minibatches).
         clients: one client each: an ``(X, y)`` pair of tensors, a ``Dataset`` or a ``DataLoader``
-            (:mod:`python_algos.clients.data`); floating-point data are cast to the model's dtype.
+            (:mod:`python_algos.clients.data`); floating-point data are cast to the model's dtype. Or a
+            :class:`~python_algos.clients.population.Population`: client i built on demand (docs/population.md).
         rounds: communication rounds T (DEPOSITUM: iterations).
         regularizer: h (a ``fedkernels`` Regularizer), or a mapping from parameter names or fnmatch
             patterns to Regularizers or None, one penalty per parameter (``fk.PerParameter``'s rules;

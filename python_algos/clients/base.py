@@ -225,6 +225,8 @@ class ClientSet(abc.ABC):
                 out[name] = v.get_state()
             elif isinstance(v, (list, tuple)) and v and all(isinstance(g, torch.Generator) for g in v):
                 out[name] = [g.get_state() for g in v]
+            elif hasattr(v, "touched_states"):  # generators created when first used (population.LazyGenerators)
+                out[name] = v.touched_states()
         return out
 
     def set_rng_state(self, states: dict) -> None:
@@ -233,6 +235,8 @@ class ClientSet(abc.ABC):
             v = getattr(self, name)
             if isinstance(v, torch.Generator):
                 v.set_state(st)
+            elif hasattr(v, "set_touched_states"):
+                v.set_touched_states(st)
             else:
                 if len(v) != len(st):
                     raise ValueError(f"{name}: {len(st)} saved generator states for {len(v)} generators")

@@ -187,6 +187,10 @@ class BatchedClients(ClientSet):
         self.dim = self.flat.numel
         self.dtype = self.flat.params.dtype
         self.device = self.flat.params.device
+        if hasattr(data, "make_client"):  # a population.Population: clients built on demand
+            raise ValueError("executor 'batched' cannot run these clients: a Population builds each client on "
+                             "demand, and vectorized passes need every client's samples in memory; use "
+                             "executor='sequential'")
         wrapped = [client_data(c, self.dtype, self.device) for c in data]
         lazy = next((i for i, c in enumerate(wrapped) if not isinstance(c, TensorData)), None)
         if lazy is not None:

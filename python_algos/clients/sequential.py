@@ -14,6 +14,7 @@ import fedkernels as fk
 
 from .base import ClientSet, client_generators
 from .data import LoaderData, TensorData, client_data
+from .population import PROBE_CLIENTS, LazyClients, LazyGenerators, Population
 from .probe import check_clients
 from .separable import separability, side_effect_free
 
@@ -28,7 +29,8 @@ class SequentialClients(ClientSet):
         loss_fn: ``loss_fn(model(X_batch), y_batch)`` -> scalar mean loss.
         data: one client each: an ``(X, y)`` pair of tensors, a ``Dataset`` (read lazily: a batch
             fetches only its own samples) or a ``DataLoader`` (its own batches; see
-            :mod:`python_algos.clients.data` for what that means for reproducibility).
+            :mod:`python_algos.clients.data` for what that means for reproducibility); or a
+            :class:`~python_algos.clients.population.Population`, whose clients are built on demand.
         batch_size: ``None`` (or >= a client's size) for full local gradients; otherwise each
             gradient call samples ``batch_size`` indices without replacement, using the client's
             own ``torch.Generator`` (seeded from ``seed`` and the client index).
@@ -69,11 +71,15 @@ class SequentialClients(ClientSet):
         self.dim = self.flat.numel
         self.dtype = self.flat.params.dtype
         self.device = self.flat.params.device
-        self.clients = [client_data(c, self.dtype, self.device) for c in data]
+        lazy = isinstance(data, Population)  # clients built on demand (only the ones a round or a pass reads)
+        self.clients = LazyClients(data, self.dtype, self.device) if lazy else \
+            [client_data(c, self.dtype, self.device) for c in data]
         self.num_clients = self.rows = len(self.clients)
         self.batch_size = None if batch_size is None else int(batch_size)
         self.chunk = int(chunk)
-        self.generators = client_generators(seed, self.num_clients, first_client)
+        self.generators = (LazyGenerators if lazy else client_generators)(seed, self.num_clients, first_client)
+        # the clients the start-up checks read: a population's first few (module population's docstring)
+        self.probed = [self.clients[i] for i in range(min(PROBE_CLIENTS, self.rows))] if lazy else self.clients
         self._params = [p for p in model.parameters() if p.requires_grad]  # FlatParams' order
         if [p.numel() for p in self._params] != list(self.flat.sizes):
             raise ValueError("flat must be fk.FlatParams(model) of this model")
@@ -81,7 +87,12 @@ class SequentialClients(ClientSet):
         self.coupled: Optional[str] = None  # why samples are coupled ("": they are not); probed when first needed
         self._scratch: Optional[torch.Tensor] = None
         if check_data:
-            check_clients(model, loss_fn, self.clients, self.batch_size, first_client)  # before the run starts
+            check_clients(model, loss_fn, self.probed, self.batch_size, first_client)  # before the run starts
+
+    def set_participation(self, clients_per_round, seed=0):
+        super().set_participation(clients_per_round, seed)
+        if isinstance(self.clients, LazyClients):  # a round's local steps reread its cohort: keep it built
+            self.clients.population.reserve(self.clients_per_round or 0)
 
     # -- client-local work ------------------------------------------------------------
     def gradients_(self, X, G, ids=None):
@@ -165,7 +176,7 @@ class SequentialClients(ClientSet):
     def _coupled(self) -> bool:
         """Whether the samples of a batch are coupled (decided once, before the first split)."""
         if self.coupled is None:
-            self.coupled = separability(self.model, self.loss_fn, self.clients).coupled
+            self.coupled = separability(self.model, self.loss_fn, self.probed).coupled
         return bool(self.coupled)
 
     def _piece_size(self, client) -> int:

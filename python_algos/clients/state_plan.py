@@ -226,8 +226,11 @@ def _store(v: torch.Tensor, backend: str, folder: Optional[str], field: str) -> 
 
 def _data_bytes(cs) -> int:
     """Bytes of the clients' tensors held by ``cs`` (each storage once: clients may share one)."""
+    clients = getattr(cs, "clients", ())
+    if hasattr(clients, "nbytes_estimate"):  # a population's (population.LazyClients): its cache, never all N
+        return clients.nbytes_estimate()
     storages = {}
-    for c in getattr(cs, "clients", ()):
+    for c in clients:
         for t in (getattr(c, "X", None), getattr(c, "y", None)):
             if isinstance(t, torch.Tensor):
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()

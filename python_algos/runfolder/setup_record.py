@@ -107,7 +107,10 @@ def _client_tensors(client) -> Optional[tuple]:
 def fingerprint_clients(clients) -> dict:
     """``{"samples": [n_i, ...], "content": hex}``: per-client sample counts (None: a DataLoader
     whose dataset has no length) and a hash of every client's kind, length and, for tensor
-    clients, data."""
+    clients, data. A ``Population`` gives its own record (``Population.fingerprint``: N, its recipe and a
+    hash of a few sampled clients), never reading every client."""
+    if callable(getattr(clients, "fingerprint", None)):
+        return clients.fingerprint()
     h = hashlib.blake2b(digest_size=8)
     samples = []
     for c in clients:
@@ -219,6 +222,9 @@ def run_setup(*, model: nn.Module, loss_fn, clients, regularizer, batch_size, se
 
 
 def _show(key: str, v) -> str:
+    if key == "clients" and isinstance(v, dict) and "population" in v:
+        return (f"a population of {v['population']} clients built by {v.get('recipe')}, content hash "
+                f"{v.get('content')} (of clients {v.get('sampled')})")
     if key == "clients" and isinstance(v, dict):
         s = v.get("samples") or []
         shown = ", ".join(str(n) for n in s[:8]) + (f", ... ({len(s)} clients)" if len(s) > 8 else "")

@@ -1,0 +1,176 @@
+"""Client data as a population (python_algos/clients/population.py): a population run equals the run on
+the materialised list bit for bit; only the cohorts' clients (and the few the start-up probe reads) are
+built; a NaN in a client built on demand is refused naming it; the resume fingerprint tells populations
+apart; 10^6 clients run in a few seconds without their data in memory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from python_algos import simulate
+from python_algos.algorithms import SCAFFOLD, FedAvg
+from python_algos.clients import client_generators
+from python_algos.clients.population import PROBE_CLIENTS, LazyGenerators, Population, SparseLogistic
+from python_algos.runfolder import checkpoint as ckpt
+from python_algos.runfolder.callbacks import Checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GEN = SparseLogistic(seed=3, dim=12, samples=10, density=0.3, dtype=torch.float64)
+
+
+class Counted:
+    """make_client wrapper recording which clients were built (independent of the population's count)."""
+
+    def __init__(self, make):
+        self.make, self.ids = make, []
+        self.recipe = getattr(make, "recipe", None)
+
+    def __call__(self, i):
+        self.ids.append(i)
+        return self.make(i)
+
+
+def _run(clients, algorithm="scaffold", **kw):
+    torch.manual_seed(0)
+    model = nn.Linear(12, 1).double()
+    alg = SCAFFOLD(lr_local=0.1, local_steps=3) if algorithm == "scaffold" else FedAvg(lr_local=0.1, local_steps=2)
+    return simulate(alg, model, F.binary_cross_entropy_with_logits, clients, **{"rounds": 4, **kw})
+
+
+@pytest.mark.parametrize("case", [
+    dict(algorithm="scaffold", clients_per_round=7, batch_size=4),
+    dict(algorithm="scaffold", clients_per_round=7, batch_size=4, state="ram"),
+    dict(algorithm="scaffold", clients_per_round=7, state="ram", executor="auto"),
+    dict(algorithm="fedavg", batch_size=4),  # full participation: every round streams all clients
+    dict(algorithm="fedavg", participation=0.2, batch_size=None),
+])
+def test_a_population_run_equals_the_run_on_the_materialised_list(case):
+    n = 70  # >= AUTO_MIN_CLIENTS: "auto" considers the batched executor, which refuses a population
+    listed = _run([GEN(i) for i in range(n)], **{**case, "executor": "sequential"})
+    pop = Population(n, GEN, cache=3)  # smaller than a cohort: the executor raises it
+    lazy = _run(pop, **case)
+    assert lazy.executor == "sequential"
+    assert torch.equal(lazy.params, listed.params)
+    assert lazy.series("f+h") == listed.series("f+h") and lazy.initial["f"] == listed.initial["f"]
+    assert lazy.series("grad_map_sq") == listed.series("grad_map_sq")
+
+
+def test_the_batched_executor_refuses_a_population_naming_the_sequential_one():
+    with pytest.raises(ValueError, match="executor 'batched' cannot run these clients: a Population.*"
+                                         "executor='sequential'"):
+        _run(Population(40, GEN), executor="batched", clients_per_round=5)
+
+
+def test_only_the_cohorts_clients_are_built():
+    n, k, rounds = 1000, 5, 6
+    make = Counted(GEN)
+    h = _run(Population(n, make), clients_per_round=k, rounds=rounds, state="ram", metrics_every=0)
+    trained = set(torch.nonzero((h.state.c_i.to_dense() != 0).any(1))[:, 0].tolist())  # c_i moved: trained
+    assert 0 < len(trained) <= k * rounds
+    built = set(make.ids)
+    assert built <= trained | set(range(PROBE_CLIENTS)), sorted(built - trained)
+    assert trained <= built
+    # a cohort is built once per round, not once per local step (3 here): the cache holds it
+    assert len(make.ids) <= PROBE_CLIENTS + k * rounds
+
+
+def test_a_nan_in_a_client_built_on_demand_is_refused_naming_it():
+    def bad(i):
+        X, y = GEN(i)
+        if i == 17:
+            X[2, 5] = float("nan")
+        return X, y
+
+    with pytest.raises(ValueError, match=r"client 17: row 2 of its X holds a NaN"):
+        _run(Population(30, bad), algorithm="fedavg", metrics_every=0)
+
+
+def test_a_make_client_returning_no_data_is_refused_naming_the_client():
+    with pytest.raises(TypeError, match=r"client 2 \(make_client\(2\)\).*got str"):
+        _run(Population(30, lambda i: GEN(i) if i < 2 else "oops"), algorithm="fedavg", metrics_every=0)
+
+
+def test_lazy_generators_are_the_listed_ones():
+    listed = client_generators(5, 50, first_client=7)
+    lazy = LazyGenerators(5, 50, first_client=7)
+    for i in (0, 13, 49):
+        assert torch.equal(lazy[i].get_state(), listed[i].get_state())
+    assert sorted(lazy.touched_states()) == [0, 13, 49]
+
+
+def test_a_client_never_depends_on_n_and_builds_are_counted():
+    small, big = Population(10, GEN), Population(10**7, GEN)
+    for i in (0, 3, 9):
+        assert all(torch.equal(a, b) for a, b in zip(small[i], big[i]))
+    assert big.builds == 3
+    big[3]
+    assert big.builds == 3  # cached
+    assert not torch.equal(GEN(0)[0], SparseLogistic(seed=4, dim=12, samples=10, density=0.3)(0)[0].double())
+    with pytest.raises(IndexError, match="client 10 is not in the population of 10 clients"):
+        small[10]
+
+
+def test_a_population_resumes_bit_identically_and_refuses_another_population(tmp_path):
+    n, kw = 60, dict(clients_per_round=6, batch_size=4, rounds=5, state="ram")
+    full = _run(Population(n, GEN), **kw)
+    _run(Population(n, GEN), **kw, callbacks=[lambda t, s, m: t == 3, Checkpoint(ckpt.Checkpointer(tmp_path / "c"), 2)])
+    snap = ckpt.load(tmp_path / "c")
+    assert snap["round"] == 2 and len(snap["client_rng"]["generators"]) <= 2 * 6  # the touched generators only
+    resumed = _run(Population(n, GEN), **kw, resume=snap)
+    assert torch.equal(resumed.params, full.params)
+    assert resumed.series("f+h") == full.series("f+h")[2:]
+    other_n = Population(n + 1, GEN)
+    other_recipe = Population(n, SparseLogistic(seed=4, dim=12, samples=10, density=0.3, dtype=torch.float64))
+    for other in (other_n, other_recipe):
+        with pytest.raises(ValueError, match="clients.*population of"):
+            _run(other, **kw, resume=ckpt.load(tmp_path / "c"))
+
+
+def test_the_fingerprint_sees_n_recipe_and_sampled_data_but_not_unsampled_data():
+    def edited(i):  # client 1 is not sampled, client 0 is
+        X, y = GEN(i)
+        return (X + 1, y) if i in (1, 0) else (X, y)
+
+    base = Population(30, GEN, recipe="r").fingerprint()
+    assert Population(30, GEN, recipe="r").fingerprint() == base
+    assert Population(31, GEN, recipe="r").fingerprint()["content"] != base["content"]
+    assert Population(30, GEN, recipe="r2").fingerprint()["content"] != base["content"]
+    assert Population(30, edited, recipe="r").fingerprint()["content"] != base["content"]
+    assert 1 not in base["sampled"]  # what it cannot see: a change confined to unsampled clients
+
+
+def test_a_million_clients_run_without_their_data_in_memory():
+    """SCAFFOLD, N = 10^6 a9a-sized clients (~25 kB each: 25 GB as a list), cohort 10, 3 rounds, state='ram'."""
+    code = textwrap.dedent("""
+        import resource, time, torch
+        import torch.nn.functional as F
+        from torch import nn
+        from python_algos import simulate
+        from python_algos.algorithms import SCAFFOLD
+        from python_algos.clients.population import Population, SparseLogistic
+        torch.manual_seed(0)
+        model = nn.Linear(123, 1)
+        pop = Population(10**6, SparseLogistic(seed=0))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t = time.perf_counter()
+        h = simulate(SCAFFOLD(lr_local=0.1, local_steps=2), model, F.binary_cross_entropy_with_logits, pop,
+                     rounds=3, clients_per_round=10, state="ram", metrics_every=0)
+        grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+        print(pop.builds, grew, time.perf_counter() - t, h.state.c_i.rows_written)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    builds, grew, seconds, written = out.stdout.split()
+    assert int(builds) <= PROBE_CLIENTS + 30 and 0 < int(written) <= 30
+    per_client = sum(t.untyped_storage().nbytes() for t in SparseLogistic(seed=0)(0))
+    assert int(grew) < 0.02 * 10**6 * per_client, (grew, per_client)  # far below N x data (~25 GB)
+    assert float(seconds) < 20
