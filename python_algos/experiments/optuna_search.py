@@ -29,7 +29,7 @@ import os
 from typing import Callable, Dict, Optional, Sequence
 
 from ..runfolder.folder import check_group_start, open_group_folder
-from ..runfolder.records import SUMMARY, read_summary, run_folder_name
+from ..runfolder.records import run_folder_name
 from ..runfolder.signals import stop_signals_held  # a change to the study is never cut in two by a stop
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .compare import finished_run
@@ -44,7 +44,6 @@ from .sweep import (
     SweepInterrupted,
     Workers,
     check_keys,
-    check_one_step,
     check_select_and_jobs,
     check_swept_settings,
     keys_of,
@@ -171,8 +170,6 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
             raise ValueError(f"--select {select}: the random search in {out_dir} optimizes {saved['select']} (the "
                              f"value of its trials); resume it without --select, or start another")
         select = saved["select"]
-        if cfg.metric_step is None:  # a search from before one s per sweep: its runs' s may differ
-            check_one_step(_recorded_steps(out_dir), select, out_dir, search=True)
     else:
         select = select or "f_plus_h"
         _check_new_study(cfg, algorithms, space, trials)
@@ -185,7 +182,7 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
     storage = optuna.storages.RDBStorage(f"sqlite:///{os.path.abspath(os.path.join(out_dir, STUDY_FILE))}")
     log(f"random search: {len(algorithms)} algorithm(s) x {trials} trial(s) x {len(seeds)} seed(s); trials one after "
         f"another, each trial's seeds on {min(jobs, len(seeds))} process(es); TPE seeded from {seeds[0]}"
-        + (f"; ‖G_s‖² at s={cfg.metric_step:g} for every trial" if cfg.metric_step is not None else ""))
+        + f"; ‖G_s‖² at s={cfg.metric_step:g} for every trial")
     interrupted, cause = False, None
     plans, records = [], []
     with Workers(min(jobs, len(seeds)), log) as workers:
@@ -221,7 +218,7 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
                     plans.append(plan_point(cfg, a, point, alg_opts))
     result = summarize(out_dir, plans, seeds, select, interrupted, extra={"optuna": {
         "trials_per_algorithm": trials, "direction": direction, "metric": metric, "trials": records}},
-        notes=_trial_notes(records, trials, metric), failed=workers.failed)
+        notes=_trial_notes(records, trials, metric), failed=workers.failed, metric_step=cfg.metric_step)
     result["trials"] = records
     if interrupted:
         raise SweepInterrupted(out_dir, result["table"], cause)
@@ -263,17 +260,6 @@ def _start_study(cfg: Config, algorithms, space: dict, trials: int, seeds: list,
         **record, "seeds": seeds, "reseed_data": reseed_data, "alg_opts": alg_opts or {}}, SWEEP_RECORDS,
         replace=replace)
     return cfg
-
-
-def _recorded_steps(out_dir: str) -> list:
-    """The s (``grad_map_step``) of every run folder under ``out_dir`` whose summary records one."""
-    steps = []
-    for folder, _dirs, files in os.walk(out_dir):
-        if SUMMARY in files and folder != out_dir:
-            step = ((read_summary(folder) or {}).get("final") or {}).get("grad_map_step")
-            if isinstance(step, (int, float)):
-                steps.append(float(step))
-    return steps
 
 
 def _n_finished(optuna, study) -> int:

@@ -363,28 +363,6 @@ def sweep_metric_step(cfg: Config, values: Dict[str, list]) -> float:
     return float(smallest("lr", cfg.lr)) * int(smallest("local_steps", cfg.local_steps))
 
 
-def point_step(cfg: Config) -> float:
-    """The s a run of ``cfg`` measures ‖G_s‖² at: ``cfg.metric_step``, else its algorithm's own
-    step (what a sweep written before sweeps had one s left to each point)."""
-    if cfg.metric_step is not None:
-        return float(cfg.metric_step)
-    return float(build_algorithm(cfg).metric_step())
-
-
-def check_one_step(steps, select: str, out_dir: str, search: bool = False) -> None:
-    """``--select stationarity`` ranks ‖G_s‖² values: refuse when the points' ``steps`` (their s)
-    differ (a sweep.json written before sweeps measured every point at one s). ``search``: a random
-    search, whose --select cannot change."""
-    steps = sorted(set(steps))
-    if select == "stationarity" and len(steps) > 1 and steps[0] * (1 + 1e-12) < steps[-1]:
-        raise ValueError(f"--select stationarity: the points of {out_dir} measure ‖G_s‖² at different steps s "
-                         f"({steps[0]:g} to {steps[-1]:g}: each point its own, as sweeps did before they measured "
-                         f"every point at one s), and ‖G_s‖² depends on s, so the values do not compare; "
-                         + ("" if search else "select with --select f_plus_h or test_acc, or ")
-                         + f"run the {'search' if search else 'sweep'} again into a new --out (one s for every point: "
-                         f"--metric-step S, or by default the smallest lr·K of the {'space' if search else 'grid'})")
-
-
 def keys_of(algorithm: str, keys) -> list:
     """The keys (in order) that apply to ``algorithm``: run settings, and its own hyper-parameters."""
     return [k for k in keys if key_meaning(k, algorithm) is not None]
@@ -538,7 +516,8 @@ def _run_point(task: dict) -> dict:
 
 def read_sweep(out_dir: str) -> dict:
     """``OUT/sweep.json`` of the sweep in ``out_dir``, its config a :class:`Config`; RunFolderError if
-    absent or unreadable."""
+    absent or unreadable, or written before sweeps measured ‖G_s‖² at one s for every point (the one
+    check of an older sweep: no branch elsewhere continues one)."""
     lock_folder(out_dir)  # a resume: no other command in the folder meanwhile
     path = os.path.join(out_dir, SWEEP_FILE)
     if not os.path.isfile(path):
@@ -546,9 +525,13 @@ def read_sweep(out_dir: str) -> dict:
     d = read_json_object(path)  # a damaged file: RunFolderError naming the file and line
     try:
         d["config"] = Config.from_dict(d["config"])
-        return d
     except (KeyError, TypeError, ValueError) as e:
         raise RunFolderError(f"{path}: not a sweep written by `sweep` ({e})") from None
+    if d["config"].metric_step is None:
+        raise RunFolderError(f"cannot resume {out_dir}: it was written before sweeps measured ‖G_s‖² at one step s "
+                             f"for every point (its sweep.json records none), and this version continues only "
+                             f"those; run it again into a new --out (its runs still plot)")
+    return d
 
 
 def check_select_and_jobs(select: Optional[str], jobs) -> None:
@@ -609,8 +592,6 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
     if not tasks:
         raise ValueError("every point of the grid breaks a rule, nothing to run: "
                          + "; ".join(f"{p['algorithm']} {p['name']}: {p['skip']}" for p in plans))
-    steps = {point_step(p["config"]) for p in plans if p["config"] is not None}
-    check_one_step(steps, select, out_dir)  # a sweep.json from before one s per sweep: before anything is run
     if not resume:  # data, model and folder checks of one run before anything is written
         prepare_run(Config.from_dict(tasks[0]["config"]), tasks[0]["dir"], replace=replace)
         open_group_folder(out_dir, SWEEP_FILE, {
@@ -618,15 +599,14 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
             "reseed_data": reseed_data, "alg_opts": alg_opts or {}, "select": select, "figures": figures or {}},
             SWEEP_RECORDS, replace=replace)
     todo = [t for t in tasks if finished_run(t["dir"], t["config"]["rounds"]) is None]
-    step = steps.pop() if len(steps) == 1 else None
     log(f"sweep: {len(plans)} points ({sum(p['config'] is None for p in plans)} skipped) x {len(seeds)} seed(s) = "
-        f"{len(tasks)} runs, {len(tasks) - len(todo)} already finished; {len(todo)} to run on {jobs} process(es)"
-        + (f"; ‖G_s‖² at s={step:g} for every point" if step is not None else ""))
+        f"{len(tasks)} runs, {len(tasks) - len(todo)} already finished; {len(todo)} to run on {jobs} process(es); "
+        f"‖G_s‖² at s={cfg.metric_step:g} for every point")
     # progress lines go to stderr, as a run's progress does: stdout keeps the results
     printer = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else None
     with Workers(min(jobs, max(1, len(todo))), log, printer, SELECT[select][0]) as w:
         interrupted = w.run(todo)
-    result = summarize(out_dir, plans, seeds, select, interrupted, failed=w.failed)
+    result = summarize(out_dir, plans, seeds, select, interrupted, failed=w.failed, metric_step=cfg.metric_step)
     if interrupted:
         raise SweepInterrupted(out_dir, result["table"], w.interrupt)
     return result
@@ -866,9 +846,10 @@ def run_status(run_dir: str, failed: Optional[Dict[str, str]] = None) -> dict:
 
 def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_plus_h",
               interrupted: bool = False, extra: Optional[dict] = None, notes: Sequence[str] = (),
-              failed: Optional[Dict[str, str]] = None) -> dict:
+              failed: Optional[Dict[str, str]] = None, metric_step: Optional[float] = None) -> dict:
     """The table of every point (mean ± std over seeds), the skipped points, the best point per
-    algorithm; written to ``summary.json`` / ``summary.md`` (atomically). ``extra`` goes into
+    algorithm (``metric_step``: the s every point measures ‖G_s‖² at, in the column's heading);
+    written to ``summary.json`` / ``summary.md`` (atomically). ``extra`` goes into
     ``summary.json``, ``notes`` (lines) below the table (a random search's trials). ``failed``: run
     folder -> why its worker process died (:attr:`Workers.failed`); those runs are ``failed``, listed
     with the reason in ``summary.json`` (``failed``) and below the table, and a resume runs them again."""
@@ -892,10 +873,7 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
             b = better(ok, key=lambda p: p["final"][metric]["mean"])
             best[a] = {"point": b["point"], "name": b["name"], "dir": b["dir"], metric: b["final"][metric]}
     keys = [k for k in ("f+h", "grad_map_sq", "sparsity", "test_acc") if any(k in p["final"] for p in points)]
-    step = _one_step(points)
-    names = {k: column_name(k) for k in (*keys, "grad_map_sq")}
-    names["grad_map_sq"] += (f" (s={step:g})" if step is not None else " (s: each point its own)"
-                             if any("grad_map_step" in p["final"] for p in points) else "")
+    names = {k: column_name(k, metric_step) for k in keys}
     rows, notes_w = [], []
     for p in points:
         st = p["statuses"]
@@ -921,18 +899,8 @@ def summarize(out_dir: str, plans: list, seeds: Sequence[int], select: str = "f_
     table_text = "\n".join(text)
     write_json(os.path.join(out_dir, SUMMARY), {
         "status": "interrupted" if interrupted else "completed", "select": select, "seeds": list(seeds),
-        "metric_step": step,
+        "metric_step": metric_step,
         "points": points, "skipped": skipped, "best": best, "failed": dict(failed or {}), **(extra or {})})
     write_text_atomically(os.path.join(out_dir, "summary.md"), table_text + "\n")
     return {"table": table_text, "points": points, "best": best, "skipped": skipped, "select": select,
-            "metric_step": step, "failed": dict(failed or {})}
-
-
-def _one_step(points: list) -> Optional[float]:
-    """The s every finished run of ``points`` measured ‖G_s‖² at (their summaries' ``grad_map_step``),
-    or None when none did or they differ (a sweep from before one s per sweep)."""
-    lo = [p["final"]["grad_map_step"]["min"] for p in points if "grad_map_step" in p["final"]]
-    hi = [p["final"]["grad_map_step"]["max"] for p in points if "grad_map_step" in p["final"]]
-    if not lo or min(lo) * (1 + 1e-12) < max(hi):
-        return None
-    return max(hi)
+            "metric_step": metric_step, "failed": dict(failed or {})}
