@@ -276,9 +276,8 @@ def _deploy(fp: PreparedFlower, log, wait: float, progress: bool) -> _Outcome:
     prep, got = fp.run, _Outcome()
     cfg, out_dir, n = prep.cfg, os.path.abspath(prep.out_dir), len(prep.fed.parts)
     node_cfg = cfg.replace(device="cpu", data_dir=os.path.abspath(cfg.data_dir) if cfg.data_dir else None)
-    bar = Progress(cfg.rounds, initial=int(fp.snap["round"]) if fp.snap is not None else 0,
-                   desc=cfg.algorithm, enabled=progress)
-    shown = _RoundsShown(bar, history_path(os.path.join(out_dir, FLOWER_CHECKPOINT)))
+    prep.algorithm.validate(prep.reg)  # its warnings (SCAFFOLD ignores h) here: the server's go to its log file
+    bar, shown = None, None
     t0 = time.perf_counter()
     try:
         with LocalDeployment(n, env={"PYTHONPATH": _python_path(cfg)},
@@ -290,7 +289,13 @@ def _deploy(fp: PreparedFlower, log, wait: float, progress: bool) -> _Outcome:
             with open(recorded, "w") as f:
                 json.dump(cfg.to_dict(), f)
             app = _write_app(dep.dir, config_path, cfg.threads or 1, wait)
-            log(f"flower: a SuperLink and {n} SuperNodes on 127.0.0.1 (logs in {dep.dir} while it runs)")
+            log(f"flower: a SuperLink and {n} SuperNodes on 127.0.0.1, up in {time.perf_counter() - t0:.1f} s (logs "
+                f"in {dep.dir} while it runs); round 1 also starts the server's and each node's app process "
+                f"(Python and torch imports)")
+            # the progress display starts after the last line above: one writer on the terminal at a time
+            bar = Progress(cfg.rounds, initial=int(fp.snap["round"]) if fp.snap is not None else 0,
+                           desc=cfg.algorithm, enabled=progress)
+            shown = _RoundsShown(bar, history_path(os.path.join(out_dir, FLOWER_CHECKPOINT)))
             try:
                 run = dep.start_run(app, {"checkpoint": os.path.join(out_dir, FLOWER_CHECKPOINT),
                                           "resume": fp.snap is not None,
@@ -302,7 +307,8 @@ def _deploy(fp: PreparedFlower, log, wait: float, progress: bool) -> _Outcome:
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: every process has ended (the with block)
         got.interrupted = e
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     got.seconds = time.perf_counter() - t0
     return got
 
