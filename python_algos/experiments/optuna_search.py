@@ -24,9 +24,12 @@ point's folder name is its exact value.
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
 
 from ..runfolder.folder import check_group_start, open_group_folder
 from ..runfolder.records import run_folder_name
@@ -139,8 +142,6 @@ def _point(params: dict, keys, space: dict) -> dict:
 def _trial_seed(seed: int, number: int) -> int:
     """The sampler seed of trial ``number``: hashed (SeedSequence), because the first draws of
     Mersenne Twisters seeded with consecutive integers are visibly correlated."""
-    import numpy as np
-
     return int(np.random.SeedSequence([int(seed) % 2 ** 32, number]).generate_state(1)[0])
 
 
@@ -324,9 +325,7 @@ def _trial_notes(records: list, trials: int, metric: str) -> list:
                  f"{metric} over the seeds"]
     for a in dict.fromkeys(r["algorithm"] for r in records):
         rs = [r for r in records if r["algorithm"] == a]
-        counts = {}
-        for r in rs:
-            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        counts = collections.Counter(r["state"] for r in rs)
         lines.append(f"- {a}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
         for r in rs:
             if r["state"] in ("pruned", "fail") or (r["state"] == "running" and r["reason"]):

@@ -73,13 +73,13 @@ from ..runfolder.files import RunFolderError, read_json_object, write_json, writ
 from ..runfolder.folder import check_group_start, open_group_folder
 from ..runfolder.progress import human_time
 from ..runfolder.records import CONFIG, METRICS, SUMMARY, read_summary, run_folder_name
-from ..runfolder.signals import STOP_SIGNALS, exit_code
+from ..runfolder.signals import HELD_SIGNALS, exit_code
 from ..system import processes
 from ..system.lock import folders_locked, lock_folder
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .build import build_algorithm, build_run_regularizer, hparam_error
 from .compare import finished_run  # completed at the rounds asked, or diverged: never run again
-from .config import PARTITION_KEYS, Config, ConfigError, check_given
+from .config import PARTITION_KEYS, SETTINGS, Config, ConfigError, check_given
 from .config import flag as setting_flag
 from .prepare import check_algorithm_names, prepare_run
 from .run import Interrupted, execute_run
@@ -187,10 +187,6 @@ def _hparams(algorithm: str) -> List[str]:
     return [f.name for f in dataclasses.fields(algorithm_entry(algorithm).cls)]
 
 
-def _settings() -> set:
-    return {f.name for f in dataclasses.fields(Config)}
-
-
 RUN_QUALIFIER = "run"  # --grid run.eta=...: the run setting eta, whatever the algorithms' hyper-parameters
 
 
@@ -214,7 +210,7 @@ def key_meaning(key: str, algorithm: str):
         if head == RUN_QUALIFIER:
             return ("setting", name)
         return ("hparam", name) if head.lower() == algorithm.lower() else None
-    if key in _settings():
+    if key in SETTINGS:
         return ("setting", key)
     return ("hparam", key) if key in _hparams(algorithm) else None
 
@@ -288,10 +284,10 @@ def _hparams_text(algorithms) -> str:
 
 def _check_bare(k: str, algorithms: Sequence[str], flag: str) -> None:
     owners = [a for a in algorithms if k in _hparams(a)]
-    if k not in _settings() and not owners:
+    if k not in SETTINGS and not owners:
         raise ValueError(f"{flag} {k}: neither a run setting nor a hyper-parameter of {', '.join(algorithms)} "
                          f"(hyper-parameters: {_hparams_text(algorithms)})")
-    both = [a for a in owners if k in _settings() and not _fed_by_setting(a, k)]
+    both = [a for a in owners if k in SETTINGS and not _fed_by_setting(a, k)]
     if both:
         read_by = (f", read by --partition {' or '.join(PARTITION_KEYS[k])}" if k in PARTITION_KEYS else "")
         qualified = " or ".join(f"{flag} {a.lower()}.{k}=..." for a in both)
@@ -303,7 +299,7 @@ def _check_bare(k: str, algorithms: Sequence[str], flag: str) -> None:
 
 def _check_qualified(k: str, head: str, name: str, algorithms: Sequence[str], flag: str) -> None:
     if head == RUN_QUALIFIER:
-        if name not in _settings():
+        if name not in SETTINGS:
             raise ValueError(f"{flag} {k}: {name} is not a run setting (the flags of `run`, with _ for -)")
         return
     chosen = {a.lower(): a for a in algorithms}
@@ -331,18 +327,10 @@ def check_swept_settings(cfg: Config, values: Dict[str, list], algorithms: Seque
         for v in vals:
             try:
                 cfg.replace(**{name: v}).check()
-                if name != "partition" and not any(_partition_reads(name, p, v) for p in partitions):
-                    check_given({"partition": partitions[0], name: v})
+                if name in PARTITION_KEYS and not any(str(p).lower() in PARTITION_KEYS[name] for p in partitions):
+                    check_given({"partition": partitions[0], name: v})  # the refusal its flag gets
             except ConfigError as e:
                 raise ValueError(f"{flag} {k}={value_text(v)}: {e.rule}") from None
-
-
-def _partition_reads(name: str, partition, value) -> bool:
-    try:
-        check_given({"partition": partition, name: value})
-        return True
-    except ConfigError:
-        return False
 
 
 def sweep_metric_step(cfg: Config, values: Dict[str, list]) -> float:
@@ -399,11 +387,10 @@ def plan_point(cfg: Config, algorithm: str, point: dict, alg_opts: Optional[dict
 # --------------------------------------------------------------------------- #
 
 _STOP = None  # the sweep's stop event, in a worker process
-_WORKER_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)  # Ctrl-C, kill PID, a closed terminal
 
 
 def _ignore_stop_signals() -> None:
-    for s in _WORKER_SIGNALS:
+    for s in HELD_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
 
 
@@ -481,7 +468,7 @@ def _run_point(task: dict) -> dict:
         return {"dir": d, "status": "not started", "message": None}
     in_worker = _STOP is not None
     if in_worker:
-        for sig in _WORKER_SIGNALS:
+        for sig in HELD_SIGNALS:
             signal.signal(sig, _interrupt_once)
     try:
         if in_worker and _STOP.is_set():  # the stop came between the check above and the handler
@@ -819,7 +806,7 @@ def _ignore_in_main_thread() -> Callable[[], None]:
     """Ignore SIGINT, SIGTERM and SIGHUP (in the main thread); returns what restores them."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    old = {s: signal.getsignal(s) for s in _WORKER_SIGNALS}
+    old = {s: signal.getsignal(s) for s in HELD_SIGNALS}
     for s in old:
         signal.signal(s, signal.SIG_IGN)
 
