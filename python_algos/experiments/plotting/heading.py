@@ -6,6 +6,10 @@ own), each value the runs share once and differing values joined by "/".
 
 from __future__ import annotations
 
+import re
+
+from .runs import registry_entry
+
 __all__ = ["setup_line", "run_qualifiers"]
 
 
@@ -13,8 +17,6 @@ def _short_reg(reg):
     """A per-parameter regularizer's repr shortened for the setup line: ``PerParameter({'0.weight':
     L1(kappa=0.01), '*.bias': None})`` -> ``per-parameter(0.weight: L1(0.01), *.bias: none)``, and
     past 72 characters only the distinct penalties: ``per-parameter(L1, GroupLasso, none; 5 rules)``."""
-    import re
-
     if not isinstance(reg, str) or not reg.startswith("PerParameter("):
         return reg
     entries = re.findall(r"'((?:[^'\\]|\\.)*)':\s*(None|\w+(?:\((?:[^()]|\([^()]*\))*\))?)", reg)
@@ -34,16 +36,6 @@ def _short_reg(reg):
 # --------------------------------------------------------------------------- #
 # What set the hyper-parameters
 # --------------------------------------------------------------------------- #
-
-
-def _registry_entry(name):
-    """The registry entry of an algorithm named by its key (``fedcanon``, a Config's) or its own
-    spelling (``FedCanon``, what History.save records); None for an unknown name."""
-    from ...algorithms.registry import ALGORITHMS
-
-    if not isinstance(name, str):
-        return None
-    return ALGORITHMS.get(name.lower()) or next((e for e in ALGORITHMS.values() if e.cls.name == name), None)
 
 
 def _set_by(entry, lr, k) -> tuple:
@@ -70,7 +62,7 @@ def _hyper_parameters(c: dict, s: dict, alg) -> dict:
     hyper-parameter it sets is not overridden, and every override by its own name. A History.save
     folder records the algorithm's own ``hparams``: K is its local_steps, and the hyper-parameters
     the common parameterization would set are shown by name (there is no lr)."""
-    entry = _registry_entry(alg)
+    entry = registry_entry(alg)
     if "lr" not in c:  # History.save: the hyper-parameters themselves
         hp = c.get("hparams") or s.get("hparams") or {}
         out = {"K": hp.get("local_steps"), "lr": None}

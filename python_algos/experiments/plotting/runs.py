@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from ...algorithms.registry import ALGORITHMS
 from ...runfolder.records import METRICS, group_runs, read_config, read_metrics, read_summary
 from ..aggregate import aggregate_rows, counted, group_key, seed_of
 
-__all__ = ["find_runs", "load_run", "group_seeds", "display_name"]
+__all__ = ["find_runs", "load_run", "group_seeds", "display_name", "registry_entry"]
 
 
 def find_runs(paths: Sequence[str]) -> list:
@@ -81,12 +82,18 @@ def _config(path: str) -> dict:
         return {}
 
 
-def display_name(label: str) -> str:
-    """A registry name (``za1``, what `compare` labels its runs with) as the algorithm's own spelling
-    (``ZA1``), the one the setup line and the tables use; any other label is kept."""
-    from ...algorithms.registry import ALGORITHMS
+def registry_entry(name):
+    """The registry entry of an algorithm named by its key (``fedcanon``: a Config's, and what `compare`
+    labels its runs with) or its own spelling (``FedCanon``, what History.save records); None for another name."""
+    if not isinstance(name, str):
+        return None
+    return ALGORITHMS.get(name.lower()) or next((e for e in ALGORITHMS.values() if e.cls.name == name), None)
 
-    entry = ALGORITHMS.get(str(label).lower())
+
+def display_name(label: str) -> str:
+    """A registry name (``za1``) as the algorithm's own spelling (``ZA1``), the one the setup line and
+    the tables use; any other label is kept."""
+    entry = registry_entry(label)
     return entry.cls.name if entry is not None else label
 
 
