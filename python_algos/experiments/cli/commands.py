@@ -43,7 +43,6 @@ from .research import cmd_seeds, cmd_sweep, wants_seeds, write_run_events
 from .settings import (
     check_resume_flags,
     compare_settings,
-    merge_settings,
     output_folder,
     overview_figure,
     print_summary,
@@ -51,6 +50,7 @@ from .settings import (
     replace_requested,
     restarted_run,
     resumed_run,
+    seed_settings,
 )
 
 __all__ = ["main", "build_parser", "DEMO_ALGORITHMS"]
@@ -81,7 +81,7 @@ def cmd_run(cmd: RunCommand) -> int:
     if cmd.resume:
         summary = execute_run(resumed_run(cmd), progress=not cmd.no_progress, log=say)
     else:
-        cfg = Config.from_dict(merge_settings(cmd.settings))
+        cfg = Config.from_dict(seed_settings(cmd.settings)[0])  # one seed: --reseed-data refused
         out = launch.agree_on(output_folder(cmd, cfg.algorithm) if main else None, cfg.device)  # rank 0's folder
         if launch.agree_on(main and restarted_run(cfg, out)):
             # torchrun restarted the job after a rank failed: continue from the last checkpoint
@@ -103,7 +103,7 @@ def _launch_run(cmd: RunCommand) -> int:
     if cmd.resume:  # the ranks resume it (resumed_run), --checkpoint-every included
         check_resume_flags(cmd, "run")
     else:  # check the settings here, and pick the folder once for every rank
-        cfg = Config.from_dict(merge_settings(cmd.settings))
+        cfg = Config.from_dict(seed_settings(cmd.settings)[0])  # one seed: --reseed-data refused
         out = output_folder(cmd, cfg.algorithm)
         # Every check a rank would make (data, model, regularizers, participation, the folder),
         # here and writing nothing: an error is then one line, not P numbered copies of it
@@ -122,7 +122,7 @@ def _cmd_run_flower(cmd: RunCommand) -> int:
     if cmd.resume:
         prep = prepare_flower(None, cmd.resume, resume=True, rounds=cmd.settings.get("rounds"))
     else:
-        cfg = Config.from_dict(merge_settings(cmd.settings))
+        cfg = Config.from_dict(seed_settings(cmd.settings)[0])  # one seed: --reseed-data refused
         out = output_folder(cmd, cfg.algorithm)
         prep = prepare_flower(cfg, out, replace=replace_requested(cmd))
     cfg, out = prep.run.cfg, prep.run.out_dir

@@ -104,8 +104,6 @@ def merge_settings(given: Union[GivenSettings, argparse.Namespace], extra_keys: 
         raise ValueError(f"{given.config}: {unknown_keys_text(unknown, names)}")
     flags = set()
     for k, v in given.values.items():
-        if k == "reseed_data" and k not in names:  # a run or comparison of one seed: a flag that would do nothing
-            raise ConfigError("reseed_data", v, RESEED_ALONE)
         if k not in names or (v is None and k in extra_keys):  # compare's -a not given: the file's list stands
             continue
         flags.add(k)
