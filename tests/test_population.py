@@ -17,7 +17,8 @@ from torch import nn
 
 from python_algos import simulate
 from python_algos.algorithms import SCAFFOLD, FedAvg
-from python_algos.clients import client_generators
+from python_algos.clients import SequentialClients, client_generators
+from python_algos.clients.base import DRAW_DISTINCT_MIN, distinct_draws
 from python_algos.clients.population import PROBE_CLIENTS, LazyGenerators, Population, SparseLogistic
 from python_algos.runfolder import checkpoint as ckpt
 from python_algos.runfolder.callbacks import Checkpoint
@@ -91,6 +92,16 @@ def test_a_nan_in_a_client_built_on_demand_is_refused_naming_it():
 
     with pytest.raises(ValueError, match=r"client 17: row 2 of its X holds a NaN"):
         _run(Population(30, bad), algorithm="fedavg", metrics_every=0)
+
+
+def test_the_finite_check_on_build_sees_every_nan_and_inf_and_no_false_alarm():
+    big = torch.full((4, 3), 3e38)  # finite values whose sum overflows to inf
+    assert Population(1, lambda i: (big, torch.zeros(4, 1))).build(0)[0] is big
+    for where, value in (("y", float("inf")), ("X", float("-inf")), ("y", float("nan"))):
+        X, y = torch.zeros(5, 3), torch.zeros(5, 1)
+        (X if where == "X" else y)[3, 0] = value
+        with pytest.raises(ValueError, match=rf"client 0: row 3 of its {where} holds a NaN or an infinity"):
+            Population(1, lambda i, X=X, y=y: (X, y)).build(0)
 
 
 def test_a_make_client_returning_no_data_is_refused_naming_the_client():
@@ -174,3 +185,23 @@ def test_a_million_clients_run_without_their_data_in_memory():
     per_client = sum(t.untyped_storage().nbytes() for t in SparseLogistic(seed=0)(0))
     assert int(grew) < 0.02 * 10**6 * per_client, (grew, per_client)  # far below N x data (~25 GB)
     assert float(seconds) < 20
+
+
+def test_large_populations_draw_cohorts_uniformly_in_o_k():
+    """From N = 2^16 (k <= N/16) a cohort is the first k distinct of uniform draws, not randperm(N)[:k]
+    (69 ms a round at N = 10^6): every client equally likely (chi-square), k distinct sorted ids."""
+    g = torch.Generator().manual_seed(1)
+    n, k, trials = 64, 8, 20000
+    counts = torch.zeros(n)
+    for _ in range(trials):
+        ids = distinct_draws(n, k, g)
+        assert ids.unique().numel() == k
+        counts[ids] += 1
+    expected = trials * k / n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 130, chi2  # 63 degrees of freedom: P(chi2 > 130) < 1e-6
+    cs = SequentialClients(nn.Linear(2, 1), F.mse_loss, Population(DRAW_DISTINCT_MIN, lambda i: (
+        torch.ones(2, 2), torch.ones(2, 1))))
+    cs.set_participation(10, seed=3)
+    ids = cs.participants()
+    assert ids.numel() == 10 and torch.equal(ids, ids.unique()) and int(ids.max()) < DRAW_DISTINCT_MIN
