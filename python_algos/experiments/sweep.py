@@ -394,10 +394,16 @@ def _ignore_stop_signals() -> None:
         signal.signal(s, signal.SIG_IGN)
 
 
-def _worker_init(stop) -> None:
-    """A worker: Ctrl-C, SIGTERM and SIGHUP are ignored between runs (the parent decides what stops);
-    ``stop`` set by the parent interrupts the running run the way Ctrl-C would (SIGINT to this process)."""
+def _worker_main(conn, stop) -> None:
+    """A worker process: runs the tasks the parent sends on ``conn`` (one at a time, each answered
+    with :func:`run_point`'s result) until it is sent None or the parent is gone. It dies with the
+    parent, however the parent dies (:mod:`~python_algos.system.processes`), sits in a process
+    group of its own, and locks the folders it runs in. Ctrl-C, SIGTERM and SIGHUP are ignored
+    between runs (the parent alone decides what stops); ``stop`` set by the parent interrupts the
+    running run the way Ctrl-C would (SIGINT to this process)."""
     global _STOP
+    processes.die_with_parent(multiprocessing.parent_process().pid)
+    os.setpgid(0, 0)
     _ignore_stop_signals()
     _STOP = stop
 
@@ -406,16 +412,6 @@ def _worker_init(stop) -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=watch, daemon=True).start()
-
-
-def _worker_main(conn, stop) -> None:
-    """A worker process: runs the tasks the parent sends on ``conn`` (one at a time, each answered
-    with :func:`run_point`'s result) until it is sent None or the parent is gone. It dies with the
-    parent, however the parent dies (:mod:`~python_algos.system.processes`), sits in a process
-    group of its own (the parent alone decides what stops), and locks the folders it runs in."""
-    processes.die_with_parent(multiprocessing.parent_process().pid)
-    os.setpgid(0, 0)
-    _worker_init(stop)
     with folders_locked():
         _serve(conn)
 
@@ -454,9 +450,7 @@ def run_point(task: dict) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # every one reaches the parent, whose filters decide
         r = _run_point(task)
-    seen = {}
-    for w in caught:
-        seen.setdefault((w.category, str(w.message)), None)
+    seen = dict.fromkeys((w.category, str(w.message)) for w in caught)  # each distinct one, in order
     s = read_summary(r["dir"]) or {}
     r.update(final=s.get("final") or {}, warnings=list(seen))
     return r
