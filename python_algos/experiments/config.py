@@ -28,6 +28,8 @@ import numbers
 import types
 from typing import Callable, Dict, Iterator, Mapping, Optional
 
+import fedkernels.regularizers as fkr
+
 from ..algorithms.registry import ALGORITHMS, algorithm_entry, algorithm_names
 from ..clients import EXECUTORS
 from ..system.threads import MAX_THREADS
@@ -296,8 +298,6 @@ def _reference_fault(key: str, ref: str):
     """None if ``ref`` imports and is a penalty (``reg``) / an algorithm class (``algorithm``), else why not."""
     try:
         if key == "reg":
-            import fedkernels.regularizers as fkr
-
             fkr.regularizer_entry(ref)
         else:
             algorithm_entry(ref)

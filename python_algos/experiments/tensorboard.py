@@ -37,6 +37,8 @@ import socket
 import time
 from typing import Iterator, List, Tuple
 
+import numpy as np
+
 from ..runfolder.files import EVENTS_DIR, read_metrics  # EVENTS_DIR: a run folder's events (its format)
 from ..runfolder.records import METRICS
 
@@ -125,8 +127,6 @@ def _stored(folder: str) -> List[Tuple[str, int, float]]:
 def _as_stored(scalars) -> List[Tuple[str, int, float]]:
     """``scalars`` as the events hold them: TensorBoard's scalar summaries are float32 (a float64
     value past its range is held as ±inf, as the writer stores it)."""
-    import numpy as np
-
     with np.errstate(over="ignore"):
         return sorted((tag, t, float(np.float32(v))) for tag, t, v in scalars)
 
