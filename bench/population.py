@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from .readme_block import markers, publish
+from .readme_block import markers, publish, update_readme
 
 README_BEGIN, README_END = markers("population-table")
 
@@ -112,8 +112,7 @@ def render_markdown(res: dict) -> str:
                   f"{', '.join(f'{x:.3f}' for x in big['all_s_per_round'])} on demand, "
                   f"{', '.join(f'{x:.3f}' for x in small['all_s_per_round'])} in RAM); peak RSS: the highest. "
                   f"At N = {big['N']:,} on demand / N = {small['N']:,} in "
-                  f"RAM: **{ratio:.2f}×** (an on-demand round also builds its cohort's data and draws its cohort by "
-                  f"`randperm(N)`). {m['date']}; "
+                  f"RAM: **{ratio:.2f}×** (an on-demand round also builds its cohort's data). {m['date']}; "
                   f"{machine_line(m)}; load average before {load(m['loadavg'])}, after {load(res['load_after'])}."]
     return "\n".join(lines)
 
@@ -144,6 +143,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if not args.from_json:
         publish(md, res, args.out, args.readme, README_BEGIN, README_END)
     else:
+        if args.readme:
+            update_readme(args.readme, md, README_BEGIN, README_END)
         print(md)
 
 
