@@ -68,7 +68,8 @@ def one(cfg: dict) -> dict:
 def _launch(cfg: dict, log) -> dict:
     log(f"N = {cfg['N']} ({'on demand' if cfg['lazy'] else 'a list in RAM'}), state={cfg['state']!r}")
     out = subprocess.run([sys.executable, "-m", "bench.population", "--one", json.dumps(cfg)], capture_output=True,
-                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where bench/ is a package
     if out.returncode != 0:
         raise RuntimeError(f"configuration {cfg} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

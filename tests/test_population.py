@@ -205,3 +205,16 @@ def test_large_populations_draw_cohorts_uniformly_in_o_k():
     cs.set_participation(10, seed=3)
     ids = cs.participants()
     assert ids.numel() == 10 and torch.equal(ids, ids.unique()) and int(ids.max()) < DRAW_DISTINCT_MIN
+
+
+def test_the_population_benchmark_runs_scaled_down(tmp_path):
+    """A smoke of `python -m bench.population` (the 10^6-client table is not a test): both rows, and the
+    on-demand run built only its cohorts and the probed clients."""
+    from bench import population as bench
+
+    out = tmp_path / "population.md"
+    bench.main(["--clients", "3000", "--small", "50", "--cohort", "5", "--rounds", "2", "-K", "1", "--repeats", "1",
+                "--out", str(out)])
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 3,000 |") or line.startswith("| 50 |")]
+    assert len(rows) == 2 and "on demand" in rows[0] and "list in RAM" in rows[1]
+    assert int(rows[0].split("|")[7]) <= PROBE_CLIENTS + 2 * 5
