@@ -86,12 +86,8 @@ class Setting:
         return tuple(f for f in (self.short, self.flag, *self.aliases) if f)
 
 
-def _text(text: str) -> str:
-    return text
-
-
 def setting(default, *, flag: Optional[str] = None, short: Optional[str] = None, aliases: tuple = (),
-            help: Optional[str] = None, check: Callable, parse: Callable = _text, on_resume: str = "fixed",
+            help: Optional[str] = None, check: Callable, parse: Optional[Callable] = None, on_resume: str = "fixed",
             why_kept: Optional[str] = None, group: str = "run", options: bool = False,
             choices: Optional[tuple] = None, metavar: Optional[str] = None, single_run: bool = False):
     """A :class:`Config` field with its declaration as metadata: ``flag`` (default ``--NAME`` with
@@ -100,8 +96,7 @@ def setting(default, *, flag: Optional[str] = None, short: Optional[str] = None,
     table of options (``options=True``) one ``KEY=VALUE`` per repeated flag."""
     if on_resume not in RESUME_RULES:
         raise ValueError(f"on_resume must be one of {', '.join(RESUME_RULES)}, got {on_resume!r}")
-    if options and parse is _text:
-        parse = parse_option
+    parse = parse or (parse_option if options else str)  # the flag's text as it is, or its KEY=VALUE entry
     meta = dict(flag=flag, short=short, aliases=tuple(aliases), help=help, check=check, parse=parse,
                 on_resume=on_resume, why_kept=why_kept, group=group, options=options, choices=choices,
                 metavar=metavar or ("KEY=VALUE" if options else None), single_run=single_run)
@@ -163,7 +158,7 @@ class ConfigError(ValueError):
         contradiction."""
         # option tables (reg_opts = {...}) are shown as the KEY=VALUE text the error rendered: no quotes
         text_key = (self.key == "regularizers" or self.key.endswith("_opts")
-                    or "str" in str(_field_types().get(self.key, "")))
+                    or "str" in str(Config.__annotations__.get(self.key, "")))  # text: this module's annotations
         shown = repr(self.value) if isinstance(self.value, str) and not text_key else show_value(self.value)
         return f"{path}: {self.key} = {shown}: {self.rule}"
 
@@ -172,11 +167,6 @@ class ConfigError(ValueError):
         e = ConfigError(self.key, self.value, self.rule)
         e.args = (e._file_text(path),)
         return e
-
-
-def _field_types() -> dict:
-    """Config field -> its annotation (text: this module has ``from __future__ import annotations``)."""
-    return {f.name: f.type for f in dataclasses.fields(Config)}
 
 
 def flag(key: str) -> str:
@@ -204,10 +194,6 @@ def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def _is_num(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
 def _got(v) -> str:
     """', got a string' for a string where a number belongs ('2' in a config file, or from Python)."""
     return ", got a string" if isinstance(v, str) else ""
@@ -230,7 +216,8 @@ def _num(lo: float, open_lo: bool = True, hi: Optional[float] = None, open_hi: b
     def check(v):
         if v is None and none_ok:
             return None
-        ok = _is_num(v) and math.isfinite(v) and (v > lo if open_lo else v >= lo)
+        ok = (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+              and (v > lo if open_lo else v >= lo))
         if ok and hi is not None:
             ok = v < hi if open_hi else v <= hi
         if not ok:
