@@ -218,3 +218,16 @@ def test_the_population_benchmark_runs_scaled_down(tmp_path):
     rows = [line for line in out.read_text().splitlines() if line.startswith("| 3,000 |") or line.startswith("| 50 |")]
     assert len(rows) == 2 and "on demand" in rows[0] and "list in RAM" in rows[1]
     assert int(rows[0].split("|")[7]) <= PROBE_CLIENTS + 2 * 5
+
+
+def test_generators_are_created_only_for_minibatches_of_trained_clients():
+    pop = Population(10**5, GEN)
+    for batch_size, want in ((None, set()), (3, "cohort")):
+        torch.manual_seed(0)
+        model = nn.Linear(12, 1).double()
+        cs = SequentialClients(model, F.binary_cross_entropy_with_logits, pop, batch_size=batch_size)
+        cs.set_participation(5, seed=1)
+        ids = cs.participants()
+        X = torch.zeros(5, 13, dtype=torch.float64)
+        cs.gradients_(X, torch.empty_like(X), ids)
+        assert set(cs.generators.touched_states()) == (set(ids.tolist()) if want == "cohort" else want)

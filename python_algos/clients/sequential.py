@@ -136,13 +136,13 @@ class SequentialClients(ClientSet):
             return g
         if isinstance(client, TensorData):  # in memory: the batch is an index into the tensors
             Xi, yi = client.X, client.y
-            idx = client.draw(self.batch_size, self.generators[i])
+            idx = client.draw(self.batch_size, self._generator(i))
             if idx is not None:
                 idx = idx.to(self.device)
                 Xi, yi = Xi[idx], yi[idx]
             pieces = [(Xi, yi, 1.0)] if Xi.shape[0] <= self.chunk else None
         else:
-            pieces = list(client.batches(self.batch_size, self.generators[i], self._piece_size(client)))
+            pieces = list(client.batches(self.batch_size, self._generator(i), self._piece_size(client)))
         if pieces is not None and len(pieces) == 1:
             Xi, yi, _ = pieces[0]
             # One pass: parameters re-pointed at row x, gradients returned by autograd and
@@ -172,6 +172,11 @@ class SequentialClients(ClientSet):
         self.grad_seconds += time.perf_counter() - t0
         self.grad_evals += 1
         return g
+
+    def _generator(self, i: int) -> Optional[torch.Generator]:
+        """Client i's minibatch generator; None for full batches, which draw nothing (a population's
+        generators are created when first read: 5 kB each, never for a full-batch run)."""
+        return None if self.batch_size is None else self.generators[i]
 
     def _coupled(self) -> bool:
         """Whether the samples of a batch are coupled (decided once, before the first split)."""
