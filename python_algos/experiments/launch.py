@@ -148,17 +148,9 @@ def executor_for(executor: str) -> tuple[str, Optional[dict]]:
 
 def workers_command(argv: Sequence[str], workers: int, out: Optional[str]) -> list:
     """The torchrun command that runs ``python -m python_algos <argv>`` on ``workers`` local ranks."""
-    forwarded, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == "--workers":
-            skip = True
-            continue
-        if a.startswith("--workers="):
-            continue
-        forwarded.append(a)
+    # every argument but --workers P / --workers=P: each rank is one of the P
+    forwarded = [a for i, a in enumerate(argv) if a != "--workers" and not a.startswith("--workers=")
+                 and (i == 0 or argv[i - 1] != "--workers")]
     if out is not None and "--out" not in forwarded and not any(a.startswith("--out=") for a in forwarded):
         forwarded += ["--out", out]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(int(workers)),
