@@ -7,6 +7,7 @@ its own.
     python -m bench.population                                  # the table (bench/results/population.md)
     python -m bench.population --readme docs/performance.md     # also refresh the table there
     python -m bench.population --rounds 5 --clients 10000       # a quick look
+    python -m bench.population --workload mlp                   # SCAFFOLD and FedDR, MNIST MLP, 10^5, disk
 
 The data: ``SparseLogistic`` (123 binary features, ~11 % set, 40-60 samples per client, client i from
 (seed, i)). Metrics are off (``metrics_every=0``): the objective f is a mean over every client, so
@@ -26,8 +27,6 @@ from typing import Optional, Sequence
 
 from .readme_block import markers, publish, update_readme
 
-README_BEGIN, README_END = markers("population-table")
-
 
 def _rss_mib() -> float:
     with open("/proc/self/status") as f:
@@ -37,32 +36,77 @@ def _rss_mib() -> float:
     return float("nan")
 
 
-def one(cfg: dict) -> dict:
-    """One configuration, in this process: start-up seconds, s/round, RSS before and peak, builds."""
-    import torch
+class MnistLike:
+    """MNIST-shaped clients for the MLP workload, client i from ``(seed, i)`` alone: ``samples`` samples
+    x = mean[y] + noise (the class means drawn from ``seed``), labels skewed per client (bench.clients)."""
+
+    def __init__(self, seed: int = 0, samples: int = 50):
+        import torch
+
+        self.seed, self.samples = seed, samples
+        self.means = torch.randn(10, 1, 28, 28, generator=torch.Generator().manual_seed(seed))
+        self.recipe = f"MnistLike(seed={seed}, samples={samples})"
+
+    def __call__(self, i: int) -> tuple:
+        import torch
+
+        g = torch.Generator().manual_seed(self.seed * 2**32 + int(i))
+        y = (torch.randint(0, 10, (self.samples,), generator=g) + i) % 10
+        return self.means[y] + torch.randn(self.samples, 1, 28, 28, generator=g), y
+
+
+def _workload(cfg: dict):
+    """(model, loss, make_client, algorithm) of a configuration."""
     import torch.nn.functional as F
     from torch import nn
 
-    from python_algos import simulate
-    from python_algos.algorithms import SCAFFOLD
-    from python_algos.clients.population import Population, SparseLogistic
+    from python_algos.algorithms import SCAFFOLD, FedDR
+    from python_algos.clients.population import SparseLogistic
 
-    gen = SparseLogistic(seed=0)
-    clients = Population(cfg["N"], gen) if cfg["lazy"] else [gen(i) for i in range(cfg["N"])]
+    if cfg.get("workload", "linear") == "linear":
+        gen = SparseLogistic(seed=0)
+        model, loss = nn.Linear(gen.dim, 1), F.binary_cross_entropy_with_logits
+    else:
+        from bench.clients import make_model
+
+        gen, model, loss = MnistLike(seed=0), make_model("mlp"), F.cross_entropy
+    alg = SCAFFOLD(lr_local=0.05, local_steps=cfg["K"]) if cfg.get("algorithm", "SCAFFOLD") == "SCAFFOLD" else \
+        FedDR(eta=1.0, lr_local=0.05, local_steps=cfg["K"], init_from="code")
+    return model, loss, gen, alg
+
+
+def _disk_bytes(folder: str) -> int:
+    """Bytes the files under ``folder`` occupy on disk (allocated blocks: a sparse file counts what was written)."""
+    return sum(os.stat(os.path.join(d, f)).st_blocks * 512 for d, _, fs in os.walk(folder) for f in fs)
+
+
+def one(cfg: dict) -> dict:
+    """One configuration, in this process: start-up seconds, s/round, RSS before and peak, builds."""
+    import tempfile
+
+    import torch
+
+    from python_algos import simulate
+    from python_algos.clients.population import Population
+
     torch.manual_seed(0)
-    model = nn.Linear(gen.dim, 1)
+    model, loss, gen, alg = _workload(cfg)
+    clients = Population(cfg["N"], gen) if cfg["lazy"] else [gen(i) for i in range(cfg["N"])]
     rss_start = _rss_mib()
-    t0 = time.perf_counter()
-    h = simulate(SCAFFOLD(lr_local=0.05, local_steps=cfg["K"]), model, F.binary_cross_entropy_with_logits, clients,
-                 rounds=cfg["rounds"], clients_per_round=cfg["cohort"], state=cfg["state"], metrics_every=0)
-    total = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="bench-population-") as tmp:
+        folder = os.path.join(tmp, "state") if cfg["state"] == "disk" else None
+        t0 = time.perf_counter()
+        h = simulate(alg, model, loss, clients, rounds=cfg["rounds"], clients_per_round=cfg["cohort"],
+                     state=cfg["state"], state_folder=folder, metrics_every=0)
+        total = time.perf_counter() - t0
+        disk = _disk_bytes(folder) if folder else None
     walls = sorted(h.series("wall_time"))
-    store = h.state.c_i
+    stacks = [getattr(h.state, f) for f in type(h.state).client_fields]
     return {**cfg, "s_per_round": walls[len(walls) // 2], "mean_s_per_round": sum(walls) / len(walls),
-            "startup_s": total - sum(walls),
+            "startup_s": total - sum(walls), "dim": int(h.params.numel()), "stacks": len(stacks),
             "rss_start_mib": rss_start, "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "builds": getattr(clients, "builds", None),
-            "rows_written": getattr(store, "rows_written", None), "state_bytes": int(store.nbytes)}
+            "builds": getattr(clients, "builds", None), "disk_bytes": disk,
+            "rows_written": getattr(stacks[0], "rows_written", None), "state_bytes": sum(int(s.nbytes) for s in stacks)}
 
 
 def _launch(cfg: dict, log) -> dict:
@@ -75,14 +119,23 @@ def _launch(cfg: dict, log) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+WORKLOADS = {  # defaults per workload: N on demand, its state backend, local steps, algorithms, table block
+    "linear": {"clients": 10**6, "state": "ram", "K": 10, "algorithms": ["SCAFFOLD"], "block": "population-table"},
+    "mlp": {"clients": 10**5, "state": "disk", "K": 2, "algorithms": ["SCAFFOLD", "FedDR"],
+            "block": "population-mlp-table"},
+}
+
+
 def run(args, log=print) -> dict:
     from bench.bandwidth import machine_info
 
     info = machine_info()
-    common = {"cohort": args.cohort, "rounds": args.rounds, "K": args.K}
-    configs = [{**common, "N": args.clients, "lazy": True, "state": "ram"},
-               {**common, "N": args.small, "lazy": False, "state": "dense"}]
-    runs = [[], []]
+    w = WORKLOADS[args.workload]
+    common = {"workload": args.workload, "cohort": args.cohort, "rounds": args.rounds, "K": args.K}
+    configs = [c for alg in w["algorithms"] for c in (
+        {**common, "algorithm": alg, "N": args.clients, "lazy": True, "state": w["state"]},
+        {**common, "algorithm": alg, "N": args.small, "lazy": False, "state": "dense"})]
+    runs = [[] for _ in configs]
     for _ in range(args.repeats):  # alternately, so that a change of the machine's load falls on both
         for j, cfg in enumerate(configs):
             runs[j].append(_launch(cfg, log))
@@ -92,48 +145,67 @@ def run(args, log=print) -> dict:
     return {"machine": info, "cells": cells, "load_after": list(os.getloadavg())}
 
 
+def _row(c: dict) -> str:
+    disk = "–"
+    if c.get("disk_bytes") is not None:
+        per_round = c["disk_bytes"] / c["rounds"]
+        disk = f"{per_round / 2**20:.1f} MiB ({per_round / (c['cohort'] * c['dim'] * 4 * c['stacks']):.2f}×)"
+    return (f"| {c.get('algorithm', 'SCAFFOLD')} | {c['N']:,} | {'on demand' if c['lazy'] else 'list in RAM'} | "
+            f"{c['state']} | {c['s_per_round']:.4f} | {c['startup_s']:.2f} | {c['rss_peak_mib']:.0f} "
+            f"({c['rss_start_mib']:.0f}) | {c['builds'] if c['builds'] is not None else 'all'} | "
+            f"{c['rows_written'] if c['rows_written'] is not None else 'all'} | {c['state_bytes']:,} | {disk} |")
+
+
 def render_markdown(res: dict) -> str:
     from bench.bandwidth import machine_line
 
     m, cells = res["machine"], res["cells"]
-    big, small = cells
-    lines = ["| N | client data | client state | s/round | start-up s | peak RSS MiB (at start) | clients built | "
-             "state rows written | state bytes |", "|---|---|---|---|---|---|---|---|---|"]
-    for c in cells:
-        lines.append(f"| {c['N']:,} | {'on demand (Population)' if c['lazy'] else 'list in RAM'} | "
-                     f"{c['state']} | {c['s_per_round']:.4f} | {c['startup_s']:.2f} | {c['rss_peak_mib']:.0f} "
-                     f"({c['rss_start_mib']:.0f}) | {c['builds'] if c['builds'] is not None else 'all'} | "
-                     f"{c['rows_written'] if c['rows_written'] is not None else 'all'} | {c['state_bytes']:,} |")
-    ratio = big["s_per_round"] / small["s_per_round"]
+    lines = ["| algorithm | N | client data | client state | s/round | start-up s | peak RSS MiB (at start) | "
+             "clients built | state rows written | state bytes | disk bytes/round (× cohort·d·4·stacks) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|", *(_row(c) for c in cells)]
+    pairs = [(cells[j], cells[j + 1]) for j in range(0, len(cells), 2)]
+    ratios = "; ".join(f"{big.get('algorithm', 'SCAFFOLD')} **{big['s_per_round'] / small['s_per_round']:.2f}×** "
+                       f"(medians {', '.join(f'{x:.3f}' for x in big['all_s_per_round'])} against "
+                       f"{', '.join(f'{x:.3f}' for x in small['all_s_per_round'])})" for big, small in pairs)
+    big, small = pairs[0]
+    what = ("d = 124 (`SparseLogistic`: 123 binary features, ~50 samples per client, binary cross-entropy)"
+            if big.get("workload", "linear") == "linear" else
+            f"the MNIST MLP, d = {big['dim']:,} (`MnistLike`: 50 samples of 1×28×28 per client, cross-entropy)")
     load = lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
-    lines += ["", f"SCAFFOLD (K = {big['K']} full local gradients, lr 0.05), d = 124 (`SparseLogistic`: 123 binary "
-                  f"features, ~50 samples per client), cohort {big['cohort']}, {big['rounds']} rounds, float32, 1 "
-                  f"torch thread, `metrics_every=0`. s/round: the median round of the less disturbed of "
-                  f"{len(big['all_s_per_round'])} alternating runs (all runs' medians: "
-                  f"{', '.join(f'{x:.3f}' for x in big['all_s_per_round'])} on demand, "
-                  f"{', '.join(f'{x:.3f}' for x in small['all_s_per_round'])} in RAM); peak RSS: the highest. "
-                  f"At N = {big['N']:,} on demand / N = {small['N']:,} in "
-                  f"RAM: **{ratio:.2f}×** (an on-demand round also builds its cohort's data). {m['date']}; "
-                  f"{machine_line(m)}; load average before {load(m['loadavg'])}, after {load(res['load_after'])}."]
+    lines += ["", f"{what}; K = {big['K']} full local gradients, lr 0.05 (FedDR: eta 1, init_from='code'), cohort "
+                  f"{big['cohort']}, {big['rounds']} rounds, float32, 1 torch thread, `metrics_every=0`. s/round: the "
+                  f"median round of the less disturbed of {len(big['all_s_per_round'])} alternating runs; peak RSS: "
+                  f"the highest; disk: the state files' allocated bytes at the end / rounds. s/round at N = "
+                  f"{big['N']:,} on demand against N = {small['N']:,} in RAM: {ratios} (an on-demand round also "
+                  f"builds its cohort's data). {m['date']}; {machine_line(m)}; load average before "
+                  f"{load(m['loadavg'])}, after {load(res['load_after'])}."]
     return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.population", description=__doc__.split("\n\n")[0])
-    p.add_argument("--clients", type=int, default=10**6, help="N of the on-demand population (default 10^6)")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="linear",
+                   help="linear: SCAFFOLD, d = 124, N = 10^6, state='ram' (default); mlp: SCAFFOLD and FedDR on the "
+                        "MNIST MLP, N = 10^5, state='disk'")
+    p.add_argument("--clients", type=int, default=None, help="N of the on-demand population (linear 10^6, mlp 10^5)")
     p.add_argument("--small", type=int, default=1000, help="N of the in-RAM list it is compared with (default 1000)")
     p.add_argument("--cohort", type=int, default=100)
     p.add_argument("--rounds", type=int, default=50)
-    p.add_argument("-K", type=int, default=10, help="local steps (default 10)")
+    p.add_argument("-K", type=int, default=None, help="local steps (linear 10, mlp 2)")
     p.add_argument("--repeats", type=int, default=2, help="runs of each configuration, alternately (default 2)")
-    p.add_argument("--out", default="bench/results/population.md")
-    p.add_argument("--readme", default=None, help="also replace the population table block in this file")
+    p.add_argument("--out", default=None, help="default bench/results/population[-mlp].md")
+    p.add_argument("--readme", default=None, help="also replace the workload's table block in this file")
     p.add_argument("--from-json", default=None, help="re-render a saved result, measuring nothing")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one configuration, JSON in and out
     args = p.parse_args(argv)
     if args.one:
         print(json.dumps(one(json.loads(args.one))))
         return
+    w = WORKLOADS[args.workload]
+    args.clients = w["clients"] if args.clients is None else args.clients
+    args.K = w["K"] if args.K is None else args.K
+    out = args.out or f"bench/results/population{'' if args.workload == 'linear' else '-' + args.workload}.md"
+    begin, end = markers(w["block"])
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.from_json:
         with open(args.from_json) as f:
@@ -142,10 +214,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         res = run(args, log)
     md = render_markdown(res)
     if not args.from_json:
-        publish(md, res, args.out, args.readme, README_BEGIN, README_END)
+        publish(md, res, out, args.readme, begin, end)
     else:
         if args.readme:
-            update_readme(args.readme, md, README_BEGIN, README_END)
+            update_readme(args.readme, md, begin, end)
         print(md)
 
 
