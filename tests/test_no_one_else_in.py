@@ -291,6 +291,19 @@ def test_a_nodes_data_cache_is_readable_by_its_owner_only(tmp_path):
     assert cache.load({"k": 1}) is not None
 
 
+def test_a_nodes_saved_state_is_readable_by_its_owner_only(tmp_path):
+    """Before: each node's state of a round (its rows of the client fields, its copies, its last upload,
+    kept in its state-dir for a resume) was written 0644 in 0755 folders, beside a 0600 data cache."""
+    from python_algos.deploy.persist import NodeStore
+
+    os.umask(0o022)
+    store = NodeStore(str(tmp_path / "state"), "0123abcd", 1)
+    store.save(3, {"state:c_i": torch.ones(3)})
+    assert stat.S_IMODE(os.stat(store.path(3)).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(store.dir).st_mode) == 0o700
+    assert torch.equal(store.load(3)["state:c_i"], torch.ones(3))
+
+
 def test_the_port_check_reads_who_listens(tmp_path):
     """:func:`same_user.listener` against a socket bound here: its uid and inode, which this process's
     own file descriptors hold (:func:`same_user.socket_inodes`)."""

@@ -100,7 +100,7 @@ class NodeStore:
         return sorted(int(m.group(1)) for m in map(_ROUND_FILE.match, names) if m)
 
     def save(self, t: int, tensors: dict) -> None:
-        ckpt.atomic_save(dict(tensors), self.path(t))
+        ckpt.atomic_save(dict(tensors), self.path(t), private=True)  # state the client's data made: 0600, 0700
 
     def load(self, t: int) -> dict:
         return torch.load(self.path(t), map_location="cpu", weights_only=True)
