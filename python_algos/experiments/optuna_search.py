@@ -34,10 +34,10 @@ import numpy as np
 from ..runfolder.folder import check_group_start, open_group_folder
 from ..runfolder.records import run_folder_name
 from ..runfolder.signals import stop_signals_held  # a change to the study is never cut in two by a stop
+from . import prepare
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .compare import finished_run
 from .config import Config
-from .prepare import check_algorithm_names, prepare_run
 from .seeds import seed_configs
 from .sweep import (
     SELECT,
@@ -228,7 +228,7 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
 
 def _check_new_study(cfg: Config, algorithms: Sequence[str], space: dict, trials) -> None:
     """The checks of a new search's settings (each error names its flag), before anything is written."""
-    check_algorithm_names(algorithms)
+    prepare.check_algorithm_names(algorithms)
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ValueError(f"--optuna {trials}: must be an integer >= 1 (trials per algorithm)")
     if not space:
@@ -254,7 +254,7 @@ def _start_study(cfg: Config, algorithms, space: dict, trials: int, seeds: list,
     for a in algorithms:  # data, model and folder checks before anything is written
         base = plan_point(cfg, a, {}, alg_opts)
         if base["config"] is not None:
-            prepare_run(base["config"], os.path.join(out_dir, run_folder_name(a), "check"), replace=False)
+            prepare.prepare_run(base["config"], os.path.join(out_dir, run_folder_name(a), "check"), replace=False)
             break
     open_group_folder(out_dir, SWEEP_FILE, {
         "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": {}, "space": space, "optuna": trials,

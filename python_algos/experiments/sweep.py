@@ -76,12 +76,12 @@ from ..runfolder.records import CONFIG, METRICS, SUMMARY, read_summary, run_fold
 from ..runfolder.signals import HELD_SIGNALS, exit_code
 from ..system import processes
 from ..system.lock import folders_locked, lock_folder
+from . import prepare  # prepare.prepare_run looked up when called (tests hold two commands there: test_group_folders)
 from .aggregate import SEED_DIR, final_stats, stats_cell
 from .build import build_algorithm, build_run_regularizer, hparam_error
 from .compare import finished_run  # completed at the rounds asked, or diverged: never run again
 from .config import PARTITION_KEYS, SETTINGS, Config, ConfigError, check_given
 from .config import flag as setting_flag
-from .prepare import check_algorithm_names, prepare_run
 from .run import Interrupted, execute_run
 from .seeds import seed_configs
 from .tables import column_name, format_table, status_cell, warning_notes
@@ -471,9 +471,9 @@ def _run_point(task: dict) -> dict:
         if done is not None:
             return {"dir": d, "status": done["status"], "message": "kept"}
         if os.path.isfile(os.path.join(d, CONFIG)):
-            prep = prepare_run(None, d, resume=True, rounds=cfg.rounds)
+            prep = prepare.prepare_run(None, d, resume=True, rounds=cfg.rounds)
         else:
-            prep = prepare_run(cfg, d, replace=False)
+            prep = prepare.prepare_run(cfg, d, replace=False)
         s = execute_run(prep, progress=False, label=task["label"], log=lambda *_: None)
         status, message = s["status"], s.get("message")
     except Interrupted as e:
@@ -555,7 +555,7 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
         figures = saved.get("figures")
     else:
         select = select or "f_plus_h"
-        check_algorithm_names(algorithms)
+        prepare.check_algorithm_names(algorithms)
         check_group_start(out_dir, SWEEP_RECORDS, replace, how_to_resume=sweep_resume_command(out_dir))
         seeds = list(seeds or [cfg.seed])
         if cfg.threads is None:
@@ -574,7 +574,7 @@ def run_sweep(cfg: Optional[Config], algorithms: Optional[Sequence[str]], grid: 
         raise ValueError("every point of the grid breaks a rule, nothing to run: "
                          + "; ".join(f"{p['algorithm']} {p['name']}: {p['skip']}" for p in plans))
     if not resume:  # data, model and folder checks of one run before anything is written
-        prepare_run(Config.from_dict(tasks[0]["config"]), tasks[0]["dir"], replace=replace)
+        prepare.prepare_run(Config.from_dict(tasks[0]["config"]), tasks[0]["dir"], replace=replace)
         open_group_folder(out_dir, SWEEP_FILE, {
             "config": cfg.to_dict(), "algorithms": list(algorithms), "grid": grid, "seeds": seeds,
             "reseed_data": reseed_data, "alg_opts": alg_opts or {}, "select": select, "figures": figures or {}},
