@@ -51,11 +51,7 @@ __all__ = ["distributed", "is_main", "rank", "world_size", "join", "agree_on", "
 KILL_RANK_ENV = "_FEDKERNELS_TEST_KILL_RANK_AT"
 
 rank, world_size, is_main = process_group.rank, process_group.world_size, process_group.is_main
-
-
-def distributed() -> bool:
-    """True in a rank started by torchrun (the run uses the distributed executor)."""
-    return process_group.under_launcher()
+distributed = process_group.under_launcher  # a rank started by torchrun (the run uses the distributed executor)
 
 
 def restarting() -> bool:

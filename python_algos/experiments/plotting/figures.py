@@ -23,16 +23,9 @@ def merge_identical(runs: list, metrics: Sequence[str]) -> list:
     and named together in the legend ("ZA1 = FedNMap"): otherwise the later curve hides the earlier
     and a reader concludes an algorithm is missing. Seed groups (bands) are compared by their
     members' rows."""
-    def signature(run):
-        src = run.get("members") or [run]
-        sig = []
-        for m in metrics:
-            per = []
-            for member in src:
-                xs, ys, _ = series(member, m, "round")
-                per.append((tuple(xs), tuple(ys)))
-            sig.append(tuple(per))
-        return tuple(sig)
+    def signature(run):  # per metric, each member's (x, y) points
+        return tuple(tuple(tuple(map(tuple, series(member, m, "round")[:2])) for member in run.get("members") or [run])
+                     for m in metrics)
 
     out, seen = [], {}
     for r in runs:

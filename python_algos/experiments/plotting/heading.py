@@ -22,10 +22,7 @@ def _short_reg(reg):
     entries = re.findall(r"'((?:[^'\\]|\\.)*)':\s*(None|\w+(?:\((?:[^()]|\([^()]*\))*\))?)", reg)
     if not entries:
         return "per-parameter"
-    short = []
-    for pat, spec in entries:
-        spec = "none" if spec == "None" else re.sub(r"\b\w+=", "", spec)
-        short.append((pat, spec))
+    short = [(pat, "none" if spec == "None" else re.sub(r"\b\w+=", "", spec)) for pat, spec in entries]
     text = "per-parameter(" + ", ".join(f"{p}: {sp}" for p, sp in short) + ")"
     if len(text) <= 72:
         return text
