@@ -186,8 +186,8 @@ def test_an_init_that_writes_every_clients_row_is_refused_naming_state_dense():
 # -- a large population stores only the rows it touched ----------------------------------------------------
 @pytest.mark.parametrize("n_clients", [20_000, pytest.param(100_000, marks=pytest.mark.slow)])
 def test_scaffold_on_a_large_population_stores_only_the_cohorts_rows(n_clients):
-    """d = 124 (a9a's linear model), cohort 10, 3 rounds. Client data are not lazy yet (issue 39 item 3:
-    every client's tensors are built and probed), so the population is 10^5 (slow) / 2·10^4, not 10^6."""
+    """d = 124 (a9a's linear model), cohort 10, 3 rounds, clients given as a list (every client's tensors
+    built and probed), so 10^5 (slow) / 2·10^4; tests/test_population.py runs 10^6 built on demand."""
     X, y = torch.randn(n_clients, 1, 123), torch.randn(n_clients, 1, 1)
     torch.manual_seed(0)
     hist = simulate(SCAFFOLD(lr_local=0.05, local_steps=2), nn.Linear(123, 1), nn.functional.mse_loss,
