@@ -201,7 +201,9 @@ def run_study(cfg: Optional[Config], algorithms: Optional[Sequence[str]], space:
                 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
                     budget_hit |= _evaluate(optuna, study, t.number, _point(t.params, keys, space), cfg, a, seeds,
                                             reseed_data, alg_opts, out_dir, metric, workers, tensorboard, trials, log)
-                while not budget_hit and _n_finished(optuna, study) < trials:
+                finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+                            optuna.trial.TrialState.FAIL)
+                while not budget_hit and len(study.get_trials(deepcopy=False, states=finished)) < trials:
                     with stop_signals_held():
                         n = len(study.get_trials(deepcopy=False))
                         study.sampler = optuna.samplers.TPESampler(seed=_trial_seed(seeds[0], n))
@@ -261,11 +263,6 @@ def _start_study(cfg: Config, algorithms, space: dict, trials: int, seeds: list,
         **record, "seeds": seeds, "reseed_data": reseed_data, "alg_opts": alg_opts or {}}, SWEEP_RECORDS,
         replace=replace)
     return cfg
-
-
-def _n_finished(optuna, study) -> int:
-    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-    return len(study.get_trials(deepcopy=False, states=states))
 
 
 def _evaluate(optuna, study, number: int, point: dict, cfg: Config, algorithm: str, seeds, reseed_data, alg_opts,

@@ -278,15 +278,11 @@ def check_keys(keys, algorithms: Sequence[str], flag: str = "--grid") -> None:
             seen.setdefault(m, k)
 
 
-def _hparams_text(algorithms) -> str:
-    return "; ".join(f"{a}: " + ", ".join(_hparams(a)) for a in algorithms)
-
-
 def _check_bare(k: str, algorithms: Sequence[str], flag: str) -> None:
     owners = [a for a in algorithms if k in _hparams(a)]
     if k not in SETTINGS and not owners:
         raise ValueError(f"{flag} {k}: neither a run setting nor a hyper-parameter of {', '.join(algorithms)} "
-                         f"(hyper-parameters: {_hparams_text(algorithms)})")
+                         f"(hyper-parameters: {'; '.join(f'{a}: ' + ', '.join(_hparams(a)) for a in algorithms)})")
     both = [a for a in owners if k in SETTINGS and not _fed_by_setting(a, k)]
     if both:
         read_by = (f", read by --partition {' or '.join(PARTITION_KEYS[k])}" if k in PARTITION_KEYS else "")

@@ -175,16 +175,9 @@ def _report_sweep(cmd: SweepCommand, out: str, result: dict, figures: dict) -> i
     print(f"results written to {out}")
     if cmd.figures.tensorboard:
         print(f"TensorBoard events: tensorboard --logdir {shlex.quote(out)}")
-    if not cmd.figures.no_plot:
-        try:
-            select = result["select"]
-            files = plot_sweep(out, result, read_sweep(out)["grid"], SELECT[select][0], select,
-                               formats=tuple(figures["formats"]), band=figures["band"])
-        except RuntimeError as e:  # no matplotlib
-            print(f"no figure: {e}")
-            files = []
-        for f in files:
-            print(f"figure: {f}")
+    sel = result["select"]
+    overview_figure(out, cmd.figures, lambda: plot_sweep(out, result, read_sweep(out)["grid"], SELECT[sel][0], sel,
+                                                         formats=tuple(figures["formats"]), band=figures["band"]))
     if result.get("failed"):  # a run raised, or its worker process died: listed with the reason below the table
         print(f"error: {len(result['failed'])} run(s) failed (the reasons are listed below the table); run them "
               f"again with `python -m python_algos sweep --resume {shlex.quote(out)}`", file=sys.stderr)

@@ -286,14 +286,14 @@ def compare_settings(given: GivenSettings, algorithms: Optional[Sequence[str]]):
     return cfg, algorithms, per, seeds, reseed
 
 
-def overview_figure(folder: str, figures: Figures) -> None:
-    """The run's / comparison's overview figure in its folder, and its path; a missing matplotlib
-    is a note, not a failure (the results are written)."""
+def overview_figure(folder: str, figures: Figures, draw=None) -> None:
+    """The run's / comparison's overview figure in its folder (``draw()``: other figures, a sweep's),
+    and their paths; a missing matplotlib is a note, not a failure (the results are written)."""
     if figures.no_plot:
         return
-
     try:
-        files = plot_runs([folder], out_dir=folder, per_metric=False, formats=figures.formats, band=figures.band)
+        files = draw() if draw is not None else plot_runs([folder], out_dir=folder, per_metric=False,
+                                                          formats=figures.formats, band=figures.band)
     except RuntimeError as e:  # no matplotlib
         print(f"no figure: {e}")
         return

@@ -51,13 +51,9 @@ def series(run: dict, key: str, x: str):
 def band_series(run: dict, key: str, x: str):
     """x, lower and upper edge of a seed group's band of ``key`` (resolved) at the points :func:`series`
     keeps; on a log axis a lower edge <= 0 (mean − std) is replaced by the smallest seed's value."""
-    lo_rows, hi_rows, floor_rows = run["band_rows"]
-    f_star = run.get("f_star")
     src = "f+h" if key == "suboptimality" else key
-    shift = f_star if key == "suboptimality" else 0.0
-    lo_at = {r["round"]: r.get(src) for r in lo_rows}
-    hi_at = {r["round"]: r.get(src) for r in hi_rows}
-    floor_at = {r["round"]: r.get(src) for r in floor_rows}
+    shift = run.get("f_star") if key == "suboptimality" else 0.0
+    lo_at, hi_at, floor_at = ({r["round"]: r.get(src) for r in rows} for rows in run["band_rows"])
     xs, lo, hi = [], [], []
     for r in run["rows"]:
         v, t = r.get(src), r["round"]
