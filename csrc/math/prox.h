@@ -10,12 +10,12 @@
 //      sign of v is copied back. GCC turns these selects into blends and vectorizes the loops.
 //      Where a piecewise map is the max or min of its pieces it is written so (one max/min
 //      instruction instead of a compare and a blend), keeping MCP and SCAD close to L1's cost.
-//      In cache these loops are bound by the vector pipes, not by memory: the two-term subtractions
-//      run as FMAs with a factor of 1 (same bits, fk_sub_m) on the multiply pipes while the add
-//      pipes take the compares and max/min, and the sign goes back with one OR where the result is
-//      >= +0. In-cache time over L1's (64 K values, 1 thread, AVX-512, AMD EPYC Zen 5, kernel
-//      only): SCAD 2.3 -> 1.8 (small step) and 1.8 -> 1.2 (large), MCP 1.4 -> 1.2 (firm) and
-//      1.0 (hard), in float32 and float64 alike.
+//      In cache these loops are bound by the vector pipes, not by memory: SCAD's two-term
+//      subtractions run as FMAs with a factor of 1 (same bits, fk_sub_m) on the multiply pipes
+//      while the add pipes take the compares and max/min, and the sign goes back with one OR
+//      where the result is >= +0. In-cache time over L1's (64 K values, 1 thread, AVX-512, AMD EPYC
+//      Zen 5, kernel only): SCAD 2.3 -> 1.8 (small step) and 1.8 -> 1.1 (large), MCP 1.4 -> 1.1
+//      (firm) and 1.0 (hard), in float32 and float64 alike.
 //
 // Regimes (all exact, checked against brute-force 1-D minimisation in tests/test_prox_bruteforce.py):
 //   MCP(lam, gamma),  s <  gamma : firm threshold                    (kMcpFirm)
@@ -250,19 +250,29 @@ FK_HD double fk_copysign(double m, double s) { return copysign(m, s); }
 // x - c as fma(x, one, -c) in the CPU variants with FMA (one = 1 at run time, so that the compiler
 // keeps the FMA): x * 1 is exact, so the FMA rounds x - c once, as the subtraction does (same bits),
 // but it issues on the multiply pipes, which the add pipes' compares and subtractions leave idle.
-FK_HD float fk_sub_m(float x, float c, float one) {
+// Chosen by measurement (AMD Zen 5, in cache, 64 K values): SCAD's small step (5 adds and max/min
+// per vector, the add pipes are its limit) gains in every variant; SCAD's large step gains in AVX2
+// (5.1 against 8.2 us: its blend shares the add pipes there) but loses in AVX-512 (2.57 against
+// 2.33 us: the FMA's longer latency), so it passes avx512 = false; MCP firm subtracts plainly.
+FK_HD float fk_sub_m(float x, float c, float one, bool avx512 = true) {
 #if defined(__FMA__) && !defined(__CUDA_ARCH__)
+#if defined(__AVX512F__)
+  if (!avx512) return x - c;
+#endif
   return __builtin_fmaf(x, one, -c);
 #else
-  (void)one;
+  (void)one, (void)avx512;
   return x - c;
 #endif
 }
-FK_HD double fk_sub_m(double x, double c, double one) {
+FK_HD double fk_sub_m(double x, double c, double one, bool avx512 = true) {
 #if defined(__FMA__) && !defined(__CUDA_ARCH__)
+#if defined(__AVX512F__)
+  if (!avx512) return x - c;
+#endif
   return __builtin_fma(x, one, -c);
 #else
-  (void)one;
+  (void)one, (void)avx512;
   return x - c;
 #endif
 }
@@ -304,7 +314,7 @@ FK_HD T prox_elem(T v, const ProxCoef<T>& k) {
     // |prox(v)| <= |v| under rounding (the exact firm threshold never increases |v|).
     // Below s lam, u <= 0 makes u * c2 <= 0 (c2 > 0), so a max with 0 is the zero piece.
     const T t = fk_abs(v);
-    const T u = fk_sub_m(fk_sub_m(t, k.c0, k.one), k.lo0, k.one);
+    const T u = (t - k.c0) - k.lo0;
     T r = u * k.c2;
     r = r < t ? r : t;                 // NaN t: r is NaN and the select yields t (NaN)
     r = fk_max_keep_nan(r, k.zero);
@@ -335,7 +345,7 @@ FK_HD T prox_elem(T v, const ProxCoef<T>& k) {
     // x3 = max(t, a lam) is t: t* >= a lam in this regime (D(a lam) <= 0 for s >= a - 1), so every
     // T value above c4 is at least a lam rounded to T.
     const T sign = fk_sign_bit(v), t = fk_bits_xor(v, sign);
-    T x1 = fk_sub_m(fk_sub_m(t, k.c0, k.one), k.lo0, k.one);
+    T x1 = fk_sub_m(fk_sub_m(t, k.c0, k.one, false), k.lo0, k.one, false);
     x1 = fk_max_keep_nan(x1, k.zero);
     x1 = x1 > k.c1 ? k.c1 : x1;
     return fk_bits_or(t <= k.c4 ? x1 : t, sign);
