@@ -82,6 +82,7 @@ import fedkernels as fk
 from .base import ClientSet, client_generators
 from .chain import plan_chain
 from .data import TensorData, client_data
+from .population import Population
 from .probe import check_clients
 from .separable import separability, side_effect_free
 
@@ -167,6 +168,13 @@ class BatchedClients(ClientSet):
 
     executor: ClassVar[str] = "batched"
 
+    def __new__(cls, model=None, loss_fn=None, data=None, *args, **kwargs):
+        if isinstance(data, Population):  # clients built on demand: passes over each call's clients
+            from .cohort_batched import CohortBatched
+
+            return CohortBatched(model, loss_fn, data, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0,
                  memory_budget: Optional[int] = None, chunk_clients: Optional[int] = None, chunk: int = 2048):
@@ -187,10 +195,6 @@ class BatchedClients(ClientSet):
         self.dim = self.flat.numel
         self.dtype = self.flat.params.dtype
         self.device = self.flat.params.device
-        if hasattr(data, "make_client"):  # a population.Population: clients built on demand
-            raise ValueError("executor 'batched' cannot run these clients: a Population builds each client on "
-                             "demand, and vectorized passes need every client's samples in memory; use "
-                             "executor='sequential'")
         wrapped = [client_data(c, self.dtype, self.device) for c in data]
         lazy = next((i for i, c in enumerate(wrapped) if not isinstance(c, TensorData)), None)
         if lazy is not None:

@@ -18,10 +18,10 @@ cannot detect a change confined to clients it does not sample behind an unchange
 code under the same name): give ``recipe=`` a version string when the code behind it changes.
 
 The executors: the sequential one reads clients on demand (a full participation round, or a
-metric pass, streams every client through the cache, never holding them all); the batched one
-needs every client's samples in memory and is refused (``executor="auto"`` takes the sequential
-one). Each client's minibatch generator is created when first used (:class:`LazyGenerators`), so
-10^6 clients do not cost 10^6 generator states (5 kB each).
+metric pass, streams every client through the cache, never holding them all); the batched one runs
+its vectorized passes over each call's clients (:mod:`.cohort_batched`). Each client's minibatch
+generator is created when first used (:class:`LazyGenerators`), so 10^6 clients do not cost 10^6
+generator states (5 kB each).
 """
 
 from __future__ import annotations

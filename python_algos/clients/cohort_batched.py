@@ -1,0 +1,113 @@
+"""The batched executor on a :class:`~.population.Population`: vectorized passes over the clients one
+call trains, built when the call comes.
+
+:class:`~.batched.BatchedClients` concatenates every client's samples once; a population's clients
+exist only while in use. :class:`CohortBatched` builds a ``BatchedClients`` over the clients of a
+gradient call (a round's cohort: built once per round, reused by its local steps; under full
+participation, consecutive blocks of ``population.cache`` clients, streamed) and hands it the
+clients' own generators (:class:`~.population.LazyGenerators`), so each client draws the batches it
+would draw in the batched executor over the whole list. A client's gradient there is a function of
+its own batch and the call, never of which clients share its pass (``BatchedClients._gradients``), so
+the training is the list run's bit for bit (tests/test_population.py, float64; in float32 the
+torch.func path can differ in a last bit with a row's position in its pass, as the list run's own
+passes do: tests/test_engine_batched_metric.py's xfail). The metric pass streams blocks of ``population.cache``
+clients and combines the blocks' means weighted by their sizes: with one block (N <= the cache) it
+is the list run's pass bit for bit; with more, f and its gradient differ from it by the summation
+order only (and a block's padding takes that block's longest client).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, ClassVar, Optional
+
+import torch
+from torch import nn
+
+import fedkernels as fk
+
+from .base import ClientSet
+from .population import PROBE_CLIENTS, LazyGenerators, Population
+
+__all__ = ["CohortBatched"]
+
+
+class CohortBatched(ClientSet):
+    """``BatchedClients``' work on a population, one call's clients at a time (module docstring).
+    Arguments as :class:`~.batched.BatchedClients`' (``options``: its ``memory_budget``,
+    ``chunk_clients``, ``chunk``)."""
+
+    executor: ClassVar[str] = "batched"
+
+    def __init__(self, model: nn.Module, loss_fn: Callable, data: Population, batch_size: Optional[int] = None,
+                 seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0, **options):
+        super().__init__()
+        self.model, self.loss_fn, self.population, self.options = model, loss_fn, data, options
+        self.batch_size = batch_size
+        self.flat = flat if flat is not None else fk.FlatParams(model)
+        self.dim, self.dtype, self.device = self.flat.numel, self.flat.params.dtype, self.flat.params.device
+        self.num_clients = self.rows = len(data)
+        self.generators = LazyGenerators(seed, self.num_clients, first_client)
+        self._key: Optional[tuple] = None
+        self._inner = None
+        self.probe = self._over(list(range(min(PROBE_CLIENTS, self.num_clients))))  # the start-up checks
+        self.coupled = self.probe.coupled
+
+    def _over(self, ids: list):
+        """The ``BatchedClients`` over clients ``ids`` (the last one is kept: a round's local steps reuse it)."""
+        from .batched import BatchedClients  # batched.py builds this class for a population
+
+        key = (ids[0], len(ids)) if ids == list(range(ids[0], ids[0] + len(ids))) else tuple(ids)
+        if key != self._key:
+            self.population.reserve(len(ids))
+            with torch.enable_grad():  # built inside a round (no_grad), where its probes would not see the chain
+                self._inner = BatchedClients(self.model, self.loss_fn, [self.population[i] for i in ids],
+                                             self.batch_size, flat=self.flat, **self.options)
+            self._inner.generators = [self.generators[i] for i in ids]  # each client's own, as in the list run
+            self._key = key
+        return self._inner
+
+    def set_participation(self, clients_per_round, seed=0):
+        super().set_participation(clients_per_round, seed)
+        self.population.reserve(self.clients_per_round or 0)
+
+    def _blocks(self) -> list:
+        step = self.population.cache
+        return [list(range(a, min(a + step, self.num_clients))) for a in range(0, self.num_clients, step)]
+
+    def gradients_(self, X, G, ids=None):
+        t0 = time.perf_counter()
+        parts = [(ids.tolist(), slice(None))] if ids is not None else [(b, slice(b[0], b[-1] + 1))
+                                                                      for b in self._blocks()]
+        for members, rows in parts:
+            inner = self._over(members)
+            fb, n = inner.fwd_bwd_seconds, inner.grad_evals
+            inner.gradients_(X[rows], G[rows])
+            self.fwd_bwd_seconds += inner.fwd_bwd_seconds - fb
+            self.grad_evals += inner.grad_evals - n
+        self.grad_seconds += time.perf_counter() - t0
+        return G
+
+    def clients_per_pass(self) -> float:
+        """What ``executor="auto"`` weighs: the probed clients' (a cohort's passes hold as many as the budget)."""
+        return self.probe.clients_per_pass()
+
+    def _mean(self, S, divisor=None):
+        return S.mean(dim=0) if divisor is None else S.sum(dim=0).div_(divisor)
+
+    def _broadcast(self, v):
+        return v
+
+    def full_objective_(self, x, grad_out):
+        """f(x) and its gradient over every client: the blocks' means, weighted by their sizes (module docstring)."""
+        N = self.num_clients
+        total = torch.zeros_like(grad_out)
+        f = 0.0
+        g = torch.empty_like(grad_out)
+        for members in self._blocks():
+            n = len(members)
+            fi = self._over(members).full_objective_(x, g)  # (1/n) sums over the block
+            total.add_(g, alpha=n / N)
+            f += fi * n / N
+        grad_out.copy_(total)
+        return f
