@@ -33,8 +33,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import faults
-from .signals import stop_signals_held
+from .files import write_atomically
 
 __all__ = ["save", "load", "atomic_save", "encode", "decode", "Checkpointer", "Diverged", "CheckpointError", "FORMAT",
            "nonfinite_entry"]
@@ -83,32 +82,10 @@ def decode(obj: Any) -> Any:
 
 
 def atomic_save(obj: Any, path: str, private: bool = False) -> None:
-    """``torch.save(obj, path)`` atomically: temp file in the same folder, fsync, ``os.replace``.
-    ``private``: the file is created readable by its owner only (0600), a missing folder 0700."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, mode=0o700 if private else 0o777, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with stop_signals_held():
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-            with os.fdopen(os.open(tmp, flags, 0o600 if private else 0o666), "wb") as f:
-                torch.save(obj, f)
-                f.flush()
-                faults.point("checkpoint write")  # a kill here leaves a torn temp file, never a torn checkpoint
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-    try:  # make the rename itself durable
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    """``torch.save(obj, path)`` atomically (:func:`~.files.write_atomically`); ``private``: the file is
+    created readable by its owner only (0600), a missing folder 0700."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700 if private else 0o777, exist_ok=True)
+    write_atomically(path, lambda f: torch.save(obj, f), private=private, point="checkpoint write")
 
 
 def save(path: str, snapshot: dict, extra: Optional[dict] = None, fmt=FORMAT) -> None:

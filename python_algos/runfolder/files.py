@@ -15,17 +15,19 @@ import errno
 import json
 import math
 import os
+import shutil
 import threading
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from . import faults
+from .signals import stop_signals_held
 
 __all__ = ["RUN_FILES", "RUN_DIRS", "EVENTS_DIR", "RunFolderError", "RunExistsError", "read_metrics", "parse_json",
            "read_json_object", "holds_run", "as_json", "write_json", "write_jsonl", "create_json",
-           "write_text_atomically", "append_row", "remove_leftovers", "exchange_paths"]
+           "write_text_atomically", "write_atomically", "append_row", "remove_leftovers", "exchange_paths"]
 
 FLOWER_MARK = "flower.json"  # a run through a Flower deployment (run --flower): its engine and node-state key
 FLOWER_CHECKPOINT = "flower-checkpoint.pt"  # its server's checkpoint (no client state: the nodes keep theirs)
@@ -66,16 +68,50 @@ def _clean(v):
     return v
 
 
+def write_atomically(path: str, write, *, private: bool = False, exclusive: bool = False,
+                     point: Optional[str] = "file write") -> None:
+    """``write(f)`` (a binary file) into a temp file beside ``path``, fsync, rename over ``path``, stop
+    signals held (a KeyboardInterrupt inside ``torch.save`` leaves a half-written zip that torch reports as
+    an unrelated error): a kill leaves the old file or the new one (and at worst a ``*.tmp-*`` file, removed
+    by the next resume). ``private``: 0600. ``exclusive``: linked into place instead (``link(2)`` fails on an
+    existing name: of several writers one succeeds, the others raise ``FileExistsError``); without hard
+    links an ``O_EXCL`` create decides (a kill mid-write can then tear it). ``point``: its fault point."""
+    folder, name = os.path.split(os.path.abspath(os.fspath(path)))
+    tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    with stop_signals_held():
+        try:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o666), "wb") as f:
+                write(f)
+                f.flush()
+                if point:
+                    faults.point(point)  # a kill here leaves a torn temp file, never a torn `path`
+                os.fsync(f.fileno())
+            (_link if exclusive else os.replace)(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _link(tmp: str, path: str) -> None:
+    try:
+        os.link(tmp, path)
+    except OSError as e:
+        if isinstance(e, FileExistsError) or e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+            raise
+        with open(tmp, "rb") as src, open(path, "xb") as f:
+            shutil.copyfileobj(src, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def write_text_atomically(path: str, text: str) -> None:
-    """Write ``text`` to a temp file next to ``path``, then rename it over ``path``: a kill leaves the
-    old file or the new one (and at worst a ``*.tmp-<pid>`` file, removed by the next resume)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        faults.point("file write")
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, lambda f: f.write(text.encode()))
 
 
 def write_json(path: str, obj) -> None:
@@ -83,30 +119,9 @@ def write_json(path: str, obj) -> None:
 
 
 def create_json(path: str, obj) -> None:
-    """Write ``path`` only if no file of that name exists, atomically: the complete file is linked into
-    place (``link(2)`` fails on an existing name), so of several writers exactly one succeeds and the
-    others raise ``FileExistsError``, changing nothing. Where the file system has no hard links, an
-    exclusive create (``O_EXCL``) decides instead (a kill mid-write can then leave a torn file)."""
+    """Write ``path`` only if no file of that name exists (:func:`write_atomically`, ``exclusive``)."""
     text = json.dumps(_clean(obj), indent=2) + "\n"
-    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
-        except OSError as e:
-            if isinstance(e, FileExistsError) or e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS,
-                                                                  errno.EMLINK):
-                raise
-            with open(path, "x") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
+    write_atomically(path, lambda f: f.write(text.encode()), exclusive=True, point=None)
 
 
 def write_jsonl(path: str, rows: Sequence[dict]) -> None:
