@@ -25,7 +25,7 @@ The machine is named above the table (CPU model, ISA flags, caches) with its loa
 on a machine shared with other jobs, the figures are a floor, and the 2-thread ones the noisiest
 (a static OpenMP split waits for the slower thread).
 
-A last table times each MCP and SCAD formula against L1 in cache (65,536 float32 values in and out,
+A last table times each MCP and SCAD formula against L1 in cache (256 KiB of ``--dtype`` values in and out,
 1 thread, fastest of ``--rounds`` batches of 10 calls): the formulas' own cost, which the
 DRAM-bound table hides where memory is the limit.
 """
@@ -184,19 +184,25 @@ def twin_percent(op: Op, times: Dict[str, float]) -> Optional[float]:
     return 100.0 * (op.moved / 2) * times["probe"] / times[TWIN] if TWIN in times else None
 
 
-IN_CACHE_NUMEL = 1 << 16  # 256 KiB in + 256 KiB out: in L2 on current x86 server cores
+IN_CACHE_NUMEL = 1 << 16  # float32: 256 KiB in + 256 KiB out, in L2 on current x86 server cores
+
+
+def in_cache_numel(dtype: torch.dtype) -> int:
+    """Values per in-cache buffer: IN_CACHE_NUMEL float32 values' bytes (half as many float64 values)."""
+    return IN_CACHE_NUMEL * 4 // torch.empty(0, dtype=dtype).element_size()
 # (kind, step, lam, p2) of each MCP and SCAD formula (csrc/math/prox.h), step chosen for the regime
 IN_CACHE_CASES = {"L1": ("l1", 0.5, 1.0, 0.0), "MCP firm": ("mcp", 0.5, 1.0, 3.0), "MCP hard": ("mcp", 4.0, 1.0, 3.0),
                   "SCAD small step": ("scad", 0.5, 1.0, 3.7), "SCAD large step": ("scad", 4.0, 1.0, 3.7)}
 
 
-def in_cache_times(variants: List[str], rounds: int) -> Dict[str, Dict[str, float]]:
+def in_cache_times(variants: List[str], rounds: int, dtype: torch.dtype = torch.float32) -> Dict[str, Dict[str, float]]:
     """Seconds per call of each IN_CACHE_CASES prox, 1 thread, buffers in L2 (compute-bound: the
     formulas' own cost), fastest of `rounds` batches of 10 calls per variant."""
-    from fedkernels._backend import KIND_CODES
+    from fedkernels._backend import DTYPE_CODES, KIND_CODES
 
-    x = torch.randn(IN_CACHE_NUMEL, generator=torch.Generator().manual_seed(0)) * 2
-    out, n = torch.empty_like(x), IN_CACHE_NUMEL
+    n = in_cache_numel(dtype)
+    x = (torch.randn(n, generator=torch.Generator().manual_seed(0)) * 2).to(dtype)
+    out = torch.empty_like(x)
     before, res = fk.get_num_threads(), {}
     fk.set_num_threads(1)
     try:
@@ -204,7 +210,8 @@ def in_cache_times(variants: List[str], rounds: int) -> Dict[str, Dict[str, floa
             _C.set_cpu_isa(v)
             res[v] = {}
             for name, (kind, step, p1, p2) in IN_CACHE_CASES.items():
-                args = (0, 0, -1, 0, 1, n, x.data_ptr(), n, out.data_ptr(), n, KIND_CODES[kind], step, p1, p2)
+                args = (0, DTYPE_CODES[dtype], -1, 0, 1, n, x.data_ptr(), n, out.data_ptr(), n, KIND_CODES[kind],
+                        step, p1, p2)
                 best = float("inf")
                 for _ in range(max(rounds, 3)):
                     t0 = time.perf_counter()
@@ -238,7 +245,7 @@ def run(args) -> dict:
             twin = rows[-1]["twin_percent"]
             print(f"  {used} thr  {op.name:22s} " + "  ".join(f"{k} {v:5.0f}%" for k, v in rows[-1]["percent"].items())
                   + (f"  {TWIN} {twin:5.0f}%" if twin is not None else ""), flush=True)
-    in_cache = in_cache_times(variants, args.rounds)
+    in_cache = in_cache_times(variants, args.rounds, dtype)
     return {"machine": info, "loadavg_after": list(os.getloadavg()), "cpu_busy_after": cpu_busy(1.0),
             "in_cache_seconds": in_cache,
             "dtype": args.dtype, "numel": args.numel, "rounds": args.rounds, "stat": args.stat, "warm": args.warm,
@@ -293,8 +300,9 @@ def render_markdown(res: dict) -> str:
     lines.append("")
     lines += _scad_over_l1(res)
     lines.append(_verdict(res))
-    lines += ["", f"In cache (float32, {IN_CACHE_NUMEL:,} values in and out, 1 thread, compute-bound): time / L1's "
-              "time; L1 in microseconds.", "",
+    cached = in_cache_numel(getattr(torch, res["dtype"]))
+    lines += ["", f"In cache ({res['dtype']}, {cached:,} values in and out, 1 thread, compute-bound): "
+              "time / L1's time; L1 in microseconds.", "",
               "| variant | L1 (us) | " + " | ".join(n for n in IN_CACHE_CASES if n != "L1") + " |",
               "|---|" + "---:|" * len(IN_CACHE_CASES)]
     for v, t in res["in_cache_seconds"].items():
