@@ -105,12 +105,16 @@ def foreign_entries(out_dir: str) -> List[str]:
     return sorted(e for e in os.listdir(out_dir) if not _of_a_run(e))
 
 
-def _file_on_the_way(path: str):
-    """``path`` or the nearest of its parents that exists, when that is not a folder; else None."""
-    path = os.path.abspath(path)
+def _check_target(out_dir: str, replace) -> None:
+    """Refuse a ``replace`` that is no bool (a truthy string must not delete a run) and an ``out_dir``
+    that is a file or lies under one (the nearest of its parents that exists is not a folder)."""
+    if not isinstance(replace, bool):
+        raise TypeError(f"replace must be True or False, got {replace!r}")
+    path = os.path.abspath(out_dir)
     while not os.path.exists(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
-    return None if os.path.isdir(path) else path
+    if not os.path.isdir(path):
+        raise RunFolderError(f"{path} is a file, not a folder; choose another --out (nothing was changed)")
 
 
 def check_fresh_start(out_dir: str, replace: bool, *, how_to_resume: str = "") -> None:
@@ -120,11 +124,7 @@ def check_fresh_start(out_dir: str, replace: bool, *, how_to_resume: str = "") -
     refused (:class:`RunFolderError`) when the folder also holds entries no run writes, which
     :func:`clear_for_fresh_run` would have to keep beside the new run or delete. A folder without a
     run must be empty (or hold only what a run writes): a run among the user's own files is refused."""
-    if not isinstance(replace, bool):  # a truthy string must not delete a run
-        raise TypeError(f"replace must be True or False, got {replace!r}")
-    blocked = _file_on_the_way(out_dir)
-    if blocked is not None:
-        raise RunFolderError(f"{blocked} is a file, not a folder; choose another --out (nothing was changed)")
+    _check_target(out_dir, replace)
     if not holds_run(out_dir):
         foreign = foreign_entries(out_dir)
         if foreign:  # the user's own folder: a run written among its files could not be told apart or replaced
@@ -227,10 +227,7 @@ def check_group_start(out_dir: str, records: Sequence[str], replace: bool, *, ho
     random search) may start in ``out_dir``: a missing or empty folder, or with ``replace`` one that
     holds nothing but an earlier group (:func:`check_group_replaceable`). A folder holding files is
     refused (:class:`RunExistsError`, naming ``how_to_resume``) unless ``replace``."""
-    if not isinstance(replace, bool):  # a truthy string must not delete runs
-        raise TypeError(f"replace must be True or False, got {replace!r}")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise RunFolderError(f"{out_dir} is a file, not a folder; choose another --out (nothing was changed)")
+    _check_target(out_dir, replace)
     lock_folder(out_dir)
     if not (os.path.isdir(out_dir) and os.listdir(out_dir)):
         return
