@@ -121,21 +121,14 @@ def fingerprint_clients(clients) -> dict:
             h.update(b"tensors")
             _hash_tensor(h, X)
             _hash_tensor(h, y)
-        elif isinstance(c, torch.utils.data.DataLoader):
+        else:  # a DataLoader or a Dataset by its kind and length
+            kind, sized = (("loader", c.dataset) if isinstance(c, torch.utils.data.DataLoader) else
+                           ("dataset", c) if isinstance(c, torch.utils.data.Dataset) else (None, None))
             try:
-                n = len(c.dataset)
+                n = len(sized) if kind else None
             except TypeError:  # an IterableDataset without a length: not iterated here
                 n = None
-            h.update(f"loader:{n}".encode())
-        elif isinstance(c, torch.utils.data.Dataset):
-            try:
-                n = len(c)
-            except TypeError:
-                n = None
-            h.update(f"dataset:{n}".encode())
-        else:
-            n = None
-            h.update(f"other:{type(c).__qualname__}".encode())
+            h.update((f"{kind}:{n}" if kind else f"other:{type(c).__qualname__}").encode())
         samples.append(n)
     return {"samples": samples, "content": h.hexdigest()}
 
