@@ -185,12 +185,9 @@ def _nan_for_null(row: dict) -> dict:
 
 def _why_past_model(summary: dict) -> str:
     """Why metrics.jsonl goes past model.pt's round, as far as summary.json tells."""
-    status, done = summary.get("status"), summary.get("rounds_done")
-    if status == "interrupted":
-        return f"the resumed run was interrupted after round {done}"
-    if status == "diverged":
-        return f"the resumed run diverged after round {done}"
-    return "a resumed run stopped (was killed?) before it finished"
+    how = {"interrupted": "was interrupted", "diverged": "diverged"}.get(summary.get("status"))
+    return (f"the resumed run {how} after round {summary.get('rounds_done')}" if how
+            else "a resumed run stopped (was killed?) before it finished")
 
 
 def _rows_of_model(path: str, rows: list, model_round, summary: dict, api_run: bool) -> list:
