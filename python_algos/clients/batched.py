@@ -81,6 +81,7 @@ import fedkernels as fk
 
 from .base import ClientSet, client_generators
 from .chain import plan_chain
+from .cohort_batched import CohortBatched
 from .data import TensorData, client_data
 from .population import Population
 from .probe import check_clients
@@ -170,9 +171,7 @@ class BatchedClients(ClientSet):
 
     def __new__(cls, model=None, loss_fn=None, data=None, *args, **kwargs):
         if isinstance(data, Population):  # clients built on demand: passes over each call's clients
-            from .cohort_batched import CohortBatched
-
-            return CohortBatched(model, loss_fn, data, *args, **kwargs)
+            return CohortBatched(model, loss_fn, data, *args, vectorized=cls, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,

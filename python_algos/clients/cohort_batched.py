@@ -40,9 +40,11 @@ class CohortBatched(ClientSet):
     executor: ClassVar[str] = "batched"
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Population, batch_size: Optional[int] = None,
-                 seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0, **options):
+                 seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0, *,
+                 vectorized: type, **options):
         super().__init__()
         self.model, self.loss_fn, self.population, self.options = model, loss_fn, data, options
+        self.vectorized = vectorized  # BatchedClients, which hands a population to this class (no import cycle)
         self.batch_size = batch_size
         self.flat = flat if flat is not None else fk.FlatParams(model)
         self.dim, self.dtype, self.device = self.flat.numel, self.flat.params.dtype, self.flat.params.device
@@ -55,13 +57,11 @@ class CohortBatched(ClientSet):
 
     def _over(self, ids: list):
         """The ``BatchedClients`` over clients ``ids`` (the last one is kept: a round's local steps reuse it)."""
-        from .batched import BatchedClients  # batched.py builds this class for a population
-
         key = (ids[0], len(ids)) if ids == list(range(ids[0], ids[0] + len(ids))) else tuple(ids)
         if key != self._key:
             self.population.reserve(len(ids))
             with torch.enable_grad():  # built inside a round (no_grad), where its probes would not see the chain
-                self._inner = BatchedClients(self.model, self.loss_fn, [self.population[i] for i in ids],
+                self._inner = self.vectorized(self.model, self.loss_fn, [self.population[i] for i in ids],
                                              self.batch_size, flat=self.flat, **self.options)
             self._inner.generators = [self.generators[i] for i in ids]  # each client's own, as in the list run
             self._key = key
