@@ -210,8 +210,8 @@ class ShardedCheckpointer(ckpt.Checkpointer):
     """:class:`~python_algos.experiments.checkpoint.Checkpointer` for a distributed run: every rank
     writes its shard, rank 0 the manifest last (module docstring). ``num_clients``: N."""
 
-    def __init__(self, path: str, num_clients: int, extra: Optional[dict] = None, on_save=None):
-        super().__init__(path, extra, on_save)
+    def __init__(self, path: str, num_clients: int, extra: Optional[dict] = None):
+        super().__init__(path, extra)
         self.num_clients = int(num_clients)
 
     def __call__(self, snapshot: dict) -> None:
@@ -254,8 +254,6 @@ class ShardedCheckpointer(ckpt.Checkpointer):
                 err = e
         process_group.agree(err)
         self.last_round = t
-        if self.on_save is not None:
-            self.on_save(snapshot)
 
 
 class SingleFileCheckpointer(ckpt.Checkpointer):
@@ -268,11 +266,11 @@ class SingleFileCheckpointer(ckpt.Checkpointer):
             remove_shards(self.path)
 
 
-def checkpointer(path: str, num_clients: int, extra: Optional[dict] = None, on_save=None) -> ckpt.Checkpointer:
+def checkpointer(path: str, num_clients: int, extra: Optional[dict] = None) -> ckpt.Checkpointer:
     """The checkpoint hook of a run: sharded under torchrun, a single file otherwise."""
     if distributed():
-        return ShardedCheckpointer(path, num_clients, extra, on_save)
-    return SingleFileCheckpointer(path, extra, on_save)
+        return ShardedCheckpointer(path, num_clients, extra)
+    return SingleFileCheckpointer(path, extra)
 
 
 def remove_shards(path: str) -> None:

@@ -155,14 +155,13 @@ class Checkpointer:
     """A ``Checkpoint(save)`` callback's ``save``: writes every snapshot it receives to ``path``.
 
     A snapshot whose algorithm state holds NaN/Inf is not written: :class:`Diverged` is raised
-    instead, so the file keeps the last good state. ``on_save(snapshot)`` runs after each write.
-    ``last_round`` is the round of the last checkpoint written.
+    instead, so the file keeps the last good state. ``last_round`` is the round of the last checkpoint
+    written.
     """
 
-    def __init__(self, path: str, extra: Optional[dict] = None, on_save=None):
+    def __init__(self, path: str, extra: Optional[dict] = None):
         self.path = os.fspath(path)
         self.extra = extra
-        self.on_save = on_save
         self.last_round: Optional[int] = None
 
     def __call__(self, snapshot: dict) -> None:
@@ -170,5 +169,3 @@ class Checkpointer:
             raise Diverged(f"round {snapshot['round']}: the algorithm state field {bad!r} holds NaN/Inf")
         save(self.path, snapshot, self.extra)
         self.last_round = int(snapshot["round"])
-        if self.on_save is not None:
-            self.on_save(snapshot)
