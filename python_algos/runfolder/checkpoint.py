@@ -137,17 +137,12 @@ def nonfinite_entry(obj) -> Optional[str]:
     """Name of the first non-finite tensor field in a (nested) state, or None."""
     if isinstance(obj, torch.Tensor):
         return None if (not obj.is_floating_point() or bool(torch.isfinite(obj).all())) else "tensor"
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        for k, v in obj._asdict().items():
-            if nonfinite_entry(v):
-                return k
-        return None
-    if isinstance(obj, (list, tuple)):
-        for v in obj:
-            if bad := nonfinite_entry(v):
-                return bad
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "value"
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else "value"
+    named = isinstance(obj, tuple) and hasattr(obj, "_fields")  # a NamedTuple: the field's name
+    for k, v in obj._asdict().items() if named else enumerate(obj) if isinstance(obj, (list, tuple)) else ():
+        if bad := nonfinite_entry(v):
+            return k if named else bad
     return None
 
 
