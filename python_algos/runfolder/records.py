@@ -31,7 +31,7 @@ from .files import RunExistsError, RunFolderError, create_json, read_json_object
 __all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "COMPARISON", "SEEDS",
            "FORMAT_VERSION", "FORMAT_KEY", "check_format",
            "run_folder_name", "write_config", "api_config_record", "write_partition", "metric_round", "metrics_row",
-           "write_metrics", "final_row", "RunWarning", "run_warning", "summary_record",
+           "write_metrics", "RunWarning", "run_warning", "summary_record",
            "write_summary", "save_model", "load_model", "read_config", "read_metrics", "read_summary", "group_runs"]
 
 CONFIG, PARTITION, METRICS = "config.json", "partition.json", "metrics.jsonl"
@@ -139,12 +139,6 @@ def write_metrics(out_dir: str, rows: Sequence[dict]) -> None:
 # --------------------------------------------------------------------------- summary.json
 
 
-def final_row(rows: Sequence[dict]) -> dict:
-    """The last row that holds the objective (a row without metrics is a timing-only round), else the
-    last row; {} for no rows."""
-    return next((r for r in reversed(rows) if "f+h" in r), rows[-1] if rows else {})
-
-
 WORSE_THAN_BEST = 10  # f+h this many times its best so far: the run went wrong, whatever it does after
 
 
@@ -178,9 +172,10 @@ def summary_record(*, label: str, algorithm: str, hparams: dict, status: str, ro
                    out_dir: str, resume_command: Optional[str], message: Optional[str] = None,
                    **more: Any) -> dict:
     """``summary.json`` of a run: how it ended (``status``, one of :data:`STATUSES`, and ``message``),
-    its rows' first (``initial``) and last metrics (``final``: :func:`final_row`), rounds asked and done,
-    the time of its last row, what it ran (algorithm, h, clients, dimension, executor), and
-    ``resume_command`` (None: it cannot be resumed). ``rows`` are metrics.jsonl's, round 0 first.
+    its rows' first (``initial``) and last metrics (``final``: the last row with f+h, past timing-only
+    rounds, else the last row), rounds asked and done, the time of its last row, what it ran (algorithm,
+    h, clients, dimension, executor), and ``resume_command`` (None: it cannot be resumed). ``rows`` are
+    metrics.jsonl's, round 0 first.
     ``more``: what one engine adds (timings, threads, checkpoint round, Flower nodes, F*, ...)."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
@@ -194,7 +189,7 @@ def summary_record(*, label: str, algorithm: str, hparams: dict, status: str, ro
         "warning": run_warning(rows),
         "rounds": rounds,
         "rounds_done": last.get("round", 0),
-        "final": final_row(rows),
+        "final": next((r for r in reversed(rows) if "f+h" in r), last),
         "initial": rows[0] if rows else None,
         "elapsed": last.get("elapsed", 0.0),
         "regularizer": regularizer,
