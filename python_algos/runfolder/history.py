@@ -46,7 +46,6 @@ from .records import (
     MODEL,
     SEEDS,
     SUMMARY,
-    api_config_record,
     group_runs,
     load_model,
     read_config,
@@ -155,7 +154,9 @@ def save_history(hist, path: str, *, overwrite: bool = False, label: Optional[st
     _check_target(path, overwrite)
     rows = [hist.initial, *hist.metrics]
     setup = dict(hist.setup or {})
-    config = api_config_record(hist.algorithm, hist.hparams, hist.executor, setup)
+    # what simulate knew, marked api_run: no checkpoint or data recipe, so `run --resume` refuses the folder
+    config = {API_MARK: True, "saved_by": "python_algos History.save", "algorithm": hist.algorithm,
+              "hparams": hist.hparams, "executor": hist.executor, **setup}
     summary = summary_record(
         label=label or hist.algorithm, algorithm=hist.algorithm, hparams=hist.hparams, status="completed", rows=rows,
         rounds=setup.get("rounds", rows[-1].get("round", 0)), regularizer=setup.get("regularizer"),

@@ -2,7 +2,7 @@
 (``run_experiment``, and through it ``run``, ``compare``, seeds, ``sweep``, Optuna and ``--workers``),
 ``--flower``, and :meth:`History.save <python_algos.simulate.History.save>`.
 
-* ``config.json`` — :func:`write_config` (the settings; ``History.save``: :func:`api_config_record`);
+* ``config.json`` — :func:`write_config` (the settings; ``History.save``'s: what ``simulate`` knew);
 * ``partition.json`` — :func:`write_partition` (the split: client sizes, label histograms);
 * ``metrics.jsonl`` — :func:`metrics_row` (one round's row; :func:`metric_round`: which rows hold
   metrics), :func:`write_metrics` (rows 0..t), :func:`~.files.append_row` (one more row);
@@ -30,7 +30,7 @@ from .files import RunExistsError, RunFolderError, create_json, read_json_object
 
 __all__ = ["CONFIG", "PARTITION", "METRICS", "SUMMARY", "MODEL", "STATUSES", "API_MARK", "COMPARISON", "SEEDS",
            "FORMAT_VERSION", "FORMAT_KEY", "check_format",
-           "run_folder_name", "write_config", "api_config_record", "write_partition", "metric_round", "metrics_row",
+           "run_folder_name", "write_config", "write_partition", "metric_round", "metrics_row",
            "write_metrics", "RunWarning", "run_warning", "summary_record",
            "write_summary", "save_model", "load_model", "read_config", "read_metrics", "read_summary", "group_runs"]
 
@@ -85,13 +85,6 @@ def check_format(folder: str, record: Mapping[str, Any]) -> None:
         raise RunFolderError(f"cannot resume {folder}: it was written in run-folder format {version}, this version "
                              f"continues format {FORMAT_VERSION}: start the run again in a new folder (the old one "
                              f"still plots: `python -m python_algos plot {shlex.quote(folder)}`)")
-
-
-def api_config_record(algorithm: str, hparams: dict, executor: str, setup: Mapping[str, Any]) -> dict:
-    """The settings ``History.save`` records: what ``simulate`` knew, marked ``api_run`` (no checkpoint
-    or data recipe, so ``run --resume`` refuses the folder)."""
-    return {API_MARK: True, "saved_by": "python_algos History.save", "algorithm": algorithm, "hparams": hparams,
-            "executor": executor, **setup}
 
 
 def write_partition(out_dir: str, partition: str, parts: Sequence, histograms=None) -> None:
