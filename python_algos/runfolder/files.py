@@ -180,10 +180,10 @@ def holds_run(out_dir: str) -> bool:
     return any(os.path.exists(os.path.join(out_dir, f)) for f in RUN_MARKS)
 
 
-def remove_leftovers(out_dir: str, also: Sequence[str] = ()) -> None:
-    """Temp files of writes a kill interrupted, plus the run files in ``also``."""
+def remove_leftovers(out_dir: str) -> None:
+    """Temp files of writes a kill interrupted."""
     for f in os.listdir(out_dir):
-        if ".tmp-" in f or f in also:
+        if ".tmp-" in f:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(out_dir, f))
 
