@@ -206,9 +206,8 @@ MAX_FUNCTION_LINES = 80  # a function's body, docstring included (the developers
 # experiments/: issue 36 asks for <= 8,400; it is 9,228 (9,051 before issue 36, whose deletions there were offset
 # by issue 37's bundled data sets, survival task and loaders). Held where it is so that it cannot grow further;
 # lower it as the remaining item-7 deletions (label maps, one folder format, build.py's trial rebuilds) land.
-# runfolder/: 2050 + 31 for issue 38 item 5's one rule of a run that went wrong (records.run_warning, RunWarning),
-# which summary.json, the tables and simulate's warning all read, so it sits below them in the run records.
-LINE_BUDGETS = {"python_algos/simulate.py": 480, "python_algos/runfolder": 2081, "python_algos/deploy": 2050,
+# runfolder/: issue 36's 2,050, with issue 38's records.run_warning (31 lines) paid for by deletions of repeats.
+LINE_BUDGETS = {"python_algos/simulate.py": 480, "python_algos/runfolder": 2050, "python_algos/deploy": 2050,
                 "python_algos/experiments": 9228}
 
 
