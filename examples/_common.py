@@ -12,9 +12,9 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from python_algos.data import DataNotFoundError, load_dataset
 from python_algos.experiments.build import prepare_data
 from python_algos.experiments.config import Config
-from python_algos.experiments.data import DataNotFoundError, load_dataset
 from python_algos.experiments.run import run_experiment
 
 __all__ = ["parser", "paper_data", "Runner", "loglog_slope", "write_report", "table", "show_warnings_as_the_cli"]

@@ -21,8 +21,8 @@ import sys
 import numpy as np
 
 from examples._common import Runner, parser, table, write_report
+from python_algos.data import bundled
 from python_algos.experiments.config import Config
-from python_algos.experiments.data import bundled
 from python_algos.runfolder.files import read_metrics
 
 METHODS = {"fedcanon": "FedCanon", "za1": "ZA1", "fednmap": "FedNMap", "prox_fedavg": "Prox-FedAvg",

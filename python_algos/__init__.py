@@ -13,8 +13,12 @@ cycle crosses them, checked by tests/test_layers.py):
   ``[N, d]`` stacks updated by fused kernels, reached only through a ``ClientSet``;
 * :mod:`python_algos.simulate` — drives an algorithm through a ``ClientSet`` and records metrics;
   this package (``import python_algos``) stops here;
-* :mod:`python_algos.experiments` — the application: CLI, configs, runs and comparisons, data,
-  models, launching on several processes, plots.
+* :mod:`python_algos.data` — data sets and their federated splits: readers of local files (no
+  downloads), the bundled a9a and Fed-TCGA-BRCA, generators, partitions, federated standardisation
+  (``from python_algos.data import load_dataset, federate, standardize``; imports nothing above);
+* :mod:`python_algos.deploy` — Flower apps and local deployments;
+* :mod:`python_algos.experiments` — the application: CLI, configs, runs and comparisons, models,
+  launching on several processes, plots.
 
 For example::
 

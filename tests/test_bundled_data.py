@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import python_algos as pa
-from python_algos.experiments.data import bundled, federate, load_dataset
+from python_algos.data import bundled, federate, load_dataset
 from python_algos.experiments.losses import concordance_index, cox_breslow
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from python_algos.experiments.data import (
+from python_algos.data import (
     DataNotFoundError,
     federate,
     fedprox_synthetic,

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+from python_algos.data import check_data_options, standardize, synthetic
+from python_algos.data.datasets import DATA_OPTIONS, MAKERS
+from python_algos.data.options import Opt, options_of
 from python_algos.experiments.build import prepare_data
 from python_algos.experiments.cli import main
 from python_algos.experiments.config import Config
-from python_algos.experiments.data import check_data_options, standardize, synthetic
-from python_algos.experiments.data.datasets import DATA_OPTIONS, MAKERS
-from python_algos.experiments.data.options import Opt, options_of
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

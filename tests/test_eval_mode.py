@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from python_algos.experiments.data.datasets import Dataset
+from python_algos.data.datasets import Dataset
 from python_algos.experiments.evaluation import make_eval
 
 

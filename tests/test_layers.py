@@ -20,7 +20,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = "python_algos"
-LAYERS = ("system", "runfolder", "clients", "algorithms", "simulate", "deploy", "experiments")  # bottom to top
+LAYERS = ("system", "runfolder", "clients", "algorithms", "simulate", "data", "deploy", "experiments")  # bottom to top
 # ``python_algos/__init__`` re-exports simulate and what is below it; ``__main__`` is the command line
 TOP = {"": LAYERS.index("simulate"), "testing": LAYERS.index("simulate"), "__main__": LAYERS.index("experiments")}
 
@@ -208,7 +208,7 @@ MAX_FUNCTION_LINES = 80  # a function's body, docstring included (the developers
 # lower it as the remaining item-7 deletions (label maps, one folder format, build.py's trial rebuilds) land.
 # runfolder/: issue 36's 2,050, with issue 38's records.run_warning (31 lines) paid for by deletions of repeats.
 LINE_BUDGETS = {"python_algos/simulate.py": 480, "python_algos/runfolder": 2050, "python_algos/deploy": 2050,
-                "python_algos/experiments": 9228}
+                "python_algos/experiments": 8400, "python_algos/data": 1700}
 
 
 def _package_files():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from python_algos.experiments.data import (
+from python_algos.data import (
     by_group,
     dirichlet,
     federate,

@@ -5,9 +5,9 @@ written. An unknown flag is answered with the nearest known one."""
 
 import pytest
 
+from python_algos.data import check_data_options
 from python_algos.experiments.cli import build_parser, main
 from python_algos.experiments.config import MAX_THREADS, SETTINGS, Config, ConfigError
-from python_algos.experiments.data import check_data_options
 from python_algos.experiments.values import parse_float, parse_int
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

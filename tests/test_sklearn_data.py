@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from python_algos.data import federate, load_dataset
+from python_algos.data.split import train_test_indices
 from python_algos.experiments.build import prepare_data
 from python_algos.experiments.cli import main
 from python_algos.experiments.config import Config, ConfigError
-from python_algos.experiments.data import federate, load_dataset
-from python_algos.experiments.data.split import train_test_indices
 
 sk = pytest.importorskip("sklearn.datasets")
 

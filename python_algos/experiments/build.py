@@ -20,8 +20,8 @@ from torch import nn
 import fedkernels as fk
 
 from ..algorithms.registry import algorithm_entry, build
+from ..data import FederatedData, federate, load_dataset
 from .config import Config, ConfigError, show_value
-from .data import FederatedData, federate, load_dataset
 from .device import resolve_device
 from .models import build_model as _build_model
 from .regularizer_specs import (

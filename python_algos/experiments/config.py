@@ -32,10 +32,10 @@ import fedkernels.regularizers as fkr
 
 from ..algorithms.registry import ALGORITHMS, algorithm_entry, algorithm_names
 from ..clients import EXECUTORS
+from ..data import DATASETS, PARTITIONS, check_data_options
+from ..data.datasets import options_help
+from ..data.standardize import MODES
 from ..system.threads import MAX_THREADS
-from .data import DATASETS, PARTITIONS, check_data_options
-from .data.datasets import options_help
-from .data.standardize import MODES
 from .models import MODELS
 from .regularizer_specs import REGULARIZERS
 from .values import parse_batch, parse_float, parse_int, parse_option, parse_reg_param, parse_seed
@@ -331,7 +331,7 @@ class Config:
                                help="local steps per round")
     alg_opts: dict = setting({}, flag="--alg-opt", group="algorithm", options=True, check=_mapping,
                              help="override a hyper-parameter, e.g. alpha=0.1")
-    # data (python_algos.experiments.data)
+    # data (python_algos.data)
     dataset: str = setting("sparse_logistic", group="data", check=_registry("dataset"),
                            help="sparse_logistic | sparse_linear | synthetic | image_like | mnist | fashion_mnist | "
                                 "cifar10 | a9a | libsvm | femnist | sklearn:NAME (scikit-learn's bundled digits, "

@@ -20,6 +20,7 @@ import fedkernels as fk
 
 from ..algorithms.registry import algorithm_entry
 from ..clients.data import check_finite
+from ..data import FederatedData
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, RunFolderError, as_json
 from ..runfolder.folder import check_fresh_start
@@ -31,7 +32,6 @@ from ..system.threads import choose_threads
 from . import launch
 from .build import build_algorithm, build_model, build_run_regularizer, hparam_error, prepare_data
 from .config import RESULT_KEYS, Config, ConfigError, flag
-from .data import FederatedData
 from .device import resolve_device
 from .folders import read_config_json, resume_command
 

@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..data import FederatedData
 from ..runfolder import callbacks
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import read_metrics, remove_leftovers
@@ -49,7 +50,6 @@ from ..runfolder.records import (
 from ..simulate import simulate
 from . import launch
 from .config import Config
-from .data import FederatedData
 from .evaluation import make_eval
 from .folders import resume_command
 from .losses import loss_function

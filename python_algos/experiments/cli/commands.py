@@ -13,6 +13,7 @@ import warnings
 from typing import Optional, Sequence
 
 from ...algorithms.registry import installed_algorithms_text, markdown_table
+from ...data import DataNotFoundError
 from ...runfolder.files import read_json_object
 from ...runfolder.folder import unused_claims_removed
 from ...runfolder.records import COMPARISON, SUMMARY
@@ -20,7 +21,6 @@ from ...runfolder.signals import exit_code, terminate_as_interrupt
 from .. import launch
 from ..compare import compare_experiments, comparison_table, verdict_line
 from ..config import Config, named_as
-from ..data import DataNotFoundError
 from ..device import resolve_device
 from ..flower_run import check_flower_flags, execute_flower, prepare_flower  # flwr itself: imported when a run starts
 from ..folders import default_out_dir

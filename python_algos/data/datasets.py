@@ -110,7 +110,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
     for the sparse ones; ``alpha=``, ``beta=``, ``num_clients=`` for ``synthetic``; ``shape=``,
     ``modes=`` for ``image_like``) and hold out ``test_fraction`` of the samples for testing.
     File datasets read ``data_dir`` and use their own test split; a missing file raises
-    :class:`~python_algos.experiments.data.loaders.DataNotFoundError` saying what is expected where.
+    :class:`~python_algos.data.loaders.DataNotFoundError` saying what is expected where.
     """
     return _checked(_load(name, data_dir, seed, test_fraction, opts))
 

@@ -1,6 +1,7 @@
-"""Data for the experiments: file readers (no downloads), built-in generators, client partitions.
+"""Data sets for federated runs, from Python and the command line: file readers (no downloads),
+the bundled data sets, built-in generators, client partitions, federated standardisation.
 
-    from python_algos.experiments.data import load_dataset, federate
+    from python_algos.data import load_dataset, federate
     fed = federate(load_dataset("synthetic", alpha=1, beta=1, num_clients=30), "natural", 30)
     simulate(alg, model, loss_fn, fed.clients, rounds=100)
 
