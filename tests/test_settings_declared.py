@@ -20,7 +20,8 @@ from python_algos.experiments.config import (
 
 # one valid text per setting, for its flag (the tables: one KEY=VALUE entry)
 VALID = {"algorithm": "fedavg", "lr": "0.25", "local_steps": "3", "alg_opts": "alpha=0.5", "dataset": "synthetic",
-         "data_dir": "/data", "data_opts": "n=50", "test_fraction": "0.3", "partition": "dirichlet",
+         "data_dir": "/data", "data_opts": "n=50", "standardize": "global", "test_fraction": "0.3",
+         "partition": "dirichlet",
          "num_clients": "7", "eta": "0.1", "min_size": "2", "shards_per_client": "2", "participation": "0.5",
          "clients_per_round": "2", "model": "mlp", "model_opts": "hidden=4", "reg": "mcp", "reg_strength": "0.01",
          "reg_opts": "gamma=3", "regularizers": "*=l1", "rounds": "5", "batch_size": "8", "seed": "3",
