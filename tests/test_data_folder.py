@@ -1,23 +1,29 @@
-"""Federated standardisation (``--standardize``, issue 38 item 2) and the data-set options derived from
-the generators' signatures (issue 36 item 7).
+"""Your own per-client data (``--dataset folder:PATH``, issue 38 item 1), federated standardisation
+(``--standardize``, item 2) and the data-set options derived from the generators' signatures (issue 36
+item 7).
 
-Ground truth: numpy's pooled / per-client statistics in float64, ``inspect.signature`` of the
-generators, and options written here."""
+Ground truth: the arrays the test writes into the files, numpy's pooled / per-client statistics in
+float64, ``inspect.signature`` of the generators, and ``simulate`` run here on the files read with
+numpy (the 6-hospital task through the command line equals it to 1e-10 in float64)."""
 
 from __future__ import annotations
 
 import inspect
 import json
 import os
+import re
 from typing import Annotated
 
 import numpy as np
 import pytest
 import torch
 
-from python_algos.data import check_data_options, standardize, synthetic
+import fedkernels as fk
+from python_algos import FedAvg, FedCanon, simulate
+from python_algos.data import check_data_options, federate, load_dataset, standardize, synthetic
 from python_algos.data.datasets import DATA_OPTIONS, MAKERS
 from python_algos.data.options import Opt, options_of
+from python_algos.experiments import node_data
 from python_algos.experiments.build import prepare_data
 from python_algos.experiments.cli import main
 from python_algos.experiments.config import Config
@@ -61,6 +67,7 @@ def test_each_data_sets_options_are_its_generators_parameters():
                   if k not in (*hidden, "seed") and p.kind is p.POSITIONAL_OR_KEYWORD}
         assert {k: o.default for k, o in DATA_OPTIONS[name].items()} == params, name
     assert "n" in DATA_OPTIONS["sparse_logistic"] and "task" not in DATA_OPTIONS["sparse_logistic"]
+    assert set(DATA_OPTIONS["folder"]) == {"label", "header"}
 
     opts = options_of(_gen)
     assert set(opts) == {"k", "rate", "on"}  # a new parameter is an option, with no table to update
@@ -74,6 +81,7 @@ def test_a_bad_option_is_named_with_its_rule_before_anything_runs(tmp_path, caps
         "shape", "shape must be a list of 3 integers in [1, 4096] (channels, height, width), got [1, 8]")
     assert check_data_options("synthetic", {"samples": None}) is None  # Optional: null allowed
     assert check_data_options("synthetic", {"num_classes": 1})[0] == "num_classes"
+    assert check_data_options("folder:/x", {"label": 2.5})[1].startswith("label must be an integer or a non-empty")
     assert main(["run", "--dataset", "image_like", "--data-opt", "modes=0", "--out", str(tmp_path / "r")]) == 1
     assert capsys.readouterr().err == ("error: --data-opt modes=0: modes must be an integer in [1, 2147483647] "
                                        "(prototypes per class), got 0\n")
@@ -127,3 +135,194 @@ def test_standardize_from_the_command_line_is_the_pooled_scaling_and_recorded(tm
     assert main([*flags, "--standardize", "global", "--no-progress"]) == 0
     assert "standardized global (pooled statistics" in json.loads((out / "summary.json").read_text())["dataset"]
     assert json.loads((out / "config.json").read_text())["standardize"] == "global"
+
+
+# --- item 1: the folder --------------------------------------------------------------------------------- #
+
+def test_every_format_reads_the_arrays_written(tmp_path):
+    rng = np.random.default_rng(2)
+    X = [rng.normal(size=(n, 3)).round(6) for n in (4, 5, 6, 7, 3)]
+    y = [rng.integers(0, 3, size=len(x)) for x in X]
+    (tmp_path / "a.csv").write_text("f1,f2,y,f3\n" + "".join(f"{r[0]},{r[1]},{c},{r[2]}\n" for r, c in zip(X[0], y[0])))
+    (tmp_path / "b.tsv").write_text("".join(f"{c}\t" + "\t".join(map(str, r)) + "\n" for r, c in zip(X[1], y[1])))
+    np.savez(tmp_path / "c.npz", X=X[2], y=y[2])
+    torch.save({"X": torch.from_numpy(X[3]), "y": torch.from_numpy(y[3])}, tmp_path / "d.pt")
+    (tmp_path / "e.libsvm").write_text("".join(f"{c} " + " ".join(f"{j + 1}:{v}" for j, v in enumerate(r) if j < 2)
+                                               + "\n" for r, c in zip(X[4], y[4])))  # its 3rd feature left out
+    X[4][:, 2] = 0.0
+    with pytest.raises(ValueError, match=r"b\.tsv:1: label='y' names a column, but the file has no header row"):
+        load_dataset(f"folder:{tmp_path}", test_fraction=0, label="y")
+    # label=2 is a's 'y' column by index; b's label is its column 0: one label= for every file, so b gets a header
+    (tmp_path / "b.tsv").write_text("f1\tf2\ty\tf3\n" + "".join(f"{r[0]}\t{r[1]}\t{c}\t{r[2]}\n"
+                                                              for r, c in zip(X[1], y[1])))
+    ds = load_dataset(f"folder:{tmp_path}", test_fraction=0, label="y")
+    assert ds.task == "multiclass" and ds.num_classes == 3 and ds.X_test is None and ds.X.dtype == torch.float64
+    assert torch.equal(ds.X, torch.from_numpy(np.concatenate(X))) and torch.equal(ds.y, torch.from_numpy(
+        np.concatenate(y)))
+    fed = federate(ds, "natural", 5, standardize="none")
+    assert [len(c[1]) for c in fed.clients] == [4, 5, 6, 7, 3]  # the files, in sorted name order
+    with pytest.raises(ValueError, match=r"files are its clients: use partition 'natural' \(--partition natural -N 5"):
+        federate(ds, "iid", 5)
+
+
+def _one_line_error(capsys, args, tmp_path):
+    out = tmp_path / "out"
+    assert main(["run", *args, "--partition", "natural", "-N", "2", "-T", "1", "--out", str(out), "--no-plot"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and not out.exists(), err
+    return err
+
+
+BAD = [("a,b,y\n1,2,0\n1,x,1\n", [], r"c1\.csv:3: column b: 'x' is not a number"),
+       ("a,b,y\n1,2,0\n1,2\n", [], r"c1\.csv:3: 2 fields, the first row has 3 \(ragged rows\)"),
+       ("a,b,y\n1,2,0\n1,inf,1\n", [], r"c1\.csv:3: column b: 'inf' is not a finite number"),
+       ("a,b,y\n1,2,0\n1,nan,1\n", [], r"c1\.csv:3: column b: 'nan' is not a finite number"),
+       ("a,b,y\n", [], r"c1\.csv: no samples; every client needs at least 1 row"),
+       ("a,b,y\n1,2,0\n", ["--data-opt", "label=outcome"], r"c1\.csv:1: no label column 'outcome'; the header has "
+                                                           r"a, b, y"),
+       ("1,2,0\n3,4,1\n", ["--data-opt", "label=7"], r"c1\.csv:1: no label column 7: the rows have 3 columns"),
+       ("a,b,c,y\n1,2,3,0\n", [], r"c2\.csv: features of shape \(2,\), .*c1\.csv has \(3,\): every client's file "
+                                  r"needs the same columns"),
+       ("a,c,y\n1,2,0\n", [], r"c2\.csv:1: its columns a, b differ from .*c1\.csv's a, c")]
+
+
+@pytest.mark.parametrize("text,flags,message", BAD)
+def test_bad_input_is_one_line_naming_the_file_line_and_rule_before_anything_is_written(tmp_path, capsys, text,
+                                                                                        flags, message):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "c1.csv").write_text(text)
+    (tmp_path / "d" / "c2.csv").write_text("a,b,y\n1,2,0\n3,4,1\n5,6,1\n")
+    err = _one_line_error(capsys, ["--dataset", f"folder:{tmp_path / 'd'}", *flags], tmp_path)
+    assert err.startswith(f"error: --dataset folder:{tmp_path / 'd'}") and re.search(message, err), err
+
+
+def test_a_npz_without_its_arrays_and_a_stray_file_are_named(tmp_path, capsys):
+    (tmp_path / "d").mkdir()
+    np.savez(tmp_path / "d" / "c1.npz", X=np.ones((3, 2)), labels=np.zeros(3))
+    (tmp_path / "d" / "c2.csv").write_text("1,2,0\n")
+    assert "c1.npz: needs arrays 'X' and 'y' (features, labels), has X, labels" in _one_line_error(
+        capsys, ["--dataset", f"folder:{tmp_path / 'd'}"], tmp_path)
+    np.savez(tmp_path / "d" / "c1.npz", X=np.array([[1.0, np.nan]]), y=np.zeros(1))
+    assert "c1.npz: row 1: NaN or Inf" in _one_line_error(capsys, ["--dataset", f"folder:{tmp_path / 'd'}"], tmp_path)
+    (tmp_path / "d" / "notes.txt").write_text("hello")
+    assert "notes.txt: not a client file" in _one_line_error(capsys, ["--dataset", f"folder:{tmp_path / 'd'}"],
+                                                             tmp_path)
+
+
+def test_the_test_folder_per_client_pooled_or_held_out(tmp_path):
+    data = _hospitals(tmp_path / "h", k=3)
+    ds = load_dataset(f"folder:{tmp_path / 'h'}", label="outcome")
+    assert len(ds.y) == sum(len(v[1]) for v in data.values()) and len(ds.y_test) == 18
+    assert ds.test_groups.tolist() == [0] * 6 + [1] * 6 + [2] * 6
+    fed = federate(ds, "natural", 3, standardize="local")  # each client's test rows by its own statistics
+    X0 = data["site0"][0]
+    np.testing.assert_allclose(fed.clients[0][0].numpy(), (X0 - X0.mean(0)) / X0.std(0), rtol=1e-10)
+    for f in ("site1.csv", "site2.csv"):
+        os.remove(tmp_path / "h" / "test" / f)
+    os.rename(tmp_path / "h" / "test" / "site0.csv", tmp_path / "h" / "test" / "all.csv")
+    ds = load_dataset(f"folder:{tmp_path / 'h'}", label="outcome")
+    assert ds.test_groups is None and len(ds.y_test) == 6  # one pooled file
+    with pytest.raises(ValueError, match="the test rows of folder belong to no client"):
+        federate(ds, "natural", 3, standardize="local")
+    (tmp_path / "h" / "test" / "other.csv").write_text((tmp_path / "h" / "test" / "all.csv").read_text())
+    with pytest.raises(ValueError, match=r"all\.csv: no client file all\.\* in"):
+        load_dataset(f"folder:{tmp_path / 'h'}", label="outcome")
+    for f in ("all.csv", "other.csv"):
+        os.remove(tmp_path / "h" / "test" / f)
+    os.rmdir(tmp_path / "h" / "test")
+    ds = load_dataset(f"folder:{tmp_path / 'h'}", label="outcome", test_fraction=0.25, seed=4)
+    assert ds.test_groups.unique().tolist() == [0, 1, 2]  # each client holds out its own quarter
+    assert len(ds.y_test) == sum(round(0.25 * len(v[1])) for v in data.values())
+
+
+# --- the 6-hospital task: the command line equals simulate --------------------------------------------- #
+
+def _reference(data, algorithm, T):
+    """simulate on the files read here, standardised with numpy's pooled float64 statistics."""
+    pooled = np.concatenate([X for X, _ in data.values()])
+    mean, std = pooled.mean(0), pooled.std(0)
+    clients = [(torch.from_numpy((X - mean) / std), torch.from_numpy(y).long()) for X, y in data.values()]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).double()
+    hist = simulate(algorithm, model, torch.nn.functional.cross_entropy, clients, T, regularizer=fk.SCAD(0.01),
+                    seed=0, threads=1)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), hist
+
+
+def test_the_six_hospital_task_through_the_command_line_equals_simulate(tmp_path):
+    data = _hospitals(tmp_path / "h", test=False)
+    out = tmp_path / "cmp"
+    assert main(["compare", "-a", "fedcanon", "fedavg", "--dataset", f"folder:{tmp_path / 'h'}", "--data-opt",
+                 "label=outcome", "--test-fraction", "0", "--partition", "natural", "-N", "6", "--model", "linear",
+                 "--reg", "scad", "--reg-strength", "0.01", "--lr", "0.05", "-K", "3", "-T", "4", "--dtype",
+                 "float64", "--seed", "0", "--threads", "1", "--no-progress", "--no-plot", "--out", str(out)]) == 0
+    for name, alg in (("fedcanon", FedCanon(alpha=0.15, beta=0.05, local_steps=3)),
+                      ("fedavg", FedAvg(lr_local=0.05, lr_global=1.0, local_steps=3))):
+        want, hist = _reference(data, alg, 4)
+        got = torch.load(out / name / "model.pt")["params"]
+        assert (got - want).abs().max() < 1e-10, name
+        rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+        assert abs(rows[-1]["f+h"] - hist.series("f+h")[-1]) < 1e-10
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert "standardized global (pooled statistics" in summary["dataset"]
+
+
+def test_a_flower_node_holds_its_own_files_rows(tmp_path):
+    data = _hospitals(tmp_path / "h", k=3, test=False)
+    cfg = Config(dataset=f"folder:{tmp_path / 'h'}", data_opts={"label": "outcome"}, partition="natural",
+                 num_clients=3, test_fraction=0, standardize="none", dtype="float64")
+    (X, y), shape = node_data.node_rows(cfg, 2, str(tmp_path / "node"))
+    assert torch.equal(X, torch.from_numpy(data["site2"][0])) and torch.equal(y, torch.from_numpy(data["site2"][1]))
+    assert shape.in_shape == (4,) and shape.outputs == 2
+
+
+# --- a fuzzer: every folder either reads as written or is refused naming the file (and the line) ------ #
+
+def _fuzz_case(rng, folder):
+    """Random client CSV files (a header or not), possibly with one defect in one data row; returns the
+    clients' (X, y) as written and (the defective client, where its error starts, the rule), or None."""
+    k, d, header = int(rng.integers(1, 4)), int(rng.integers(1, 4)), bool(rng.integers(2))
+    clients, texts = [], []
+    for _ in range(k):
+        n = int(rng.integers(2, 6))
+        X, y = rng.normal(size=(n, d)).round(4), np.r_[0, 1, rng.integers(0, 3, size=n - 2)]
+        clients.append((X, y))
+        texts.append([[f"c{j}" for j in range(d)] + ["y"]] * header + [[repr(float(v)) for v in x] + [str(c)]
+                                                                      for x, c in zip(X, y)])
+    i, defect = int(rng.integers(k)), int(rng.integers(5))
+    r = int(rng.integers(1, len(texts[i])))  # a data row after the first line (which sets the width)
+    rows = texts[i]
+    if defect == 1:
+        rows[r] = [*rows[r]]
+        rows[r][int(rng.integers(d + 1))] = str(rng.choice(["abc", "", "1,5"]))
+    elif defect == 2:
+        rows[r] = rows[r][:-1] if rng.integers(2) else rows[r] + ["7"]
+    elif defect == 3:
+        rows[r] = [*rows[r]]
+        rows[r][int(rng.integers(d + 1))] = str(rng.choice(["nan", "inf", "-inf", "NaN"]))
+    elif defect == 4:
+        del rows[header:]
+    for j, text in enumerate(texts):
+        (folder / f"c{j}.csv").write_text("".join(",".join(f'"{c}"' if "," in c else c for c in row) + "\n"
+                                                  for row in text))
+    want = {1: (f":{r + 1}: column ", "is not a number"), 2: (f":{r + 1}: ", "(ragged rows)"),
+            3: (f":{r + 1}: column ", "is not a finite number"), 4: (": no samples", "")}.get(defect)
+    return clients, (None if want is None else (i, *want))
+
+
+def test_fuzz_folder_reads_as_written_or_names_the_file_and_line(tmp_path, fuzz_budget):
+    first, examples = fuzz_budget(150)
+    for seed in range(first, first + examples):
+        rng, folder = np.random.default_rng(seed), tmp_path / f"f{seed}"
+        folder.mkdir()
+        clients, want = _fuzz_case(rng, folder)
+        try:
+            ds = load_dataset(f"folder:{folder}", test_fraction=0)
+        except ValueError as e:
+            assert want is not None, (seed, str(e))
+            i, where, rule = want
+            assert str(e).startswith(f"{folder / f'c{i}.csv'}{where}") and rule in str(e), (seed, str(e))
+            continue
+        assert want is None, (seed, want)
+        np.testing.assert_array_equal(ds.X.numpy(), np.concatenate([X for X, _ in clients]), err_msg=str(seed))
+        assert ds.groups.tolist() == [i for i, (X, _) in enumerate(clients) for _ in range(len(X))], seed

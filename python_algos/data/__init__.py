@@ -4,12 +4,14 @@ the bundled data sets, built-in generators, client partitions, federated standar
     from python_algos.data import load_dataset, federate
     fed = federate(load_dataset("synthetic", alpha=1, beta=1, num_clients=30), "natural", 30)
     simulate(alg, model, loss_fn, fed.clients, rounds=100)
+    fed = federate(load_dataset("folder:hospitals"), "natural", 6)   # your own data: one file per client
 
 See :mod:`.datasets` for the names, :mod:`.loaders` for the expected files, :mod:`.partitions`
 for the splits.
 """
 
 from .datasets import DATASETS, Dataset, FederatedData, check_data_options, data_options, federate, load_dataset
+from .folder import load_folder
 from .loaders import DataNotFoundError, load_a9a, load_cifar10, load_femnist, load_libsvm, load_mnist, read_idx
 from .partitions import PARTITIONS, by_group, dirichlet, iid, label_histograms, label_shards
 from .standardize import standardize
@@ -19,7 +21,7 @@ __all__ = [
     "Dataset", "FederatedData", "DATASETS", "PARTITIONS", "load_dataset", "federate",
     "DataNotFoundError",
     "data_options", "check_data_options",
-    "read_idx", "load_mnist", "load_cifar10", "load_libsvm", "load_a9a", "load_femnist", "standardize",
+    "read_idx", "load_mnist", "load_cifar10", "load_libsvm", "load_a9a", "load_femnist", "load_folder", "standardize",
     "iid", "dirichlet", "label_shards", "by_group", "label_histograms",
     "fedprox_synthetic", "sparse_regression", "image_like",
 ]

@@ -27,6 +27,7 @@ tcga_brca          bundled    survival    Fed-TCGA-BRCA: 39 clinical features st
                                           ``groups`` (partition ``natural``), its fixed test split
 sklearn:NAME       sklearn    per NAME    scikit-learn's bundled digits, breast_cancer, wine, iris,
                                           diabetes (see :mod:`.sklearn_data`; needs scikit-learn)
+folder:PATH        files      auto        your own data, one file per client (see :mod:`.folder`)
 =================  =========  ==========  ========================================================
 
 Tasks: ``multiclass`` (cross-entropy over ``num_classes`` logits), ``binary`` (one logit,
@@ -46,7 +47,7 @@ from typing import Annotated, Optional
 import numpy as np
 import torch
 
-from . import bundled, loaders, partitions, synthetic
+from . import bundled, folder, loaders, partitions, synthetic
 from .options import COUNT, Opt, check_options, options_of
 from .sklearn_data import PREFIX as SKLEARN_PREFIX
 from .sklearn_data import SKLEARN, load_sklearn
@@ -75,7 +76,7 @@ class Dataset:
     groups: Optional[torch.Tensor] = None  # [n] writer / generating-client id of each training sample
     x_true: Optional[torch.Tensor] = None  # ground-truth weights (sparse generators)
     source: str = ""  # where the data came from, for reports
-    test_groups: Optional[torch.Tensor] = None  # [n_test] the client of each test row, if known
+    test_groups: Optional[torch.Tensor] = None  # [n_test] the client of each test row (folder:PATH), if any
 
     @property
     def in_shape(self) -> tuple:
@@ -117,9 +118,12 @@ def load_dataset(name: str, data_dir: Optional[str] = None, seed: int = 0, test_
 
 def _load(name: str, data_dir: Optional[str], seed: int, test_fraction: float, opts: dict) -> Dataset:
     """:func:`load_dataset`'s data, before :func:`_checked`."""
-    key = {"fmnist": "fashion_mnist"}.get(name.lower().replace("-", "_"), name.lower().replace("-", "_"))
-    if key not in DATASETS and not key.startswith(SKLEARN_PREFIX):
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+    if name.startswith(folder.PREFIX):  # a path: its case is kept
+        key = "folder"
+    else:
+        key = {"fmnist": "fashion_mnist"}.get(name.lower().replace("-", "_"), name.lower().replace("-", "_"))
+        if key not in DATASETS and not key.startswith(SKLEARN_PREFIX):
+            raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}, folder:PATH")
     declared = data_options(name)
     unknown = set(opts) - set(declared)
     missing = [k for k, o in declared.items() if o.default is inspect.Parameter.empty and k not in opts]
@@ -131,6 +135,10 @@ def _load(name: str, data_dir: Optional[str], seed: int, test_fraction: float, o
         X, y, Xt, yt, task, classes, source = load_sklearn(key[len(SKLEARN_PREFIX):], seed=seed,
                                                            test_fraction=test_fraction, **opts)
         return Dataset(key, X, y, Xt, yt, task, classes, source=source)
+    if key == "folder":
+        X, y, Xt, yt, g, gt, task, classes, source = folder.load_folder(name[len(folder.PREFIX):], seed=seed,
+                                                                         test_fraction=test_fraction, **opts)
+        return Dataset("folder", X, y, Xt, yt, task, classes, groups=g, source=source, test_groups=gt)
     if key in ("sparse_logistic", "sparse_linear"):
         task = "logistic" if key == "sparse_logistic" else "linear"
         X, y, x_true, groups = synthetic.sparse_regression(task=task, seed=seed, **opts)
@@ -197,14 +205,15 @@ def _load_libsvm(file: str, test_file: Optional[str] = None,
 # name sets); the generators' own checks still refuse a rule between options (nnz <= dim)
 MAKERS = {"sparse_logistic": (synthetic.sparse_regression, ("task",)), "synthetic": (synthetic.fedprox_synthetic, ()),
           "sparse_linear": (synthetic.sparse_regression, ("task",)), "image_like": (synthetic.image_like, ()),
-          "libsvm": (_load_libsvm, ()), "sklearn": (load_sklearn, ("name", "test_fraction"))}
+          "libsvm": (_load_libsvm, ()), "sklearn": (load_sklearn, ("name", "test_fraction")),
+          "folder": (folder.load_folder, ("path",))}
 DATA_OPTIONS = {name: options_of(fn, hidden) for name, (fn, hidden) in MAKERS.items()}
 
 
 def data_options(dataset: str) -> dict:
     """The :class:`~.options.Option` of each option data set ``dataset`` takes (none for the files but libsvm)."""
     key = dataset.lower().replace("-", "_")
-    return DATA_OPTIONS.get("sklearn" if key.startswith(SKLEARN_PREFIX) else key, {})
+    return DATA_OPTIONS.get(key.split(":")[0] if key.startswith((SKLEARN_PREFIX, folder.PREFIX)) else key, {})
 
 
 def options_help() -> str:
@@ -213,7 +222,7 @@ def options_help() -> str:
     for name, declared in DATA_OPTIONS.items():
         text = ", ".join(f"{k}={'(required)' if o.default is inspect.Parameter.empty else json.dumps(o.default)}"
                          for k, o in declared.items())
-        by.setdefault(text, []).append("sklearn:NAME" if name == "sklearn" else name)
+        by.setdefault(text, []).append({"sklearn": "sklearn:NAME", "folder": "folder:PATH"}.get(name, name))
     return "; ".join(f"{', '.join(names)}: {text}" for text, names in by.items())
 
 
@@ -247,12 +256,12 @@ def _checked(ds: Dataset) -> Dataset:
 def _standardized(ds: Dataset, parts: list, mode: str) -> Dataset:
     """``ds`` with each client's rows (``parts``), and each test row, scaled as ``mode`` says; the
     mode goes into ``source`` (the summary's ``dataset``)."""
-    if mode == "none":
-        return ds
+    if mode == "none":  # said where the default would have scaled them
+        return dataclasses.replace(ds, source=f"{ds.source}; not standardized") if ds.name == "folder" else ds
     scales = client_scales([ds.X[torch.from_numpy(p)] for p in parts], mode)
     if mode == "local" and ds.X_test is not None and ds.test_groups is None:
         raise ValueError(f"standardize: 'local' scales each client by its own statistics, and the test rows of "
-                         f"{ds.name} belong to no client; use 'global'")
+                         f"{ds.name} belong to no client; use 'global' (or per-client test files, folder:PATH/test/)")
     X = ds.X.clone()
     for p, s in zip(parts, scales):
         X[torch.from_numpy(p)] = scaled(ds.X[torch.from_numpy(p)], *s)
@@ -276,9 +285,13 @@ def federate(ds: Dataset, partition: str = "iid", num_clients: int = 10, seed: i
     contiguous chunks, FedNMap); ``writers`` (Dir(eta) over ``ds.groups``, e.g. FEMNIST writers);
     ``natural`` (one client per group: FedProx synthetic's clients, FEMNIST writers, the sparse
     generators' feature-shift groups). ``min_size`` (Dirichlet) defaults to min(10, n / 2N).
-    ``standardize`` (:mod:`.standardize`): ``global``, ``local`` or ``none`` (None).
+    ``standardize`` (:mod:`.standardize`): ``global``, ``local`` or ``none``; None: ``global`` for
+    ``folder:PATH`` data (a natural partition, the files), ``none`` for the others.
     """
     n = ds.X.shape[0]
+    if ds.name == "folder" and partition != "natural":
+        raise ValueError(f"the folder's {int(ds.groups.max()) + 1} files are its clients: use partition 'natural' "
+                         f"(--partition natural -N {int(ds.groups.max()) + 1})")
     if partition == "iid":
         parts = partitions.iid(n, num_clients, seed)
     elif partition in ("dirichlet", "shards"):
@@ -301,7 +314,7 @@ def federate(ds: Dataset, partition: str = "iid", num_clients: int = 10, seed: i
             parts = partitions.dirichlet(ds.groups, num_clients, eta, seed=seed, min_size=ms)
     else:
         raise ValueError(f"unknown partition {partition!r}; valid: {', '.join(partitions.PARTITIONS)}")
-    ds = _standardized(ds, parts, standardize or "none")
+    ds = _standardized(ds, parts, standardize or ("global" if ds.name == "folder" else "none"))
     clients = [(ds.X[torch.from_numpy(p)], ds.y[torch.from_numpy(p)]) for p in parts]
     hist = None
     if ds.task in ("multiclass", "binary"):

@@ -300,6 +300,8 @@ def _registry(key: str):
     def check(v):
         if key in ("reg", "algorithm") and isinstance(v, str) and ":" in v:  # a user's class: package.module:Class
             return _reference_fault(key, v)
+        if key == "dataset" and isinstance(v, str) and v.startswith("folder:"):  # your own files, one per client
+            return None if v[len("folder:"):] else "folder:PATH needs the folder's path"
         if key == "dataset" and isinstance(v, str) and v.lower().startswith("sklearn:") and v.lower() not in names:
             return f"unknown scikit-learn data set; valid: {', '.join(c for c in names if c.startswith('sklearn:'))}"
         if key == "reg" and isinstance(v, str) and v.lower() == "group_lasso":
@@ -335,7 +337,8 @@ class Config:
     dataset: str = setting("sparse_logistic", group="data", check=_registry("dataset"),
                            help="sparse_logistic | sparse_linear | synthetic | image_like | mnist | fashion_mnist | "
                                 "cifar10 | a9a | libsvm | femnist | sklearn:NAME (scikit-learn's bundled digits, "
-                                "breast_cancer, wine, iris, diabetes; needs scikit-learn)")
+                                "breast_cancer, wine, iris, diabetes; needs scikit-learn) | folder:PATH (your own "
+                                "data: one .csv/.tsv/.npz/.pt/.libsvm file per client, --partition natural)")
     data_dir: Optional[str] = setting(None, group="data", check=_str(none_ok=True),
                                       help="folder holding the dataset files (never downloaded)")
     data_opts: dict = setting({}, flag="--data-opt", group="data", options=True, check=_mapping,
@@ -346,7 +349,7 @@ class Config:
     standardize: Optional[str] = setting(None, group="data", choices=MODES, check=_str(MODES, none_ok=True),
                                          help="scale each feature by the pooled mean and std (global: from each "
                                               "client's count, sum and sum of squares), each client's own (local) or "
-                                              "not (none, the default)")
+                                              "not (none); default: global for folder:PATH, none for the others")
     partition: str = setting("iid", group="data", choices=("iid", "dirichlet", "shards", "writers", "natural"),
                              check=_registry("partition"))
     num_clients: int = setting(10, short="-N", group="data", parse=parse_int, check=_int(1))

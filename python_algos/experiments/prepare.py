@@ -143,7 +143,10 @@ def _absolute_data_paths(cfg: Config) -> Config:
     for k in ("file", "test_file"):
         if isinstance(opts.get(k), str) and data_dir is None:
             opts[k] = os.path.abspath(os.path.expanduser(opts[k]))
-    return cfg.replace(data_dir=data_dir, data_opts=opts)
+    folder = cfg.dataset.startswith("folder:") and "folder:" + os.path.abspath(os.path.expanduser(cfg.dataset[7:]))
+    return cfg.replace(data_dir=data_dir, data_opts=opts, dataset=folder or cfg.dataset)
+
+
 
 
 def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedData] = None, resume: bool = False,
