@@ -22,7 +22,9 @@ import fedkernels as fk
 from python_algos import FedAvg, FedCanon, simulate
 from python_algos.data import check_data_options, federate, load_dataset, standardize, synthetic
 from python_algos.data.datasets import DATA_OPTIONS, MAKERS
+from python_algos.data.folder import read_client
 from python_algos.data.options import Opt, options_of
+from python_algos.data.standardize import client_moments, combine_moments
 from python_algos.experiments import node_data
 from python_algos.experiments.build import prepare_data
 from python_algos.experiments.cli import main
@@ -112,6 +114,21 @@ def test_standardize_equals_pooled_and_per_client_numpy_statistics():
         standardize(clients, "local", test=(clients[0][0], None))
     with pytest.raises(ValueError, match="standardize mode must be one of global, local, none"):
         standardize(clients, "pooled")
+
+
+def test_the_clients_shared_moments_combine_to_numpys_pooled_statistics():
+    """What a Flower node sends (count, mean, M2 of its rows) and the server's combination of them:
+    numpy's mean and std of the pooled rows, on large offsets (a raw sum of squares loses them)."""
+    rng = np.random.default_rng(7)
+    for case in range(20):
+        k = int(rng.integers(1, 6))
+        Xs = [rng.normal(rng.normal(0, 1e6), rng.uniform(0.01, 10), size=(int(rng.integers(1, 30)), 3))
+              for _ in range(k)]
+        mean, std = combine_moments([client_moments(torch.from_numpy(X)) for X in Xs])
+        pooled = np.concatenate(Xs)
+        np.testing.assert_allclose(mean.numpy(), pooled.mean(0), rtol=1e-12, err_msg=f"case {case}")
+        want = pooled.std(0)
+        np.testing.assert_allclose(std.numpy(), np.where(want > 0, want, 1), rtol=1e-7, err_msg=f"case {case}")
 
 
 def test_standardize_from_the_command_line_is_the_pooled_scaling_and_recorded(tmp_path, capsys):
@@ -274,6 +291,30 @@ def test_a_flower_node_holds_its_own_files_rows(tmp_path):
     (X, y), shape = node_data.node_rows(cfg, 2, str(tmp_path / "node"))
     assert torch.equal(X, torch.from_numpy(data["site2"][0])) and torch.equal(y, torch.from_numpy(data["site2"][1]))
     assert shape.in_shape == (4,) and shape.outputs == 2
+
+
+def test_a_node_reads_only_its_own_file_and_its_own_test_file(tmp_path, monkeypatch):
+    data = _hospitals(tmp_path / "h", k=3)
+    opened, real_open = [], open
+
+    def spy(file, *args, **kwargs):
+        opened.append(os.path.basename(os.fspath(file)) if not isinstance(file, int) else file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", spy)
+    X, y, Xt, yt = read_client(str(tmp_path / "h"), 1, "outcome", features=(4,))
+    monkeypatch.undo()
+    assert opened == ["site1.csv", "site1.csv"]  # its file, then its test/ file: no other client's
+    np.testing.assert_array_equal(X, data["site1"][0])
+    np.testing.assert_array_equal(y, data["site1"][1])
+    assert Xt.shape == (6, 4) and yt.shape == (6,)
+    with pytest.raises(ValueError, match=r"site1\.csv: features of shape \(4,\), the server has \(5,\)"):
+        read_client(str(tmp_path / "h"), 1, "outcome", features=(5,))
+    with pytest.raises(ValueError, match="client 3: the folder has 3 client files"):
+        read_client(str(tmp_path / "h"), 3, "outcome")
+    ds = load_dataset(f"folder:{tmp_path / 'h'}", label="outcome")  # the rows load_folder gives client 1
+    np.testing.assert_array_equal(ds.X[ds.groups == 1].numpy(), X)
+    np.testing.assert_array_equal(ds.X_test[ds.test_groups == 1].numpy(), Xt)
 
 
 # --- a fuzzer: every folder either reads as written or is refused naming the file (and the line) ------ #

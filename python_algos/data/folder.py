@@ -24,7 +24,7 @@ from .loaders import DataNotFoundError, classes_or_targets, load_libsvm
 from .options import Opt
 from .split import train_test_indices
 
-__all__ = ["PREFIX", "FORMATS", "client_files", "read_client_file", "load_folder"]
+__all__ = ["PREFIX", "FORMATS", "client_files", "read_client_file", "read_client", "load_folder"]
 
 PREFIX = "folder:"
 FORMATS = (".csv", ".tsv", ".npz", ".pt", ".libsvm", ".svm")
@@ -166,6 +166,36 @@ def _test_files(path: str, files: list) -> list:
     return [(t, index[_stem(t)]) for t in tests]
 
 
+def _hold_out(f: str, X: np.ndarray, y: np.ndarray, test_fraction: float, seed: int) -> tuple:
+    """``(X, y, X_test, y_test)``: client file ``f``'s rows less its seeded ``test_fraction`` share."""
+    tr, te = train_test_indices(len(y), test_fraction, seed)  # each client holds out its own share
+    if len(tr) == 0:
+        raise ValueError(f"{f}: {len(y)} row(s), none left to train on after holding out test_fraction "
+                         f"{test_fraction:g}; give it more rows, a test/ folder or a smaller test fraction")
+    return X[tr], y[tr], X[te], y[te]
+
+
+def read_client(path: str, index: int, label: Union[int, str, None] = None, header: Optional[bool] = None, *,
+                seed: int = 0, test_fraction: float = 0.2, features: Optional[tuple] = None) -> tuple:
+    """``(X, y, X_test, y_test)`` (float64 arrays, labels as written; the test pair None when it has
+    none) of client ``index`` of the folder ``path``, reading only its own file and its own test file
+    (a pooled test file is the server's): what a Flower node holds. The rows are :func:`load_folder`'s
+    for that client; ``features``, the feature shape the server expects, is checked as
+    :func:`load_folder` checks every file against the first (a LIBSVM file is widened to it)."""
+    files = client_files(path)
+    if not 0 <= index < len(files):
+        raise ValueError(f"{path}: client {index}: the folder has {len(files)} client files (0..{len(files) - 1})")
+    f = files[index]
+    X, y, names = read_client_file(f, label, header)
+    X = _conform(f, X, names, (f, X, names) if features is None else ("the server", np.empty((0, *features)), None))
+    tests = _test_files(path, files)
+    own = [t for t, i in tests if i == index]
+    if own:
+        Xt, yt, names_t = read_client_file(own[0], label, header)
+        return X, y, _conform(own[0], Xt, names_t, (f, X, names)), yt
+    return _hold_out(f, X, y, test_fraction, seed) if not tests and test_fraction > 0 else (X, y, None, None)
+
+
 def load_folder(path: str, label: Annotated[Union[int, str, None], Opt(
                     what="CSV/TSV: the label column, a header name or a 0-based index; null: the last")] = None,
                 header: Annotated[Optional[bool], Opt(what="CSV/TSV: the first row is a header; null: when it holds "
@@ -185,11 +215,8 @@ def load_folder(path: str, label: Annotated[Union[int, str, None], Opt(
         X, y, names = read_client_file(f, label, header)
         Xt, yt, gt = Xt + [_conform(f, X, names, ref)], yt + [y], gt + [np.full(len(y), -1 if i is None else i)]
     for i, (f, X, y) in enumerate(zip(files, Xs, ys) if not tests and test_fraction > 0 else ()):
-        tr, te = train_test_indices(len(y), test_fraction, seed)  # each client holds out its own share
-        if len(tr) == 0:
-            raise ValueError(f"{f}: {len(y)} row(s), none left to train on after holding out test_fraction "
-                             f"{test_fraction:g}; give it more rows, a test/ folder or a smaller test fraction")
-        Xs[i], ys[i], Xt, yt, gt = X[tr], y[tr], Xt + [X[te]], yt + [y[te]], gt + [np.full(len(te), i)]
+        Xs[i], ys[i], X_te, y_te = _hold_out(f, X, y, test_fraction, seed)
+        Xt, yt, gt = Xt + [X_te], yt + [y_te], gt + [np.full(len(y_te), i)]
     labels, task, classes = classes_or_targets(ys + yt)
     has_test, pooled = sum(len(y) for y in yt) > 0, any(i is None for _, i in tests)  # pooled: rows of no client
     Xt_, yt_ = (torch.from_numpy(np.concatenate(Xt)), torch.cat(labels[len(ys):])) if has_test else (None, None)

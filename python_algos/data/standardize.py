@@ -14,22 +14,35 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["MODES", "standardize", "client_scales", "scaled"]
+__all__ = ["MODES", "standardize", "client_scales", "client_moments", "combine_moments", "scaled"]
 
 MODES = ("global", "local", "none")
+
+
+def client_moments(X: torch.Tensor) -> tuple:
+    """What one client shares for ``global``: ``(n, mean, M2)`` of its rows (flattened features,
+    float64; M2 the sum of squares about its own mean). A Flower node computes it on its own rows."""
+    flat = X.reshape(len(X), -1).double()
+    mean = flat.mean(0)
+    return len(flat), mean, ((flat - mean) ** 2).sum(0)
+
+
+def combine_moments(moments: list) -> tuple:
+    """The pooled ``(mean, std)`` of the clients' :func:`client_moments` (Chan et al.; see the module):
+    the server's side of ``global``, with no row of any client."""
+    n = sum(c for c, _, _ in moments)
+    mean = sum(c * m for c, m, _ in moments) / n
+    return mean, _std(sum(q + c * (m - mean) ** 2 for c, m, q in moments) / n)
 
 
 def client_scales(features: list, mode: str = "global") -> list:
     """``[(mean_i, std_i)]`` (float64, flattened features; None for ``none``) that scale client i's features."""
     if mode not in MODES:
         raise ValueError(f"standardize mode must be one of {', '.join(MODES)}, got {mode!r}")
-    flat = [X.reshape(len(X), -1).double() for X in features]
-    moments = [(len(X), X.mean(0), ((X - X.mean(0)) ** 2).sum(0)) for X in flat]  # what each client shares
+    moments = [client_moments(X) for X in features]  # what each client shares
     if mode != "global":
         return [(m, _std(q / n)) if mode == "local" else (None, None) for n, m, q in moments]
-    n = sum(c for c, _, _ in moments)
-    mean = sum(c * m for c, m, _ in moments) / n
-    return [(mean, _std(sum(q + c * (m - mean) ** 2 for c, m, q in moments) / n))] * len(features)
+    return [combine_moments(moments)] * len(features)
 
 
 def _std(var: torch.Tensor) -> torch.Tensor:
