@@ -26,7 +26,7 @@ VALID = {"algorithm": "fedavg", "lr": "0.25", "local_steps": "3", "alg_opts": "a
          "clients_per_round": "2", "model": "mlp", "model_opts": "hidden=4", "reg": "mcp", "reg_strength": "0.01",
          "reg_opts": "gamma=3", "regularizers": "*=l1", "rounds": "5", "batch_size": "8", "seed": "3",
          "data_seed": "4", "metrics_every": "2", "metric_step": "0.5", "device": "cpu", "dtype": "float64",
-         "checkpoint_every": "3", "time_budget": "30", "executor": "batched", "threads": "2"}
+         "checkpoint_every": "3", "time_budget": "30", "state": "ram", "executor": "batched", "threads": "2"}
 PARSED = {"alg_opts": [("alpha", 0.5)], "data_opts": [("n", 50)], "model_opts": [("hidden", 4)],
           "reg_opts": [("gamma", 3)], "regularizers": [("*", "l1")]}
 
@@ -57,7 +57,8 @@ def test_resume_rules_derive_the_allow_lists_and_the_checkpoint_keys():
     assert [k for k, s in SETTINGS.items() if s.on_resume == "may_change"] == ["rounds"]
     assert "rounds" in RESUME_FLAGS["group"] and "checkpoint_every" not in RESUME_FLAGS["group"]
     assert set(RESUME_FLAGS["run"]) - set(RESUME_FLAGS["group"]) == {"checkpoint_every", "time_budget"}
-    assert set(SETTINGS) - set(RESULT_KEYS) == {"rounds", "checkpoint_every", "time_budget", "executor", "threads"}
+    assert set(SETTINGS) - set(RESULT_KEYS) == {"rounds", "checkpoint_every", "time_budget", "state", "executor",
+                                                "threads"}
     for k in ("executor", "threads"):  # refused on resume with their reason
         assert SETTINGS[k].on_resume == "kept" and "bits of an uninterrupted one" in SETTINGS[k].why_kept
 

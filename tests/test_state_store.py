@@ -242,15 +242,15 @@ def test_auto_picks_ram_then_disk_from_the_estimate_and_refuses_what_fits_neithe
     est = StateEstimate(10**6, 124, 4, 1, 100, 50)  # 8 MB of row table + 5,001 rows of 496 B; 248 KB working
     monkeypatch.setattr(sp, "memory_available", lambda: 2**40)
     monkeypatch.setattr(sp, "_free_disk", lambda folder: 2**40)
-    assert sp.StatePlan("auto", None, 100)._backend(est) == "ram"
+    assert sp.StatePlan("auto", None, 100).choose_backend(est) == "ram"
     monkeypatch.setattr(sp, "memory_available", lambda: 8 * 2**20)  # the stored rows no longer fit in RAM
-    assert sp.StatePlan("auto", None, 100)._backend(est) == "disk"
+    assert sp.StatePlan("auto", None, 100).choose_backend(est) == "disk"
     with pytest.raises(sp.DoesNotFit, match="run with state='disk'"):
-        sp.StatePlan("ram", None, 100)._backend(est)
+        sp.StatePlan("ram", None, 100).choose_backend(est)
     monkeypatch.setattr(sp, "_free_disk", lambda folder: 2**20)
     for mode in ("auto", "disk"):
         with pytest.raises(sp.DoesNotFit, match="give state_folder on a larger disk"):
-            sp.StatePlan(mode, None, 100)._backend(est)
+            sp.StatePlan(mode, None, 100).choose_backend(est)
 
 
 def test_the_mean_of_a_stores_start_view_equals_the_dense_mean():

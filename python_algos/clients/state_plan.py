@@ -30,7 +30,7 @@ import torch
 from .state_store import ClientStateStore, StoredRows
 
 __all__ = ["MODES", "StateEstimate", "StatePlan", "DoesNotFit", "memory_available", "check_dense_fits",
-           "snapshot_state", "as_summed_densely"]
+           "snapshot_state", "as_summed_densely", "data_bytes"]
 
 MODES = ("dense", "ram", "disk", "auto")
 WORKSPACES = 4  # [k, d] scratch stacks an algorithm's round keeps besides the gathered rows (FedDR: 3)
@@ -166,8 +166,8 @@ class StatePlan:
             cs.lazy_stacks = False
         fields = tuple(type(state).client_fields)
         self.estimate = StateEstimate(cs.rows, cs.dim, x0.element_size(), len(fields), self.cohort, int(rounds),
-                                      _data_bytes(cs))
-        backend = self._backend(self.estimate)
+                                      data_bytes(getattr(cs, "clients", ())))
+        backend = self.choose_backend(self.estimate)
         stores = {f: _store(getattr(state, f), backend, self.folder, f) for f in fields}
         return state._replace(**stores)
 
@@ -185,8 +185,9 @@ class StatePlan:
                 out[f] = _store(v, "ram", None, f)
         return state._replace(**out) if out else state
 
-    def _backend(self, est: StateEstimate) -> str:
-        """ram or disk, checked against what the machine has (:class:`DoesNotFit` names what to change)."""
+    def choose_backend(self, est: StateEstimate) -> str:
+        """ram or disk (``mode`` ram or auto), checked against what the machine has (:class:`DoesNotFit`
+        names what to change)."""
         avail = memory_available()
         ram = RAM_SHARE * avail
         if est.working_bytes > ram:
@@ -224,14 +225,13 @@ def _store(v: torch.Tensor, backend: str, folder: Optional[str], field: str) -> 
     return store
 
 
-def _data_bytes(cs) -> int:
-    """Bytes of the clients' tensors held by ``cs`` (each storage once: clients may share one)."""
-    clients = getattr(cs, "clients", ())
+def data_bytes(clients) -> int:
+    """Bytes of the tensors of ``clients`` (a ClientSet's ``clients``; each storage once: clients may share one)."""
     if hasattr(clients, "nbytes_estimate"):  # a population's (population.LazyClients): its cache, never all N
         return clients.nbytes_estimate()
     storages = {}
-    for c in clients:
-        for t in (getattr(c, "X", None), getattr(c, "y", None)):
+    for c in clients:  # an executor's clients, or simulate's (X, y) pairs
+        for t in (c if isinstance(c, tuple) else (getattr(c, "X", None), getattr(c, "y", None))):
             if isinstance(t, torch.Tensor):
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(storages.values())

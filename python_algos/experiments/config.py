@@ -32,6 +32,7 @@ import fedkernels.regularizers as fkr
 
 from ..algorithms.registry import ALGORITHMS, algorithm_entry, algorithm_names
 from ..clients import EXECUTORS
+from ..clients.state_plan import MODES as STATE_MODES
 from ..data import DATASETS, PARTITIONS, check_data_options
 from ..data.datasets import options_help
 from ..data.standardize import MODES
@@ -424,6 +425,14 @@ class Config:
                                            help="stop after the first round that ends more than SECONDS after the "
                                                 "rounds started, with a checkpoint of that round (summary status "
                                                 "'stopped'; --resume continues); default: no limit")
+    # where the per-client stacks live (clients/state_plan.py): changes memory, not a bit of the result
+    state: str = setting("dense", group="run", choices=STATE_MODES, check=_str(STATE_MODES), on_resume="kept",
+                         why_kept="a checkpoint holds the client rows in the form its run kept them (a dense stack or "
+                                  "a store's written rows), so a resume keeps the folder's --state",
+                         help="where per-client state (SCAFFOLD's c_i, FedDR's stacks) lives: dense [N, d] stacks, "
+                              "ram (only the rows written), disk (the same in files; not checkpointed yet, so refused "
+                              "by `run`), auto (by the estimate printed with the setup); ram/auto need "
+                              "--clients-per-round or --participation (docs/population.md)")
     # execution (changes speed, not the result beyond floating-point summation order)
     executor: str = setting("auto", group="run", choices=_RUN_EXECUTORS, check=_executor, on_resume="kept",
                             why_kept="another executor runs the same algorithm with another floating-point summation "

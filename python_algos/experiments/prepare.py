@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import warnings
 from typing import Optional, Sequence
@@ -19,7 +20,9 @@ from torch import nn
 import fedkernels as fk
 
 from ..algorithms.registry import algorithm_entry
+from ..clients import ClientSet
 from ..clients.data import check_finite
+from ..clients.state_plan import DoesNotFit, StateEstimate, StatePlan, check_dense_fits, data_bytes
 from ..data import FederatedData
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, RunFolderError, as_json
@@ -36,7 +39,7 @@ from .device import resolve_device
 from .folders import read_config_json, resume_command
 
 __all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size", "check_rounds_reach",
-           "check_recorded_config"]
+           "check_recorded_config", "check_state", "estimate_line"]
 
 
 @dataclasses.dataclass
@@ -55,6 +58,7 @@ class PreparedRun:
     rewrite_config: bool  # config.json must be (re)written (fresh run, or --rounds changed)
     replace: bool  # a fresh run replaces the run folder's files
     torch_rng: torch.Tensor  # torch's global generator right after the model was built
+    estimate: Optional[dict] = None  # the memory and disk estimate (check_state): the setup's line, summary.json
 
 
 def check_algorithm_names(algorithms: Sequence[str]) -> None:
@@ -210,6 +214,88 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     if snap is not None and (snap.get("algorithm") != algorithm.name or snap.get("hparams") != algorithm.hparams()):
         raise RunFolderError(f"{ckpt_path} is a checkpoint of {snap.get('algorithm')} {snap.get('hparams')}, not of "
                              f"{algorithm.name} {algorithm.hparams()} as config.json says; nothing was changed")
+    estimate = check_state(cfg, fed.clients, model, algorithm, resume=resume, flower=flower)
     if snap is not None:  # this process's client rows (re-cut if another number of processes wrote it)
         snap = launch.local_rows(snap, ckpt_path, len(fed.clients), map_location=device)
-    return PreparedRun(cfg, out_dir, fed, model, algorithm, reg, device, snap, resume, rewrite, replace, torch_rng)
+    return PreparedRun(cfg, out_dir, fed, model, algorithm, reg, device, snap, resume, rewrite, replace, torch_rng,
+                       estimate)
+
+
+class _Shapes(ClientSet):
+    """One client of a ``dim``-parameter model: ``algorithm.init`` on it shows the State's client stacks."""
+
+    def __init__(self, dim: int, dtype: torch.dtype):
+        super().__init__()
+        self.num_clients, self.rows, self.dim, self.dtype, self.device = 1, 1, dim, dtype, torch.device("cpu")
+
+    def gradients_(self, X, G, ids=None):
+        return G.zero_()
+
+    def _mean(self, S, divisor=None):
+        return S.sum(0) / (divisor or S.shape[0])
+
+    def _broadcast(self, v):
+        return v.clone()
+
+    def full_objective_(self, x, grad_out):
+        grad_out.zero_()
+        return 0.0
+
+
+def _as_flags(text: str) -> str:
+    """A state_plan message in the command line's words: state='disk' -> --state disk, ..."""
+    text = re.sub(r"state='(\w+)'", r"--state \1", text)
+    for python, flags in _FLAGS:
+        text = text.replace(python, flags)
+    return text
+
+
+_FLAGS = (("clients_per_round", "--clients-per-round"), (" or participation)", " or --participation)"),
+          ("fewer clients", "fewer clients (--num-clients)"), ("state_folder", "the run folder"),
+          ("the distributed executor", "the distributed executor (--workers, torchrun)"),
+          (", or run --state disk without Checkpoint / resume", " (every `run` takes checkpoints)"))
+
+
+def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bool = False, flower: bool = False,
+                workers: bool = False) -> dict:
+    """``--state`` checked by :class:`StatePlan`'s own rules (what ``simulate`` would refuse, named by
+    flag: a command-line run always checkpoints) and the run's memory and disk estimate, refused with
+    :class:`DoesNotFit`'s message when it cannot fit; before anything is written. Returns the estimate.
+    ``workers``: ``run --workers`` checks it before torchrun starts the ranks (one error, not one a rank)."""
+    if flower and cfg.state != "dense":
+        raise ConfigError("state", cfg.state, "--flower keeps each client's state on its node: use --state dense")
+    k = checked_clients_per_round(algorithm, len(clients), cfg.participation, cfg.clients_per_round)
+    try:
+        executor = "distributed" if workers else launch.executor_for(cfg.executor)[0]
+        plan = StatePlan.checked(cfg.state, None, k, executor, None, True, resume)
+    except ValueError as e:
+        raise ConfigError("state", cfg.state, re.sub(r"^--state \w+ ", "", _as_flags(str(e)))) from None
+    params = [p for p in model.parameters() if p.requires_grad]
+    dim = sum(p.numel() for p in params)
+    state = algorithm.init(torch.zeros(dim, dtype=params[0].dtype), _Shapes(dim, params[0].dtype))
+    est = StateEstimate(len(clients), dim, params[0].element_size(), len(getattr(type(state), "client_fields", ())),
+                        k or len(clients), cfg.rounds, data_bytes(clients))
+    try:
+        kept = plan.choose_backend(est) if plan.mode != "dense" else "dense"
+        if kept == "dense":
+            check_dense_fits(est.dense_bytes, f"--state dense: {est.fields} [{est.num_clients}, {dim}] client stack(s)")
+    except DoesNotFit as e:
+        raise DoesNotFit(_as_flags(str(e))) from None
+    if kept == "disk":  # only auto gets here (disk was refused above): the rows fit on disk alone
+        raise DoesNotFit(f"--state auto: {_as_flags(est.describe())}: fits only on disk, and state on disk is not "
+                         f"checkpointed yet: a smaller --clients-per-round, fewer --rounds, or fewer clients "
+                         f"(--num-clients)")
+    state_bytes = est.dense_bytes if kept == "dense" else est.store_bytes
+    return {"state": cfg.state, "kept": kept, "state_bytes": state_bytes, "data_bytes": est.data_bytes,
+            "working_bytes": est.working_bytes, "checkpoint_bytes": state_bytes, "stacks": est.fields}
+
+
+def estimate_line(est: dict) -> str:
+    """The estimate (:func:`check_state`) in one line, printed with the run's setup."""
+    how = {"dense": f"dense: {est['stacks']} [N, d] stack(s)", "ram": "ram: rows written only"}[est["kept"]]
+    return (f"memory: state {_mb(est['state_bytes'])} ({how}), data {_mb(est['data_bytes'])}, working "
+            f"{_mb(est['working_bytes'])}; disk: checkpoints {_mb(est['checkpoint_bytes'])} each")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2g} MB" if n >= 1e5 else f"{n / 1e3:.2g} kB"

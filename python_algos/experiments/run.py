@@ -198,7 +198,7 @@ def _run_rounds(prep: PreparedRun, cbs: list, eval_fn, executor: str, executor_o
                             cfg.rounds, regularizer=prep.reg, batch_size=cfg.batch_size, seed=cfg.seed, eval_fn=eval_fn,
                             callbacks=cbs, metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
                             participation=cfg.participation, clients_per_round=cfg.clients_per_round,
-                            executor=executor, executor_options=executor_options,
+                            executor=executor, executor_options=executor_options, state=cfg.state,
                             threads=cfg.threads if cfg.threads is not None else "auto")  # prepare_run chose it
         status["diverged"] = next((cb.reason for cb in cbs if isinstance(cb, callbacks.StopOnDivergence)), None)
         # every process stopped at the same round (run_rounds agrees), each by its own clock's reading
@@ -277,6 +277,8 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         last_checkpoint_round=last_ckpt)
     if executor == "distributed":
         summary["inner_executor"] = cfg.executor
+    if prep.estimate is not None:  # prepare's up-front estimate (bytes), printed with the setup line
+        summary["estimate"] = prep.estimate
     if f_star is not None:
         summary["f_star"] = float(f_star)
     return close_run(summary, label=label, cfg=cfg, ckpt_path=ckpt_path, diverged=status["diverged"],

@@ -25,7 +25,7 @@ from ..device import resolve_device
 from ..flower_run import check_flower_flags, execute_flower, prepare_flower  # flwr itself: imported when a run starts
 from ..folders import default_out_dir
 from ..plotting import plot_runs  # matplotlib itself: imported when a figure is drawn
-from ..prepare import check_world_size, prepare_run
+from ..prepare import check_state, check_world_size, estimate_line, prepare_run
 from ..run import Interrupted, execute_run
 from ..tensorboard import live_events  # the tensorboard package itself: imported when events are written
 from .options import (
@@ -91,6 +91,7 @@ def cmd_run(cmd: RunCommand) -> int:
         h = "per parameter" if cfg.regularizers else cfg.reg
         say(f"{cfg.algorithm} on {cfg.dataset} ({cfg.partition}, N={cfg.num_clients}), {cfg.model}, h={h}; "
             f"results -> {out}" + (f" ({launch.world_size()} processes)" if launch.distributed() else ""))
+        say(estimate_line(prep.estimate))
         summary = execute_run(prep, progress=not cmd.no_progress, log=say)
     if not main:
         return 3 if summary["status"] == "diverged" else 0
@@ -110,6 +111,7 @@ def _launch_run(cmd: RunCommand) -> int:
         # followed by torchrun's failure report. It loads the data once more; ranks load theirs.
         prep = prepare_run(cfg, out, replace=replace_requested(cmd))
         check_world_size(len(prep.fed.parts), cmd.workers)
+        check_state(prep.cfg, prep.fed.clients, prep.model, prep.algorithm, workers=True)
     return launch.run_workers(cmd.argv, cmd.workers, out)
 
 

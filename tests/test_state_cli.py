@@ -1,0 +1,114 @@
+"""`run --state`: where the client state lives, chosen on the command line (issue 39 items 1, 4).
+
+--state ram equals --state dense bit for bit (it keeps the same rows, only where they live differs);
+what simulate would refuse (full participation, --workers, --flower, disk with the checkpoints every
+`run` takes) and a run that cannot fit are refused before the run folder exists, naming the flags;
+the up-front estimate is printed with the setup line and recorded in summary.json; a resume keeps
+the folder's --state.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+from python_algos.clients import state_plan
+from python_algos.clients.state_store import StoredRows
+from python_algos.experiments.cli import main
+from python_algos.runfolder import checkpoint as ckpt
+from python_algos.runfolder.files import read_metrics
+
+TIMES = ("wall_time", "elapsed", "prox_time", "grad_time", "fwd_bwd_time")
+BASE = ["run", "--dataset", "sparse_logistic", "--data-opt", "n=240", "--data-opt", "dim=10", "--data-opt", "nnz=3",
+        "-N", "12", "-K", "2", "-B", "4", "--dtype", "float64", "--executor", "sequential", "--no-progress",
+        "--no-plot"]
+RUN = [*BASE, "-a", "scaffold", "--clients-per-round", "2"]
+
+
+def _results(out):
+    rows = [{k: v for k, v in r.items() if k not in TIMES} for r in read_metrics(str(out))]
+    return torch.load(os.path.join(out, "model.pt"), weights_only=True)["params"], rows
+
+
+def _summary(out) -> dict:
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
+
+
+def test_state_ram_equals_dense_bit_for_bit_and_prints_the_estimate(tmp_path, capsys):
+    for state in ("dense", "ram"):
+        assert main([*RUN, "-T", "4", "--state", state, "--out", str(tmp_path / state)]) == 0
+    out = capsys.readouterr().out
+    (x_dense, rows_dense), (x_ram, rows_ram) = _results(tmp_path / "dense"), _results(tmp_path / "ram")
+    assert x_ram.dtype == torch.float64 and x_ram.tolist() == x_dense.tolist()
+    assert rows_ram == rows_dense and [r["round"] for r in rows_ram] == list(range(5))
+    # ... and the ram run kept a store: its checkpoint holds the written rows, the dense run's the [N, d] stack
+    kept = {s: ckpt.load(str(tmp_path / s / "checkpoint.pt"))["state"].c_i for s in ("dense", "ram")}
+    assert isinstance(kept["ram"], StoredRows) and isinstance(kept["dense"], torch.Tensor)
+    assert kept["dense"].shape == (12, 11)
+    # the estimate, against the shapes: SCAFFOLD keeps one [N, d] stack (c_i), d = 10 + 1, 8-byte floats
+    d, n, k, t = 11, 12, 2, 4
+    dense, ram = _summary(tmp_path / "dense")["estimate"], _summary(tmp_path / "ram")["estimate"]
+    assert dense["kept"] == "dense" and dense["state_bytes"] == n * d * 8
+    assert ram["kept"] == "ram" and ram["state_bytes"] == 8 * n + (1 + min(n, k * t)) * d * 8
+    assert ram["working_bytes"] == (1 + state_plan.WORKSPACES) * k * d * 8 and ram["data_bytes"] > 0
+    lines = [line for line in out.splitlines() if line.startswith("memory: state ")]
+    assert len(lines) == 2, out
+    assert "(dense: 1 [N, d] stack(s))" in lines[0] and "(ram: rows written only)" in lines[1]
+    assert "data " in lines[1] and "working " in lines[1] and "; disk: checkpoints " in lines[1]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["-a", "fedcanon", "--state", "ram"], "--state ram: needs partial participation (--clients-per-round or "
+                                           "--participation)"),
+    (["-a", "scaffold", "--clients-per-round", "2", "--state", "disk"],
+     "--state disk: is not checkpointed yet: take checkpoints (or resume) with --state ram or 'dense' (every `run` "
+     "takes checkpoints)"),
+    (["-a", "scaffold", "--clients-per-round", "2", "--state", "ram", "--workers", "2"],
+     "--state ram: runs on the sequential and batched executors only (the distributed executor (--workers, "
+     "torchrun)"),
+    (["-a", "scaffold", "--clients-per-round", "2", "--state", "ram", "--flower"],
+     "--state ram: --flower keeps each client's state on its node: use --state dense"),
+])
+def test_what_simulate_refuses_is_refused_before_the_folder_exists(tmp_path, capsys, args, says):
+    out = tmp_path / "never"
+    rc = main([*BASE, *args, "-T", "2", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and says in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_a_run_that_cannot_fit_is_refused_naming_the_flags(tmp_path, capsys, monkeypatch):
+    # 2,300 bytes of memory (80%, 1,840 B, for the state): the working stacks (5 x [2, 11] float64: 880 B) fit; with
+    # the row table and the 12 rows that 20 rounds of 2 clients can write (96 + 13 x 88 B) they do not, with the 8
+    # of 4 rounds (96 + 9 x 88 B) they do
+    monkeypatch.setattr(state_plan, "memory_available", lambda: 2300)
+    out = tmp_path / "never"
+    assert main([*RUN, "-T", "20", "--state", "ram", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: client state: 1 stack(s) of 12 x 11") and "Traceback" not in err, err
+    assert "run with --state disk" in err and "or fewer clients (--num-clients)" in err, err
+    assert not out.exists()
+    assert main([*RUN, "-T", "20", "--state", "auto", "--out", str(out)]) == 1  # auto: disk alone, not checkpointed
+    err = capsys.readouterr().err
+    assert "--state auto: " in err and "fits only on disk" in err and "--clients-per-round" in err, err
+    assert not out.exists()
+    monkeypatch.setattr(state_plan, "memory_available", lambda: 1000)  # the working stacks alone do not fit
+    assert main([*RUN, "-T", "4", "--state", "ram", "--out", str(out)]) == 1
+    assert "a smaller --clients-per-round" in capsys.readouterr().err and not out.exists()
+    monkeypatch.setattr(state_plan, "memory_available", lambda: 2300)
+    assert main([*RUN, "-T", "4", "--state", "ram", "--out", str(out)]) == 0
+
+
+def test_resume_keeps_the_folders_state_and_refuses_another(tmp_path, capsys):
+    run = str(tmp_path / "r")
+    assert main([*RUN, "-T", "2", "--state", "ram", "--out", run]) == 0
+    capsys.readouterr()
+    assert main(["run", "--resume", run, "-T", "4", "--state", "dense", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "--state" in err and "keeps the folder's --state" in err, err
+    assert main(["run", "--resume", run, "-T", "4", "--no-progress", "--no-plot"]) == 0  # ram, resumed bit for bit
+    assert main([*RUN, "-T", "4", "--state", "ram", "--out", str(tmp_path / "whole")]) == 0
+    (x, rows), (x_ref, rows_ref) = _results(run), _results(tmp_path / "whole")
+    assert x.tolist() == x_ref.tolist() and rows == rows_ref
