@@ -284,13 +284,30 @@ def test_the_six_hospital_task_through_the_command_line_equals_simulate(tmp_path
         assert "standardized global (pooled statistics" in summary["dataset"]
 
 
-def test_a_flower_node_holds_its_own_files_rows(tmp_path):
-    data = _hospitals(tmp_path / "h", k=3, test=False)
+@pytest.mark.parametrize("mode", ["global", "local", "none"])
+def test_a_flower_node_builds_its_rows_from_its_own_file_and_the_shared_statistics(tmp_path, monkeypatch, mode):
+    """The node side of the exchange (data_exchange): each node's moments, combined as the server does,
+    give each node its rows, standardised as numpy does on the written arrays, opening only its files."""
+    data = _hospitals(tmp_path / "h", k=3)
     cfg = Config(dataset=f"folder:{tmp_path / 'h'}", data_opts={"label": "outcome"}, partition="natural",
-                 num_clients=3, test_fraction=0, standardize="none", dtype="float64")
+                 num_clients=3, standardize=mode, dtype="float64")
+    shared = [node_data.folder_moments(cfg, i, (4,)) for i in range(3)]
+    mean, std = combine_moments([s[:3] for s in shared])
+    classes = torch.from_numpy(np.unique(np.concatenate([s[3].numpy() for s in shared])))
+    info = {"name": "folder", "task": "multiclass", "in_shape": [4], "outputs": 2, "source": "test"}
+    opened, real_open = [], open
+    monkeypatch.setattr("builtins.open", lambda f, *a, **k: opened.append(os.path.basename(os.fspath(f))) or
+                        real_open(f, *a, **k))
+    node_data.keep_folder_rows(cfg, 2, str(tmp_path / "node"), {"mean": mean, "std": std, "classes": classes}, info)
+    monkeypatch.undo()
+    assert [f for f in opened if f.endswith(".csv")] == ["site2.csv", "site2.csv"]  # its file and its test file
     (X, y), shape = node_data.node_rows(cfg, 2, str(tmp_path / "node"))
-    assert torch.equal(X, torch.from_numpy(data["site2"][0])) and torch.equal(y, torch.from_numpy(data["site2"][1]))
-    assert shape.in_shape == (4,) and shape.outputs == 2
+    pooled, X2 = np.concatenate([d[0] for d in data.values()]), data["site2"][0]
+    want = {"global": (X2 - pooled.mean(0)) / pooled.std(0), "local": (X2 - X2.mean(0)) / X2.std(0), "none": X2}
+    np.testing.assert_allclose(X.numpy(), want[mode], rtol=1e-12, atol=1e-12)
+    assert torch.equal(y, torch.from_numpy(data["site2"][1])) and shape.in_shape == (4,) and shape.outputs == 2
+    with pytest.raises(ValueError, match="client 1: its rows of folder data were not built"):
+        node_data.node_rows(cfg, 1, str(tmp_path / "node"))  # never the whole data set on a node
 
 
 def test_a_node_reads_only_its_own_file_and_its_own_test_file(tmp_path, monkeypatch):

@@ -9,7 +9,8 @@ Python objects: they rebuild them from the run's settings. The run config names 
 builds the model, the algorithm and the regularizer from it with the command line's own builders
 (``experiments.build``), which are deterministic in the Config's seeds, and the server the data
 split. A node needs only its own rows: its first message builds the split and keeps them in the
-node's ``state-dir`` (:mod:`.node_data`), the following ones read them from there. So the node of
+node's ``state-dir`` (:mod:`.node_data`), the following ones read them from there (``folder:PATH``
+data: a node reads only its own file, with the pooled statistics from :mod:`.data_exchange`). So the node of
 client i holds exactly the rows ``run`` gives client i, starts from the same model, and draws its
 minibatches from a generator seeded as in simulation (:mod:`python_algos.deploy.flower`); the handshake of
 :func:`~python_algos.deploy.flower.run_server` compares every node's settings with the server's anyway.
@@ -40,6 +41,7 @@ import torch
 import fedkernels as fk
 
 from ..clients import resolve_executor
+from ..data.folder import PREFIX as FOLDER
 from ..deploy.flower import (
     checkpoint_to_resume,
     flwr_modules,
@@ -53,6 +55,7 @@ from ..deploy.flower import (
 from ..runfolder.callbacks import StopOnDivergence
 from ..runfolder.setup_record import fingerprint_clients
 from ..simulate import objective_metrics
+from .data_exchange import exchange_data, handle_scale, handle_stats
 from .evaluation import make_eval
 
 __all__ = [
@@ -138,6 +141,12 @@ def _objective(setup: dict):
     return evaluate
 
 
+def _node_config(context):
+    from .folders import read_config_json
+
+    return read_config_json(str(context.run_config["config-path"]))
+
+
 def _node(context) -> dict:
     rc = context.run_config
     state_dir = context.node_config.get("state-dir")
@@ -159,6 +168,9 @@ def server_main(grid, context) -> None:
         recorded["data"] = fingerprint_clients(s["fed"].clients)
         resume = checkpoint_to_resume(path, bool(rc["resume"]))
         os.makedirs(out, exist_ok=True)
+        if cfg.dataset.startswith(FOLDER):  # each node reads only its own file: the pooled statistics first
+            exchange_data(grid, s["fed"], len(s["fed"].parts), float(rc["connect-timeout"]),
+                          float(rc["round-timeout"]))
         result = run_server(grid, alg, s["model_fn"], regularizer=reg, rounds=cfg.rounds,
                             num_clients=len(s["fed"].parts), clients_per_round=cfg.clients_per_round,
                             participation=cfg.participation, seed=cfg.seed, batch_size=cfg.batch_size,
@@ -191,6 +203,14 @@ def _make_apps():
         cfg = s["cfg"]
         return handle_hello(msg, context, s["algorithm"], s["model_fn"], s["regularizer"], cfg.seed, cfg.batch_size,
                             _client_load(s))
+
+    @client.query("datastats")
+    def datastats(msg, context):
+        return handle_stats(msg, context, _node_config(context))
+
+    @client.query("datascale")
+    def datascale(msg, context):
+        return handle_scale(msg, context, _node_config(context))
 
     @client.train("round")
     def train(msg, context):
