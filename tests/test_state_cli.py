@@ -112,3 +112,12 @@ def test_resume_keeps_the_folders_state_and_refuses_another(tmp_path, capsys):
     assert main([*RUN, "-T", "4", "--state", "ram", "--out", str(tmp_path / "whole")]) == 0
     (x, rows), (x_ref, rows_ref) = _results(run), _results(tmp_path / "whole")
     assert x.tolist() == x_ref.tolist() and rows == rows_ref
+
+
+def test_auto_keeps_a_store_under_partial_participation_and_dense_stacks_under_full(tmp_path):
+    assert main([*RUN, "-T", "2", "--state", "auto", "--out", str(tmp_path / "partial")]) == 0
+    assert main([*BASE, "-a", "fednmap", "-T", "2", "--state", "auto", "--out", str(tmp_path / "full")]) == 0
+    assert _summary(tmp_path / "partial")["estimate"]["kept"] == "ram"
+    assert isinstance(ckpt.load(str(tmp_path / "partial" / "checkpoint.pt"))["state"].c_i, StoredRows)
+    full = _summary(tmp_path / "full")["estimate"]
+    assert full["kept"] == "dense" and full["stacks"] == 2 and full["state_bytes"] == 2 * 12 * 11 * 8  # c, d
