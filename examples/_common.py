@@ -69,6 +69,18 @@ def paper_data(paper: str, data_dir: Optional[str], fallback: str, fallback_opts
     return fallback, dict(fallback_opts), None, note
 
 
+def a9a_data(args, quick_opts: dict, log=print):
+    """``(dataset, data_opts, data_dir, note)`` of a script on the papers' A9A: the copy inside the
+    package (or the files in ``--data-dir``); with ``--quick``, a small generated stand-in
+    (``sparse_logistic`` with ``quick_opts``) unless ``--data-dir`` holds a9a."""
+    if args.quick:
+        return paper_data("a9a", args.data_dir, "sparse_logistic", quick_opts, log=log)
+    note = (f"dataset: A9A ({'files in ' + args.data_dir if args.data_dir else 'the copy inside the package'}, "
+            "as in the paper)")
+    log(note)
+    return "a9a", {}, args.data_dir, note
+
+
 class Runner:
     """Runs configs into ``out/<label>`` with one printed line per run; caches data splits."""
 

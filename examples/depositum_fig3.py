@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-from examples._common import Runner, paper_data, parser, table, write_report
+from examples._common import Runner, a9a_data, parser, table, write_report
 from python_algos.experiments.config import Config
 from python_algos.runfolder.files import read_metrics
 
@@ -54,14 +54,8 @@ def sawtooth(rows: list, key: str, tau: int) -> tuple:
 def main(argv=None) -> int:
     args = parser("depositum_fig3", __doc__).parse_args(argv)
     q = args.quick
-    if q:  # seconds: a small generated stand-in
-        dataset, opts, data_dir, note = paper_data("a9a", args.data_dir, "sparse_logistic",
-                                                   {"n": 400, "dim": 123, "nnz": 20, "noise": 0.5})
-    else:
-        dataset, opts, data_dir = "a9a", {}, args.data_dir
-        note = (f"dataset: A9A ({'files in ' + args.data_dir if args.data_dir else 'the copy inside the package'}, "
-                "as in the paper)")
-        print(note)
+    # --quick: seconds, on a small generated stand-in
+    dataset, opts, data_dir, note = a9a_data(args, {"n": 400, "dim": 123, "nnz": 20, "noise": 0.5})
     base = Config(algorithm="depositum", dataset=dataset, data_opts=opts, data_dir=data_dir, partition="iid",
                   num_clients=10, model="linear", reg="l1", reg_strength=1e-4, local_steps=TAU,
                   rounds=40 if q else 300, batch_size=32, metric_step=0.1, metrics_every=1, checkpoint_every=0,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from examples._common import Runner, paper_data, parser, table, tail_mean, write_report
+from examples._common import Runner, a9a_data, parser, table, tail_mean, write_report
 from python_algos.experiments.config import Config
 from python_algos.runfolder.files import read_metrics
 
@@ -29,14 +29,8 @@ BETAS = (0.005, 0.01, 0.02, 0.05)
 def main(argv=None) -> int:
     args = parser("fedcanon_fig1", __doc__).parse_args(argv)
     q = args.quick
-    if q:  # seconds: a small generated stand-in
-        dataset, opts, data_dir, note = paper_data("a9a", args.data_dir, "sparse_logistic",
-                                                   {"n": 400, "dim": 123, "nnz": 20, "noise": 0.5})
-    else:
-        dataset, opts, data_dir = "a9a", {}, args.data_dir
-        note = (f"dataset: A9A ({'files in ' + args.data_dir if args.data_dir else 'the copy inside the package'}, "
-                "as in the paper)")
-        print(note)
+    # --quick: seconds, on a small generated stand-in
+    dataset, opts, data_dir, note = a9a_data(args, {"n": 400, "dim": 123, "nnz": 20, "noise": 0.5})
     base = Config(algorithm="fedcanon", dataset=dataset, data_opts=opts, data_dir=data_dir, partition="iid",
                   num_clients=10, model="linear", reg="mcp", reg_strength=1e-3, reg_opts={"gamma": 3.0},
                   local_steps=10 if not q else 3, rounds=100 if not q else 4, batch_size=32, metric_step=0.05,
