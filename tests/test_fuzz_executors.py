@@ -38,10 +38,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from python_algos.clients import BatchedClients, SequentialClients
+from python_algos.clients.population import Population
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 EXECUTORS = {"sequential": SequentialClients, "batched": BatchedClients}
+# the same executors on clients built on demand (issue 39): a Population whose cache holds 2 clients,
+# so that a call's clients are rebuilt and dropped while it runs; held to the same plain loop
+ON_DEMAND = {f"{name} on a population": name for name in EXECUTORS}
 LR, STEPS = 0.1, 2
 
 
@@ -268,8 +272,11 @@ def run_executor(name: str, ex: Example, dtype: torch.dtype):
     data = [(X.to(dtype) if dtype != torch.float64 else X, y.to(dtype) if y.is_floating_point() and
              dtype != torch.float64 else y) for X, y in ex.data]
     model = ex.build(dtype)
+    base = ON_DEMAND.get(name, name)
+    if name in ON_DEMAND:
+        data = Population(len(data), data.__getitem__, cache=2)
     try:
-        cs = EXECUTORS[name](model, ex.loss_fn, data, batch_size=ex.batch_size, seed=ex.seed, **ex.options[name])
+        cs = EXECUTORS[base](model, ex.loss_fn, data, batch_size=ex.batch_size, seed=ex.seed, **ex.options[base])
     except ValueError as e:
         return e
     x0 = cs.flat.params.detach().clone()
@@ -337,6 +344,23 @@ def test_every_executor_is_exact_or_refuses(fuzz_budget):
     for seed in range(first, first + n):
         ex = draw(seed)
         for name in EXECUTORS:
+            why = check(ex, name)
+            if why is not None:
+                finds.append(f"{why}\n    {ex.desc}")
+    assert not finds, f"{len(finds)} finds:\n" + "\n".join(finds)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open defects of clients built on demand (issue 39), found by this fuzzer: the loss is checked only on the "
+    "probed clients 0-3, so a loss that is not a per-sample mean is refused mid-run when a later client is "
+    "trained on minibatches (seeds 221, 225, 251, 455 ...), and with a loss whose exactness depends on every "
+    "client's labels (NLL with ignore_index, seed 128) the sequential executor's iterates are silently off"))
+def test_every_executor_on_a_population_is_exact_or_refuses(fuzz_budget):
+    first, n = fuzz_budget(600)
+    finds = []
+    for seed in range(first, first + n):
+        ex = draw(seed)
+        for name in ON_DEMAND:
             why = check(ex, name)
             if why is not None:
                 finds.append(f"{why}\n    {ex.desc}")
@@ -428,3 +452,26 @@ def test_distributed_executor_is_exact_or_refuses(tmp_path, fuzz_budget):
             if gap > 1e-10 or abs(f - rf) > 1e-10 * abs(rf) or _gap(g, rgrad, float(rgrad.abs().max())) > 1e-10:
                 finds.append(f"distributed/{inner}: rows off by {gap:.3g}, f {f!r} vs {rf!r}\n    {ex.desc}")
     assert not finds, f"{len(finds)} finds:\n" + "\n".join(finds)
+
+
+def test_one_participant_with_one_sample_batches_runs_the_in_place_first_layer():
+    """Found by the population variant above (a block of one client): one participant, batch_size 1 and
+    a Linear chain made a [2, 1] index view of stride 0, which the in-place first layer refused
+    ("idx must be contiguous") after construction. Held to the sequential executor."""
+    torch.manual_seed(1)
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(4, 6, generator=g, dtype=torch.float64), torch.randint(3, (4,), generator=g))
+            for _ in range(3)]
+    got, sets = [], []
+    for cls in (BatchedClients, SequentialClients):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)).double()
+        cs = cls(model, F.cross_entropy, data, batch_size=1, seed=3)
+        ids = torch.tensor([2])
+        X = cs.new_stack(cs.flat.params.detach().clone())[ids]
+        G = torch.empty_like(X)
+        cs.gradients_(X, G, ids)
+        got.append(G)
+        sets.append(cs)
+    assert sets[0].rows_in_place  # the path at fault: the first layer reads the samples in place
+    assert float((got[0] - got[1]).abs().max()) <= 1e-12

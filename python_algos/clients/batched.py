@@ -471,7 +471,9 @@ class BatchedClients(ClientSet):
         c = len(batches)
         block = isinstance(batches, torch.Tensor)
         if c == 1:  # see _gradients: never a one-row pass
-            rows_at, batches = rows_at * 2, (batches.expand(2, -1) if block else batches * 2)
+            # repeat, not expand: a [2, P] view with stride 0 stays one when flattened for P = 1, and
+            # the in-place first layer takes only a contiguous index
+            rows_at, batches = rows_at * 2, (batches.repeat(2, 1) if block else batches * 2)
         k = len(batches)
         lengths = [P] * k if block else [int(b.numel()) for b in batches]
         R = self._rows_per_client(P)  # >= P: samples P.. R are gathered only to align the next client's
