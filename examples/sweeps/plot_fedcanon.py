@@ -21,27 +21,35 @@ from python_algos.runfolder.records import SUMMARY
 NAMES = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "scaffnew": "SCAFFNEW", "fedcanon": "FedCanon"}
 
 
-SETUP1 = ("sparse_logistic (123 features), iid, N = 10, linear, h = MCP(λ = 1e-3, γ = 3), K = 10, B = 32\n"
-          "3 seeds: mean, band mean ± std")  # the setup line of plot_runs would show the unused lr
-
-
 def _points(sweep: str) -> list:
     with open(os.path.join(sweep, SUMMARY)) as f:
         return json.load(f)["points"]
 
 
+def _setup(sweep: str) -> str:
+    """The setup line of a Fig. 1 panel, from the sweep's own record (what it ran, not what it was
+    meant to run); plot_runs' own setup line would show the lr, which FedCanon's α and β replace."""
+    with open(os.path.join(sweep, "sweep.json")) as f:
+        rec = json.load(f)
+    c = rec["config"]
+    opts = "".join(f", {k} = {v:g}" for k, v in c["reg_opts"].items())
+    return (f"{c['dataset']}, {c['partition']}, N = {c['num_clients']}, {c['model']}, "
+            f"h = {c['reg'].upper()}(λ = {c['reg_strength']:g}{opts}), K = {c['local_steps']}, B = {c['batch_size']}, "
+            f"T = {c['rounds']}\n{len(rec['seeds'])} seeds: mean, band mean ± std")
+
+
 def fig1(sweep: str, out: str, formats) -> list:
     from python_algos.experiments.plotting import plot_runs
 
-    pts = _points(sweep)
+    pts, setup = _points(sweep), _setup(sweep)
     left = sorted((p for p in pts if p["point"]["beta"] == 0.02), key=lambda p: p["point"]["alpha"])
     right = sorted((p for p in pts if p["point"]["alpha"] == 0.05), key=lambda p: p["point"]["beta"])
     files = plot_runs([p["dir"] for p in left], out_dir=out, metrics=["grad_map_sq", "f+h"], x_axes=["round"],
-                      title="FedCanon, β = 0.02, α varied\n" + SETUP1, name="fedcanon_fig1_alpha", per_metric=False,
+                      title="FedCanon, β = 0.02, α varied\n" + setup, name="fedcanon_fig1_alpha", per_metric=False,
                       setup=False,
                       labels=[f"α = {p['point']['alpha']:g}" for p in left], formats=formats)
     files += plot_runs([p["dir"] for p in right], out_dir=out, metrics=["grad_map_sq", "f+h"], x_axes=["round"],
-                       title="FedCanon, α = 0.05, β varied\n" + SETUP1, name="fedcanon_fig1_beta", per_metric=False,
+                       title="FedCanon, α = 0.05, β varied\n" + setup, name="fedcanon_fig1_beta", per_metric=False,
                        setup=False,
                        labels=[f"β = {p['point']['beta']:g}" for p in right], formats=formats)
     return files
