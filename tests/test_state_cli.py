@@ -1,20 +1,21 @@
 """`run --state`: where the client state lives, chosen on the command line (issue 39 items 1, 4).
 
---state ram equals --state dense bit for bit (it keeps the same rows, only where they live differs);
-what simulate would refuse (full participation, --workers, --flower, disk with the checkpoints every
-`run` takes) and a run that cannot fit are refused before the run folder exists, naming the flags;
-the up-front estimate is printed with the setup line and recorded in summary.json; a resume keeps
-the folder's --state.
+--state ram and --state disk equal --state dense bit for bit (they keep the same rows, only where
+they live differs); what simulate would refuse (full participation, --workers, --flower) and a run
+that cannot fit are refused before the run folder exists, naming the flags; the up-front estimate is
+printed with the setup line and recorded in summary.json; a resume keeps the folder's --state; a
+--state disk run killed at any write point (a row-log append among them) resumes bit for bit.
 """
 
 import json
 import os
+import random
 
 import pytest
 import torch
 
 from python_algos.clients import state_plan
-from python_algos.clients.state_store import StoredRows
+from python_algos.clients.state_store import LoggedRows, StoredRows
 from python_algos.experiments.cli import main
 from python_algos.runfolder import checkpoint as ckpt
 from python_algos.runfolder.files import read_metrics
@@ -62,9 +63,6 @@ def test_state_ram_equals_dense_bit_for_bit_and_prints_the_estimate(tmp_path, ca
 @pytest.mark.parametrize("args, says", [
     (["-a", "fedcanon", "--state", "ram"], "--state ram: needs partial participation (--clients-per-round or "
                                            "--participation)"),
-    (["-a", "scaffold", "--clients-per-round", "2", "--state", "disk"],
-     "--state disk: is not checkpointed yet: take checkpoints (or resume) with --state ram or 'dense' (every `run` "
-     "takes checkpoints)"),
     (["-a", "scaffold", "--clients-per-round", "2", "--state", "ram", "--workers", "2"],
      "--state ram: runs on the sequential and batched executors only (the distributed executor (--workers, "
      "torchrun)"),
@@ -90,10 +88,9 @@ def test_a_run_that_cannot_fit_is_refused_naming_the_flags(tmp_path, capsys, mon
     assert err.startswith("error: client state: 1 stack(s) of 12 x 11") and "Traceback" not in err, err
     assert "run with --state disk" in err and "or fewer clients (--num-clients)" in err, err
     assert not out.exists()
-    assert main([*RUN, "-T", "20", "--state", "auto", "--out", str(out)]) == 1  # auto: disk alone, not checkpointed
-    err = capsys.readouterr().err
-    assert "--state auto: " in err and "fits only on disk" in err and "--clients-per-round" in err, err
-    assert not out.exists()
+    assert main([*RUN, "-T", "20", "--state", "auto", "--out", str(tmp_path / "auto")]) == 0  # fits on disk alone
+    assert _summary(tmp_path / "auto")["estimate"]["kept"] == "disk"
+    assert isinstance(ckpt.load(str(tmp_path / "auto" / "checkpoint.pt"))["state"].c_i, LoggedRows)
     monkeypatch.setattr(state_plan, "memory_available", lambda: 1000)  # the working stacks alone do not fit
     assert main([*RUN, "-T", "4", "--state", "ram", "--out", str(out)]) == 1
     assert "a smaller --clients-per-round" in capsys.readouterr().err and not out.exists()
@@ -121,3 +118,60 @@ def test_auto_keeps_a_store_under_partial_participation_and_dense_stacks_under_f
     assert isinstance(ckpt.load(str(tmp_path / "partial" / "checkpoint.pt"))["state"].c_i, StoredRows)
     full = _summary(tmp_path / "full")["estimate"]
     assert full["kept"] == "dense" and full["stacks"] == 2 and full["state_bytes"] == 2 * 12 * 11 * 8  # c, d
+
+
+def test_state_disk_equals_dense_bit_for_bit_its_checkpoint_a_row_log(tmp_path, capsys):
+    for state in ("dense", "disk"):
+        assert main([*RUN, "-T", "6", "--checkpoint-every", "1", "--state", state, "--out", str(tmp_path / state)]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("memory: state ")][-1]
+    assert "(disk: rows written only, in files)" in line and "; disk: the checkpoints' row log at most " in line
+    (x_dense, rows_dense), (x_disk, rows_disk) = _results(tmp_path / "dense"), _results(tmp_path / "disk")
+    assert x_disk.tolist() == x_dense.tolist() and rows_disk == rows_dense
+    rec = ckpt.load(str(tmp_path / "disk" / "checkpoint.pt"))["state"].c_i
+    assert isinstance(rec, LoggedRows) and rec.rows == 12 and rec.initial.shape == (11,)
+    logs = sorted(os.listdir(tmp_path / "disk" / "state" / "c_i"))
+    assert logs == ["index.bin", rec.log, "rows.bin"], logs  # one log: the one the checkpoint names
+    # 6 rounds of 2 clients, a checkpoint each: at most 2 rows appended per checkpoint (8 + 11 x 8 bytes each), and
+    # the log holds at most twice the rows written (then the next log starts with the live rows alone)
+    size = os.path.getsize(tmp_path / "disk" / "state" / "c_i" / rec.log)
+    assert size == rec.records * (8 + 11 * 8) and rec.records <= 2 * 12
+    est = _summary(tmp_path / "disk")["estimate"]
+    assert est["kept"] == "disk" and est["checkpoint_bytes"] == 3 * min(12, 2 * 6) * (8 + 11 * 8) >= size
+
+
+class _Killed(BaseException):
+    """Raised at a write point: like SIGKILL, no handler of the runner catches it."""
+
+
+def test_a_disk_run_killed_at_any_write_point_resumes_bit_for_bit(tmp_path, monkeypatch, fuzz_budget, capsys):
+    """A kill in the middle of a row-log append, between an append and the checkpoint that counts it
+    (inside its atomic write), or in a round: `run --resume` ends with the uninterrupted run's model
+    and rows (the store's files ran past the checkpoint; the log's torn tail is never read)."""
+    from python_algos.runfolder import faults
+
+    args = [*RUN, "-T", "8", "--checkpoint-every", "1", "--state", "disk"]
+    names = []
+    monkeypatch.setattr(faults, "point", names.append)
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    assert names.count("state log append") >= 8 and "checkpoint write" in names, names
+    first, n = fuzz_budget(6)
+    for seed in range(first, first + n):
+        rng = random.Random(seed)
+        at = rng.choice([i for i, name in enumerate(names, 1) if name == "state log append"] if seed % 2 else
+                        range(1, len(names) + 1))
+        seen = [0]
+
+        def point(name, at=at, seen=seen):
+            seen[0] += 1
+            if seen[0] == at:
+                raise _Killed(name)
+        monkeypatch.setattr(faults, "point", point)
+        out = str(tmp_path / f"k{seed}")
+        with pytest.raises(_Killed):
+            main([*args, "--out", out])
+        monkeypatch.setattr(faults, "point", lambda name: None)
+        resumed = main(["run", "--resume", out, "--no-progress", "--no-plot"] if os.path.exists(
+            os.path.join(out, "config.json")) else [*args, "--out", out, "--replace"])
+        assert resumed == 0, (seed, at, names[at - 1], capsys.readouterr().err[-2000:])
+        (x, rows), (x_ref, rows_ref) = _results(out), _results(tmp_path / "whole")
+        assert x.tolist() == x_ref.tolist() and rows == rows_ref, (seed, at, names[at - 1])

@@ -20,13 +20,16 @@ import fedkernels as fk
 from python_algos import simulate
 from python_algos.algorithms import SCAFFOLD
 from python_algos.algorithms.registry import ALGORITHMS, make
+from python_algos.algorithms.scaffold import SCAFFOLDState
 from python_algos.clients.state_plan import StateEstimate
-from python_algos.clients.state_store import ClientStateStore, StoredRows
+from python_algos.clients.state_store import ClientStateStore, LoggedRows, StoredRows
 from python_algos.runfolder import checkpoint as ckpt
 from python_algos.runfolder.callbacks import Checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTIAL = [n for n, e in ALGORITHMS.items() if e.cls.partial_participation]
+STATEFUL = [n for n in PARTIAL if any(getattr(v, "client_fields", ()) for k, v in  # per-client stacks in their State
+                                      vars(sys.modules[ALGORITHMS[n].cls.__module__]).items() if k.endswith("State"))]
 
 
 # -- the store against a dense reference ------------------------------------------------------------------
@@ -41,6 +44,7 @@ def _fuzz_one(seed: int, folder: str) -> None:
     store = ClientStateStore(n, d, dtype, init, backend=backend,
                              folder=os.path.join(folder, str(seed)) if backend == "disk" else None)
     touched: set = set()
+    last = None  # disk: the last checkpoint (its record, the rows and the rows written then)
     for _ in range(int(rng.integers(1, 12))):
         k = int(rng.integers(0, n + 1))
         ids = torch.from_numpy(rng.permutation(n)[:k]).long()
@@ -56,12 +60,34 @@ def _fuzz_one(seed: int, folder: str) -> None:
             touched.update(ids.tolist())
         elif backend == "ram":  # a checkpoint and back: the same rows, the same table
             store = ClientStateStore.from_stored_rows(ckpt.decode(ckpt.encode(store.stored_rows())))
+        else:  # a checkpoint (the rows since the last one appended to the log); then, half the time, a kill
+            last = (ckpt.decode(ckpt.encode(store.checkpoint())), ref.clone(), set(touched))
+            if rng.random() < 0.5:
+                store, ref, touched = _killed_and_resumed(store, last, rng, g)
         size = int(rng.integers(1, n + 2))
         got = [(first, rows.clone()) for first, rows in store.chunks(size)]
         assert [f for f, _ in got] == list(range(0, n, size)) and all(r.shape[0] <= size for _, r in got)
         assert torch.equal(torch.cat([r for _, r in got]), ref), seed
         assert store.rows_written == len(touched), seed
     assert torch.equal(store.to_dense(), ref) and store.to_dense().dtype == dtype
+    if backend == "disk" and last is not None:  # the last checkpoint still reads back, whatever came after it
+        store, ref, touched = _killed_and_resumed(store, last, rng, g)
+        assert torch.equal(store.to_dense(), ref) and store.rows_written == len(touched), seed
+
+
+def _killed_and_resumed(store, last, rng, g):
+    """Rounds past the checkpoint ``last`` write rows (the store's files run ahead of it), the log may
+    get a torn record past its count (a kill mid-append), and the store is read back from the log."""
+    rec, ref, touched = last
+    n, d = ref.shape
+    later = torch.from_numpy(rng.permutation(n)[: int(rng.integers(0, n + 1))]).long()
+    store.scatter_(later, torch.randn(later.numel(), d, generator=g, dtype=ref.dtype))
+    if rng.random() < 0.5:
+        with open(os.path.join(store.folder, rec.log), "ab") as f:
+            f.write(b"\x7f" * int(rng.integers(1, 8 + 8 * d)))
+    store = ClientStateStore.from_log(rec, store.folder)
+    assert store.backend == "disk" and torch.equal(store.to_dense(), ref)
+    return store, ref.clone(), set(touched)
 
 
 def test_store_rows_equal_a_dense_reference(fuzz_budget, tmp_path):
@@ -160,13 +186,67 @@ def test_a_ram_store_resumes_from_a_checkpoint_file_bit_identically(tmp_path):
         assert torch.equal(_dense_fields(resumed.state)["c_i"], full.state.c_i.to_dense()), state
 
 
+def _run_cast(name, dtype, rounds, **kw):
+    """:func:`_run` in ``dtype`` for ``rounds`` rounds."""
+    alg = _alg(name)
+    reg = fk.L1(0.01) if alg.composite else fk.Zero()
+    clients = [(X.to(dtype), y) for X, y in _problem()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return simulate(alg, _model().to(dtype), nn.functional.cross_entropy, clients, rounds, reg, batch_size=4,
+                        seed=2, clients_per_round=3, **kw)
+
+
+@pytest.mark.parametrize("executor, dtype", [("sequential", torch.float64), ("batched", torch.float64),
+                                             ("sequential", torch.float32), ("batched", torch.float32)])
+@pytest.mark.parametrize("name", STATEFUL)
+def test_a_disk_store_resumes_from_its_checkpoints_bit_identically(name, executor, dtype, tmp_path):
+    """Stopped one round past a checkpoint (its files ahead of it), a state='disk' run resumes from the
+    checkpoint file (which holds the log's record, no row) to the uninterrupted run's model, metrics and
+    rows, twice (the second into a folder the first resume wrote past it); its logs are compacted."""
+    rounds, kw = 12, {"executor": executor, "state": "disk"}
+    full = _run_cast(name, dtype, rounds, executor=executor)
+    stops = [3, 8, 11] if (executor, dtype) == ("sequential", torch.float64) else [8 + STATEFUL.index(name) % 3]
+    for stop in stops:
+        where, ck = str(tmp_path / f"state{stop}"), str(tmp_path / f"ck{stop}.pt")
+        saver = ckpt.Checkpointer(ck)
+        _run_cast(name, dtype, rounds, state_folder=where, callbacks=[lambda t, s, m, stop=stop: t == stop,
+                                                                      Checkpoint(saver, 2)], **kw)
+        snap = ckpt.load(ck)
+        fields = type(snap["state"]).client_fields
+        assert snap["round"] == stop - 1 - (stop - 1) % 2  # rounds past it wrote the store's files
+        assert all(isinstance(getattr(snap["state"], f), LoggedRows) for f in fields)
+        for again in range(2):
+            resumed = _run_cast(name, dtype, rounds, state_folder=where, resume=ckpt.load(ck), **kw)
+            assert torch.equal(resumed.params, full.params), (stop, again)
+            assert resumed.series("f+h") == full.series("f+h")[snap["round"]:], (stop, again)
+            want, have = _dense_fields(full.state), _dense_fields(resumed.state)
+            assert all(torch.equal(have[f], want[f]) for f in want), (stop, again)
+    if len(stops) > 1:  # 12 rounds of 3 of 9 clients, a checkpoint every 2: the log outgrew twice the rows
+        assert int(getattr(snap["state"], fields[0]).log.split("-")[1].split(".")[0]) >= 2
+
+
+def test_a_disk_checkpoint_refuses_a_missing_log_and_flags_nan_rows(tmp_path):
+    s = ClientStateStore(6, 2, torch.float64, backend="disk", folder=str(tmp_path / "a"))
+    s.scatter_(torch.tensor([1, 4]), torch.tensor([[1.0, 2.0], [float("nan"), 0.0]], dtype=torch.float64))
+    rec = s.checkpoint()
+    assert rec.records == 2 and rec.check != rec.check  # NaN: a checkpoint of this state is refused ...
+    with pytest.raises(ckpt.Diverged, match="'c_i' holds NaN/Inf"):
+        ckpt.Checkpointer(tmp_path / "ck.pt")({"round": 1, "state": SCAFFOLDState(torch.zeros(2), torch.zeros(2),
+                                                                                   rec, 1)})
+    assert not (tmp_path / "ck.pt").exists()  # ... before the file is written
+    with pytest.raises(ValueError, match="row log .*log-1.bin holds 10 bytes, fewer than the 2 records"):
+        with open(tmp_path / "a" / rec.log, "r+b") as f:
+            f.truncate(10)
+        ClientStateStore.from_log(rec, str(tmp_path / "a"))
+    with pytest.raises(ValueError, match="row log .*log-1.bin is missing"):
+        ClientStateStore.from_log(rec, str(tmp_path / "elsewhere"))
+
+
 def test_state_options_are_checked_before_the_run():
     with pytest.raises(ValueError, match="state must be one of"):
         _run("scaffold", state="memmap")
-    with pytest.raises(ValueError, match="state='ram' needs partial participation"):
-        simulate(SCAFFOLD(lr_local=0.05, local_steps=2), _model(), nn.functional.cross_entropy, _problem(), 2,
-                 state="ram")
-    with pytest.raises(ValueError, match="state='disk' is not checkpointed yet"):
+    with pytest.raises(ValueError, match="state='disk' with checkpoints .or resume. needs state_folder"):
         _run("scaffold", state="disk", callbacks=[Checkpoint(lambda snap: None, 1)])
     with pytest.raises(ValueError, match="state_folder is where state='disk' keeps its rows"):
         _run("scaffold", state="ram", state_folder="x")
@@ -205,6 +285,7 @@ REFUSAL = textwrap.dedent("""
     from torch import nn
     from python_algos import simulate
     from python_algos.algorithms import SCAFFOLD
+from python_algos.algorithms.scaffold import SCAFFOLDState
     from python_algos.clients.state_plan import DoesNotFit
     with open("/proc/self/status") as f:
         vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))

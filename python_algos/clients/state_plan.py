@@ -27,6 +27,7 @@ from typing import Optional
 
 import torch
 
+from .state_log import LoggedRows
 from .state_store import ClientStateStore, StoredRows
 
 __all__ = ["MODES", "StateEstimate", "StatePlan", "DoesNotFit", "memory_available", "check_dense_fits",
@@ -105,6 +106,13 @@ class StateEstimate:
         return self.fields * (8 * self.num_clients + (1 + touched) * self.dim * self.itemsize)
 
     @property
+    def log_bytes(self) -> int:
+        """A disk store's checkpoint logs at their largest: the last checkpoint's log (at most twice the
+        rows written) beside the next one of the live rows, 3 records of 8 + d × itemsize bytes a row."""
+        touched = min(self.num_clients, self.cohort * self.rounds)
+        return self.fields * 3 * touched * (8 + self.dim * self.itemsize)
+
+    @property
     def working_bytes(self) -> int:
         return (self.fields + WORKSPACES) * self.cohort * self.dim * self.itemsize
 
@@ -122,6 +130,7 @@ class StatePlan:
     folder: Optional[str]
     cohort: Optional[int]  # k, None under full participation
     estimate: Optional[StateEstimate] = None  # set by init for a store (the CLI prints it with the setup)
+    logged: bool = False  # checkpoints are taken or read: a disk store's rows go to its log too (state_log)
 
     @classmethod
     def checked(cls, state, state_folder, cohort: Optional[int], executor, backend, checkpoints: bool,
@@ -139,12 +148,12 @@ class StatePlan:
                 raise ValueError(f"state={state!r} runs on the sequential and batched executors only (the "
                                  f"distributed executor and a custom backend hold dense [N, d] stacks): use "
                                  f"state='dense'")
-        if state == "disk" and (checkpoints or resume):
-            raise ValueError("state='disk' is not checkpointed yet: take checkpoints (or resume) with state='ram' or "
-                             "'dense', or run state='disk' without Checkpoint / resume")
+        if state == "disk" and (checkpoints or resume) and state_folder is None:
+            raise ValueError("state='disk' with checkpoints (or resume) needs state_folder: the checkpoints' row log "
+                             "lives there (a temporary folder goes with the process, and the checkpoint with it)")
         if state == "auto" and (cohort is None or executor == "distributed" or backend is not None):
             state = "dense"
-        return cls(mode=state, folder=state_folder, cohort=cohort)
+        return cls(mode=state, folder=state_folder, cohort=cohort, logged=bool(checkpoints or resume))
 
     def init(self, algorithm, x0: torch.Tensor, cs, rounds: int):
         """``algorithm.init(x0, cs)``, its client stacks in the store this plan picks."""
@@ -172,13 +181,20 @@ class StatePlan:
         return state._replace(**stores)
 
     def adopt(self, state):
-        """A resumed state's client stacks in this run's form (a dense stack or a RAM store, the same
-        rows), from a snapshot's dense stacks, stores or :class:`StoredRows` (a checkpoint file's)."""
+        """A resumed state's client stacks in this run's form (a dense stack or a store, the same rows),
+        from a snapshot's dense stacks, stores, :class:`StoredRows` or :class:`LoggedRows` (a checkpoint
+        file's: a disk store's rows at the checkpoint, read from its log under ``state_folder``)."""
         out = {}
         for f in type(state).client_fields:
             v = getattr(state, f)
             if isinstance(v, StoredRows):
                 v = out[f] = ClientStateStore.from_stored_rows(v)
+            elif isinstance(v, LoggedRows):
+                if self.folder is None:
+                    raise ValueError("the checkpoint's client rows are in the row log under its run's state_folder: "
+                                     "resume with that state_folder")
+                v = out[f] = ClientStateStore.from_log(v, os.path.join(self.folder, f),
+                                                       "disk" if self.mode in ("disk", "auto") else "ram")
             if self.mode == "dense" and isinstance(v, ClientStateStore):
                 out[f] = v.to_dense()
             elif self.mode != "dense" and not isinstance(v, ClientStateStore):
@@ -199,8 +215,11 @@ class StatePlan:
                 raise DoesNotFit(f"{est.describe()}: more than this process may use ({_gb(avail)} available): run "
                                  f"with state='disk' (rows in files under state_folder), or fewer clients")
             return "ram"
+        if self.logged and self.folder is None:
+            raise ValueError(f"{est.describe()}: fits only on disk, and state='disk' with checkpoints (or resume) "
+                             f"needs state_folder (the checkpoints' row log lives there)")
         disk = _free_disk(self.folder)
-        if est.store_bytes > disk:
+        if est.store_bytes + (est.log_bytes if self.logged else 0) > disk:
             raise DoesNotFit(f"{est.describe()}: more than the {_gb(disk)} of free disk (and {_gb(avail)} of memory) "
                              f"this run may use: give state_folder on a larger disk, fewer rounds or clients_per_round "
                              f"(rows written), or fewer clients")
@@ -208,16 +227,17 @@ class StatePlan:
 
 
 def snapshot_state(state):
-    """The state a snapshot holds: each store as its :class:`StoredRows` (a checkpoint file holds
-    NamedTuples of tensors), dense stacks as they are; references, as the snapshot's other entries."""
-    stores = {f: getattr(state, f).stored_rows() for f in getattr(type(state), "client_fields", ())
+    """The state a snapshot holds: each store as its checkpoint (:meth:`ClientStateStore.checkpoint`: a
+    RAM store's :class:`StoredRows`, references, as the snapshot's other entries; a disk store's
+    :class:`LoggedRows`, its rows appended to its log now), dense stacks as they are."""
+    stores = {f: getattr(state, f).checkpoint() for f in getattr(type(state), "client_fields", ())
               if isinstance(getattr(state, f), ClientStateStore)}
     return state._replace(**stores) if stores else state
 
 
 def _store(v: torch.Tensor, backend: str, folder: Optional[str], field: str) -> ClientStateStore:
     """The store of one init stack: a stride-0 view (every row its first) stores no row; a dense stack all."""
-    where = os.path.join(folder, field) if folder is not None else None
+    where = os.path.join(folder, field) if folder is not None and backend == "disk" else None  # auto may pick ram
     if v.stride(0) == 0:
         return ClientStateStore(v.shape[0], v.shape[1], v.dtype, v[0], backend=backend, folder=where)
     store = ClientStateStore(v.shape[0], v.shape[1], v.dtype, backend=backend, folder=where)

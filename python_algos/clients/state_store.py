@@ -13,24 +13,33 @@ rows)`` one ``index_copy_`` (new rows get slots first). The block lives in RAM (
 or in a memory-mapped file in a folder (``backend="disk"``: ``rows.bin``, append-only, and the
 table memory-mapped as ``index.bin``, a sparse file of zeros until rows are written). Rows read
 back are the bits written: a run on a store equals the dense run bit for bit.
+
+:meth:`ClientStateStore.checkpoint` is what a checkpoint file holds of a store: a RAM store's table
+and rows (:class:`StoredRows`), a disk store's record of its row log (:mod:`.state_log`: the rows
+written since the last checkpoint are appended to a log in its folder; the file holds no row).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
 import weakref
-from typing import Iterator, NamedTuple, Optional
+from typing import Iterator, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
 
-__all__ = ["ClientStateStore", "StoredRows", "BACKENDS", "DTYPES"]
+from . import state_log
+from .state_log import LoggedRows
+
+__all__ = ["ClientStateStore", "StoredRows", "LoggedRows", "BACKENDS", "DTYPES"]
 
 BACKENDS = ("ram", "disk")
 DTYPES = (torch.float32, torch.float64)
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+_CHUNK_BYTES = 1 << 26  # rows a checkpoint or a resume holds at a time: 64 MiB of them
 
 
 class StoredRows(NamedTuple):
@@ -43,11 +52,13 @@ class StoredRows(NamedTuple):
 
 class ClientStateStore:
     """N rows of d numbers (``dtype`` float32 or float64), each its ``initial`` row (default zeros)
-    until written. ``folder`` (disk only): where ``rows.bin`` / ``index.bin`` go, an empty or new
-    folder (default: a temporary one, removed with the store)."""
+    until written. ``folder`` (disk only): where ``rows.bin`` / ``index.bin`` and the checkpoint logs
+    go, an empty or new folder (default: a temporary one, removed with the store); ``keep_logs``: the
+    folder's logs are those of the checkpoint this store resumes from (:meth:`from_log`), not refused."""
 
     def __init__(self, rows: int, dim: int, dtype: torch.dtype = torch.float64,
-                 initial: Optional[torch.Tensor] = None, *, backend: str = "ram", folder: Optional[str] = None):
+                 initial: Optional[torch.Tensor] = None, *, backend: str = "ram", folder: Optional[str] = None,
+                 keep_logs: bool = False):
         for name, v in (("rows", rows), ("dim", dim)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -62,10 +73,12 @@ class ClientStateStore:
             raise ValueError(f"folder is for backend='disk' only, got backend={backend!r}")
         self.rows, self.dim, self.dtype, self.backend = int(rows), int(dim), dtype, backend
         self._written = 0  # rows written so far; slots 1..written of the block
+        self._dirty = None  # disk: [N] bool, the rows scattered since the last checkpoint (N bytes)
+        self._log, self._logged, self._appendable = None, 0, False  # the last checkpoint's log (state_log)
         first = torch.zeros(1, self.dim, dtype=dtype)
         if initial is not None:
             first[0] = initial.detach().to(device="cpu", dtype=dtype)
-        self.folder = None if backend == "ram" else _new_folder(self, folder)
+        self.folder = None if backend == "ram" else _new_folder(self, folder, keep_logs)
         if backend == "ram":
             self._table = torch.zeros(self.rows, dtype=torch.int64)
             self._block = first
@@ -97,6 +110,10 @@ class ClientStateStore:
             self._written += int(new.numel())
             slots = self._table.index_select(0, ids)
         self._block.index_copy_(0, slots, rows.to(device="cpu"))
+        if self.backend == "disk":
+            if self._dirty is None:
+                self._dirty = torch.zeros(self.rows, dtype=torch.bool)
+            self._dirty[ids] = True
 
     def chunks(self, size: int) -> Iterator[tuple[int, torch.Tensor]]:
         """``(first, rows[first : first + n])`` over all rows in order, ``n <= size`` (a fresh
@@ -128,14 +145,54 @@ class ClientStateStore:
         return (f"ClientStateStore({self.rows} x {self.dim}, {str(self.dtype).replace('torch.', '')}, "
                 f"{self.backend}, {self._written} rows written, {self.nbytes} bytes)")
 
-    # -- checkpoints (RAM only) -----------------------------------------------------------------
+    # -- checkpoints ------------------------------------------------------------------------------
+    def checkpoint(self) -> Union[StoredRows, LoggedRows]:
+        """What a checkpoint file holds of the store: RAM, :meth:`stored_rows`; disk, the rows written
+        since the last checkpoint appended to its log, on disk before this returns, and the log's
+        record (:mod:`.state_log`), which :meth:`from_log` reads back. Every log but the one the last
+        checkpoint named is removed first: a caller takes the next checkpoint once it wrote the last."""
+        if self.backend == "ram":
+            return self.stored_rows()
+        state_log.remove_other_logs(self.folder, self._log)
+        ids = torch.nonzero(self._dirty).flatten() if self._dirty is not None else torch.empty(0, dtype=torch.int64)
+        bad: list = []  # the rows logged that hold NaN/Inf
+        if not self._appendable or self._logged + ids.numel() > 2 * self._written:  # the next log: live rows
+            live = torch.nonzero(self._table).flatten()
+            self._log, self._logged = state_log.start_log(self.folder, self._row_chunks(live, bad))
+            self._appendable = True
+        elif ids.numel():
+            for part, rows in self._row_chunks(ids, bad):
+                state_log.append(self._path(self._log), part, rows)
+            self._logged += ids.numel()
+        self._dirty = None
+        return LoggedRows(self._log, self._logged, self.rows, self._block[0].clone(), math.nan if bad else 0.0)
+
+    @classmethod
+    def from_log(cls, rec: LoggedRows, folder: str, backend: str = "disk") -> "ClientStateStore":
+        """The store at the checkpoint ``rec`` (:meth:`checkpoint`), from the log in ``folder``: a
+        ``backend="disk"`` store in ``folder`` (its rows.bin / index.bin, which rounds after the
+        checkpoint may have written, are replaced), or a RAM one. Its next checkpoint starts a new log."""
+        dim, dtype = rec.initial.numel(), rec.initial.dtype
+        ids, at, log = state_log.last_records(os.fspath(folder), rec, dim, dtype)
+        if backend == "disk":
+            for name in ("rows.bin", "index.bin"):  # the rows of rounds past the checkpoint: the log is the truth
+                if os.path.exists(os.path.join(folder, name)):
+                    os.remove(os.path.join(folder, name))
+        store = cls(rec.rows, dim, dtype, rec.initial, backend=backend,
+                    folder=folder if backend == "disk" else None, keep_logs=True)
+        step = max(1, _CHUNK_BYTES // (dim * rec.initial.element_size()))
+        for a in range(0, ids.size, step):
+            store.scatter_(torch.from_numpy(ids[a:a + step]), torch.from_numpy(np.array(log["row"][at[a:a + step]])))
+        if backend == "disk":
+            store._log, store._dirty = rec.log, None  # kept until the new log's checkpoint is written
+        return store
+
     def stored_rows(self) -> StoredRows:
-        """The store as a NamedTuple of tensors (the table and the written rows, references), which a
+        """A RAM store as a NamedTuple of tensors (the table and the written rows, references), which a
         checkpoint file holds as it holds any state (runfolder/checkpoint.py); :meth:`from_stored_rows`
         rebuilds it."""
         if self.backend != "ram":
-            raise ValueError("a state='disk' store is not checkpointed yet: run with state='ram' (or 'dense') to "
-                             "take checkpoints, or leave the checkpoints out")
+            raise ValueError("a state='disk' store's checkpoint is its row log (checkpoint()), not its rows")
         return StoredRows(self._table, self._block[: 1 + self._written])
 
     @classmethod
@@ -191,8 +248,18 @@ class ClientStateStore:
     def _block_itemsize(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
 
+    def _row_chunks(self, ids: torch.Tensor, bad: list):
+        """(ids, their rows) in pieces of at most :data:`_CHUNK_BYTES`; a piece holding NaN/Inf is
+        added to ``bad``."""
+        step = max(1, _CHUNK_BYTES // (self.dim * self._block_itemsize()))
+        for a in range(0, ids.numel(), step):
+            rows = self._block.index_select(0, self._table.index_select(0, ids[a:a + step]))
+            if not bool(torch.isfinite(rows).all()):
+                bad.append(ids[a:a + step])
+            yield ids[a:a + step], rows
 
-def _new_folder(store: ClientStateStore, folder: Optional[str]) -> str:
+
+def _new_folder(store: ClientStateStore, folder: Optional[str], keep_logs: bool) -> str:
     """The disk store's folder: ``folder`` (created, or empty), else a temporary one removed with the store."""
     if folder is None:
         path = tempfile.mkdtemp(prefix="fedkernels-state-")
@@ -200,7 +267,8 @@ def _new_folder(store: ClientStateStore, folder: Optional[str]) -> str:
         return path
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
-    taken = [n for n in ("rows.bin", "index.bin") if os.path.exists(os.path.join(folder, n))]
+    taken = [n for n in os.listdir(folder) if n in ("rows.bin", "index.bin")
+             or (not keep_logs and n.startswith("log-") and n.endswith(".bin"))]
     if taken:
         raise FileExistsError(f"state_folder {folder!r} already holds a state store ({', '.join(taken)}): give an "
                               f"empty folder, or remove it first (a store never writes over another's rows)")

@@ -430,9 +430,9 @@ class Config:
                          why_kept="a checkpoint holds the client rows in the form its run kept them (a dense stack or "
                                   "a store's written rows), so a resume keeps the folder's --state",
                          help="where per-client state (SCAFFOLD's c_i, FedDR's stacks) lives: dense [N, d] stacks, "
-                              "ram (only the rows written), disk (the same in files; not checkpointed yet, so refused "
-                              "by `run`), auto (by the estimate printed with the setup); ram/auto need "
-                              "--clients-per-round or --participation (docs/population.md)")
+                              "ram (only the rows written), disk (the same in files under the run folder's state/; its "
+                              "checkpoints log the rows changed), auto (by the estimate printed with the setup); "
+                              "ram/auto need --clients-per-round or --participation (docs/population.md)")
     # execution (changes speed, not the result beyond floating-point summation order)
     executor: str = setting("auto", group="run", choices=_RUN_EXECUTORS, check=_executor, on_resume="kept",
                             why_kept="another executor runs the same algorithm with another floating-point summation "

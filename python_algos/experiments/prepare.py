@@ -25,7 +25,7 @@ from ..clients.data import check_finite
 from ..clients.state_plan import DoesNotFit, StateEstimate, StatePlan, check_dense_fits, data_bytes
 from ..data import FederatedData
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import FLOWER_MARK, RunFolderError, as_json
+from ..runfolder.files import FLOWER_MARK, STATE_DIR, RunFolderError, as_json
 from ..runfolder.folder import check_fresh_start
 from ..runfolder.records import CONFIG, check_format, read_config
 from ..runfolder.setup_record import check_same_setup
@@ -214,7 +214,7 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     if snap is not None and (snap.get("algorithm") != algorithm.name or snap.get("hparams") != algorithm.hparams()):
         raise RunFolderError(f"{ckpt_path} is a checkpoint of {snap.get('algorithm')} {snap.get('hparams')}, not of "
                              f"{algorithm.name} {algorithm.hparams()} as config.json says; nothing was changed")
-    estimate = check_state(cfg, fed.clients, model, algorithm, resume=resume, flower=flower)
+    estimate = check_state(cfg, fed.clients, model, algorithm, resume=resume, flower=flower, out_dir=out_dir)
     if snap is not None:  # this process's client rows (re-cut if another number of processes wrote it)
         snap = launch.local_rows(snap, ckpt_path, len(fed.clients), map_location=device)
     return PreparedRun(cfg, out_dir, fed, model, algorithm, reg, device, snap, resume, rewrite, replace, torch_rng,
@@ -252,22 +252,23 @@ def _as_flags(text: str) -> str:
 
 _FLAGS = (("clients_per_round", "--clients-per-round"), (" or participation)", " or --participation)"),
           ("fewer clients", "fewer clients (--num-clients)"), ("state_folder", "the run folder"),
-          ("the distributed executor", "the distributed executor (--workers, torchrun)"),
-          (", or run --state disk without Checkpoint / resume", " (every `run` takes checkpoints)"))
+          ("the distributed executor", "the distributed executor (--workers, torchrun)"))
 
 
 def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bool = False, flower: bool = False,
-                workers: bool = False) -> dict:
+                workers: bool = False, out_dir: str = ".") -> dict:
     """``--state`` checked by :class:`StatePlan`'s own rules (what ``simulate`` would refuse, named by
     flag: a command-line run always checkpoints) and the run's memory and disk estimate, refused with
     :class:`DoesNotFit`'s message when it cannot fit; before anything is written. Returns the estimate.
-    ``workers``: ``run --workers`` checks it before torchrun starts the ranks (one error, not one a rank)."""
+    ``workers``: ``run --workers`` checks it before torchrun starts the ranks (one error, not one a rank);
+    ``out_dir``: the run folder (a disk store keeps its rows and row log in its state/ folder)."""
     if flower and cfg.state != "dense":
         raise ConfigError("state", cfg.state, "--flower keeps each client's state on its node: use --state dense")
     k = checked_clients_per_round(algorithm, len(clients), cfg.participation, cfg.clients_per_round)
     try:
         executor = "distributed" if workers else launch.executor_for(cfg.executor)[0]
-        plan = StatePlan.checked(cfg.state, None, k, executor, None, True, resume)
+        folder = os.path.join(out_dir, STATE_DIR) if cfg.state in ("disk", "auto") else None  # run.py's
+        plan = StatePlan.checked(cfg.state, folder, k, executor, None, True, resume)
     except ValueError as e:
         raise ConfigError("state", cfg.state, re.sub(r"^--state \w+ ", "", _as_flags(str(e)))) from None
     params = [p for p in model.parameters() if p.requires_grad]
@@ -281,20 +282,20 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
             check_dense_fits(est.dense_bytes, f"--state dense: {est.fields} [{est.num_clients}, {dim}] client stack(s)")
     except DoesNotFit as e:
         raise DoesNotFit(_as_flags(str(e))) from None
-    if kept == "disk":  # only auto gets here (disk was refused above): the rows fit on disk alone
-        raise DoesNotFit(f"--state auto: {_as_flags(est.describe())}: fits only on disk, and state on disk is not "
-                         f"checkpointed yet: a smaller --clients-per-round, fewer --rounds, or fewer clients "
-                         f"(--num-clients)")
     state_bytes = est.dense_bytes if kept == "dense" else est.store_bytes
     return {"state": cfg.state, "kept": kept, "state_bytes": state_bytes, "data_bytes": est.data_bytes,
-            "working_bytes": est.working_bytes, "checkpoint_bytes": state_bytes, "stacks": est.fields}
+            "working_bytes": est.working_bytes, "stacks": est.fields,  # disk: the row log, not one file each
+            "checkpoint_bytes": est.log_bytes if kept == "disk" else state_bytes}
 
 
 def estimate_line(est: dict) -> str:
     """The estimate (:func:`check_state`) in one line, printed with the run's setup."""
-    how = {"dense": f"dense: {est['stacks']} [N, d] stack(s)", "ram": "ram: rows written only"}[est["kept"]]
+    how = {"dense": f"dense: {est['stacks']} [N, d] stack(s)", "ram": "ram: rows written only",
+           "disk": "disk: rows written only, in files"}[est["kept"]]
+    ckpts = (f"the checkpoints' row log at most {_mb(est['checkpoint_bytes'])}" if est["kept"] == "disk" else
+             f"checkpoints {_mb(est['checkpoint_bytes'])} each")
     return (f"memory: state {_mb(est['state_bytes'])} ({how}), data {_mb(est['data_bytes'])}, working "
-            f"{_mb(est['working_bytes'])}; disk: checkpoints {_mb(est['checkpoint_bytes'])} each")
+            f"{_mb(est['working_bytes'])}; disk: {ckpts}")
 
 
 def _mb(n: int) -> str:

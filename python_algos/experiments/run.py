@@ -24,6 +24,7 @@ which resumes on any number of processes.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 import warnings
@@ -34,7 +35,7 @@ import torch
 from ..data import FederatedData
 from ..runfolder import callbacks
 from ..runfolder import checkpoint as ckpt
-from ..runfolder.files import read_metrics, remove_leftovers
+from ..runfolder.files import STATE_DIR, read_metrics, remove_leftovers
 from ..runfolder.folder import clear_for_fresh_run
 from ..runfolder.history import check_f_star
 from ..runfolder.records import (
@@ -170,6 +171,8 @@ def _open_folder(prep: PreparedRun, log, main: bool):
             if live_requested():  # --tensorboard: a missing package is found before anything is written
                 check_available()
             start_folder(prep, log)
+            if prep.snap is None:  # a start at round 0: no checkpoint counts on the rows a killed start wrote
+                shutil.rmtree(os.path.join(prep.out_dir, STATE_DIR), ignore_errors=True)
             if live_requested():  # from the rows start_folder kept (a resume: up to the checkpoint)
                 events = LiveEvents(prep.out_dir)
         except Exception as e:  # noqa: BLE001 - the other ranks stop too (launch.agree)
@@ -199,6 +202,8 @@ def _run_rounds(prep: PreparedRun, cbs: list, eval_fn, executor: str, executor_o
                             callbacks=cbs, metrics_every=cfg.metrics_every, metric_step=cfg.metric_step, resume=snap,
                             participation=cfg.participation, clients_per_round=cfg.clients_per_round,
                             executor=executor, executor_options=executor_options, state=cfg.state,
+                            state_folder=os.path.join(prep.out_dir, STATE_DIR) if cfg.state in ("disk", "auto")
+                            else None,
                             threads=cfg.threads if cfg.threads is not None else "auto")  # prepare_run chose it
         status["diverged"] = next((cb.reason for cb in cbs if isinstance(cb, callbacks.StopOnDivergence)), None)
         # every process stopped at the same round (run_rounds agrees), each by its own clock's reading

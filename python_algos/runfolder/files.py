@@ -25,8 +25,8 @@ import torch
 from . import faults
 from .signals import stop_signals_held
 
-__all__ = ["RUN_FILES", "RUN_DIRS", "EVENTS_DIR", "RunFolderError", "RunExistsError", "read_metrics", "parse_json",
-           "read_json_object", "holds_run", "as_json", "write_json", "write_jsonl", "create_json",
+__all__ = ["RUN_FILES", "RUN_DIRS", "EVENTS_DIR", "STATE_DIR", "RunFolderError", "RunExistsError", "read_metrics",
+           "parse_json", "read_json_object", "holds_run", "as_json", "write_json", "write_jsonl", "create_json",
            "write_text_atomically", "write_atomically", "append_row", "remove_leftovers", "exchange_paths"]
 
 FLOWER_MARK = "flower.json"  # a run through a Flower deployment (run --flower): its engine and node-state key
@@ -38,7 +38,8 @@ RUN_FILES = ("config.json", "partition.json", "metrics.jsonl", "checkpoint.pt", 
 EVENTS_DIR = "tensorboard"  # --tensorboard: the run's TensorBoard events (experiments/tensorboard.py)
 CHECKPOINT_SHARDS = "checkpoint.pt.shards"  # a checkpoint written by several processes: one file per rank
 RUN_MARKS = ("config.json", "metrics.jsonl", "checkpoint.pt", "summary.json")  # any one: the folder holds a run
-RUN_DIRS = (EVENTS_DIR, CHECKPOINT_SHARDS, *FLOWER_DIRS)  # the folders a run writes inside its folder
+STATE_DIR = "state"  # --state disk|auto: the client rows' files and the checkpoints' row log (clients/state_log.py)
+RUN_DIRS = (EVENTS_DIR, CHECKPOINT_SHARDS, STATE_DIR, *FLOWER_DIRS)  # the folders a run writes inside its folder
 
 
 class RunFolderError(ValueError):

@@ -111,7 +111,7 @@ def _launch_run(cmd: RunCommand) -> int:
         # followed by torchrun's failure report. It loads the data once more; ranks load theirs.
         prep = prepare_run(cfg, out, replace=replace_requested(cmd))
         check_world_size(len(prep.fed.parts), cmd.workers)
-        check_state(prep.cfg, prep.fed.clients, prep.model, prep.algorithm, workers=True)
+        check_state(prep.cfg, prep.fed.clients, prep.model, prep.algorithm, workers=True, out_dir=prep.out_dir)
     return launch.run_workers(cmd.argv, cmd.workers, out)
 
 
