@@ -207,8 +207,10 @@ MAX_FUNCTION_LINES = 80  # a function's body, docstring included (the developers
 # by issue 37's bundled data sets, survival task and loaders). Held where it is so that it cannot grow further;
 # lower it as the remaining item-7 deletions (label maps, one folder format, build.py's trial rebuilds) land.
 # runfolder/: issue 36's 2,050, with issue 38's records.run_warning (31 lines) paid for by deletions of repeats.
+# data/: 1,700 held issue 37/38's readers; issue 39 item 3 adds a mechanism none of them had (clients built from a
+# folder or a data set's rows when sampled: population_sources.py, the cyclic partition), hence 1,880.
 LINE_BUDGETS = {"python_algos/simulate.py": 480, "python_algos/runfolder": 2050, "python_algos/deploy": 2050,
-                "python_algos/experiments": 8400, "python_algos/data": 1700}
+                "python_algos/experiments": 8400, "python_algos/data": 1880}
 
 
 def _package_files():
