@@ -1,5 +1,5 @@
 """The kill harness (issue 36, item 6): every engine — one process, ``run --workers 2``, ``sweep --jobs
-2``, ``run --flower`` — started through the command line with checkpoints, then stopped at a random
+2``, ``run --flower``, one process with ``--state disk`` (issue 39 item 2) — started through the command line with checkpoints, then stopped at a random
 moment by SIGKILL, SIGTERM, Ctrl-C pressed three times within 0.3 s (SIGINT to the process group, as
 a terminal sends it) or SIGKILL to a random process below the command. Then:
 
@@ -51,6 +51,9 @@ ENGINES = {  # name -> (the command's arguments after `python -m python_algos`, 
     "sweep": (["sweep", "-a", "fedavg", "--grid", "lr=0.05,0.1,0.2", "--jobs", "2", "-N", "4", "-T", "200", *DATA],
               ["sweep", "--resume"], 200),
     "flower": (["run", "--flower", "-a", "fedavg", "-N", "2", "-T", "8", *DATA], ["run", "--flower", "--resume"], 8),
+    # SCAFFOLD's c_i in a disk store: its files run ahead of the checkpoint, whose rows are in the state/ row log
+    "disk": (["run", "-a", "scaffold", "-N", "8", "--clients-per-round", "3", "--state", "disk", "-T", "300", *DATA],
+             ["run", "--resume"], 300),
 }
 STOPS = ("SIGINTx3", "SIGKILL", "SIGKILL a child", "SIGTERM")  # seed s: engine i gets STOPS[(s + i) % 4]
 CLOCK = ("wall_time", "elapsed")  # and every *_time key: readings of the clock, not of the run

@@ -243,6 +243,26 @@ def test_a_disk_checkpoint_refuses_a_missing_log_and_flags_nan_rows(tmp_path):
         ClientStateStore.from_log(rec, str(tmp_path / "elsewhere"))
 
 
+def test_an_append_cut_short_by_an_error_is_cut_off_by_the_next_checkpoint(tmp_path, monkeypatch):
+    from python_algos.runfolder import faults
+
+    s = ClientStateStore(8, 3, torch.float64, backend="disk", folder=str(tmp_path / "a"))
+    s.scatter_(torch.tensor([0, 5]), torch.ones(2, 3, dtype=torch.float64))
+    s.checkpoint()
+    s.scatter_(torch.tensor([2]), torch.full((1, 3), 2.0, dtype=torch.float64))
+
+    def fail(name):
+        raise OSError(28, "No space left on device")  # half of the record written, then the disk is full
+    monkeypatch.setattr(faults, "point", fail)
+    with pytest.raises(OSError):
+        s.checkpoint()
+    monkeypatch.setattr(faults, "point", lambda name: None)
+    s.scatter_(torch.tensor([7]), torch.full((1, 3), 3.0, dtype=torch.float64))
+    rec = s.checkpoint()  # the torn half-record is cut off, not read as the start of the next one
+    assert rec.records == 4 and os.path.getsize(tmp_path / "a" / rec.log) == 4 * (8 + 3 * 8)
+    assert torch.equal(ClientStateStore.from_log(rec, str(tmp_path / "a"), "ram").to_dense(), s.to_dense())
+
+
 def test_state_options_are_checked_before_the_run():
     with pytest.raises(ValueError, match="state must be one of"):
         _run("scaffold", state="memmap")

@@ -54,11 +54,14 @@ def _records(ids: torch.Tensor, rows: torch.Tensor) -> np.ndarray:
     return out
 
 
-def append(path: str, ids: torch.Tensor, rows: torch.Tensor) -> None:
-    """Append the records of ``rows`` (row ``ids[j]`` is ``rows[j]``) to the log at ``path``, on disk
-    before this returns. A kill half-way leaves a torn record past every count a checkpoint holds."""
+def append(path: str, records: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
+    """Append the records of ``rows`` (row ``ids[j]`` is ``rows[j]``) to the log at ``path`` after its
+    first ``records`` (a torn tail that an append cut short by an error left is cut off first), on
+    disk before this returns. A kill half-way leaves a torn record past every count a checkpoint holds."""
     data = _records(ids, rows).tobytes()
-    with open(path, "ab") as f:
+    with open(path, "r+b") as f:
+        f.truncate(records * record_dtype(rows.shape[1], rows.dtype).itemsize)
+        f.seek(0, os.SEEK_END)
         f.write(data[: len(data) // 2])
         f.flush()
         faults.point("state log append")

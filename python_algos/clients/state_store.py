@@ -162,8 +162,8 @@ class ClientStateStore:
             self._appendable = True
         elif ids.numel():
             for part, rows in self._row_chunks(ids, bad):
-                state_log.append(self._path(self._log), part, rows)
-            self._logged += ids.numel()
+                state_log.append(self._path(self._log), self._logged, part, rows)
+                self._logged += part.numel()
         self._dirty = None
         return LoggedRows(self._log, self._logged, self.rows, self._block[0].clone(), math.nan if bad else 0.0)
 
