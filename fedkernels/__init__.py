@@ -14,7 +14,7 @@ torch ops, for torch.compile), regularizer objects (``fk.L1`` ... ``fk.L2Ball``,
 
 import importlib.metadata as _metadata
 
-from . import fused, ops, optim, raw
+from . import first_layer, fused, ops, optim, raw
 from ._backend import backend_info, emulate_cuda, get_num_threads, max_num_threads, set_num_threads
 from ._validate import ParameterError, ParameterTypeError
 from .flat import FlatParams
@@ -52,6 +52,7 @@ __all__ = [
     "emulate_cuda",
     "raw",
     "ops",
+    "first_layer",
     "fused",
     "optim",
     "FlatParams",

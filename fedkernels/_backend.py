@@ -220,7 +220,10 @@ def backend_info() -> dict:
     build in ``cpu_isa_cache``; ``"detected"``: the best one this CPU runs, where it runs only one;
     ``"FEDKERNELS_CPU_ISA"``: that environment variable, read once per process, chose it;
     ``"set_cpu_isa"``: a test forced it), ``cpu_isa_gather`` (the gathered linear kernels' variant:
-    the best one the CPU runs, or the forced one; never calibrated), ``cpu_isa_variants`` (the
+    the best one the CPU runs, or the forced one; never calibrated), ``first_layer`` (the batched
+    executor's first-layer path, ``fedkernels.first_layer``: ``override``, FEDKERNELS_FIRST_LAYER's
+    path or None; ``choices``, this process's calibrated or cached choices per shape with the
+    seconds measured per path; ``identical``, the paths "auto" chooses among), ``cpu_isa_variants`` (the
     variants this CPU runs), ``cpu_isa_cache`` (the calibration cache file),
     ``cuda_compiled``, ``cuda_archs`` (list of SM versions), ``cuda_runtime`` (the CUDA toolkit
     the kernels were built with; its runtime is linked statically), ``cuda_available`` (fedkernels
@@ -239,6 +242,12 @@ def backend_info() -> dict:
     else:
         count, error = 0, "fedkernels was built without CUDA support (no CUDA compiler at install time)"
     archs = [a for a in _C.cuda_archs().split(",") if a] if compiled else []
+    from . import first_layer  # imports this module
+
+    try:
+        override = first_layer.env_path()
+    except ValueError as e:
+        override = f"invalid: {e}"
     return {
         "cpu_threads": _C.get_num_threads(),
         "simd": _C.simd(),
@@ -248,6 +257,8 @@ def backend_info() -> dict:
         "cpu_isa_gather": _C.cpu_gather_isa(),
         "cpu_isa_cache": os.path.join(_calibrate.cache_dir(), _calibrate.CACHE_FILE),
         "cpu_isa_variants": _C.cpu_isa_variants().split(","),
+        "first_layer": {"override": override, "choices": first_layer.choices_made(),
+                        "identical": list(first_layer.IDENTICAL)},
         "cuda_compiled": compiled,
         "cuda_archs": archs,
         "cuda_runtime": runtime,

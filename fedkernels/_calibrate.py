@@ -12,7 +12,9 @@ kept unless another is faster by more than ``MARGIN``
 (a loaded machine's noise does not flip the choice). The result is cached per CPU model, library
 version and build in ``$XDG_CACHE_HOME/fedkernels`` (``~/.cache/fedkernels``), so the measurement
 (a few tens of milliseconds) runs once per machine and build. The gathered linear kernels keep the
-best variant the CPU supports: their AVX variants contract to FMA, other bits than the baseline.
+best variant the CPU supports: their AVX variants contract to FMA, other bits than the baseline;
+the batched executor's first-layer path is calibrated apart (fedkernels/first_layer.py), in the
+same cache entry.
 """
 
 from __future__ import annotations
@@ -76,8 +78,25 @@ def read_cache(path: str, key: str, variants: list[str]) -> tuple[str, str] | No
 
 
 def write_cache(path: str, key: str, chosen: tuple[str, str], seconds: dict) -> None:
-    """Adds `key` to the cache file atomically (a corrupt file is replaced); a read-only cache
-    folder is not an error: the next process measures again."""
+    """Records the elementwise choice under `key` (see update_cache)."""
+    update_cache(path, key, {"isa": chosen[0], "plain": chosen[1], "seconds": seconds})
+
+
+def read_entry(path: str, key: str) -> dict:
+    """The cache file's entry for `key`, or {} if the file or the entry is missing, unreadable or
+    not a JSON object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            entry = json.load(f)[key]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return entry if isinstance(entry, dict) else {}
+
+
+def update_cache(path: str, key: str, fields: dict) -> None:
+    """Sets `fields` in `key`'s entry of the cache file, atomically, keeping the entry's other fields
+    (the elementwise choice and the first-layer paths share an entry); a corrupt file is replaced,
+    and a read-only cache folder is not an error: the next process measures again."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -86,8 +105,9 @@ def write_cache(path: str, key: str, chosen: tuple[str, str], seconds: dict) -> 
     except (OSError, ValueError):
         data = {}
     # one entry per CPU model (a home folder shared by machines): an older build's entry goes
+    entry = data.get(key) if isinstance(data.get(key), dict) else {}
     data = {k: v for k, v in data.items() if k.split(" | ")[0] != key.split(" | ")[0]}
-    data[key] = {"isa": chosen[0], "plain": chosen[1], "seconds": seconds}
+    data[key] = {**entry, **fields}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".cpu_isa.")

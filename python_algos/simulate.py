@@ -450,6 +450,8 @@ class _Run:
         setup = {k: setup[k] for k in ("regularizer", "rounds", "seed", "batch_size", "num_clients",
                                        "clients_per_round",
                                        "dim", "dtype", "metrics_every", "metric_step")}  # the order History.save writes
+        if getattr(cs, "first_layer", None) is not None:  # the batched executor's first-layer path (issue 40)
+            setup["first_layer"] = {"path": cs.first_layer, "source": cs.first_layer_source}
         if (why := run_warning([self.initial, *self.metrics])) is not None:  # the rule of summary.json's "warning"
             warnings.warn(f"{alg.name}: {why}", RunWarning, stacklevel=3)
         return History(params=params, metrics=self.metrics, initial=self.initial, algorithm=alg.name,

@@ -160,6 +160,10 @@ class BatchedClients(ClientSet):
             2); a group of clients is split in as few passes as that allows, of near-equal sizes.
         chunk: a batch longer than this many samples is split in weighted pieces (as the
             sequential executor's ``chunk``; never when samples are coupled).
+        first_layer: the path of a chain's first-layer products on the CPU (``fedkernels.first_layer``):
+            ``"auto"`` (default; ``FEDKERNELS_FIRST_LAYER`` or the faster, by measurement, of the two
+            that give the same bits, ``"in_place"`` and ``"gather"``) or one of the three, ``"gather_bmm"``
+            (gather + ``torch.bmm``: other bits) only when asked for.
 
     Attributes ``grad_seconds`` / ``fwd_bwd_seconds`` / ``grad_evals`` count as in the sequential
     executor (``grad_evals`` per client gradient). ``chain``: the explicit pass of a Linear/activation
@@ -176,7 +180,8 @@ class BatchedClients(ClientSet):
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0,
-                 memory_budget: Optional[int] = None, chunk_clients: Optional[int] = None, chunk: int = 2048):
+                 memory_budget: Optional[int] = None, chunk_clients: Optional[int] = None, chunk: int = 2048,
+                 first_layer: str = "auto"):
         super().__init__()
         why = self.unsupported(model)
         if why:
@@ -249,11 +254,32 @@ class BatchedClients(ClientSet):
             # a Linear/activation chain under cross-entropy: explicit bmm passes (None: torch.func)
             self.chain = None if self.coupled else plan_chain(model, loss_fn, sep.loss, list(self.flat.sizes),
                                                                sep.X, sep.y, self.y_all)
-        # the chain's first layer reads every step's samples straight from X_all, no gathered copy
-        # (fedkernels.raw.linear_gathered: CPU only; faster than gather + bmm at 10 to 128 outputs)
-        self.rows_in_place = self.chain is not None and self.device.type == "cpu" and self.chain.reads_rows_in_place()
-        self._X_rows = self.X_all.reshape(self.X_all.shape[0], -1) if self.rows_in_place else None
+        self._choose_first_layer(first_layer)
         self._gbuf = None
+
+    def _choose_first_layer(self, requested: str) -> None:
+        """Sets ``first_layer`` (the path of the chain's first-layer products, ``fedkernels.first_layer``:
+        ``"in_place"`` and ``"gather"`` give the same bits, ``"gather_bmm"`` others; None without a chain)
+        and ``first_layer_source`` (who chose it). ``rows_in_place``: the gathered kernels run, on the
+        rows of ``X_all`` or of a gathered copy."""
+        choices = ("auto", *fk.first_layer.PATHS)
+        if not isinstance(requested, str) or requested not in choices:
+            raise ValueError(f"first_layer must be one of {', '.join(choices)}, got {requested!r}")
+        can = self.chain is not None and self.device.type == "cpu" and self.chain.reads_rows_in_place()
+        if not can and requested in ("in_place", "gather") or self.chain is None and requested != "auto":
+            why = ("the model runs through torch.func, not as a Linear/activation chain under the cross-entropy"
+                   if self.chain is None else "the gathered kernels need a chain that starts with a Linear layer, "
+                   f"on the CPU (here: {self.device.type})")
+            raise ValueError(f"first_layer={requested!r} cannot apply: {why}; use first_layer='auto'")
+        self.first_layer, self.first_layer_source = (None, None) if self.chain is None else ("gather_bmm", "only path")
+        self.rows_in_place = can
+        self._X_rows = self.X_all.reshape(self.X_all.shape[0], -1) if can else None
+        if can:
+            B, longest = self.batch_size, max(self.sizes)
+            P = longest if B is None else min(B, longest)
+            picked = fk.first_layer.choose(self._X_rows, self.chain.layers[0][3], P, self._chunk_rows(P), requested)
+            self.first_layer, self.first_layer_source = picked.path, picked.source
+            self.rows_in_place = picked.path != "gather_bmm"
 
     # -- what the model must allow --------------------------------------------------------------
     @classmethod
@@ -490,7 +516,10 @@ class BatchedClients(ClientSet):
             for r, b in enumerate(lengths):
                 w[r, :b] = 1.0 / b
             w = w.to(self.device)
-        if self.rows_in_place:  # R == P: only the labels are gathered
+        if self.first_layer == "gather":  # the gathered kernels on a copy of the rows (R == P)
+            xb, yb = self._gather(idx, k, P)
+            xb, in_place = xb.view(k * P, -1), self._local_rows(k, P)
+        elif self.rows_in_place:  # R == P: only the labels are gathered
             xb, yb, in_place = self._X_rows, self._gather_labels(idx, k, P), idx.to(self.device).view(k, P)
         else:
             xb, yb = self._gather(idx, k, R)
@@ -512,6 +541,12 @@ class BatchedClients(ClientSet):
             if values is not None:
                 values.index_copy_(0, pos[:c], vals.detach()[:c].to(values.dtype))  # a loss may promote
         return fb
+
+    def _local_rows(self, k: int, P: int) -> torch.Tensor:
+        """``arange(k * P)`` as ``[k, P]``: each client's rows of a gathered copy (cached)."""
+        if getattr(self, "_local", None) is None or self._local.numel() < k * P:
+            self._local = torch.arange(k * P)
+        return self._local[: k * P].view(k, P)
 
     def _rows_per_client(self, P: int) -> int:
         """Rows a client's batch of ``P`` samples takes in the gathered block: ``P``, or for an

@@ -54,6 +54,7 @@ class CohortBatched(ClientSet):
         self._inner = None
         self.probe = self._over(list(range(min(PROBE_CLIENTS, self.num_clients))))  # the start-up checks
         self.coupled = self.probe.coupled
+        self.first_layer, self.first_layer_source = self.probe.first_layer, self.probe.first_layer_source
 
     def _over(self, ids: list):
         """The ``BatchedClients`` over clients ``ids`` (the last one is kept: a round's local steps reuse it)."""

@@ -282,6 +282,8 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
         last_checkpoint_round=last_ckpt)
     if executor == "distributed":
         summary["inner_executor"] = cfg.executor
+    if hist is not None and "first_layer" in hist.setup:  # the batched executor's first-layer path (issue 40)
+        summary["first_layer"] = hist.setup["first_layer"]
     if prep.estimate is not None:  # prepare's up-front estimate (bytes), printed with the setup line
         summary["estimate"] = prep.estimate
     if f_star is not None:
