@@ -115,6 +115,12 @@ def test_measured_communication_equals_declared_costs(ranks, name):
             else:
                 if alg_name != "scaffnew":  # SCAFFNEW communicates on a coin flip (declared: expected value)
                     assert (c["up"], c["down"]) == (costs.up, costs.down), (name, t)
+                if "clients_per_round" in kw:  # each rank sends its participants' rows to the P - 1 others
+                    k = kw["clients_per_round"]
+                    sent = sum(run["comm"][t - 1]["sent_bytes"] for run in runs[name])
+                    recv = sum(run["comm"][t - 1]["recv_bytes"] for run in runs[name])
+                    assert sent == recv == c["up"] * (world - 1) * k * d * 8, (name, t)
+                    continue
                 # every uplink d-vector is one all-reduce of d float64; the replicated server sends nothing
                 assert c["sent_bytes"] == c["recv_bytes"] == c["up"] * d * 8, (name, t)
 

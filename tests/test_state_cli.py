@@ -63,9 +63,6 @@ def test_state_ram_equals_dense_bit_for_bit_and_prints_the_estimate(tmp_path, ca
 @pytest.mark.parametrize("args, says", [
     (["-a", "fedcanon", "--state", "ram"], "--state ram: needs partial participation (--clients-per-round or "
                                            "--participation)"),
-    (["-a", "scaffold", "--clients-per-round", "2", "--state", "ram", "--workers", "2"],
-     "--state ram: runs on the sequential and batched executors only (the distributed executor (--workers, "
-     "torchrun)"),
     (["-a", "scaffold", "--clients-per-round", "2", "--state", "ram", "--flower"],
      "--state ram: --flower keeps each client's state on its node: use --state dense"),
 ])

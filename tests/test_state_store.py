@@ -270,8 +270,8 @@ def test_state_options_are_checked_before_the_run():
         _run("scaffold", state="disk", callbacks=[Checkpoint(lambda snap: None, 1)])
     with pytest.raises(ValueError, match="state_folder is where state='disk' keeps its rows"):
         _run("scaffold", state="ram", state_folder="x")
-    with pytest.raises(ValueError, match="state='ram' runs on the sequential and batched executors only"):
-        _run("scaffold", state="ram", executor="distributed")
+    with pytest.raises(ValueError, match="state='ram' runs on the sequential, batched and distributed executors only"):
+        _run("scaffold", state="ram", backend=lambda *a, **kw: None)  # refused before the backend is called
     full = simulate(SCAFFOLD(lr_local=0.05, local_steps=2), _model(), nn.functional.cross_entropy, _problem(), 2,
                     state="auto")  # full participation: auto keeps the dense stack
     assert isinstance(full.state.c_i, torch.Tensor) and full.state.c_i.shape == (9, 43)

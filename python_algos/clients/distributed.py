@@ -67,9 +67,23 @@ import fedkernels as fk
 
 from . import process_group
 from .base import ClientSet
+from .population import Population
 from .registry import LOCAL_EXECUTORS, resolve_local
 
-__all__ = ["DistributedClients"]
+__all__ = ["DistributedClients", "ShardPopulation"]
+
+
+class ShardPopulation(Population):
+    """Clients ``lo .. hi - 1`` of a :class:`Population`, as a population of ``hi - lo`` (client j is
+    the population's client ``lo + j``, built on demand by the population itself, so a build or a
+    refusal names the global id)."""
+
+    def __init__(self, population: Population, lo: int, hi: int):
+        super().__init__(hi - lo, population.make_client, cache=population.cache, recipe=population.recipe)
+        self.population, self.lo = population, int(lo)
+
+    def build(self, i: int):
+        return self.population.build(self.lo + self.index(i))
 
 
 class DistributedClients(ClientSet):
@@ -128,7 +142,9 @@ class DistributedClients(ClientSet):
             if why:
                 raise ValueError(why)
             cls = resolve_local(inner, model)
-            shard = [data[i] for i in range(self.lo, self.hi)]
+            # a population: this rank's clients, built on demand by their global ids (never another rank's)
+            shard = ShardPopulation(data, self.lo, self.hi) if isinstance(data, Population) else \
+                [data[i] for i in range(self.lo, self.hi)]
             opts = dict(inner_options or {})
             if inner.lower() == "auto":  # choose as one process with all N clients would, on every rank
                 opts["total_clients"] = n
@@ -148,6 +164,8 @@ class DistributedClients(ClientSet):
     fwd_bwd_seconds = property(lambda self: self.inner.fwd_bwd_seconds if hasattr(self, "inner") else 0.0,
                                lambda self, v: None)
     grad_evals = property(lambda self: self.inner.grad_evals if hasattr(self, "inner") else 0, lambda self, v: None)
+
+    clients = property(lambda self: self.inner.clients)  # this rank's clients (a store's estimate reads them)
 
     # -- client-local work ------------------------------------------------------------
     def gradients_(self, X, G, ids=None):
@@ -169,8 +187,38 @@ class DistributedClients(ClientSet):
     # -- aggregation ------------------------------------------------------------------
     def mean(self, S, ids=None, *, divisor=None):
         self.comm.up += 1
-        n = divisor if divisor is not None else (self.num_clients if ids is None else self._k)
-        return self._allreduce_sum(S).div_(n)
+        if ids is not None:  # the cohort's [k, d] stack in client order, reduced as one process reduces it
+            return self.inner.mean(self._cohort_stack(S), divisor=divisor)
+        return self._allreduce_sum(S).div_(self.num_clients if divisor is None else divisor)
+
+    def _cohort_stack(self, S: torch.Tensor) -> torch.Tensor:
+        """The round's global ``[k, d]`` participant stack (rank q's rows after rank q - 1's): each
+        rank sends its participants' rows to every other rank, point to point. Its mean is then
+        torch's on one process's stack, bit for bit, whatever the world size (a sum of the ranks'
+        partial sums would add in another order)."""
+        loads = self.participant_loads[-1]
+        if S.shape[0] != loads[self.rank]:
+            raise ValueError(f"mean(S, ids): S has {S.shape[0]} rows, this rank holds {loads[self.rank]} of this "
+                             f"round's participants (a participant stack has one row per participant held here)")
+        if self.world_size == 1:
+            return S
+        offs = [sum(loads[:q]) for q in range(self.world_size + 1)]
+        out = self.workspace("_cohort", rows=offs[-1])
+        mine = S.contiguous()
+        out[offs[self.rank] : offs[self.rank + 1]].copy_(mine)
+        ops = []
+        for q in range(self.world_size):
+            if q == self.rank:
+                continue
+            if loads[self.rank]:
+                ops.append(dist.P2POp(dist.isend, mine, q, group=self.group))
+                self.comm.sent_bytes += mine.numel() * self._itemsize
+            if loads[q]:
+                ops.append(dist.P2POp(dist.irecv, out[offs[q] : offs[q + 1]], q, group=self.group))
+                self.comm.recv_bytes += loads[q] * self.dim * self._itemsize
+        for req in dist.batch_isend_irecv(ops) if ops else ():
+            req.wait()
+        return out
 
     def _allreduce_sum(self, S: torch.Tensor) -> torch.Tensor:
         out = S.sum(dim=0) if S.shape[0] else torch.zeros(S.shape[1:], dtype=S.dtype, device=S.device)
@@ -266,6 +314,8 @@ class DistributedClients(ClientSet):
 
     # -- evaluation ---------------------------------------------------------------------
     def full_objective_(self, x, grad_out):
+        if self.inner_executor == "sequential":
+            return self._chained_objective_(x, grad_out)
         f = self.inner.full_objective_(x, grad_out)  # (1/n_rank) sum over the shard
         w = self.rows / self.num_clients
         buf = torch.empty(self.dim + 1, dtype=self.dtype, device=self.device)
@@ -276,6 +326,30 @@ class DistributedClients(ClientSet):
         self.metric_bytes += buf.numel() * self._itemsize
         grad_out.copy_(buf[: self.dim])
         return float(buf[self.dim])
+
+    def _chained_objective_(self, x, grad_out) -> float:
+        """The metric pass as one process adds it, client after client: rank r continues the sums
+        (gradient and loss) of ranks 0..r - 1 over its own clients and hands them on; the last rank's
+        are sent to every rank. The ranks run one after another (a sum over their partial sums would
+        add in another order, and the metrics would differ from one process in their last bits)."""
+        buf = torch.empty(self.dim + 1, dtype=torch.float64, device=self.device)  # exact for float32 too
+        start = None
+        if self.rank > 0:
+            dist.recv(buf, src=self.rank - 1, group=self.group)
+            grad_out.copy_(buf[: self.dim])
+            start = float(buf[self.dim])
+            self.metric_bytes += buf.numel() * buf.element_size()
+        f = self.inner.full_objective_(x, grad_out, start=start, total=self.num_clients)
+        if self.world_size > 1:
+            buf[: self.dim].copy_(grad_out)
+            buf[self.dim] = f
+            if self.rank < self.world_size - 1:
+                dist.send(buf, dst=self.rank + 1, group=self.group)
+            dist.broadcast(buf, src=self.world_size - 1, group=self.group)
+            self.metric_bytes += 2 * buf.numel() * buf.element_size()
+            grad_out.copy_(buf[: self.dim])
+            f = float(buf[self.dim])
+        return f
 
     def report(self, algorithm, state, reg):
         with self._rows_view(state) as st:
@@ -294,7 +368,8 @@ class DistributedClients(ClientSet):
         if not hasattr(state, "_replace"):
             yield state
             return
-        wrap = {k: getattr(state, k).as_subclass(_ClientRows) for k in process_group.client_fields(state, self.rows)}
+        wrap = {k: getattr(state, k).as_subclass(_ClientRows) for k in process_group.client_fields(state, self.rows)
+                if isinstance(getattr(state, k), torch.Tensor)}  # a store's rows are not read by metrics
         token = _ClientRows.context.get()
         _ClientRows.context.set((self.rows, self.num_clients, self))
         try:

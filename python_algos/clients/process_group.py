@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from .state_store import ClientStateStore, StoredRows
+
 __all__ = ["DEFAULT_TIMEOUT", "TIMEOUT_ENV", "ensure_group", "bounds", "rank", "world_size", "is_main",
            "under_launcher", "agree", "any_rank", "local_device", "client_fields"]
 
@@ -168,7 +170,11 @@ def client_fields(state, rows: int) -> list:
         v = items[k]
         if v is None:
             continue
-        if not isinstance(v, torch.Tensor) or v.dim() < 1 or v.shape[0] != rows:
+        if isinstance(v, (ClientStateStore, StoredRows)):  # the rows in a store (state_plan), or its checkpoint form
+            held = v.rows if isinstance(v, ClientStateStore) else v.table.numel()
+            if held != rows:
+                raise ValueError(f"{cls.__name__}.{k} is a store of {held} clients' rows, not of the {rows} held here")
+        elif not isinstance(v, torch.Tensor) or v.dim() < 1 or v.shape[0] != rows:
             shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
             raise ValueError(f"{cls.__name__}.{k} is declared per-client (client_fields) but is {shape}, not one "
                              f"row per client ({rows} rows here)")

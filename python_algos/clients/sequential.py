@@ -226,16 +226,19 @@ class SequentialClients(ClientSet):
         return v
 
     # -- evaluation -------------------------------------------------------------------
-    def full_objective_(self, x, grad_out):
+    def full_objective_(self, x, grad_out, *, start: Optional[float] = None, total: Optional[int] = None):
         """f(x) and its gradient (see :meth:`ClientSet.full_objective_`): the module in the mode
         the user left it in (the objective the gradient calls optimise), its buffers and torch's
-        random state restored afterwards."""
+        random state restored afterwards. A shard of ``total`` clients continues the sums of the
+        clients before it: ``grad_out`` holds their gradient sum and ``start`` their loss sum
+        (the distributed executor's metric pass, added client after client as one process does)."""
         x = x.detach().clone()
-        N = self.num_clients
+        N = self.num_clients if total is None else int(total)
         with side_effect_free(self.model, self.device):
             self.flat.bind_(x, grad_out)
-            grad_out.zero_()
-            f = 0.0
+            if start is None:
+                grad_out.zero_()
+            f = 0.0 if start is None else float(start)
             with torch.enable_grad():
                 for client in self.clients:
                     if isinstance(client, TensorData):

@@ -27,6 +27,7 @@ from typing import Optional
 
 import torch
 
+from .process_group import agree, rank
 from .state_log import LoggedRows
 from .state_store import ClientStateStore, StoredRows
 
@@ -144,15 +145,16 @@ class StatePlan:
                 raise ValueError(f"state={state!r} needs partial participation (clients_per_round or participation): "
                                  f"under full participation every client's row is read and written each round, so "
                                  f"a store saves nothing; use state='dense'")
-            if executor == "distributed" or backend is not None:
-                raise ValueError(f"state={state!r} runs on the sequential and batched executors only (the "
-                                 f"distributed executor and a custom backend hold dense [N, d] stacks): use "
-                                 f"state='dense'")
+            if backend is not None:
+                raise ValueError(f"state={state!r} runs on the sequential, batched and distributed executors only (a "
+                                 f"custom backend holds dense [N, d] stacks): use state='dense'")
         if state == "disk" and (checkpoints or resume) and state_folder is None:
             raise ValueError("state='disk' with checkpoints (or resume) needs state_folder: the checkpoints' row log "
                              "lives there (a temporary folder goes with the process, and the checkpoint with it)")
-        if state == "auto" and (cohort is None or executor == "distributed" or backend is not None):
+        if state == "auto" and (cohort is None or backend is not None):
             state = "dense"
+        if state_folder is not None and executor == "distributed":  # each rank its own rows' folder
+            state_folder = os.path.join(state_folder, f"rank{rank()}")
         return cls(mode=state, folder=state_folder, cohort=cohort, logged=bool(checkpoints or resume))
 
     def init(self, algorithm, x0: torch.Tensor, cs, rounds: int):
@@ -176,8 +178,16 @@ class StatePlan:
         fields = tuple(type(state).client_fields)
         self.estimate = StateEstimate(cs.rows, cs.dim, x0.element_size(), len(fields), self.cohort, int(rounds),
                                       data_bytes(getattr(cs, "clients", ())))
-        backend = self.choose_backend(self.estimate)
-        stores = {f: _store(getattr(state, f), backend, self.folder, f) for f in fields}
+        stores, err = None, None
+        try:  # distributed: each rank's shard (cs.rows), estimate and folder; one rank's refusal stops every rank
+            backend = self.choose_backend(self.estimate)
+            stores = {f: _store(getattr(state, f), backend, self.folder, f) for f in fields}
+        except Exception as e:  # noqa: BLE001 - re-raised on every rank by agree()
+            err = e
+        if cs.world_size > 1:
+            agree(err)
+        elif err is not None:
+            raise err
         return state._replace(**stores)
 
     def adopt(self, state):
@@ -204,7 +214,7 @@ class StatePlan:
     def choose_backend(self, est: StateEstimate) -> str:
         """ram or disk (``mode`` ram or auto), checked against what the machine has (:class:`DoesNotFit`
         names what to change)."""
-        avail = memory_available()
+        avail = memory_available() // _ranks_here()
         ram = RAM_SHARE * avail
         if est.working_bytes > ram:
             raise DoesNotFit(f"{est.describe()}: the working stacks alone need more than this process may use "
@@ -218,7 +228,7 @@ class StatePlan:
         if self.logged and self.folder is None:
             raise ValueError(f"{est.describe()}: fits only on disk, and state='disk' with checkpoints (or resume) "
                              f"needs state_folder (the checkpoints' row log lives there)")
-        disk = _free_disk(self.folder)
+        disk = _free_disk(self.folder) // _ranks_here()
         if est.store_bytes + (est.log_bytes if self.logged else 0) > disk:
             raise DoesNotFit(f"{est.describe()}: more than the {_gb(disk)} of free disk (and {_gb(avail)} of memory) "
                              f"this run may use: give state_folder on a larger disk, fewer rounds or clients_per_round "
@@ -255,6 +265,11 @@ def data_bytes(clients) -> int:
             if isinstance(t, torch.Tensor):
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(storages.values())
+
+
+def _ranks_here() -> int:
+    """Processes of a torchrun job on this machine (``LOCAL_WORLD_SIZE``), which share its memory and disk."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1))
 
 
 def _free_disk(folder: Optional[str]) -> int:

@@ -1,0 +1,173 @@
+"""Per-client state and client data sharded across torchrun ranks (issue 39 item 5).
+
+Ground truth: the one-process sequential run with dense [N, d] stacks on the materialised list of
+clients. SCAFFOLD and FedDR (``init_from="code"``: every client starts alike,
+as a store needs) with clients_per_round, each rank's rows in its own store (state ram,
+disk: its own folder ``<state_folder>/rank<r>``) or dense, on a list or a
+:class:`~python_algos.clients.population.Population` (each rank builds only its own clients), in
+float64 and float32, on 1, 2 and 4 ranks (gloo, processes spawned as torchrun starts them): the
+final model and every recorded metric (loss, gradient and prox-gradient norms, counts) equal the
+one-process run bit for bit. N = 11 splits unevenly (5 + 6; 2 + 3 + 3 + 3), and with a cohort of 4
+some rounds leave a rank without a participant.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fedkernels as fk
+
+N, COHORT, ROUNDS, DIM = 11, 4, 5, 6
+# per process: the timings, the bytes sent, and the gradients this rank computed (checked as a sum over ranks)
+TIMING = {"wall_time", "elapsed", "prox_time", "grad_time", "fwd_bwd_time", "sent_bytes", "recv_bytes", "grad_evals"}
+DTYPES = {"f64": torch.float64, "f32": torch.float32}
+
+
+class Tracked:
+    """``make_client`` of the test population (client i's rows from (7, i) alone), recording the ids built."""
+
+    def __init__(self, dtype: torch.dtype):
+        from python_algos.clients.population import SparseLogistic
+
+        self.inner = SparseLogistic(seed=7, dim=DIM, samples=6, dtype=dtype)
+        self.recipe = self.inner.recipe
+        self.built: list = []
+
+    def __call__(self, i: int):
+        self.built.append(int(i))
+        return self.inner(i)
+
+
+def cases() -> list:
+    return [f"{alg}-{state}-{kind}-{dt}" for alg in ("scaffold", "feddr") for state in ("ram", "disk", "dense")
+            for kind in ("population", "list") for dt in DTYPES]
+
+
+def run_case(name: str, executor: str, folder: str) -> dict:
+    import python_algos as pa
+    from python_algos.algorithms.registry import make
+    from python_algos.clients.population import Population
+
+    alg, state, kind, dt = name.split("-")
+    maker = Tracked(DTYPES[dt])
+    clients = Population(N, maker, cache=3) if kind == "population" else [maker(i) for i in range(N)]
+    maker.built.clear()
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(DIM, 4), nn.Tanh(), nn.Linear(4, 1)).to(DTYPES[dt])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        algorithm = make(alg, lr=0.1, local_steps=2, **({"init_from": "code"} if alg == "feddr" else {}))
+        hist = pa.simulate(algorithm, model, F.binary_cross_entropy_with_logits, clients,
+                           ROUNDS, regularizer=fk.L1(0.01), batch_size=3, seed=5, metrics_every=2,
+                           clients_per_round=COHORT, executor=executor, state=state,
+                           state_folder=os.path.join(folder, name) if state == "disk" else None, threads=1)
+    rows = [{k: v for k, v in m.items() if k not in TIMING or executor == "sequential"}
+            for m in [hist.initial, *hist.metrics]]
+    evals = [m.get("grad_evals") for m in [hist.initial, *hist.metrics]]
+    return {"params": hist.params, "rows": rows, "evals": evals, "built": sorted(set(maker.built)),
+            "world_size": hist.world_size}
+
+
+def rank_main(rank: int, world: int, port: int, out_dir: str, names: list) -> None:
+    """torch.multiprocessing entry point: join the group through the environment, as under torchrun."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    from python_algos.experiments.launch import finish
+
+    try:
+        res = {name: run_case(name, "distributed", out_dir) for name in names}
+        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        finish(ok=False)
+        raise
+    finish(ok=True)
+
+
+def spawn(world: int, out_dir: str, names: list, timeout: float = 300) -> list:
+    import _dist_cases
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(rank_main, args=(world, _dist_cases.free_port(), out_dir, names), nprocs=world,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=2):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"{world} ranks did not finish within {timeout} s")
+    return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+
+
+def same_bits(a, b) -> bool:
+    """Equal values, floats bit for bit (NaN equal to NaN, 0.0 not equal to -0.0)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a.hex() == b.hex()
+    return type(a) is type(b) and a == b
+
+
+def check_equal(name: str, got: dict, ref: dict, rank: int) -> None:
+    assert got["params"].dtype == ref["params"].dtype and torch.equal(got["params"], ref["params"]), (name, rank)
+    assert len(got["rows"]) == len(ref["rows"]), name
+    for t, (g, r) in enumerate(zip(got["rows"], ref["rows"])):
+        assert g.keys() == r.keys() - TIMING, (name, t)
+        bad = {k: (g[k], r[k]) for k in g if not same_bits(g[k], r[k])}
+        assert not bad, (name, rank, t, bad)
+
+
+def bounds(world: int) -> list:
+    return [(r * N // world, (r + 1) * N // world) for r in range(world)]
+
+
+@functools.lru_cache(maxsize=None)
+def reference(name: str) -> dict:
+    """The one-process sequential run with dense stacks on the list of clients (one thread, as the ranks)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        plain = name.replace("-ram-", "-dense-").replace("-disk-", "-dense-").replace("population", "list")
+        return run_case(plain, "sequential", "")
+    finally:
+        torch.set_num_threads(n)
+
+
+def check_ranks(name: str, got: list) -> None:
+    """Every rank's model and metrics equal one process's; the per-rank gradient counts add up to its."""
+    ref = reference(name)
+    for r, res in enumerate(got):
+        check_equal(name, res[name], ref, r)
+    for t, row in enumerate(ref["rows"][1:], start=1):  # round 0 (init) computes none
+        assert sum(res[name]["evals"][t] for res in got) == row["grad_evals"], (name, t)
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_sharded_state_and_population_equal_one_process_bit_for_bit(tmp_path, world):
+    got = spawn(world, str(tmp_path), cases())
+    for name in cases():
+        check_ranks(name, got)
+        for r, res in enumerate(got):
+            assert res[name]["world_size"] == world
+            lo, hi = bounds(world)[r]
+            if "population" in name:  # never another rank's client
+                assert res[name]["built"] and all(lo <= i < hi for i in res[name]["built"]), (name, r)
+            if "disk" in name:  # its own folder, its own rows' table
+                field = "c_i" if name.startswith("scaffold") else "xhat"
+                index = tmp_path / name / f"rank{r}" / field / "index.bin"
+                assert index.stat().st_size == 8 * (hi - lo), (name, r)
+        if "disk" in name:
+            assert sorted(os.listdir(tmp_path / name)) == [f"rank{r}" for r in range(world)]
+
+
+def test_two_ranks_smoke(tmp_path):
+    """One case on 2 ranks in the default run: a RAM store per rank on a population, float32."""
+    name = "scaffold-ram-population-f32"
+    check_ranks(name, spawn(2, str(tmp_path), [name]))
