@@ -346,6 +346,13 @@ def test_auto_picks_ram_then_disk_from_the_estimate_and_refuses_what_fits_neithe
     assert sp.StatePlan("auto", None, 100).choose_backend(est) == "ram"
     monkeypatch.setattr(sp, "memory_available", lambda: 8 * 2**20)  # the stored rows no longer fit in RAM
     assert sp.StatePlan("auto", None, 100).choose_backend(est) == "disk"
+    with pytest.raises(ValueError, match="fits only on disk, and state='disk' with checkpoints .* needs state_folder"):
+        sp.StatePlan("auto", None, 100, logged=True).choose_backend(est)  # its log would go with a temporary folder
+    monkeypatch.setattr(sp, "_free_disk", lambda folder: 12 * 2**20)  # the rows' 10.5 MB fit, with the log's 7.6 not
+    assert sp.StatePlan("disk", "f", 100).choose_backend(est) == "disk"
+    with pytest.raises(sp.DoesNotFit, match="give state_folder on a larger disk"):
+        sp.StatePlan("disk", "f", 100, logged=True).choose_backend(est)
+    monkeypatch.setattr(sp, "_free_disk", lambda folder: 2**40)
     with pytest.raises(sp.DoesNotFit, match="run with state='disk'"):
         sp.StatePlan("ram", None, 100).choose_backend(est)
     monkeypatch.setattr(sp, "_free_disk", lambda folder: 2**20)
