@@ -13,12 +13,16 @@ median of the rounds after the first. Default threads: 1 (``--threads``), the po
 models this small. Cells whose sequential round would take minutes (CNN with 1000 clients) run only
 when named with ``--clients``. The plain loop's final model is checked against the sequential
 FedAvg run (same minibatch draws), so the peers do the same work. GPU rows are added when CUDA is
-available (``--device``).
+available (``--device``). ``--first-layer`` times the batched executor once per first-layer path
+(``fedkernels.first_layer``, through ``FEDKERNELS_FIRST_LAYER``; default ``auto``): the first path
+fills the batched column, the others a line each under the table; the table says which path
+``auto`` took.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -57,14 +61,17 @@ def run(args, log=print) -> dict:
                 for alg in args.algorithms:
                     cell = {"device": device, "model": model, "N": N, "algorithm": alg, "flop_floor_s": floor,
                             "gflop_per_round": N * args.K * fl / 1e9}
-                    for ex in args.executors:
+                    runs = [(ex, p) for ex in args.executors for p in (args.first_layer if ex == "batched" else [""])]
+                    for ex, path in runs:
                         t0 = time.perf_counter()
-                        r = time_executor(model, alg, clients, ex, K=args.K, batch=args.batch, rounds=args.rounds,
-                                          device=device)
-                        cell[ex] = r["s_per_round"]
-                        cell[f"{ex}_fwd_bwd"] = r["fwd_bwd_s"]
-                        cell[f"_{ex}_params"] = r["params"]
-                        log(f"[{device}] {model} N={N} {alg} {ex}: {r['s_per_round']:.3f} s/round "
+                        with _first_layer(path):
+                            r = time_executor(model, alg, clients, ex, K=args.K, batch=args.batch,
+                                              rounds=args.rounds, device=device)
+                        key = ex if path in ("", args.first_layer[0]) else f"{ex} ({path})"
+                        cell[key] = r["s_per_round"]
+                        cell[f"{key}_fwd_bwd"] = r["fwd_bwd_s"]
+                        cell[f"_{key}_params"] = r["params"]
+                        log(f"[{device}] {model} N={N} {alg} {key}: {r['s_per_round']:.3f} s/round "
                             f"({time.perf_counter() - t0:.0f} s)")
                     if alg == "FedAvg" and not args.no_loop:
                         r = time_plain_loop(model, clients, K=args.K, batch=args.batch, rounds=args.rounds,
@@ -82,7 +89,22 @@ def run(args, log=print) -> dict:
                     cells.append(cell)
                 del clients
     return {"machine": info, "threads": args.threads, "K": args.K, "batch": args.batch, "samples": args.samples,
-            "rounds": args.rounds, "cells": cells, "load_after": list(os.getloadavg())}
+            "rounds": args.rounds, "cells": cells, "load_after": list(os.getloadavg()),
+            "first_layer": args.first_layer, "first_layer_auto": fk.backend_info()["first_layer"]["choices"]}
+
+
+@contextlib.contextmanager
+def _first_layer(path: str):
+    """FEDKERNELS_FIRST_LAYER set to `path` ("" or "auto": unset) for one timed run."""
+    before = os.environ.pop(fk.first_layer.ENV, None)
+    if path not in ("", "auto"):
+        os.environ[fk.first_layer.ENV] = path
+    try:
+        yield
+    finally:
+        os.environ.pop(fk.first_layer.ENV, None)
+        if before is not None:
+            os.environ[fk.first_layer.ENV] = before
 
 
 def _s(v) -> str:
@@ -118,7 +140,21 @@ def render_markdown(res: dict) -> str:
                   + ("; the plain loop's FedAvg model deviates from the sequential one by at most "
                      f"{max(loop_devs):.1e}."
                      if loop_devs else ".")]
+    lines += _first_layer_lines(res)
     return "\n".join(lines)
+
+
+def _first_layer_lines(res: dict) -> list:
+    """Which first-layer path the batched column ran, and the other paths' cells."""
+    paths = res.get("first_layer") or ["auto"]
+    auto = ", ".join(f"{k}: {v['path']} ({v['source']})" for k, v in (res.get("first_layer_auto") or {}).items())
+    out = ["", f"Batched column: first-layer path {paths[0]}" + (f" (auto took {auto})" if auto else "") + "."]
+    for c in res["cells"]:
+        for p in paths[1:]:
+            if f"batched ({p})" in c:
+                out.append(f"- {c['model']} N = {c['N']} {c['algorithm']}, first layer {p}: {_s(c[f'batched ({p})'])} "
+                           f"s/round, {_x(c[f'batched ({p})'], c['flop_floor_s'])} the FLOP floor")
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -134,6 +170,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", nargs="+", default=None, help="cpu and/or cuda (default: cpu, plus cuda if present)")
     p.add_argument("--no-loop", action="store_true", help="skip the plain PyTorch loop")
+    p.add_argument("--first-layer", nargs="+", default=["auto"], choices=["auto", *fk.first_layer.PATHS],
+                   help="the batched executor's first-layer path(s) (FEDKERNELS_FIRST_LAYER), the first one in the "
+                        "batched column")
     p.add_argument("--out", default="bench/results/clients_table.md")
     p.add_argument("--readme", default=None, help="also replace the clients table block in this file")
     args = p.parse_args(argv)
