@@ -61,8 +61,8 @@ def test_state_ram_equals_dense_bit_for_bit_and_prints_the_estimate(tmp_path, ca
 
 
 @pytest.mark.parametrize("args, says", [
-    (["-a", "fedcanon", "--state", "ram"], "--state ram: needs partial participation (--clients-per-round or "
-                                           "--participation)"),
+    (["-a", "depositum", "--state", "ram"], "--state ram: under full participation: DEPOSITUM's round works on all N "
+                                            "clients' [N, d] stacks at once"),
     (["-a", "scaffold", "--clients-per-round", "2", "--state", "ram", "--flower"],
      "--state ram: --flower keeps each client's state on its node: use --state dense"),
 ])

@@ -23,6 +23,7 @@ import fedkernels as fk
 
 from ..clients.base import ClientSet
 from .steps import put_rows_, rows_
+from .streamed import is_streamed, streamed_round
 
 __all__ = ["Algorithm", "ServerClientAlgorithm", "Messages", "Costs", "positive", "positive_int", "one_of",
            "check_prox_step"]
@@ -113,6 +114,12 @@ class Algorithm(abc.ABC):
     def hparams(self) -> dict:
         return dataclasses.asdict(self)
 
+    def stream_refusal(self) -> str:
+        """Why a full-participation round cannot stream its clients in chunks (a store under full
+        participation, python_algos/algorithms/streamed.py), or "" when it can."""
+        return (f"{self.name}'s round works on all N clients' [N, d] stacks at once (it is not written as client "
+                f"and server programs; a decentralized method mixes each client's neighbours' rows, W X), so its "
+                f"clients cannot stream in chunks: use state='dense'")
 
 
 class Messages(NamedTuple):
@@ -187,9 +194,19 @@ class ServerClientAlgorithm(Algorithm):
         return {name: clients.mean(up[name], ids, divisor=n_all if name in m.up_over_all else None)
                 for name in m.up}
 
+    def stream_refusal(self) -> str:
+        for name in ("round", "aggregate"):
+            if getattr(type(self), name) is not getattr(ServerClientAlgorithm, name):
+                return (f"{type(self).__name__} overrides {name}: a round that streams its clients in chunks composes the "
+                        f"client and server programs itself, so its clients cannot stream: use state='dense'")
+        return ""
+
     def round(self, state, clients, reg, rng=None):
-        """One communication round, composed from the two programs (the class docstring)."""
+        """One communication round, composed from the two programs (the class docstring); under full
+        participation on client stacks in stores, streamed in chunks of clients (:mod:`.streamed`)."""
         ids = clients.participants() if self.partial_participation else None
+        if is_streamed(state, ids):
+            return streamed_round(self, state, clients, reg, rng)
         k = clients.active_rows(ids)
         full = {f: getattr(state, f) for f in type(state).client_fields}
         rows = {f: rows_(v, ids, clients.workspace("_rows:" + f, k)) for f, v in full.items()}

@@ -48,7 +48,8 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from .state_plan import as_summed_densely, check_dense_fits
+from .row_sum import sum_rows
+from .state_plan import check_dense_fits
 
 __all__ = ["ClientSet", "CommCounter", "client_generators", "seeds"]
 
@@ -131,6 +132,11 @@ class ClientSet(abc.ABC):
         perm = torch.randperm(n, generator=self.participation_rng)
         return perm[:k].sort().values.to(self.device)
 
+    def stream_chunks(self, size: int) -> list:
+        """The ``(first, end)`` ranges of clients a streamed round runs one after another
+        (python_algos/algorithms/streamed.py): ``size`` consecutive clients each."""
+        return [(a, min(a + size, self.rows)) for a in range(0, self.rows, size)]
+
     def active_rows(self, ids: Optional[torch.Tensor]) -> int:
         """Rows of a compact participant stack: ``len(ids)``, or ``rows`` when ids is None."""
         return self.rows if ids is None else int(ids.numel())
@@ -142,7 +148,7 @@ class ClientSet(abc.ABC):
         ``(1/n) sum_j S[j]`` over the n rows of S, or ``(1/divisor) sum_j S[j]`` (e.g. divisor = N
         with a participant stack: the server's update of an average over all clients)."""
         self.comm.up += 1
-        return self._mean(as_summed_densely(S), divisor)
+        return self._mean(S, divisor)
 
     def broadcast(self, v: torch.Tensor) -> torch.Tensor:
         """Downlink of one d-vector (the server's ``v``) to every (participating) client; returns the clients' copy."""
@@ -157,8 +163,10 @@ class ClientSet(abc.ABC):
         self.comm.down += self._mean_degree(W)
         return self._gossip_(X, W)
 
-    @abc.abstractmethod
-    def _mean(self, S: torch.Tensor, divisor: Optional[int] = None) -> torch.Tensor: ...
+    def _mean(self, S: torch.Tensor, divisor: Optional[int] = None) -> torch.Tensor:
+        """The rows' sum in :mod:`.row_sum`'s fixed order, over ``divisor`` or the rows: a round that
+        streams its clients in chunks (the same order, chunk after chunk) gives these bits."""
+        return sum_rows(S).div_(S.shape[0] if divisor is None else divisor)
 
     @abc.abstractmethod
     def _broadcast(self, v: torch.Tensor) -> torch.Tensor: ...

@@ -439,7 +439,10 @@ class BatchedClients(ClientSet):
         t0 = time.perf_counter()
         clients = list(range(self.rows)) if ids is None else ids.tolist()
         batches = self._batch_indices(clients)
-        fb = self._gradients(X, G, batches, values=None)
+        # padded up to the longest batch of any client here, not of this call's: a client's bits are then the
+        # same whichever clients share the call (a streamed round's chunk, a cohort, all of them)
+        longest = max(self.sizes) if self.batch_size is None else min(self.batch_size, max(self.sizes))
+        fb = self._gradients(X, G, batches, values=None, longest=longest)
         self.fwd_bwd_seconds += fb
         self.grad_seconds += time.perf_counter() - t0
         self.grad_evals += len(clients)
@@ -617,9 +620,6 @@ class BatchedClients(ClientSet):
         return torch.empty(k, stride, dtype=self.dtype, device=self.device)[:, : self.dim]
 
     # -- aggregation ------------------------------------------------------------------------------
-    def _mean(self, S, divisor=None):
-        return S.mean(dim=0) if divisor is None else S.sum(dim=0).div_(divisor)
-
     def _broadcast(self, v):
         return v
 

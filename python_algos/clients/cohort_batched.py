@@ -76,6 +76,11 @@ class CohortBatched(ClientSet):
         step = self.population.cache
         return [list(range(a, min(a + step, self.num_clients))) for a in range(0, self.num_clients, step)]
 
+    def stream_chunks(self, size):
+        """Its blocks of ``population.cache`` clients, whatever ``size``: a chunk is then a full-participation
+        call's block, run by the same ``BatchedClients`` (padding to a block's longest batch: the same bits)."""
+        return [(b[0], b[-1] + 1) for b in self._blocks()]
+
     def gradients_(self, X, G, ids=None):
         t0 = time.perf_counter()
         parts = [(ids.tolist(), slice(None))] if ids is not None else [(b, slice(b[0], b[-1] + 1))
@@ -92,9 +97,6 @@ class CohortBatched(ClientSet):
     def clients_per_pass(self) -> float:
         """What ``executor="auto"`` weighs: the probed clients' (a cohort's passes hold as many as the budget)."""
         return self.probe.clients_per_pass()
-
-    def _mean(self, S, divisor=None):
-        return S.mean(dim=0) if divisor is None else S.sum(dim=0).div_(divisor)
 
     def _broadcast(self, v):
         return v

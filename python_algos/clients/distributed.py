@@ -69,6 +69,7 @@ from . import process_group
 from .base import ClientSet
 from .population import Population
 from .registry import LOCAL_EXECUTORS, resolve_local
+from .row_sum import sum_rows
 
 __all__ = ["DistributedClients", "ShardPopulation"]
 
@@ -221,7 +222,7 @@ class DistributedClients(ClientSet):
         return out
 
     def _allreduce_sum(self, S: torch.Tensor) -> torch.Tensor:
-        out = S.sum(dim=0) if S.shape[0] else torch.zeros(S.shape[1:], dtype=S.dtype, device=S.device)
+        out = sum_rows(S)  # the rank's rows in the order one process sums them (clients/row_sum.py)
         if self.world_size > 1:
             dist.all_reduce(out, group=self.group)
         nbytes = out.numel() * out.element_size()

@@ -94,6 +94,11 @@ class SequentialClients(ClientSet):
         if isinstance(self.clients, LazyClients):  # a round's local steps reread its cohort: keep it built
             self.clients.population.reserve(self.clients_per_round or 0)
 
+    def stream_chunks(self, size):
+        if isinstance(self.clients, LazyClients):  # a chunk's local steps reread its clients: keep them built
+            self.clients.population.reserve(size)
+        return super().stream_chunks(size)
+
     # -- client-local work ------------------------------------------------------------
     def gradients_(self, X, G, ids=None):
         binder = self._binder(X)
@@ -219,9 +224,6 @@ class SequentialClients(ClientSet):
         return f, count
 
     # -- aggregation ------------------------------------------------------------------
-    def _mean(self, S, divisor=None):
-        return S.mean(dim=0) if divisor is None else S.sum(dim=0).div_(divisor)
-
     def _broadcast(self, v):
         return v
 

@@ -5,14 +5,16 @@
 written; the block in RAM or in a memory-mapped file under ``state_folder``), and a round gathers
 the cohort's rows into its ``[k, d]`` working stack once and scatters them back once
 (:func:`python_algos.algorithms.steps.rows_` / ``put_rows_``), so the algorithm's code is unchanged.
+Under full participation a round streams every client's rows through the executor in chunks of
+:func:`stream_rows` clients (python_algos/algorithms/streamed.py), so N is bounded by the disk, not the RAM.
 ``"auto"``: ``"ram"`` when the up-front estimate (:class:`StateEstimate`) fits the memory this
 process may use, else ``"disk"`` when it fits the disk, else the run is refused naming what to
-change; under full participation, ``"dense"``.
+change; under full participation, ``"dense"`` when the dense stacks fit, else a streamed store.
 
 How the stores start without an ``[N, d]`` stack: ``init`` runs with ``clients.new_stack`` giving
 a read-only stride-0 view of the initial row (:meth:`ClientSet.new_stack`), so an init that reads
-its stacks works (FedADMM's and FedDR's ``clients.mean`` sum a dense copy when it fits:
-:func:`as_summed_densely`), and one that writes every client's row (FedDR's ``init_from="paper"``)
+its stacks works (FedADMM's and FedDR's ``clients.mean``: a view's rows sum as a dense stack's,
+:mod:`.row_sum`), and one that writes every client's row (FedDR's ``init_from="paper"``)
 is refused before a round runs.
 """
 
@@ -32,9 +34,10 @@ from .state_log import LoggedRows
 from .state_store import ClientStateStore, StoredRows
 
 __all__ = ["MODES", "StateEstimate", "StatePlan", "DoesNotFit", "memory_available", "check_dense_fits",
-           "snapshot_state", "as_summed_densely", "data_bytes"]
+           "snapshot_state", "data_bytes", "stream_rows"]
 
 MODES = ("dense", "ram", "disk", "auto")
+STREAM_BYTES = 64 << 20  # a streamed round's working stacks: one chunk's rows of each (a cache-sized working set)
 WORKSPACES = 4  # [k, d] scratch stacks an algorithm's round keeps besides the gathered rows (FedDR: 3)
 RAM_SHARE = 0.8  # of the memory available, what the state may take: the rest is the run's own headroom
 _OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
@@ -73,15 +76,10 @@ def check_dense_fits(nbytes: int, what: str) -> None:
                          f"train), or fewer clients")
 
 
-def as_summed_densely(S: torch.Tensor) -> torch.Tensor:
-    """The stack ``clients.mean`` sums: a dense copy of a stride-0 view (a store's stack during
-    ``init``) when one fits in memory, since torch may order the sum of a view's rows differently
-    from a dense stack's (float32, ~10^4 rows and more) and the run must equal the dense run bit for
-    bit; a view whose dense copy does not fit (no dense run could hold it) is summed as it is."""
-    if S.dim() != 2 or S.shape[0] < 2 or S.stride(0) != 0:
-        return S
-    nbytes = S.shape[0] * S.shape[1] * S.element_size()
-    return S.contiguous() if S.device.type != "cpu" or nbytes <= RAM_SHARE * memory_available() else S
+def stream_rows(stacks: int, dim: int, itemsize: int) -> int:
+    """Clients per chunk of a streamed round: the rows of its ``stacks`` (client fields and uploads)
+    and ``WORKSPACES`` scratch stacks that :data:`STREAM_BYTES` holds (at least one)."""
+    return max(1, STREAM_BYTES // ((stacks + WORKSPACES) * dim * itemsize))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +90,23 @@ class StateEstimate:
     dim: int
     itemsize: int
     fields: int  # per-client stacks (client_fields)
-    cohort: int  # k, clients per round
+    cohort: Optional[int]  # k, clients per round; None: full participation, streamed in chunks
     rounds: int
     data_bytes: int = 0  # the clients' tensors (already in memory)
+    uploads: int = 0  # d-vectors a client uploads (a streamed round keeps them for client_receive)
+
+    @property
+    def chunk(self) -> Optional[int]:
+        """Clients per chunk of a streamed round (None: a cohort's round, gathered at once)."""
+        return None if self.cohort is not None else \
+            min(self.num_clients, stream_rows(self.fields + self.uploads, self.dim, self.itemsize))
+
+    @property
+    def streamed_bytes(self) -> int:
+        """Bytes a streamed round reads and writes: each stack's rows read and written twice (the
+        uploads, then client_receive), each upload written and read once."""
+        return 0 if self.chunk is None else \
+            (4 * self.fields + 2 * self.uploads) * self.num_clients * self.dim * self.itemsize
 
     @property
     def dense_bytes(self) -> int:
@@ -102,7 +114,10 @@ class StateEstimate:
 
     @property
     def store_bytes(self) -> int:
-        """Row tables plus every row the run can write: at most min(N, k × rounds) per stack."""
+        """Row tables plus every row the run can write: at most min(N, k × rounds) per stack (N, and the
+        uploads' N rows, when streamed)."""
+        if self.cohort is None:
+            return (self.fields + self.uploads) * (8 + self.dim * self.itemsize) * (self.num_clients + 1)
         touched = min(self.num_clients, self.cohort * self.rounds)
         return self.fields * (8 * self.num_clients + (1 + touched) * self.dim * self.itemsize)
 
@@ -110,17 +125,20 @@ class StateEstimate:
     def log_bytes(self) -> int:
         """A disk store's checkpoint logs at their largest: the last checkpoint's log (at most twice the
         rows written) beside the next one of the live rows, 3 records of 8 + d × itemsize bytes a row."""
-        touched = min(self.num_clients, self.cohort * self.rounds)
+        touched = self.num_clients if self.cohort is None else min(self.num_clients, self.cohort * self.rounds)
         return self.fields * 3 * touched * (8 + self.dim * self.itemsize)
 
     @property
     def working_bytes(self) -> int:
-        return (self.fields + WORKSPACES) * self.cohort * self.dim * self.itemsize
+        rows = self.cohort if self.cohort is not None else self.chunk
+        return (self.fields + self.uploads * (self.cohort is None) + WORKSPACES) * rows * self.dim * self.itemsize
 
     def describe(self) -> str:
+        streamed = "" if self.chunk is None else \
+            f", streamed in chunks of {self.chunk} clients ({_gb(self.streamed_bytes)} read and written a round)"
         return (f"client state: {self.fields} stack(s) of {self.num_clients} x {self.dim}: dense "
                 f"{_gb(self.dense_bytes)}, stored rows at most {_gb(self.store_bytes)}; working stacks "
-                f"{_gb(self.working_bytes)}; data {_gb(self.data_bytes)}")
+                f"{_gb(self.working_bytes)}{streamed}; data {_gb(self.data_bytes)}")
 
 
 @dataclasses.dataclass
@@ -141,25 +159,26 @@ class StatePlan:
         if state_folder is not None and state not in ("disk", "auto"):
             raise ValueError(f"state_folder is where state='disk' keeps its rows; got it with state={state!r}")
         if state in ("ram", "disk"):
-            if cohort is None:
-                raise ValueError(f"state={state!r} needs partial participation (clients_per_round or participation): "
-                                 f"under full participation every client's row is read and written each round, so "
-                                 f"a store saves nothing; use state='dense'")
+            if cohort is None and executor == "distributed":
+                raise ValueError(f"state={state!r} under full participation streams every client's rows in chunks on "
+                                 f"the sequential and batched executors only (the distributed executor holds each "
+                                 f"rank's rows densely then): use state='dense', or executor='sequential'/'batched'")
             if backend is not None:
                 raise ValueError(f"state={state!r} runs on the sequential, batched and distributed executors only (a "
                                  f"custom backend holds dense [N, d] stacks): use state='dense'")
         if state == "disk" and (checkpoints or resume) and state_folder is None:
             raise ValueError("state='disk' with checkpoints (or resume) needs state_folder: the checkpoints' row log "
                              "lives there (a temporary folder goes with the process, and the checkpoint with it)")
-        if state == "auto" and (cohort is None or backend is not None):
+        if state == "auto" and (backend is not None or (cohort is None and executor == "distributed")):
             state = "dense"
         if state_folder is not None and executor == "distributed":  # each rank its own rows' folder
             state_folder = os.path.join(state_folder, f"rank{rank()}")
         return cls(mode=state, folder=state_folder, cohort=cohort, logged=bool(checkpoints or resume))
 
     def init(self, algorithm, x0: torch.Tensor, cs, rounds: int):
-        """``algorithm.init(x0, cs)``, its client stacks in the store this plan picks."""
-        if self.mode == "dense":
+        """``algorithm.init(x0, cs)``, its client stacks in the store this plan picks (under full
+        participation, for ``auto``: the dense stacks when they fit, else a streamed store)."""
+        if self.mode == "dense" or self.keeps_dense(algorithm):
             return algorithm.init(x0, cs)
         if cs.device.type != "cpu":
             raise ValueError(f"state={self.mode!r} keeps rows in host memory and gathers them on the CPU; this run is "
@@ -170,18 +189,23 @@ class StatePlan:
         except RuntimeError as e:
             if _OVERLAP not in str(e):
                 raise
+            if self.mode == "auto" and self.cohort is None:  # full participation: the dense stacks, as before
+                cs.lazy_stacks = False
+                return algorithm.init(x0, cs)
             raise ValueError(f"state={self.mode!r}: {algorithm.name}.init writes every client's row (its clients "
                              f"do not all start alike), so its state cannot start without an [N, d] stack: use "
                              f"state='dense' (or an initialization that starts every client alike)") from None
         finally:
             cs.lazy_stacks = False
         fields = tuple(type(state).client_fields)
+        uploads = len(algorithm.messages().up) if self.cohort is None else 0  # kept by a streamed round
         self.estimate = StateEstimate(cs.rows, cs.dim, x0.element_size(), len(fields), self.cohort, int(rounds),
-                                      data_bytes(getattr(cs, "clients", ())))
+                                      data_bytes(getattr(cs, "clients", ())), uploads)
         stores, err = None, None
         try:  # distributed: each rank's shard (cs.rows), estimate and folder; one rank's refusal stops every rank
-            backend = self.choose_backend(self.estimate)
-            stores = {f: _store(getattr(state, f), backend, self.folder, f) for f in fields}
+            backend = self.kept(self.estimate)
+            stores = {f: getattr(state, f).contiguous() if backend == "dense" else  # new_stack's dense rows
+                      _store(getattr(state, f), backend, self.folder, f) for f in fields}
         except Exception as e:  # noqa: BLE001 - re-raised on every rank by agree()
             err = e
         if cs.world_size > 1:
@@ -211,6 +235,21 @@ class StatePlan:
                 out[f] = _store(v, "ram", None, f)
         return state._replace(**out) if out else state
 
+    def keeps_dense(self, algorithm) -> bool:
+        """Whether a full-participation run keeps dense stacks whatever they take: ``auto`` with an algorithm
+        whose clients cannot stream (``algorithm.stream_refusal()``); ``ram`` / ``disk`` with one are refused."""
+        why = algorithm.stream_refusal() if self.cohort is None and self.mode != "dense" else ""
+        if why and self.mode in ("ram", "disk"):
+            raise ValueError(f"state={self.mode!r} under full participation: {why}")
+        return bool(why)
+
+    def kept(self, est: StateEstimate) -> str:
+        """Where the stacks of ``est`` live: dense (``mode`` dense; ``auto`` under full participation while the
+        dense stacks fit, a streamed store otherwise), else :meth:`choose_backend`'s ram or disk."""
+        if self.mode == "dense" or (self.mode == "auto" and est.cohort is None and _dense_fits(est)):
+            return "dense"
+        return self.choose_backend(est)
+
     def choose_backend(self, est: StateEstimate) -> str:
         """ram or disk (``mode`` ram or auto), checked against what the machine has (:class:`DoesNotFit`
         names what to change)."""
@@ -234,6 +273,11 @@ class StatePlan:
                              f"this run may use: give state_folder on a larger disk, fewer rounds or clients_per_round "
                              f"(rows written), or fewer clients")
         return "disk"
+
+
+def _dense_fits(est: StateEstimate) -> bool:
+    """Whether a full-participation run's dense stacks (and their round's workspaces) fit in memory."""
+    return (est.fields + WORKSPACES) * est.num_clients * est.dim * est.itemsize <= RAM_SHARE * memory_available()
 
 
 def snapshot_state(state):

@@ -127,6 +127,12 @@ class ClientStateStore:
         """All rows as one ``[N, d]`` tensor (N × d memory: for tests and small populations)."""
         return self._block.index_select(0, self._table)
 
+    def __getitem__(self, i) -> torch.Tensor:
+        """Row ``i`` (an int; a copy), as ``stack[i]`` reads one client's row (FedCanonII's report)."""
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -self.rows <= i < self.rows:
+            raise IndexError(f"a store's row must be an int in [-{self.rows}, {self.rows}), got {i!r}")
+        return self._block[int(self._table[int(i)])].clone()
+
     @property
     def initial(self) -> torch.Tensor:
         """The value of a never-written row (a copy)."""

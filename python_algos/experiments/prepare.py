@@ -269,15 +269,20 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
         executor = "distributed" if workers else launch.executor_for(cfg.executor)[0]
         folder = os.path.join(out_dir, STATE_DIR) if cfg.state in ("disk", "auto") else None  # run.py's
         plan = StatePlan.checked(cfg.state, folder, k, executor, None, True, resume)
+        dense_only = plan.keeps_dense(algorithm)  # full participation: the clients stream in chunks, or refused
     except ValueError as e:
         raise ConfigError("state", cfg.state, re.sub(r"^--state \w+ ", "", _as_flags(str(e)))) from None
     params = [p for p in model.parameters() if p.requires_grad]
     dim = sum(p.numel() for p in params)
     state = algorithm.init(torch.zeros(dim, dtype=params[0].dtype), _Shapes(dim, params[0].dtype))
+    streamed = k is None and not dense_only and plan.mode != "dense"
     est = StateEstimate(len(clients), dim, params[0].element_size(), len(getattr(type(state), "client_fields", ())),
-                        k or len(clients), cfg.rounds, data_bytes(clients))
+                        None if streamed else k or len(clients), cfg.rounds, data_bytes(clients),
+                        len(algorithm.messages().up) if streamed else 0)
     try:
-        kept = plan.choose_backend(est) if plan.mode != "dense" else "dense"
+        kept = plan.kept(est)
+        if kept == "dense" and streamed:  # auto under full participation, the dense stacks fit
+            est = dataclasses.replace(est, cohort=len(clients), uploads=0)
         if kept == "dense":
             check_dense_fits(est.dense_bytes, f"--state dense: {est.fields} [{est.num_clients}, {dim}] client stack(s)")
     except DoesNotFit as e:
@@ -285,7 +290,8 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
     state_bytes = est.dense_bytes if kept == "dense" else est.store_bytes
     return {"state": cfg.state, "kept": kept, "state_bytes": state_bytes, "data_bytes": est.data_bytes,
             "working_bytes": est.working_bytes, "stacks": est.fields,  # disk: the row log, not one file each
-            "checkpoint_bytes": est.log_bytes if kept == "disk" else state_bytes}
+            "checkpoint_bytes": est.log_bytes if kept == "disk" else state_bytes,
+            "chunk": est.chunk, "streamed_bytes": est.streamed_bytes}  # a full participation round's chunks
 
 
 def estimate_line(est: dict) -> str:
@@ -294,8 +300,10 @@ def estimate_line(est: dict) -> str:
            "disk": "disk: rows written only, in files"}[est["kept"]]
     ckpts = (f"the checkpoints' row log at most {_mb(est['checkpoint_bytes'])}" if est["kept"] == "disk" else
              f"checkpoints {_mb(est['checkpoint_bytes'])} each")
+    streamed = "" if not est.get("chunk") else \
+        f", streamed in chunks of {est['chunk']} clients ({_mb(est['streamed_bytes'])} read and written a round)"
     return (f"memory: state {_mb(est['state_bytes'])} ({how}), data {_mb(est['data_bytes'])}, working "
-            f"{_mb(est['working_bytes'])}; disk: {ckpts}")
+            f"{_mb(est['working_bytes'])}{streamed}; disk: {ckpts}")
 
 
 def _mb(n: int) -> str:

@@ -1,0 +1,74 @@
+"""The sum of a stack's rows in one fixed order, whatever chunks the rows arrive in.
+
+``clients.mean`` of every executor sums its rows with :class:`RowSum` (``(1/n) Σ_i S[i]`` is that sum
+over n), and a round that streams its clients in chunks (``simulate``'s ``state="ram"|"disk"`` under
+full participation: python_algos/algorithms/streamed.py) feeds the same accumulator chunk after chunk.
+torch's ``S.sum(0)`` cannot be split so: its order depends on the stack's length (blocked cascades),
+so the sum of a chunk's partial sums is another number than the dense stack's sum.
+
+The order: rows in blocks of :data:`BLOCK` consecutive rows (row 0's block first), each block summed
+row after row from its first row, the block sums added row after row to a running total from zero.
+Every step is an elementwise IEEE addition, so the bits depend on the rows and their order only:
+never on the chunks, the device, the threads or the layout (a stride-0 view sums as its dense copy).
+A chunk's whole blocks are summed in ``BLOCK`` vectorized additions over all of them; a block cut by
+a chunk's end is carried (its running sum, one ``[d]`` vector) into the next chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["RowSum", "sum_rows", "BLOCK"]
+
+BLOCK = 64  # rows per block: BLOCK + n / BLOCK additions for n rows (64: ~2,000 at n = 10^5)
+
+
+class RowSum:
+    """A running sum of ``[c, d]`` stacks' rows (:meth:`add_`), in the module's fixed order."""
+
+    def __init__(self, dim: int, dtype: torch.dtype, device="cpu"):
+        self.total = torch.zeros(dim, dtype=dtype, device=device)  # the finished blocks
+        self.part = torch.zeros(dim, dtype=dtype, device=device)  # the open block's rows so far
+        self.open = 0  # rows in the open block
+        self.rows = 0  # rows added
+
+    def add_(self, S: torch.Tensor) -> "RowSum":
+        """Add the rows of ``S`` (``[c, d]``), the rows that follow those added so far."""
+        n, i = S.shape[0], 0
+        while self.open and i < n:  # finish the block the previous chunk left open
+            self._add_row(S[i])
+            i += 1
+        whole = (n - i) // BLOCK * BLOCK
+        if whole:
+            blocks = S[i : i + whole].unflatten(0, (-1, BLOCK))  # [b, BLOCK, d]
+            sums = blocks[:, 0].clone()
+            for j in range(1, BLOCK):
+                sums.add_(blocks[:, j])
+            for s in sums:
+                self.total.add_(s)
+            i += whole
+        while i < n:  # the start of a block the next chunk (or finish) closes
+            self._add_row(S[i])
+            i += 1
+        self.rows += n
+        return self
+
+    def _add_row(self, r: torch.Tensor) -> None:
+        if self.open:
+            self.part.add_(r)
+        else:
+            self.part.copy_(r)
+        self.open += 1
+        if self.open == BLOCK:
+            self.total.add_(self.part)
+            self.open = 0
+
+    def sum(self) -> torch.Tensor:
+        """The sum of every row added (a new ``[d]`` tensor)."""
+        out = self.total.clone()
+        return out.add_(self.part) if self.open else out
+
+
+def sum_rows(S: torch.Tensor) -> torch.Tensor:
+    """``Σ_i S[i]`` of an ``[n, d]`` stack in the module's fixed order (a new ``[d]`` tensor)."""
+    return RowSum(S.shape[1], S.dtype, S.device).add_(S).sum()
