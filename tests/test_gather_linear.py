@@ -193,3 +193,20 @@ def test_an_output_overlapping_an_input_is_refused(target, weight_grad):
     with pytest.raises(ValueError, match="shares memory with"):
         (GRAD if weight_grad else FWD)(args["mat"], args["X"], args["idx"], out)
     assert torch.equal(store, before)
+
+
+FMA_VARIANTS = [v for v in VARIANTS if v != "baseline"]
+
+
+@pytest.mark.skipif(len(FMA_VARIANTS) < 2, reason="one FMA variant on this CPU: nothing to compare")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_which_variants_share_the_bits(dtype):
+    """What a calibration among the gathered kernels' CPU variants could keep bit for bit
+    (fedkernels.first_layer, issue 40): the weight gradient is the same in every FMA variant (each
+    value a fused multiply-add per sample, in sample order, whatever the vector width); the forward
+    product's lane sums follow the vector width, so its variants are not interchangeable."""
+    for shape in SHAPES:
+        c, o, i, P, _ = shape
+        W, D, X, idx = _case(*shape, dtype=dtype)
+        grads = [_run(GRAD, v, 1, D, X, idx, torch.empty(c, o, i, dtype=dtype)) for v in FMA_VARIANTS]
+        assert all(torch.equal(_bits(g), _bits(grads[0])) for g in grads[1:]), shape
