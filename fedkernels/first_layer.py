@@ -41,6 +41,7 @@ _ROUNDS = 5
 # Multiply-adds of one timed pass (the forward and the weight gradient of up to `c` clients): the
 # calibration stays well under a second for any first layer.
 _PASS_MACS = 1 << 23
+_MAX_SHAPES = 64  # shapes kept in the cache file
 _MARGIN = 0.05  # "gather" must beat "in_place" by this much (noise does not flip the choice)
 _made: dict = {}  # shape key -> (path, source, seconds): this process's choices, for backend_info
 
@@ -73,6 +74,8 @@ def choose(X: torch.Tensor, outputs: int, samples: int, clients: int, requested:
     fastest = "gather" if seconds["gather"] * (1 + _MARGIN) < seconds["in_place"] else "in_place"
     _made[key] = Choice(fastest, "calibrated", seconds)
     table = dict(entry) if isinstance(entry, dict) else {}
+    while len(table) >= _MAX_SHAPES:  # a bounded file, whatever shapes a machine's runs see
+        table.pop(min(table))
     table[key] = {"path": fastest, "seconds": seconds}
     _calibrate.update_cache(path, cache_key, {"first_layer": table})
     return _made[key]

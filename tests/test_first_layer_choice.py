@@ -107,6 +107,16 @@ def test_the_calibration_is_cached_per_shape_and_read_back_without_measuring(mon
     assert (cs.first_layer_source, table[key]["path"], len(table)) == ("calibrated", "gather", 2)
 
 
+def test_the_cache_keeps_a_bounded_number_of_shapes(monkeypatch, private_cache):
+    monkeypatch.setattr(fl, "_MAX_SHAPES", 3)
+    _force(monkeypatch, "gather")
+    X = torch.randn(50, 7)
+    for P in range(1, 6):
+        fl.choose(X, 2, P, 4)
+    table = json.loads(private_cache.read_text())[_calibrate.cache_key(_C)]["first_layer"]
+    assert sorted(table) == sorted(fl.shape_key(X, 2, P) for P in (3, 4, 5))
+
+
 def test_the_elementwise_entry_and_the_first_layer_share_the_file(monkeypatch, private_cache):
     key = _calibrate.cache_key(_C)
     _calibrate.write_cache(str(private_cache), key, ("avx2", "baseline"), {"avx2": {}})
