@@ -38,7 +38,8 @@ def _cases():
 
 def test_the_audit_covers_every_numeric_setting():
     assert {s.name for s in NUMERIC} == {
-        "lr", "local_steps", "test_fraction", "num_clients", "eta", "min_size", "shards_per_client", "participation",
+        "lr", "local_steps", "test_fraction", "num_clients", "eta", "min_size", "shards_per_client",
+        "samples_per_client", "participation",
         "clients_per_round", "reg_strength", "rounds", "batch_size", "seed", "data_seed", "metrics_every",
         "metric_step", "checkpoint_every", "time_budget", "threads"}
 

@@ -203,3 +203,24 @@ def test_every_executor_means_in_that_order():
 def _clientset(executor):
     cls = SequentialClients if executor == "sequential" else BatchedClients
     return cls(_model(), nn.functional.cross_entropy, _clients())
+
+
+def test_run_streams_full_participation_on_disk_as_dense_and_prints_the_chunk(tmp_path, capsys):
+    from python_algos.experiments.cli import main
+    from python_algos.runfolder.files import read_metrics
+
+    base = ["run", "--dataset", "sparse_logistic", "--data-opt", "n=240", "--data-opt", "dim=10", "--data-opt", "nnz=3",
+            "-N", "12", "-K", "2", "-B", "4", "--dtype", "float64", "--executor", "sequential", "--no-progress",
+            "--no-plot", "-a", "fedcanon", "-T", "3"]
+    for state in ("dense", "disk"):
+        assert main([*base, "--state", state, "--out", str(tmp_path / state)]) == 0
+    out = capsys.readouterr().out
+
+    def results(folder):
+        rows = [{k: v for k, v in r.items() if "time" not in k and k != "elapsed"} for r in read_metrics(str(folder))]
+        return torch.load(folder / "model.pt", weights_only=True)["params"], rows
+
+    (x, rows), (x_disk, rows_disk) = results(tmp_path / "dense"), results(tmp_path / "disk")
+    assert torch.equal(x_disk, x) and rows_disk == rows
+    line = [s for s in out.splitlines() if s.startswith("memory: state ")][1]
+    assert "(disk: rows written only, in files)" in line and "streamed in chunks of 12 clients" in line, line

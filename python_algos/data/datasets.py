@@ -49,13 +49,14 @@ import torch
 
 from . import bundled, folder, loaders, partitions, synthetic
 from .options import COUNT, Opt, check_options, options_of
+from .population_sources import FolderClients, RowClients, scan_folder
 from .sklearn_data import PREFIX as SKLEARN_PREFIX
 from .sklearn_data import SKLEARN, load_sklearn
 from .split import train_test_indices
 from .standardize import client_scales, scaled
 
 __all__ = ["Dataset", "FederatedData", "DATASETS", "BUILTIN", "DATA_OPTIONS", "load_dataset", "federate",
-           "data_options", "check_data_options"]
+           "federate_folder", "data_options", "check_data_options"]
 
 BUILTIN = ("sparse_logistic", "sparse_linear", "synthetic", "image_like")
 FILES = ("mnist", "fashion_mnist", "cifar10", "a9a", "libsvm", "femnist")
@@ -278,13 +279,16 @@ def _standardized(ds: Dataset, parts: list, mode: str) -> Dataset:
 
 def federate(ds: Dataset, partition: str = "iid", num_clients: int = 10, seed: int = 0, eta: float = 0.5,
              min_size: Optional[int] = None, shards_per_client: int = 1,
-             standardize: Optional[str] = None) -> FederatedData:
+             standardize: Optional[str] = None, samples_per_client: Optional[int] = None) -> FederatedData:
     """Split the training data of ``ds`` over clients.
 
     ``partition``: ``iid``; ``dirichlet`` (label skew Dir(eta)); ``shards`` (label-sorted
     contiguous chunks, FedNMap); ``writers`` (Dir(eta) over ``ds.groups``, e.g. FEMNIST writers);
     ``natural`` (one client per group: FedProx synthetic's clients, FEMNIST writers, the sparse
-    generators' feature-shift groups). ``min_size`` (Dirichlet) defaults to min(10, n / 2N).
+    generators' feature-shift groups); ``cyclic`` (``samples_per_client`` rows each, default n // N
+    or 1, clients overlapping once N·samples > n: 10^5 clients of A9A's rows), whose ``clients`` are a
+    :class:`.population_sources.RowClients`, gathered when asked for (``parts`` one ``[N, s]`` array).
+    ``min_size`` (Dirichlet) defaults to min(10, n / 2N).
     ``standardize`` (:mod:`.standardize`): ``global``, ``local`` or ``none``; None: ``global`` for
     ``folder:PATH`` data (a natural partition, the files), ``none`` for the others.
     """
@@ -312,11 +316,42 @@ def federate(ds: Dataset, partition: str = "iid", num_clients: int = 10, seed: i
         else:
             ms = min(10, n // (2 * num_clients)) if min_size is None else min_size
             parts = partitions.dirichlet(ds.groups, num_clients, eta, seed=seed, min_size=ms)
+    elif partition == "cyclic":
+        if standardize == "local":
+            raise ValueError("standardize: 'local' scales each client by its own rows' statistics, and partition "
+                             "'cyclic' shares rows between clients (one copy of the data): use 'global' or 'none'")
+        parts = partitions.cyclic(n, num_clients, samples_per_client or max(1, n // num_clients), seed)
     else:
         raise ValueError(f"unknown partition {partition!r}; valid: {', '.join(partitions.PARTITIONS)}")
     ds = _standardized(ds, parts, standardize or ("global" if ds.name == "folder" else "none"))
-    clients = [(ds.X[torch.from_numpy(p)], ds.y[torch.from_numpy(p)]) for p in parts]
+    clients = [(ds.X[torch.from_numpy(p)], ds.y[torch.from_numpy(p)]) for p in parts] if partition != "cyclic" \
+        else RowClients(ds.X, ds.y, parts, name=ds.name)
     hist = None
     if ds.task in ("multiclass", "binary"):
         hist = partitions.label_histograms(ds.y, parts, max(ds.num_classes, int(ds.y.max()) + 1))
     return FederatedData(ds, parts, clients, hist, partition)
+
+
+def federate_folder(path: str, standardize: Optional[str] = None, seed: int = 0, test_fraction: float = 0.2,
+                    **opts) -> FederatedData:
+    """``federate(load_dataset("folder:PATH"), "natural", N)``'s clients without their rows in memory:
+    ``clients`` a :class:`.population_sources.FolderClients` that reads client i's file when it is built
+    (a ``make_client`` for a Population), the same rows, labels and scaling. Before it returns, every
+    file is read once, one at a time (:func:`.population_sources.scan_folder`: its checks, the labels,
+    the pooled statistics, the test rows, which it holds); ``dataset.X`` is empty (its feature shape)."""
+    raw = FolderClients(path, seed=seed, test_fraction=test_fraction, **opts)
+    ys, X_test, yt, test_groups, scale = scan_folder(raw, standardize or "global")
+    if X_test is None:
+        raise ValueError(f"folder {path}: no test rows (a test fraction of 0 and no test/): a run on a population "
+                         f"of files evaluates on test rows, and holds no client's training rows; give a test "
+                         f"fraction > 0 or a test/ folder")
+    labels, task, classes = loaders.classes_or_targets(ys + yt)
+    values = np.unique(np.concatenate(ys + yt)) if task == "multiclass" else None
+    src = FolderClients(path, seed=seed, test_fraction=test_fraction, classes=values, standardize=scale, **opts)
+    hist = np.stack([np.bincount(t.numpy(), minlength=classes) for t in labels[:len(ys)]]) if values is not None \
+        else None
+    ds = Dataset("folder", torch.empty((0, *X_test.shape[1:]), dtype=X_test.dtype), labels[0][:0], X_test,
+                 torch.cat(labels[len(ys):]), task, classes, test_groups=test_groups,
+                 source=f"folder {path}: {len(src)} client files, each read when its client is sampled; standardized "
+                        f"{standardize or 'global'}")
+    return FederatedData(ds, [range(len(y)) for y in ys], src, hist, "natural")

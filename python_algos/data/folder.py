@@ -24,7 +24,8 @@ from .loaders import DataNotFoundError, classes_or_targets, load_libsvm
 from .options import Opt
 from .split import train_test_indices
 
-__all__ = ["PREFIX", "FORMATS", "client_files", "read_client_file", "read_client", "load_folder"]
+__all__ = ["PREFIX", "FORMATS", "client_files", "read_client_file", "read_client", "load_folder", "conform",
+           "hold_out", "stem", "client_test_files"]
 
 PREFIX = "folder:"
 FORMATS = (".csv", ".tsv", ".npz", ".pt", ".libsvm", ".svm")
@@ -128,7 +129,7 @@ def read_client_file(path: str, label: Union[int, str, None] = None, header: Opt
     return X, y, names
 
 
-def _stem(path: str) -> str:
+def stem(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
 
@@ -138,7 +139,7 @@ def _reference(files: list, read: list) -> tuple:
     return dense[0] if dense else max(((f, *r[::2]) for f, r in zip(files, read)), key=lambda t: t[1].shape[1])
 
 
-def _conform(f: str, X: np.ndarray, names: Optional[list], ref: tuple) -> np.ndarray:
+def conform(f: str, X: np.ndarray, names: Optional[list], ref: tuple) -> np.ndarray:
     """``X`` of file ``f`` with the reference's features (a LIBSVM file widened with the trailing zero
     columns it omits); other feature counts, or other header names, are refused naming the file."""
     first, X0, names0 = ref
@@ -152,21 +153,21 @@ def _conform(f: str, X: np.ndarray, names: Optional[list], ref: tuple) -> np.nda
     return X
 
 
-def _test_files(path: str, files: list) -> list:
+def client_test_files(path: str, files: list) -> list:
     """``[(test file, its client index or None for a pooled file)]`` of ``path/test/`` (empty without it)."""
     if not os.path.isdir(os.path.join(path, "test")):
         return []
-    tests, index = client_files(os.path.join(path, "test")), {_stem(f): i for i, f in enumerate(files)}
-    if len(tests) == 1 and _stem(tests[0]) not in index:
+    tests, index = client_files(os.path.join(path, "test")), {stem(f): i for i, f in enumerate(files)}
+    if len(tests) == 1 and stem(tests[0]) not in index:
         return [(tests[0], None)]
     for t in tests:
-        if _stem(t) not in index:
-            raise ValueError(f"{t}: no client file {_stem(t)}.* in {path}; test/ holds each client's test rows under "
+        if stem(t) not in index:
+            raise ValueError(f"{t}: no client file {stem(t)}.* in {path}; test/ holds each client's test rows under "
                              f"its client's name, or one pooled file")
-    return [(t, index[_stem(t)]) for t in tests]
+    return [(t, index[stem(t)]) for t in tests]
 
 
-def _hold_out(f: str, X: np.ndarray, y: np.ndarray, test_fraction: float, seed: int) -> tuple:
+def hold_out(f: str, X: np.ndarray, y: np.ndarray, test_fraction: float, seed: int) -> tuple:
     """``(X, y, X_test, y_test)``: client file ``f``'s rows less its seeded ``test_fraction`` share."""
     tr, te = train_test_indices(len(y), test_fraction, seed)  # each client holds out its own share
     if len(tr) == 0:
@@ -187,13 +188,13 @@ def read_client(path: str, index: int, label: Union[int, str, None] = None, head
         raise ValueError(f"{path}: client {index}: the folder has {len(files)} client files (0..{len(files) - 1})")
     f = files[index]
     X, y, names = read_client_file(f, label, header)
-    X = _conform(f, X, names, (f, X, names) if features is None else ("the server", np.empty((0, *features)), None))
-    tests = _test_files(path, files)
+    X = conform(f, X, names, (f, X, names) if features is None else ("the server", np.empty((0, *features)), None))
+    tests = client_test_files(path, files)
     own = [t for t, i in tests if i == index]
     if own:
         Xt, yt, names_t = read_client_file(own[0], label, header)
-        return X, y, _conform(own[0], Xt, names_t, (f, X, names)), yt
-    return _hold_out(f, X, y, test_fraction, seed) if not tests and test_fraction > 0 else (X, y, None, None)
+        return X, y, conform(own[0], Xt, names_t, (f, X, names)), yt
+    return hold_out(f, X, y, test_fraction, seed) if not tests and test_fraction > 0 else (X, y, None, None)
 
 
 def load_folder(path: str, label: Annotated[Union[int, str, None], Opt(
@@ -205,22 +206,22 @@ def load_folder(path: str, label: Annotated[Union[int, str, None], Opt(
     ``path`` (see the module); ``groups`` / ``test_groups`` the client index of each row (None: a
     pooled test file)."""
     files = client_files(path)
-    if len({_stem(f) for f in files}) < len(files):
+    if len({stem(f) for f in files}) < len(files):
         raise ValueError(f"{path}: two client files share a name (a.csv and a.npz): one file per client")
     read = [read_client_file(f, label, header) for f in files]
-    ref, tests = _reference(files, read), _test_files(path, files)
-    Xs, ys = [_conform(f, X, names, ref) for f, (X, _, names) in zip(files, read)], [r[1] for r in read]
+    ref, tests = _reference(files, read), client_test_files(path, files)
+    Xs, ys = [conform(f, X, names, ref) for f, (X, _, names) in zip(files, read)], [r[1] for r in read]
     Xt, yt, gt = [], [], []
     for f, i in tests:
         X, y, names = read_client_file(f, label, header)
-        Xt, yt, gt = Xt + [_conform(f, X, names, ref)], yt + [y], gt + [np.full(len(y), -1 if i is None else i)]
+        Xt, yt, gt = Xt + [conform(f, X, names, ref)], yt + [y], gt + [np.full(len(y), -1 if i is None else i)]
     for i, (f, X, y) in enumerate(zip(files, Xs, ys) if not tests and test_fraction > 0 else ()):
-        Xs[i], ys[i], X_te, y_te = _hold_out(f, X, y, test_fraction, seed)
+        Xs[i], ys[i], X_te, y_te = hold_out(f, X, y, test_fraction, seed)
         Xt, yt, gt = Xt + [X_te], yt + [y_te], gt + [np.full(len(y_te), i)]
     labels, task, classes = classes_or_targets(ys + yt)
     has_test, pooled = sum(len(y) for y in yt) > 0, any(i is None for _, i in tests)  # pooled: rows of no client
     Xt_, yt_ = (torch.from_numpy(np.concatenate(Xt)), torch.cat(labels[len(ys):])) if has_test else (None, None)
-    names = [_stem(f) for f in files]
+    names = [stem(f) for f in files]
     source = (f"folder {path}: {len(files)} client files ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
               f"{', test/' if tests else ''}")
     return (torch.from_numpy(np.concatenate(Xs)), torch.cat(labels[:len(ys)]), Xt_, yt_,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["MODES", "standardize", "client_scales", "client_moments", "combine_moments", "scaled"]
+__all__ = ["MODES", "standardize", "client_scales", "client_moments", "combine_moments", "std_of", "scaled"]
 
 MODES = ("global", "local", "none")
 
@@ -32,7 +32,7 @@ def combine_moments(moments: list) -> tuple:
     the server's side of ``global``, with no row of any client."""
     n = sum(c for c, _, _ in moments)
     mean = sum(c * m for c, m, _ in moments) / n
-    return mean, _std(sum(q + c * (m - mean) ** 2 for c, m, q in moments) / n)
+    return mean, std_of(sum(q + c * (m - mean) ** 2 for c, m, q in moments) / n)
 
 
 def client_scales(features: list, mode: str = "global") -> list:
@@ -41,11 +41,12 @@ def client_scales(features: list, mode: str = "global") -> list:
         raise ValueError(f"standardize mode must be one of {', '.join(MODES)}, got {mode!r}")
     moments = [client_moments(X) for X in features]  # what each client shares
     if mode != "global":
-        return [(m, _std(q / n)) if mode == "local" else (None, None) for n, m, q in moments]
+        return [(m, std_of(q / n)) if mode == "local" else (None, None) for n, m, q in moments]
     return [combine_moments(moments)] * len(features)
 
 
-def _std(var: torch.Tensor) -> torch.Tensor:
+def std_of(var: torch.Tensor) -> torch.Tensor:
+    """The standard deviation of variances ``var``, 1 where it is 0 (a constant feature is only centred)."""
     std = var.clamp_min(0).sqrt()
     return torch.where(std > 0, std, torch.ones_like(std))
 

@@ -20,7 +20,11 @@ from torch import nn
 import fedkernels as fk
 
 from ..algorithms.registry import algorithm_entry, build
-from ..data import FederatedData, federate, load_dataset
+from ..clients.population import Population
+from ..data import FederatedData, RowClients, federate, load_dataset, population_sources
+from ..data.datasets import federate_folder
+from ..data.folder import PREFIX as FOLDER
+from ..data.folder import client_files
 from .config import Config, ConfigError, show_value
 from .device import resolve_device
 from .models import build_model as _build_model
@@ -41,12 +45,35 @@ def _opts_text(opts: dict) -> str:
     return " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in opts.items())
 
 
+def _folder_population(cfg: Config) -> bool:
+    """A folder of at least FOLDER_POPULATION files under partial participation: its clients are read
+    when sampled (data.federate_folder), the rest of the time they are not in memory."""
+    if not cfg.dataset.startswith(FOLDER) or (cfg.clients_per_round is None and cfg.participation is None):
+        return False
+    try:
+        return len(client_files(cfg.dataset[len(FOLDER):])) >= population_sources.FOLDER_POPULATION
+    except (OSError, ValueError):  # the eager path names what is wrong with the folder
+        return False
+
+
 def prepare_data(cfg: Config) -> FederatedData:
     """Load / generate the data and split it over the clients; errors name the flags."""
     seed = cfg.seed if cfg.data_seed is None else cfg.data_seed  # see Config.data_seed
     try:
+        if _folder_population(cfg):
+            if cfg.partition != "natural" or cfg.num_clients != len(client_files(cfg.dataset[len(FOLDER):])):
+                raise ConfigError("num_clients", cfg.num_clients, f"the folder's files are its clients: use "
+                                  f"--partition natural -N {len(client_files(cfg.dataset[len(FOLDER):]))}")
+            fed = federate_folder(cfg.dataset[len(FOLDER):], cfg.standardize, seed, cfg.test_fraction,
+                                  **cfg.data_opts)
+            fed.clients = Population(len(fed.clients), fed.clients, recipe=fed.clients.recipe)
+            return fed
         ds = load_dataset(cfg.dataset, cfg.data_dir, seed=seed, test_fraction=cfg.test_fraction, **cfg.data_opts)
+    except ConfigError:
+        raise
     except (ValueError, TypeError, MemoryError) as e:
+        if str(e).startswith("standardize: "):
+            raise ConfigError("standardize", cfg.standardize, str(e)[len("standardize: "):]) from None
         # each option's type and bounds were checked (data.check_data_options, in Config.check): what is
         # left is a rule between options (nnz <= dim) or a file, so every option given is named
         given = f" --data-opt {_opts_text(cfg.data_opts)}" if cfg.data_opts else ""
@@ -63,12 +90,16 @@ def prepare_data(cfg: Config) -> FederatedData:
                               f"--partition natural makes one client per group of the data, and {ds.name} has "
                               f"{groups} group(s): use -N {groups}{also}")
     try:
-        return federate(ds, cfg.partition, cfg.num_clients, seed=seed, eta=cfg.eta, min_size=cfg.min_size,
-                        shards_per_client=cfg.shards_per_client, standardize=cfg.standardize)
+        fed = federate(ds, cfg.partition, cfg.num_clients, seed=seed, eta=cfg.eta, min_size=cfg.min_size,
+                       shards_per_client=cfg.shards_per_client, standardize=cfg.standardize,
+                       samples_per_client=cfg.samples_per_client)
     except ValueError as e:
         if str(e).startswith("standardize: "):
             raise ConfigError("standardize", cfg.standardize, str(e)[len("standardize: "):]) from None
         raise ValueError(f"--partition {cfg.partition} -N {cfg.num_clients}: {e}") from None
+    if isinstance(fed.clients, RowClients):  # --partition cyclic: client i gathered when sampled, never all N
+        fed.clients = Population(len(fed.clients), fed.clients, recipe=fed.clients.recipe)
+    return fed
 
 
 def build_model(cfg: Config, ds) -> nn.Module:

@@ -351,7 +351,8 @@ class Config:
                                          help="scale each feature by the pooled mean and std (global: from each "
                                               "client's count, sum and sum of squares), each client's own (local) or "
                                               "not (none); default: global for folder:PATH, none for the others")
-    partition: str = setting("iid", group="data", choices=("iid", "dirichlet", "shards", "writers", "natural"),
+    partition: str = setting("iid", group="data",
+                             choices=("iid", "dirichlet", "shards", "writers", "natural", "cyclic"),
                              check=_registry("partition"))
     num_clients: int = setting(10, short="-N", group="data", parse=parse_int, check=_int(1))
     eta: float = setting(0.5, group="data", parse=parse_float, check=_num(0, what=" (the Dirichlet concentration)"),
@@ -359,6 +360,9 @@ class Config:
     min_size: Optional[int] = setting(None, group="data", parse=parse_int, check=_int(0, none_ok=True),
                                       help="Dirichlet: minimum samples per client")
     shards_per_client: int = setting(1, group="data", parse=parse_int, check=_int(1))
+    samples_per_client: Optional[int] = setting(None, group="data", parse=parse_int, check=_int(1, none_ok=True),
+                                                help="--partition cyclic: rows per client (default: rows // N, at "
+                                                     "least 1); its clients are built when sampled")
     participation: Optional[float] = setting(None, group="data", parse=parse_float,
                                              check=_num(0, hi=1, none_ok=True, what=" (a fraction of the clients)"),
                                              help="fraction of clients sampled per round (partial participation; "
@@ -508,7 +512,7 @@ def unknown_keys_text(unknown, valid) -> str:
 # so a value given with another partition (--eta 0.1 without --partition dirichlet) would change
 # nothing, silently: check_given refuses it.
 PARTITION_KEYS = {"eta": ("dirichlet", "writers"), "min_size": ("dirichlet", "writers"),
-                  "shards_per_client": ("shards",)}
+                  "shards_per_client": ("shards",), "samples_per_client": ("cyclic",)}
 
 
 def check_given(given: dict) -> None:

@@ -22,6 +22,7 @@ import fedkernels as fk
 from ..algorithms.registry import algorithm_entry
 from ..clients import ClientSet
 from ..clients.data import check_finite
+from ..clients.population import Population
 from ..clients.state_plan import DoesNotFit, StateEstimate, StatePlan, check_dense_fits, data_bytes
 from ..data import FederatedData
 from ..runfolder import checkpoint as ckpt
@@ -190,7 +191,8 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
         check_recorded_config((snap.get("extra") or {}).get("config"), cfg, ckpt_path)
         check_rounds_reach(cfg, int(snap["round"]), out_dir)
     fed = fed if fed is not None else prepare_data(cfg)
-    check_finite(fed.clients)  # simulate refuses them too, but after the folder is written
+    if not isinstance(fed.clients, Population):  # a population checks each client when it is built
+        check_finite(fed.clients)  # simulate refuses them too, but after the folder is written
     check_world_size(len(fed.parts), launch.world_size())
     model = build_model(cfg, fed.dataset)
     torch_rng = torch.get_rng_state()
@@ -277,7 +279,7 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
     state = algorithm.init(torch.zeros(dim, dtype=params[0].dtype), _Shapes(dim, params[0].dtype))
     streamed = k is None and not dense_only and plan.mode != "dense"
     est = StateEstimate(len(clients), dim, params[0].element_size(), len(getattr(type(state), "client_fields", ())),
-                        None if streamed else k or len(clients), cfg.rounds, data_bytes(clients),
+                        None if streamed else k or len(clients), cfg.rounds, _data_bytes(clients),
                         len(algorithm.messages().up) if streamed else 0)
     try:
         kept = plan.kept(est)
@@ -292,6 +294,13 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
             "working_bytes": est.working_bytes, "stacks": est.fields,  # disk: the row log, not one file each
             "checkpoint_bytes": est.log_bytes if kept == "disk" else state_bytes,
             "chunk": est.chunk, "streamed_bytes": est.streamed_bytes}  # a full participation round's chunks
+
+
+def _data_bytes(clients) -> int:
+    """The clients' bytes in memory; a population's: its source's shared rows (never all N built)."""
+    if isinstance(clients, Population):
+        return int(getattr(clients.make_client, "nbytes_estimate", lambda: 0)())
+    return data_bytes(clients)
 
 
 def estimate_line(est: dict) -> str:
