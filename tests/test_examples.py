@@ -79,6 +79,36 @@ def test_fednmap_fig5_quick(tmp_path, capsys):
     assert data["outcome"] and "built-in generator" in capsys.readouterr().out
 
 
+def test_fednmap_fig6_quick(tmp_path, capsys):
+    """FedNMap's Fig. 6 scaled down in --quick mode: the digits' label-sorted split against
+    scikit-learn's own labels, a depthwise-separable net, and each method's last Hoyer sparsity
+    equal to numpy's Hoyer of the parameters in its model.pt."""
+    import numpy as np
+    import torch
+
+    from examples import fednmap_fig6
+
+    load_digits = pytest.importorskip("sklearn.datasets").load_digits
+
+    clients = fednmap_fig6.digits_label_sorted(4)
+    labels = np.concatenate([y.numpy() for _, y in clients])
+    assert np.array_equal(labels, np.sort(load_digits().target)) and max(X.max() for X, _ in clients) == 1.0
+    assert {len(y) for _, y in clients} <= {449, 450}
+    convs = [m for m in fednmap_fig6.TinyMobileNet().modules() if isinstance(m, torch.nn.Conv2d)]
+    assert sum(c.groups == c.in_channels > 1 for c in convs) == 3  # three depthwise convs
+    assert fednmap_fig6.main(["--quick", "--out", str(tmp_path), "--no-plot"]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(data["results"]) == ["fedcanon", "fednmap", "za1"] and data["outcome"]
+    for name, (run,) in data["results"].items():
+        assert run["rounds"] == [0, 1, 2] and run["f"][-1] < run["f"][0]
+        sd = torch.load(tmp_path / f"{name}-seed=0" / "model.pt", weights_only=True)["state_dict"]
+        x = np.concatenate([v.numpy().ravel() for v in sd.values()]).astype(np.float64)
+        d = x.size
+        hoyer = (np.sqrt(d) - np.abs(x).sum() / np.sqrt((x * x).sum())) / (np.sqrt(d) - 1)
+        assert abs(run["hoyer"][-1] - hoyer) < 1e-5
+    assert "scikit-learn's digits" in capsys.readouterr().out
+
+
 def test_depositum_fig3_quick(tmp_path, capsys):
     """DEPOSITUM Fig. 3 in --quick mode: same-product (α, γ) pairs give the same curve (with zero
     trackers y and m scale with γ, so x moves by αγ·(...), up to the prox step α), and the
