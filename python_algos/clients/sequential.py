@@ -95,8 +95,8 @@ class SequentialClients(ClientSet):
             self.clients.population.reserve(self.clients_per_round or 0)
 
     def stream_chunks(self, size):
-        if isinstance(self.clients, LazyClients):  # a chunk's local steps reread its clients: keep them built
-            self.clients.population.reserve(size)
+        if isinstance(self.clients, LazyClients):  # a chunk's local steps reread its clients: as many as stay built
+            size = min(size, self.clients.population.cache)
         return super().stream_chunks(size)
 
     # -- client-local work ------------------------------------------------------------
