@@ -224,3 +224,26 @@ def test_run_streams_full_participation_on_disk_as_dense_and_prints_the_chunk(tm
     assert torch.equal(x_disk, x) and rows_disk == rows
     line = [s for s in out.splitlines() if s.startswith("memory: state ")][1]
     assert "(disk: rows written only, in files)" in line and "streamed in chunks of 12 clients" in line, line
+
+
+def test_a_streamed_disk_run_resumes_from_its_checkpoint_bit_identically(tmp_path, monkeypatch):
+    """Stopped a round past its checkpoint (the store's files ahead of it), a streamed state='disk' run resumes
+    from the checkpoint to the uninterrupted dense run's model, metrics and rows."""
+    from python_algos.runfolder import checkpoint as ckpt
+    from python_algos.runfolder.callbacks import Checkpoint
+
+    monkeypatch.setattr(streamed, "stream_rows", lambda *a: 4)
+    clients, alg = _clients(), FedCanon(alpha=0.5, beta=0.05, local_steps=2)
+
+    def run(**kw):
+        return simulate(alg, _model(), nn.functional.cross_entropy, clients, 6, fk.L1(0.01), seed=4, batch_size=4,
+                        **kw)
+    full = run()
+    where, saver = str(tmp_path / "state"), ckpt.Checkpointer(str(tmp_path / "ck.pt"))
+    run(state="disk", state_folder=where, callbacks=[lambda t, s, m: t == 3, Checkpoint(saver, 2)])
+    snap = ckpt.load(str(tmp_path / "ck.pt"))
+    assert snap["round"] == 2
+    resumed = run(state="disk", state_folder=where, resume=snap)
+    assert torch.equal(resumed.params, full.params)
+    assert _untimed(resumed.metrics) == _untimed(full.metrics[2:])
+    assert torch.equal(resumed.state.c.to_dense(), full.state.c)
