@@ -17,7 +17,7 @@ from torch import nn
 
 from python_algos import simulate
 from python_algos.algorithms import SCAFFOLD, FedAvg
-from python_algos.clients import SequentialClients, client_generators
+from python_algos.clients import BatchedClients, SequentialClients, client_generators
 from python_algos.clients.base import DRAW_DISTINCT_MIN, distinct_draws
 from python_algos.clients.population import PROBE_CLIENTS, LazyGenerators, Population, SparseLogistic
 from python_algos.runfolder import checkpoint as ckpt
@@ -256,3 +256,110 @@ def test_generators_are_created_only_for_minibatches_of_trained_clients():
         X = torch.zeros(5, 13, dtype=torch.float64)
         cs.gradients_(X, torch.empty_like(X), ids)
         assert set(cs.generators.touched_states()) == (set(ids.tolist()) if want == "cohort" else want)
+
+
+# -- the loss's kind, decided once for every client (probe.check_population) ------------------------------------
+
+def _labelled(ignore=None, at=()):
+    """make_client of 10-sample clients of 5 features, labels 0 and 1 of 3 classes; clients ``at`` (all past
+    the probed 0-3) get label ``ignore`` in rows 1 and 4, and client 5 holds 40 samples (more than a batch of 8)."""
+    def make(i):
+        g = torch.Generator().manual_seed(i)
+        m = 40 if i == 5 else 10
+        X, y = torch.randn(m, 5, generator=g, dtype=torch.float64), torch.randint(0, 2, (m,), generator=g)
+        if i in at:
+            y[[1, 4]] = ignore
+        return X, y
+    return make
+
+
+def _executor(executor, loss_fn, clients, batch_size, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    cls = SequentialClients if executor == "sequential" else BatchedClients
+    return cls(model, loss_fn, clients, batch_size=batch_size, **kw)
+
+
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@pytest.mark.parametrize("loss_fn", [nn.CrossEntropyLoss(reduction="sum"),
+                                     nn.CrossEntropyLoss(weight=torch.ones(3).double()), nn.NLLLoss(ignore_index=1),
+                                     lambda o, y: F.cross_entropy(o, y, weight=torch.tensor([1.0, 2.0, 3.0]).to(o))],
+                         ids=["sum", "class-weighted", "chosen-ignore-index", "weighted-callable"])
+def test_a_loss_not_a_mean_is_refused_before_the_run_when_a_later_client_has_minibatches(executor, loss_fn):
+    """Clients 0-3 hold 10 samples (no minibatch of 16), client 5 holds 40: the refusal came when the
+    run first trained client 5. The callable's probed clients hold one label, whose weighted mean is a
+    plain mean: the probe tries labels of every class. Full batches run."""
+    def one_label(i):
+        X, y = _labelled()(i)
+        return X, (y if i >= PROBE_CLIENTS else torch.zeros_like(y))
+
+    pop = Population(8, one_label)
+    with pytest.raises(ValueError, match=r"(not the mean|out of its mean).*batch_size=16.*batch_size=None.*list"):
+        _executor(executor, loss_fn, pop, 16)
+    assert pop.builds <= PROBE_CLIENTS  # nothing past the probed clients was read
+    _executor(executor, loss_fn, Population(8, one_label), None)
+
+
+def _full_batch_rows(loss_fn, make, n, executor, **kw):
+    """(each client's gradient at the start from the executor, from autograd on its whole data)."""
+    cs = _executor(executor, loss_fn, Population(n, make, cache=2), None, **kw)
+    x0 = cs.flat.params.detach().clone()
+    G = cs.gradients_(cs.new_stack(x0), cs.new_stack())
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    want = [torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss_fn(model(X), y), list(model.parameters()))])
+            for X, y in (make(i) for i in range(n))]
+    return G, torch.stack(want)
+
+
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_ignore_index_on_full_batches_of_a_population_is_exact(executor):
+    """Found by the executor fuzzer (seed 128): the probed clients hold no ignored label, so the
+    sequential executor took the loss for a per-sample mean and split client 5's batch in weighted
+    pieces (chunk 8), which for a mean that leaves labels out is another loss."""
+    loss_fn = nn.NLLLoss(ignore_index=2)
+    got, want = _full_batch_rows(loss_fn, _labelled(2, at=(5, 6)), 8, executor, chunk=8)
+    assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_a_default_ignore_index_label_is_refused_when_its_client_is_built(executor):
+    """Under minibatches a label of -100 (F.cross_entropy's ignore_index) makes the mean a weighted one;
+    a population's labels are read as each client is built: refused there naming client and row, like a
+    NaN, and at construction when a probed client holds one. Full batches take -100 labels."""
+    kw = dict(rounds=2, clients_per_round=3, batch_size=4, metrics_every=0, executor=executor, algorithm="fedavg")
+    with pytest.raises(ValueError, match=r"client 6 \(make_client\(6\)\) holds label -100 at row 1.*batch_size=None"):
+        _simulate_ce(Population(8, _labelled(-100, at=(6,))), participation=1.0, **{**kw, "clients_per_round": None})
+    with pytest.raises(ValueError, match=r"client 2 \(make_client\(2\)\) holds label -100 at row 1"):
+        _executor(executor, F.cross_entropy, Population(8, _labelled(-100, at=(2,))), 4)
+    # the list's batched passes are whole for every client (a label of -100 somewhere); a population's only
+    # for a cohort that holds one (its own labels): the same sums, up to rounding
+    listed = _simulate_ce([_labelled(-100, at=(6,))(i) for i in range(8)], **{**kw, "batch_size": None})
+    lazy = _simulate_ce(Population(8, _labelled(-100, at=(6,))), **{**kw, "batch_size": None})
+    assert float((lazy.params - listed.params).abs().max()) <= 1e-13
+
+
+def _simulate_ce(clients, algorithm, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    return simulate(FedAvg(lr_local=0.1, local_steps=2), model, F.cross_entropy, clients, rounds=kw.pop("rounds"),
+                    **kw)
+
+
+def test_a_cohort_is_never_taken_for_a_range_of_as_many_clients():
+    """Found by the executor fuzzer (seed 1698): the batched executor keeps the vectorized pass of its
+    last call's clients, keyed by (first, count) for a range and by the ids otherwise, so ids [0, 2]
+    reused the pass over clients 0 and 1 (and ids [0, 4] the probe's over 0..3, which raised)."""
+    make = _labelled()
+    cs = _executor("batched", F.cross_entropy, Population(5, make), None)
+    x0 = cs.flat.params.detach().clone()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    for ids in ([0, 1], [0, 2], [0, 4]):
+        X = cs.new_stack(x0)[torch.tensor(ids)]
+        G = cs.gradients_(X, torch.empty_like(X), torch.tensor(ids))
+        for j, i in enumerate(ids):
+            Xi, yi = make(i)
+            want = torch.cat([g.reshape(-1) for g in torch.autograd.grad(F.cross_entropy(model(Xi), yi),
+                                                                         list(model.parameters()))])
+            assert float((G[j] - want).abs().max()) <= 1e-12, (ids, i)

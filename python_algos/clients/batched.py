@@ -83,6 +83,7 @@ from .base import ClientSet, client_generators
 from .chain import plan_chain
 from .cohort_batched import CohortBatched
 from .data import TensorData, client_data
+from .losses import LossKind
 from .population import Population
 from .probe import check_clients
 from .separable import separability, side_effect_free
@@ -164,6 +165,8 @@ class BatchedClients(ClientSet):
             ``"auto"`` (default; ``FEDKERNELS_FIRST_LAYER`` or the faster, by measurement, of the two
             that give the same bits, ``"in_place"`` and ``"gather"``) or one of the three, ``"gather_bmm"``
             (gather + ``torch.bmm``: other bits) only when asked for.
+        loss_kind: the loss's kind when decided for every client (a population's cohort: refusing
+            minibatches was decided before the run, ``probe.check_population``), not from these clients.
 
     Attributes ``grad_seconds`` / ``fwd_bwd_seconds`` / ``grad_evals`` count as in the sequential
     executor (``grad_evals`` per client gradient). ``chain``: the explicit pass of a Linear/activation
@@ -181,7 +184,7 @@ class BatchedClients(ClientSet):
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0,
                  memory_budget: Optional[int] = None, chunk_clients: Optional[int] = None, chunk: int = 2048,
-                 first_layer: str = "auto"):
+                 loss_kind: Optional[LossKind] = None, first_layer: str = "auto"):
         super().__init__()
         why = self.unsupported(model)
         if why:
@@ -212,7 +215,7 @@ class BatchedClients(ClientSet):
 
         # data the model or the loss cannot take, a non-scalar loss, a sum loss on minibatches:
         # refused naming the client, before the checks and the vectorized probe below fail unnamed
-        check_clients(model, loss_fn, wrapped, self.batch_size, first_client)
+        check_clients(model, loss_fn, wrapped, self.batch_size, first_client, kind=loss_kind)
 
         # All clients' samples concatenated; client i owns rows offsets[i] : offsets[i] + sizes[i].
         self.sizes = [int(X.shape[0]) for X, _ in clients]

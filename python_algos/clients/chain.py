@@ -193,7 +193,8 @@ def plan_chain(model: nn.Module, loss_fn: Callable, loss: LossKind, flat_sizes: 
         return None
     chain = LinearChain(layers, first, classes)
     try:
-        return chain if _agrees(chain, model, loss_fn, X, y) else None
+        with torch.enable_grad():  # an executor built under no_grad takes the same path (and bits) as one built with
+            return chain if _agrees(chain, model, loss_fn, X, y) else None
     except Exception:  # noqa: BLE001 -- any failure only means: use torch.func
         return None
 

@@ -27,7 +27,9 @@ from torch import nn
 import fedkernels as fk
 
 from .base import ClientSet
+from .data import client_data
 from .population import PROBE_CLIENTS, LazyGenerators, Population
+from .probe import check_population
 
 __all__ = ["CohortBatched"]
 
@@ -52,18 +54,26 @@ class CohortBatched(ClientSet):
         self.generators = LazyGenerators(seed, self.num_clients, first_client)
         self._key: Optional[tuple] = None
         self._inner = None
-        self.probe = self._over(list(range(min(PROBE_CLIENTS, self.num_clients))))  # the start-up checks
+        # the loss's kind, decided once for every client from the first few (a cohort's passes are not refused
+        # mid-run for a client past them), and what a client's data must hold when it is built
+        first = [client_data(data[i], self.dtype, self.device) for i in range(min(PROBE_CLIENTS, self.num_clients))]
+        self.check = check_population(model, loss_fn, first, batch_size, first_client)
+        self.probe = self._over(list(range(len(first))))  # the vectorized pass's own start-up checks
         self.coupled = self.probe.coupled
         self.first_layer, self.first_layer_source = self.probe.first_layer, self.probe.first_layer_source
 
     def _over(self, ids: list):
         """The ``BatchedClients`` over clients ``ids`` (the last one is kept: a round's local steps reuse it)."""
-        key = (ids[0], len(ids)) if ids == list(range(ids[0], ids[0] + len(ids))) else tuple(ids)
+        # a range by its ends (a full-participation block), other ids listed: tagged, so that ids [0, 4] are
+        # not taken for the range of 4 clients from 0
+        key = ("range", ids[0], len(ids)) if ids == list(range(ids[0], ids[0] + len(ids))) else ("ids", *ids)
         if key != self._key:
             self.population.reserve(len(ids))
-            with torch.enable_grad():  # built inside a round (no_grad), where its probes would not see the chain
-                self._inner = self.vectorized(self.model, self.loss_fn, [self.population[i] for i in ids],
-                                             self.batch_size, flat=self.flat, **self.options)
+            clients = [self.population[i] for i in ids]
+            for i, c in zip(ids, clients):
+                self.check.guard(i, c)
+            self._inner = self.vectorized(self.model, self.loss_fn, clients, self.batch_size, flat=self.flat,
+                                          loss_kind=self.check.kind, **self.options)
             self._inner.generators = [self.generators[i] for i in ids]  # each client's own, as in the list run
             self._key = key
         return self._inner

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LossKind", "classify_loss", "probe_loss", "loss_kind", "per_sample_mean"]
+__all__ = ["LossKind", "classify_loss", "ignore_index_of", "probe_loss", "loss_kind", "per_sample_mean"]
 
 _MARK = "__python_algos_per_sample_mean__"
 _ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.HuberLoss, nn.SmoothL1Loss)
@@ -123,6 +123,15 @@ def classify_loss(loss_fn: Callable, labels: Optional[torch.Tensor] = None,
     return None
 
 
+def ignore_index_of(loss_fn: Callable) -> Optional[int]:
+    """The ``ignore_index`` of a known class-index loss (cross-entropy, NLL), None for any other loss."""
+    if loss_fn is F.cross_entropy or loss_fn is F.nll_loss:
+        return -100  # their default, which labels of -100 hit
+    if type(loss_fn) in (nn.CrossEntropyLoss, nn.NLLLoss):
+        return int(loss_fn.ignore_index)
+    return None
+
+
 def _per_element(w: torch.Tensor, out: torch.Tensor) -> bool:
     """``w`` broadcasts over the batch dimension: the same weights for every sample."""
     lead = w.dim() - (out.dim() - 1)
@@ -152,11 +161,22 @@ class _NotScalar(Exception):
     pass
 
 
-def probe_loss(loss_fn: Callable, out: torch.Tensor, y: torch.Tensor) -> LossKind:
+def _every_class(out: torch.Tensor, y: torch.Tensor) -> Optional[torch.Tensor]:
+    """Labels 0, 1, .., C-1, 0, .. for class-index labels ``y`` of outputs ``out`` of C classes (None
+    for other labels): a loss whose weights depend on the class then shows it, whichever classes the
+    probed clients hold."""
+    if y.dim() != 1 or y.is_floating_point() or y.dtype == torch.bool or out.dim() != 2 or out.shape[1] < 2:
+        return None
+    return torch.arange(y.shape[0], device=y.device).remainder_(out.shape[1]).to(y.dtype)
+
+
+def probe_loss(loss_fn: Callable, out: torch.Tensor, y: torch.Tensor, every_class: bool = False) -> LossKind:
     """Whether ``loss_fn`` is a per-sample mean, shown on copies of ``out`` (the model's outputs on
     samples chosen to expose coupling) and of ``y``, and on perturbed outputs (a loss that is zero
     on the probe would prove nothing). Runs in float64 when the loss takes it, else in the data's
-    dtype with a tolerance scaled by it. Call without grad."""
+    dtype with a tolerance scaled by it. ``every_class``: also on labels of every class (a
+    population's, whose other clients may hold labels the probed ones lack; a list's probe already
+    holds a sample of each label). Call without grad."""
     k = int(out.shape[0])
     if k < 2:
         return LossKind(None, "a single sample cannot show a loss to be a mean")
@@ -172,6 +192,12 @@ def probe_loss(loss_fn: Callable, out: torch.Tensor, y: torch.Tensor) -> LossKin
         except Exception as e:  # noqa: BLE001 -- another dtype may work; else it cannot be taken per sample
             why = f"loss_fn cannot be evaluated on one sample ({type(e).__name__}: {e})"
             continue
+        classes = _every_class(o, y) if every_class else None
+        if classes is not None:
+            try:
+                gaps.append(_mean_gap(loss_fn, o + noise, classes))
+            except Exception:  # noqa: BLE001 -- labels the loss does not take prove nothing
+                pass
         bad = next((gp for gp in gaps if not gp[0] <= _tolerance(dtype)), None)
         if bad is None:
             return LossKind(True)
@@ -181,11 +207,11 @@ def probe_loss(loss_fn: Callable, out: torch.Tensor, y: torch.Tensor) -> LossKin
 
 
 def loss_kind(loss_fn: Callable, out: Optional[torch.Tensor], y: Optional[torch.Tensor],
-              labels) -> LossKind:
+              labels, every_class: bool = False) -> LossKind:
     """:func:`classify_loss`, else :func:`probe_loss` on ``out, y`` (None: nothing to probe on)."""
     known = classify_loss(loss_fn, labels, out)
     if known is not None:
         return known
     if out is None or not isinstance(out, torch.Tensor) or out.dim() < 1:
         return LossKind(None, "the model's outputs could not be probed")
-    return probe_loss(loss_fn, out, y)
+    return probe_loss(loss_fn, out, y, every_class)

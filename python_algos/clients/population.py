@@ -8,9 +8,12 @@ cohort, and a run touches at most rounds × cohort clients. ``make_client`` must
 (client i's rows depend on i alone, never on N or on the order of the calls): a population run then
 equals the run on the materialised list ``[make_client(i) for i in range(N)]`` bit for bit.
 
-What the start of a run reads: the loss probe (:mod:`.probe`) runs on the first
-:data:`PROBE_CLIENTS` clients only; a NaN or an infinity is refused when a client is first built
-(naming the client and row, as for a list); the resume fingerprint (:meth:`Population.fingerprint`)
+What the start of a run reads: the model and loss probe (:mod:`.probe`) runs on the first
+:data:`PROBE_CLIENTS` clients only, and decides the loss's kind once for every client from its type
+and options (:func:`.probe.check_population`: a loss not a per-sample mean is refused under
+minibatches before the run); a NaN or an infinity, and under minibatches a label equal to the default
+``ignore_index=-100``, is refused when a client is first built (naming the client and row, as for a
+list); the resume fingerprint (:meth:`Population.fingerprint`)
 is ``(N, make_client's recipe, a hash of a few sampled clients' bits)``. It detects another N,
 another ``make_client`` (by its recipe: a ``recipe`` attribute or argument, else the function's
 module and name and a ``functools.partial``'s arguments) and other data at the sampled clients; it
@@ -150,6 +153,7 @@ class LazyClients(Sequence):
 
     def __init__(self, population: Population, dtype: torch.dtype, device):
         self.population, self.dtype, self.device = population, dtype, device
+        self.guard: Optional[Callable] = None  # guard(i, client) on each client built (probe.PopulationCheck's)
         self._kept: collections.OrderedDict = collections.OrderedDict()
 
     def __len__(self) -> int:
@@ -165,6 +169,8 @@ class LazyClients(Sequence):
             self._kept.move_to_end(i)
             return self._kept[i]
         raw = self.population.build(i)
+        if self.guard is not None:
+            self.guard(i, raw)
         try:
             c = client_data(raw, self.dtype, self.device)
         except (TypeError, ValueError) as e:

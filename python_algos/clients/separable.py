@@ -138,20 +138,26 @@ def _rows_independent(model: nn.Module, X: torch.Tensor):
     return out, ""
 
 
-def separability(model: nn.Module, loss_fn: Callable, clients: Sequence[ClientData]) -> Separability:
+def separability(model: nn.Module, loss_fn: Callable, clients: Sequence[ClientData], *, every_label: bool = True,
+                 kind: Optional[LossKind] = None) -> Separability:
     """Whether padding and splitting batches is exact for ``model`` and ``loss_fn`` on ``clients``:
     (1) a BatchNorm module in training mode couples samples; (2) the model on the probe samples
     (:func:`probe_samples`): row i of ``model(X)`` must not change when another sample is altered
     or dropped; (3) the loss must be a per-sample mean (:func:`.losses.loss_kind`: known losses by
     their type and options and every client's labels, other callables probed on copies). The
-    passes run without side effects and without grad; ``clients`` are not consumed."""
+    passes run without side effects and without grad; ``clients`` are not consumed.
+    ``every_label=False``: ``clients`` are a few of a population's, whose labels do not stand for
+    the others' (a known loss is then judged without labels, a callable also on labels of every
+    class); ``kind``: the loss's kind when the caller decided it (a population's, for every client)."""
     p = next(model.parameters(), None)
     device = p.device if p is not None else torch.device("cpu")
     norm = next(((n, m) for n, m in model.named_modules() if isinstance(m, _BATCH_STAT_NORMS) and m.training), None)
     batch = probe_samples(clients)
     with side_effect_free(model, device), torch.no_grad():
         out, rows = _rows_independent(model, batch[0]) if batch is not None else (None, "")
-        kind = loss_kind(loss_fn, out, None if batch is None else batch[1], all_labels(clients))
+        if kind is None:
+            labels = all_labels(clients) if every_label else None
+            kind = loss_kind(loss_fn, out, None if batch is None else batch[1], labels, every_class=not every_label)
     if norm is not None:
         coupled = (f"module {norm[0] or 'model'!r} ({type(norm[1]).__name__}) normalises each batch by its own "
                    f"statistics in training mode, so a sample's output depends on the other samples of its batch")

@@ -15,7 +15,7 @@ import fedkernels as fk
 from .base import ClientSet, client_generators
 from .data import LoaderData, TensorData, client_data
 from .population import PROBE_CLIENTS, LazyClients, LazyGenerators, Population
-from .probe import check_clients
+from .probe import check_clients, check_population
 from .separable import separability, side_effect_free
 
 __all__ = ["SequentialClients"]
@@ -85,8 +85,12 @@ class SequentialClients(ClientSet):
             raise ValueError("flat must be fk.FlatParams(model) of this model")
         self._binders: dict[tuple, Callable[[int], None]] = {}
         self.coupled: Optional[str] = None  # why samples are coupled ("": they are not); probed when first needed
+        self.loss_kind = None  # a population's, decided once for every client (probe.check_population)
         self._scratch: Optional[torch.Tensor] = None
-        if check_data:
+        if check_data and lazy:  # before the run starts; what only a client's data can tell, when it is built
+            check = check_population(model, loss_fn, self.probed, self.batch_size, first_client)
+            self.clients.guard, self.loss_kind = check.guard, check.kind
+        elif check_data:
             check_clients(model, loss_fn, self.probed, self.batch_size, first_client)  # before the run starts
 
     def set_participation(self, clients_per_round, seed=0):
@@ -186,7 +190,8 @@ class SequentialClients(ClientSet):
     def _coupled(self) -> bool:
         """Whether the samples of a batch are coupled (decided once, before the first split)."""
         if self.coupled is None:
-            self.coupled = separability(self.model, self.loss_fn, self.probed).coupled
+            self.coupled = separability(self.model, self.loss_fn, self.probed, kind=self.loss_kind,
+                                        every_label=not isinstance(self.clients, LazyClients)).coupled
         return bool(self.coupled)
 
     def _piece_size(self, client) -> int:
