@@ -8,6 +8,13 @@ its own.
     python -m bench.population --readme docs/performance.md     # also refresh the table there
     python -m bench.population --rounds 5 --clients 10000       # a quick look
     python -m bench.population --workload mlp                   # SCAFFOLD and FedDR, MNIST MLP, 10^5, disk
+    python -m bench.population --workload mlp --pfl-python /tmp/pflenv/bin/python   # and pfl-research's SCAFFOLD
+    python -m bench.population --workload fedcanon              # full participation, A9A as 10^5 clients
+
+pfl-research runs in its own virtual environment, never this project's (``--pfl-python``: its interpreter):
+``python -m venv /tmp/pflenv; /tmp/pflenv/bin/pip install torch==2.13.0`` (a CPU wheel), then
+``pip install --no-deps pfl==0.6.0`` and what it imports: ``numpy scipy packaging multiprocess
+'dp-accounting>=0.4,<0.6' 'prv-accountant>=0.2,<0.3'`` (so that no other torch is pulled in).
 
 The data: ``SparseLogistic`` (123 binary features, ~11 % set, 40-60 samples per client, client i from
 (seed, i)). Metrics are off (``metrics_every=0``): the objective f is a mean over every client, so
@@ -63,6 +70,13 @@ def _workload(cfg: dict):
     from python_algos.algorithms import SCAFFOLD, FedDR
     from python_algos.clients.population import SparseLogistic
 
+    if cfg.get("workload", "linear") == "fedcanon":  # A9A's training rows as N clients of 3 rows (cyclic)
+        from python_algos.algorithms import FedCanon
+        from python_algos.data import RowClients, cyclic, load_dataset
+
+        ds = load_dataset("a9a")
+        gen = RowClients(ds.X, ds.y, cyclic(len(ds.X), cfg["N"], 3, seed=0), name="a9a")
+        return nn.Linear(123, 2), F.cross_entropy, gen, FedCanon(alpha=1.0, beta=0.05, local_steps=cfg["K"])
     if cfg.get("workload", "linear") == "linear":
         gen = SparseLogistic(seed=0)
         model, loss = nn.Linear(gen.dim, 1), F.binary_cross_entropy_with_logits
@@ -96,17 +110,59 @@ def one(cfg: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-population-") as tmp:
         folder = os.path.join(tmp, "state") if cfg["state"] == "disk" else None
         t0 = time.perf_counter()
-        h = simulate(alg, model, loss, clients, rounds=cfg["rounds"], clients_per_round=cfg["cohort"],
-                     state=cfg["state"], state_folder=folder, metrics_every=0)
+        try:
+            h = simulate(alg, model, loss, clients, rounds=cfg["rounds"], clients_per_round=cfg["cohort"],
+                         state=cfg["state"], state_folder=folder, metrics_every=0,
+                         executor=cfg.get("executor", "sequential"))
+        except ValueError as e:  # a configuration this version refuses: its row says why
+            return {**cfg, "refused": str(e)}
         total = time.perf_counter() - t0
         disk = _disk_bytes(folder) if folder else None
     walls = sorted(h.series("wall_time"))
     stacks = [getattr(h.state, f) for f in type(h.state).client_fields]
+    floor = _floor(cfg["N"], int(h.params.numel()), len(stacks)) if cfg.get("floor") else None
     return {**cfg, "s_per_round": walls[len(walls) // 2], "mean_s_per_round": sum(walls) / len(walls),
+            "floor_s": floor,
             "startup_s": total - sum(walls), "dim": int(h.params.numel()), "stacks": len(stacks),
             "rss_start_mib": rss_start, "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "builds": getattr(clients, "builds", None), "disk_bytes": disk,
             "rows_written": getattr(stacks[0], "rows_written", None), "state_bytes": sum(int(s.nbytes) for s in stacks)}
+
+
+def _floor(n: int, dim: int, stacks: int) -> float:
+    """Seconds to read and write ``stacks`` [n, dim] float32 stacks once in RAM (``mul_(1)``, pages touched
+    before): what a full participation round over that state cannot go below; the best of 3."""
+    import torch
+
+    buf = torch.ones(n, dim)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        buf.mul_(1.0)
+        times.append(time.perf_counter() - t)
+    return min(times) * stacks
+
+
+def _launch_pfl(cfg: dict, python: str, log) -> dict:
+    """pfl-research's SCAFFOLD (bench.pfl_scaffold) in its own interpreter: the row's fields."""
+    import statistics
+    import tempfile
+
+    log(f"pfl-research SCAFFOLD, N = {cfg['N']}, DiskUserStateStorage ({python})")
+    with tempfile.TemporaryDirectory(prefix="bench-pfl-") as tmp:
+        out = os.path.join(tmp, "r.json")
+        run = subprocess.run([python, "-m", "bench.pfl_scaffold", "--clients", str(cfg["N"]), "--cohort",
+                              str(cfg["cohort"]), "--rounds", str(cfg["rounds"]), "-K", str(cfg["K"]), "--out", out],
+                             capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        if run.returncode != 0:
+            raise RuntimeError(f"pfl failed:\n{run.stderr[-3000:]}")
+        with open(out) as f:
+            r = json.load(f)
+    rounds = r["round_s"][1:] or r["round_s"]  # the first also evaluates (pfl's round 0)
+    return {**cfg, "s_per_round": statistics.median(rounds), "startup_s": None, "dim": r["dim"], "stacks": 1,
+            "rss_start_mib": None, "rss_peak_mib": r["rss_peak_mib"], "builds": None, "rows_written": r["files"],
+            "state_bytes": r["disk_bytes"], "disk_bytes": r["disk_bytes"], "pfl_version": r["pfl_version"]}
 
 
 def _launch(cfg: dict, log) -> dict:
@@ -123,6 +179,8 @@ WORKLOADS = {  # defaults per workload: N on demand, its state backend, local st
     "linear": {"clients": 10**6, "state": "ram", "K": 10, "algorithms": ["SCAFFOLD"], "block": "population-table"},
     "mlp": {"clients": 10**5, "state": "disk", "K": 2, "algorithms": ["SCAFFOLD", "FedDR"],
             "block": "population-mlp-table"},
+    "fedcanon": {"clients": 10**5, "state": "ram", "K": 2, "algorithms": ["FedCanon"],
+                 "block": "population-fedcanon-table"},
 }
 
 
@@ -132,17 +190,27 @@ def run(args, log=print) -> dict:
     info = machine_info()
     w = WORKLOADS[args.workload]
     common = {"workload": args.workload, "cohort": args.cohort, "rounds": args.rounds, "K": args.K}
-    configs = [c for alg in w["algorithms"] for c in (
-        {**common, "algorithm": alg, "N": args.clients, "lazy": True, "state": w["state"]},
-        {**common, "algorithm": alg, "N": args.small, "lazy": False, "state": "dense"})]
+    if args.workload == "fedcanon":  # full participation, N clients both ways: streamed store, dense stack
+        common = {**common, "cohort": None, "algorithm": "FedCanon", "N": args.clients, "lazy": False, "floor": True}
+        configs = [{**common, "state": s, "executor": args.executor} for s in (w["state"], "dense")]
+    else:
+        configs = [c for alg in w["algorithms"] for c in (
+            {**common, "algorithm": alg, "N": args.clients, "lazy": True, "state": w["state"]},
+            {**common, "algorithm": alg, "N": args.small, "lazy": False, "state": "dense"})]
+    if args.pfl_python and args.workload == "mlp":
+        configs.append({**common, "algorithm": "SCAFFOLD", "N": args.clients, "lazy": True, "state": "pfl"})
     runs = [[] for _ in configs]
     for _ in range(args.repeats):  # alternately, so that a change of the machine's load falls on both
         for j, cfg in enumerate(configs):
-            runs[j].append(_launch(cfg, log))
+            runs[j].append(_launch_pfl(cfg, args.pfl_python, log) if cfg["state"] == "pfl" else _launch(cfg, log))
+    return {"machine": info, "cells": _cells([r for r in runs if "refused" not in r[0]]),  # refused: one row, why
+            "refused": [r[0] for r in runs if "refused" in r[0]], "load_after": list(os.getloadavg())}
+
+
+def _cells(runs: list) -> list:
     # each configuration's run with the lowest median round (the least disturbed), its peak RSS the highest seen
-    cells = [{**min(r, key=lambda c: c["s_per_round"]), "rss_peak_mib": max(c["rss_peak_mib"] for c in r),
-              "all_s_per_round": [c["s_per_round"] for c in r]} for r in runs]
-    return {"machine": info, "cells": cells, "load_after": list(os.getloadavg())}
+    return [{**min(r, key=lambda c: c["s_per_round"]), "rss_peak_mib": max(c["rss_peak_mib"] for c in r),
+             "all_s_per_round": [c["s_per_round"] for c in r]} for r in runs]
 
 
 def _row(c: dict) -> str:
@@ -156,13 +224,47 @@ def _row(c: dict) -> str:
             f"{c['rows_written'] if c['rows_written'] is not None else 'all'} | {c['state_bytes']:,} | {disk} |")
 
 
-def render_markdown(res: dict) -> str:
+def _pfl_row(c: dict) -> str:
+    per_round = c["disk_bytes"] / c["rounds"]
+    return (f"| SCAFFOLD in pfl {c['pfl_version']} | {c['N']:,} | on demand | disk: `DiskUserStateStorage`, one file "
+            f"per user | {c['s_per_round']:.4f} | – | {c['rss_peak_mib']:.0f} | – | {c['rows_written']:,} files | "
+            f"{c['state_bytes']:,} | {per_round / 2**20:.1f} MiB ({per_round / (c['cohort'] * c['dim'] * 4):.2f}×) |")
+
+
+def render_fedcanon(res: dict) -> str:
+    """The full participation table: s/round of each state backend against the state's read+write floor."""
     from bench.bandwidth import machine_line
 
     m, cells = res["machine"], res["cells"]
+    lines = ["| algorithm | N | executor | client state | s/round | floor ms (state read + written once) | × floor | "
+             "peak RSS MiB (at start) | state bytes |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| FedCanon | {c['N']:,} | {c['executor']} | {c['state']} | {c['s_per_round']:.4f} | "
+              f"{c['floor_s'] * 1e3:.3g} | "
+              f"{c['s_per_round'] / c['floor_s']:,.0f} | {c['rss_peak_mib']:.0f} ({c['rss_start_mib']:.0f}) | "
+              f"{c['state_bytes']:,} |" for c in cells]
+    lines += [f"| FedCanon | {c['N']:,} | {c['executor']} | {c['state']} | refused: {c['refused']} | | | | |"
+              for c in res["refused"]]
+    c, load = cells[0], lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
+    lines += ["", f"A9A's 26,049 training rows as {c['N']:,} clients of 3 rows (`cyclic`, a list in RAM), the linear "
+                  f"model d = {c['dim']:,} (2 classes, cross-entropy); FedCanon alpha 1, beta 0.05, K = {c['K']} full "
+                  f"local gradients, every client every round, {c['rounds']} rounds, float32, 1 torch thread, "
+                  f"`metrics_every=0`. s/round: the median round of the less disturbed of {len(c['all_s_per_round'])} "
+                  f"alternating runs. Floor: one `mul_(1)` over each [N, d] client stack already in RAM (the state "
+                  f"read and written once), the best of 3. {m['date']}; {machine_line(m)}; load average before "
+                  f"{load(m['loadavg'])}, after {load(res['load_after'])}."]
+    return "\n".join(lines)
+
+
+def render_markdown(res: dict) -> str:
+    from bench.bandwidth import machine_line
+
+    if res["cells"][0].get("workload") == "fedcanon":
+        return render_fedcanon(res)
+    m = res["machine"]
+    pfl, cells = [c for c in res["cells"] if c["state"] == "pfl"], [c for c in res["cells"] if c["state"] != "pfl"]
     lines = ["| algorithm | N | client data | client state | s/round | start-up s | peak RSS MiB (at start) | "
              "clients built | state rows written | state bytes | disk bytes/round (× cohort·d·4·stacks) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|", *(_row(c) for c in cells)]
+             "|---|---|---|---|---|---|---|---|---|---|---|", *(_row(c) for c in cells), *(_pfl_row(c) for c in pfl)]
     pairs = [(cells[j], cells[j + 1]) for j in range(0, len(cells), 2)]
     ratios = "; ".join(f"{big.get('algorithm', 'SCAFFOLD')} **{big['s_per_round'] / small['s_per_round']:.2f}×** "
                        f"(medians {', '.join(f'{x:.3f}' for x in big['all_s_per_round'])} against "
@@ -177,9 +279,22 @@ def render_markdown(res: dict) -> str:
                   f"median round of the less disturbed of {len(big['all_s_per_round'])} alternating runs; peak RSS: "
                   f"the highest; disk: the state files' allocated bytes at the end / rounds. s/round at N = "
                   f"{big['N']:,} on demand against N = {small['N']:,} in RAM: {ratios} (an on-demand round also "
-                  f"builds its cohort's data). {m['date']}; {machine_line(m)}; load average before "
-                  f"{load(m['loadavg'])}, after {load(res['load_after'])}."]
+                  f"builds its cohort's data).{_pfl_note(pfl, cells)} {m['date']}; {machine_line(m)}; load average "
+                  f"before {load(m['loadavg'])}, after {load(res['load_after'])}."]
     return "\n".join(lines)
+
+
+def _pfl_note(pfl: list, cells: list) -> str:
+    """What the pfl row ran, and its s/round against ours on the same workload (SCAFFOLD at its N, on disk)."""
+    if not pfl:
+        return ""
+    c = pfl[0]
+    ours = next(x for x in cells if x.get("algorithm") == "SCAFFOLD" and x["N"] == c["N"])
+    return (f" pfl-research {c['pfl_version']} (its own virtual environment, `bench/pfl_scaffold.py`): the same "
+            f"SCAFFOLD (option II), K = {c['K']} full-batch epochs, each user's c_i in one file per user "
+            f"(`DiskUserStateStorage`), its sampler drawing its own cohorts; s/round the median of its rounds after "
+            f"the first (which also evaluates); pfl's s/round / ours (state='{ours['state']}'): "
+            f"**{c['s_per_round'] / ours['s_per_round']:.2f}×**.")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -196,6 +311,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--out", default=None, help="default bench/results/population[-mlp].md")
     p.add_argument("--readme", default=None, help="also replace the workload's table block in this file")
     p.add_argument("--from-json", default=None, help="re-render a saved result, measuring nothing")
+    p.add_argument("--executor", default="batched", help="fedcanon: the executor (default batched)")
+    p.add_argument("--pfl-python", default=None, help="mlp: also pfl-research's SCAFFOLD with DiskUserStateStorage, "
+                                                      "run by this interpreter (pfl's own virtual environment)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one configuration, JSON in and out
     args = p.parse_args(argv)
     if args.one:

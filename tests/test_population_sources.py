@@ -268,3 +268,17 @@ def test_a_folder_population_from_the_command_line_is_refused_without_test_rows(
     assert "no test rows" in capsys.readouterr().err and not (tmp_path / "never").exists()
     assert main(base + ["-N", "11"]) != 0
     assert "-N 11: the folder's files are its clients: use --partition natural -N 12" in capsys.readouterr().err
+
+
+def test_the_full_participation_benchmark_runs_scaled_down(tmp_path):
+    """A smoke of `python -m bench.population --workload fedcanon` (A9A as clients of 3 rows, every client
+    every round, a streamed RAM store beside the dense stack, each against the state's read+write floor)."""
+    from bench import population as bench
+
+    out = tmp_path / "fedcanon.md"
+    bench.main(["--workload", "fedcanon", "--clients", "300", "--rounds", "2", "-K", "1", "--repeats", "1",
+                "--out", str(out)])
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| FedCanon |")]
+    assert [(r.split("|")[3].strip(), r.split("|")[4].strip()) for r in rows] == [("batched", "ram"),
+                                                                                  ("batched", "dense")]
+    assert all("| 300 |" in r and float(r.split("|")[6]) > 0 for r in rows)  # the floor, ms
