@@ -123,10 +123,6 @@ def check_equal(name: str, got: dict, ref: dict, rank: int) -> None:
         assert not bad, (name, rank, t, bad)
 
 
-def bounds(world: int) -> list:
-    return [(r * N // world, (r + 1) * N // world) for r in range(world)]
-
-
 @functools.lru_cache(maxsize=None)
 def reference(name: str) -> dict:
     """The one-process sequential run with dense stacks on the list of clients (one thread, as the ranks)."""
@@ -156,7 +152,7 @@ def test_sharded_state_and_population_equal_one_process_bit_for_bit(tmp_path, wo
         check_ranks(name, got)
         for r, res in enumerate(got):
             assert res[name]["world_size"] == world
-            lo, hi = bounds(world)[r]
+            lo, hi = bounds_of(N, world)[r]
             if "population" in name:  # never another rank's client
                 assert res[name]["built"] and all(lo <= i < hi for i in res[name]["built"]), (name, r)
             if "disk" in name:  # its own folder, its own rows' table
@@ -171,3 +167,116 @@ def test_two_ranks_smoke(tmp_path):
     """One case on 2 ranks in the default run: a RAM store per rank on a population, float32."""
     name = "scaffold-ram-population-f32"
     check_ranks(name, spawn(2, str(tmp_path), [name]))
+
+
+CLI = ["run", "--dataset", "sparse_logistic", "--data-opt", "n=240", "--data-opt", "dim=10", "--data-opt", "nnz=3",
+       "-N", "11", "-K", "2", "-B", "4", "--dtype", "float64", "--executor", "sequential", "--no-progress",
+       "--no-plot", "-a", "scaffold", "--clients-per-round", "4", "--lr", "0.1", "--checkpoint-every", "2"]
+
+
+def cli(*args, timeout: float = 300) -> None:
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-m", "python_algos", *args], env=env, capture_output=True, text=True,
+                       timeout=timeout, cwd=root)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def folder_run(folder) -> tuple:
+    """(model.pt's params, metrics.jsonl's rows without the per-process entries) of a run folder."""
+    import json
+
+    params = torch.load(os.path.join(folder, "model.pt"), weights_only=True)["params"]
+    with open(os.path.join(folder, "metrics.jsonl")) as f:
+        rows = [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in f if line.strip()]
+    return params, rows
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_workers_with_a_store_checkpoint_and_resume_on_other_world_sizes(tmp_path):
+    """``run --workers 2 --state ram`` for 4 rounds (checkpoints: each rank's StoredRows in its shard), resumed to 6
+    on 3 workers and in one process (the stores' rows re-cut), and a one-process --state ram run of 4 rounds
+    resumed on 2 workers: each equals the uninterrupted one-process --state dense run bit for bit."""
+    import shutil
+
+    cli(*CLI, "-T", "6", "--out", str(tmp_path / "one"))
+    ref = folder_run(tmp_path / "one")
+    cli(*CLI, "-T", "4", "--state", "ram", "--workers", "2", "--out", str(tmp_path / "w2"))
+    from python_algos.clients.state_store import StoredRows
+    from python_algos.runfolder import checkpoint as ckpt
+
+    for r in range(2):  # each rank's shard holds its store's rows, not a dense stack
+        shard = torch.load(tmp_path / "w2" / "checkpoint.pt.shards" / f"round4.rank{r}-of-2.pt", weights_only=True)
+        assert isinstance(ckpt.decode(shard["stacks"])["c_i"], StoredRows)
+    shutil.copytree(tmp_path / "w2", tmp_path / "w2b")
+    cli(*CLI, "-T", "4", "--state", "ram", "--out", str(tmp_path / "o4"))
+    cli("run", "--resume", str(tmp_path / "w2"), "--rounds", "6", "--workers", "3", "--no-progress")
+    cli("run", "--resume", str(tmp_path / "w2b"), "--rounds", "6", "--no-progress")
+    cli("run", "--resume", str(tmp_path / "o4"), "--rounds", "6", "--workers", "2", "--no-progress")
+    for name in ("w2", "w2b", "o4"):
+        params, rows = folder_run(tmp_path / name)
+        assert torch.equal(params, ref[0]), name
+        assert len(rows) == len(ref[1]) and all(
+            r.keys() == g.keys() and all(same_bits(g[k], r[k]) for k in r) for g, r in zip(rows, ref[1])), name
+
+
+def test_a_stores_rows_cut_and_joined_for_any_world_size_equal_the_dense_rows():
+    """The re-cut of a checkpoint (python_algos/experiments/launch.py): a RAM store's StoredRows cut at the
+    bounds of P writers and joined at the bounds of Q readers hold the dense stack's rows (random rows written
+    in random rounds, some never), and a dense stack cuts and joins as torch.cat of its slices."""
+    from python_algos.clients.shard_rows import cut_rows, join_rows
+    from python_algos.clients.state_store import ClientStateStore, StoredRows
+
+    g = torch.Generator().manual_seed(0)
+    n, d = 13, 3
+    store = ClientStateStore(n, d, torch.float64, torch.full((d,), 0.5))
+    for _ in range(4):
+        ids = torch.randperm(n, generator=g)[: int(torch.randint(1, 5, (), generator=g))].sort().values
+        store.scatter_(ids, torch.randn(ids.numel(), d, generator=g, dtype=torch.float64))
+    dense = store.to_dense()
+    for p in (1, 2, 3, 4, 13):
+        pieces = [cut_rows(store.stored_rows(), lo, hi) for lo, hi in bounds_of(n, p)]
+        for q in (1, 2, 3, 5):
+            for lo, hi in bounds_of(n, q):
+                parts = [cut_rows(piece, max(lo, a) - a, min(hi, b) - a)
+                         for piece, (a, b) in zip(pieces, bounds_of(n, p)) if max(lo, a) < min(hi, b)]
+                joined = join_rows(parts)
+                assert isinstance(joined, StoredRows) and joined.block.shape[0] <= 1 + (hi - lo)
+                assert torch.equal(ClientStateStore.from_stored_rows(joined).to_dense(), dense[lo:hi]), (p, q, lo)
+                assert torch.equal(join_rows([cut_rows(dense, lo, hi)]), dense[lo:hi])
+    other = ClientStateStore(n, d, torch.float64).stored_rows()  # zeros as its initial row: another run's
+    with pytest.raises(ValueError, match="different initial rows"):
+        join_rows([cut_rows(store.stored_rows(), 0, 5), cut_rows(other, 5, n)])
+    with pytest.raises(ValueError, match="mix dense rows and a store's rows"):
+        join_rows([cut_rows(store.stored_rows(), 0, 5), dense[5:]])
+
+
+def bounds_of(n: int, world: int) -> list:
+    return [(r * n // world, (r + 1) * n // world) for r in range(world)]
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_workers_with_disk_stores_resume_on_their_own_world_size_only(tmp_path):
+    """``run --workers 2 --state disk``: each rank's rows and row log in state/rank<r>/; resumed on 2 workers it
+    equals the one-process dense run bit for bit; on another number of processes it is refused, naming why,
+    before the folder changes (a row log cannot be re-cut)."""
+    import shutil
+
+    cli(*CLI, "-T", "6", "--out", str(tmp_path / "one"))
+    cli(*CLI, "-T", "4", "--state", "disk", "--workers", "2", "--out", str(tmp_path / "d2"))
+    assert sorted(os.listdir(tmp_path / "d2" / "state")) == ["rank0", "rank1"]
+    shutil.copytree(tmp_path / "d2", tmp_path / "d2b")
+    cli("run", "--resume", str(tmp_path / "d2"), "--rounds", "6", "--workers", "2", "--no-progress")
+    params, rows = folder_run(tmp_path / "d2")
+    ref = folder_run(tmp_path / "one")
+    assert torch.equal(params, ref[0]) and len(rows) == len(ref[1])
+    assert all(all(same_bits(g[k], r[k]) for k in r) for g, r in zip(rows, ref[1]))
+    before = {p: p.read_bytes() for p in (tmp_path / "d2b").rglob("*") if p.is_file()}
+    with pytest.raises(AssertionError, match="cannot be re-cut for another number of processes"):
+        cli("run", "--resume", str(tmp_path / "d2b"), "--rounds", "6", "--no-progress")
+    assert {p: p.read_bytes() for p in (tmp_path / "d2b").rglob("*") if p.is_file()} == before

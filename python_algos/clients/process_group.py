@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from .state_log import LoggedRows
 from .state_store import ClientStateStore, StoredRows
 
 __all__ = ["DEFAULT_TIMEOUT", "TIMEOUT_ENV", "ensure_group", "bounds", "rank", "world_size", "is_main",
@@ -170,8 +171,8 @@ def client_fields(state, rows: int) -> list:
         v = items[k]
         if v is None:
             continue
-        if isinstance(v, (ClientStateStore, StoredRows)):  # the rows in a store (state_plan), or its checkpoint form
-            held = v.rows if isinstance(v, ClientStateStore) else v.table.numel()
+        if isinstance(v, (ClientStateStore, StoredRows, LoggedRows)):  # a store (state_plan), or its checkpoint form
+            held = v.table.numel() if isinstance(v, StoredRows) else v.rows
             if held != rows:
                 raise ValueError(f"{cls.__name__}.{k} is a store of {held} clients' rows, not of the {rows} held here")
         elif not isinstance(v, torch.Tensor) or v.dim() < 1 or v.shape[0] != rows:

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist  # loaded with process_group, which the module imports anyway
 
 from ..clients import process_group
+from ..clients.shard_rows import cut_rows, join_rows
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.signals import exit_code, signal_of
 from ..system import processes
@@ -229,7 +230,7 @@ class ShardedCheckpointer(ckpt.Checkpointer):
         err = None
         try:
             ckpt.atomic_save({"format": ckpt.FORMAT, "round": t, "rank": r, "world_size": world, "lo": lo, "hi": hi,
-                              "stacks": {k: getattr(state, k) for k in fields}, "client_rng": per_client},
+                              "stacks": ckpt.encode({k: getattr(state, k) for k in fields}), "client_rng": per_client},
                              os.path.join(_shard_dir(self.path), names[r]))
         except Exception as e:  # noqa: BLE001 - every rank learns of it through agree()
             err = e
@@ -306,7 +307,7 @@ def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu") -> d
     if info is None:  # one process wrote it: stacks hold all N rows
         fields = process_group.client_fields(snap["state"], n) if (lo, hi) != (0, n) else []
         if fields:
-            snap["state"] = snap["state"]._replace(**{k: getattr(snap["state"], k)[lo:hi].clone() for k in fields})
+            snap["state"] = snap["state"]._replace(**{k: cut_rows(getattr(snap["state"], k), lo, hi) for k in fields})
         snap["client_rng"] = {k: (v[lo:hi] if isinstance(v, list) and len(v) == n else v)
                               for k, v in snap["client_rng"].items()}
         return snap
@@ -333,8 +334,9 @@ def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu") -> d
         if not isinstance(shard, dict) or int(shard.get("round", -1)) != int(snap["round"]):
             raise ckpt.CheckpointError(f"{shard_path} is not the shard of round {snap['round']} that {path} names; "
                                        f"restore the run's own checkpoint.pt.shards folder from a copy")
+        pieces = ckpt.decode(shard["stacks"])  # dense rows, or a store's (StoredRows, a disk store's LoggedRows)
         for k in info["fields"]:
-            stacks[k].append(shard["stacks"][k][a - qlo : b - qlo])
+            stacks[k].append(pieces[k] if (a, b) == (qlo, qhi) else cut_rows(pieces[k], a - qlo, b - qlo))
         for k, v in shard["client_rng"].items():
             if len(v) != qhi - qlo and (a, b) != (qlo, qhi):
                 raise ValueError(f"{path} was written by {info['world_size']} processes and its client generators "
@@ -343,6 +345,6 @@ def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu") -> d
                                  f"{info['world_size']})")
             rng.setdefault(k, []).extend(v[a - qlo : b - qlo] if len(v) == qhi - qlo else v)
     if stacks:
-        snap["state"] = snap["state"]._replace(**{k: torch.cat(v) for k, v in stacks.items()})
+        snap["state"] = snap["state"]._replace(**{k: join_rows(v) for k, v in stacks.items()})
     snap["client_rng"] = {**snap["client_rng"], **rng}
     return snap
