@@ -363,3 +363,38 @@ def test_a_cohort_is_never_taken_for_a_range_of_as_many_clients():
             want = torch.cat([g.reshape(-1) for g in torch.autograd.grad(F.cross_entropy(model(Xi), yi),
                                                                          list(model.parameters()))])
             assert float((G[j] - want).abs().max()) <= 1e-12, (ids, i)
+
+
+class _Items(torch.utils.data.Dataset):
+    """A Dataset read item by item (its labels are not in memory as one tensor)."""
+
+    def __init__(self, X, y):
+        self.X, self.y = X, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, j):
+        return self.X[j], self.y[j]
+
+
+def test_a_later_client_that_breaks_what_the_run_decided_is_refused_when_built():
+    """Past the probed clients, what make_client returns can differ in kind: a DataLoader (its batches are
+    weighted as means) under a loss that is not a mean, a Dataset (labels read batch by batch) where every
+    label must be checked for -100. Refused when built, naming the client, never run silently."""
+    make = _labelled()
+
+    def loader_at_6(i):
+        X, y = make(i)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=4) if i == 6 else (X, y)
+
+    cs = _executor("sequential", nn.CrossEntropyLoss(reduction="sum"), Population(8, loader_at_6), None)
+    x0 = cs.flat.params.detach().clone()
+    with pytest.raises(ValueError, match=r"client 6 \(make_client\(6\)\) is a DataLoader.*reduction='sum'"):
+        cs.full_objective_(x0, torch.empty_like(x0))
+    cs = _executor("sequential", F.cross_entropy, Population(8, lambda i: _Items(*make(i)) if i == 6 else make(i)), 4)
+    with pytest.raises(ValueError, match=r"client 6 \(make_client\(6\)\) is a _Items, whose labels are read batch"):
+        cs.full_objective_(x0, torch.empty_like(x0))
+    with pytest.raises(ValueError, match=r"client 0 \(make_client\(0\)\) is a _Items"):
+        _executor("sequential", F.cross_entropy, Population(8, lambda i: _Items(*make(i))), 4)
+    _executor("sequential", F.cross_entropy, Population(8, lambda i: _Items(*make(i))), None)  # full batches: runs
