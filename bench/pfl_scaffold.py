@@ -73,7 +73,11 @@ def run(args) -> dict:
     from pfl.data.user_state import DiskUserStateStorage
     from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
     from pfl.model.pytorch import PyTorchModel
+    from pfl.stats import MappedVectorStatistics
 
+    # pfl 0.6.0 reads a user's state file back with torch.load, whose weights_only default (torch >= 2.6) refuses
+    # pfl's own class: allowed here, the files being the ones this run wrote
+    torch.serialization.add_safe_globals([MappedVectorStatistics])
     gen = MnistLike(seed=0)
     fed = FederatedDataset(lambda u: Dataset(raw_data=list(gen(u)), user_id=u),
                            get_user_sampler("random", list(range(args.clients))))
