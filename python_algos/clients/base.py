@@ -229,8 +229,10 @@ class ClientSet(abc.ABC):
 
     # -- checkpointing ------------------------------------------------------------------
     def rng_state(self) -> dict:
-        """States of every ``torch.Generator`` this client set owns (attributes holding one or a
-        list of them: minibatch samplers, participant samplers), for checkpoints."""
+        """States of every ``torch.Generator`` this client set owns, for checkpoints: a participant
+        sampler's; the minibatch samplers' (``population.LazyGenerators``) of the clients that drew
+        one, by global client index, so the checkpoint grows with the clients trained, not with N; a
+        list's (a deployed node's one client)."""
         out = {}
         for name, v in vars(self).items():
             if isinstance(v, torch.Generator):
@@ -309,6 +311,8 @@ def seeds(seed: int, n: int, stream: int = 0) -> list[int]:
 
 
 def client_generators(seed: int, n: int, first_client: int = 0) -> list:
-    """The minibatch generators of clients ``first_client .. first_client + n - 1``: client i's is
-    seeded by ``seeds(seed, ·)[i]`` (stream 0), whichever executor or shard holds it."""
+    """The minibatch generators of clients ``first_client .. first_client + n - 1`` as a list: client
+    i's is seeded by ``seeds(seed, ·)[i]`` (stream 0), whichever executor or shard holds it. The
+    executors create theirs when first read (``population.LazyGenerators``, the same seeds); a list is
+    for a deployed node's one client, whose node files keep its state as a list."""
     return [torch.Generator().manual_seed(s) for s in seeds(seed, first_client + n)[first_client:]]

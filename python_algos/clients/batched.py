@@ -79,12 +79,12 @@ from torch.func import functional_call, grad_and_value, vmap
 
 import fedkernels as fk
 
-from .base import ClientSet, client_generators
+from .base import ClientSet
 from .chain import plan_chain
 from .cohort_batched import CohortBatched
 from .data import TensorData, client_data
 from .losses import LossKind
-from .population import Population
+from .population import LazyGenerators, Population
 from .probe import check_clients
 from .separable import separability, side_effect_free
 
@@ -211,7 +211,7 @@ class BatchedClients(ClientSet):
         clients = [(c.X, c.y) for c in wrapped]
         self.num_clients = self.rows = len(clients)
         self.batch_size = None if batch_size is None else int(batch_size)
-        self.generators = client_generators(seed, self.num_clients, first_client)
+        self.generators = LazyGenerators(seed, self.num_clients, first_client)  # created when first drawn from
 
         # data the model or the loss cannot take, a non-scalar loss, a sum loss on minibatches:
         # refused naming the client, before the checks and the vectorized probe below fail unnamed

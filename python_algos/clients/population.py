@@ -192,8 +192,10 @@ class LazyClients(Sequence):
 
 class LazyGenerators(Sequence):
     """The minibatch generators of clients ``first_client ..``, each created when first read: the
-    same seeds as :func:`.base.client_generators`, without N generator states up front.
-    ``touched_states()`` / ``set_touched_states()``: the created ones' states, for checkpoints."""
+    same seeds as :func:`.base.client_generators`, without N generator states up front (every
+    executor's, so a checkpoint holds the generators of the clients that drew a minibatch, not N).
+    ``touched_states()`` / ``set_touched_states()``: the created ones' states by *global* client index,
+    so a checkpoint's are re-cut for any shard by their keys."""
 
     def __init__(self, seed: int, n: int, first_client: int = 0):
         self.n, self.first = int(n), int(first_client)
@@ -206,18 +208,29 @@ class LazyGenerators(Sequence):
     def __getitem__(self, i):
         g = self._made.get(i)
         if g is None:
+            if not 0 <= i < self.n:  # IndexError also ends iteration over the sequence
+                raise IndexError(f"client generator {i} of {self.n}")
             if self._seeds is None:  # 8 bytes per client, computed once
                 self._seeds = np.array(seeds(self._seed, self.first + self.n)[self.first:], dtype=np.uint64)
             g = self._made[i] = torch.Generator().manual_seed(int(self._seeds[i]))
         return g
 
     def touched_states(self) -> dict:
-        return {i: g.get_state() for i, g in self._made.items()}
+        return {self.first + i: g.get_state() for i, g in self._made.items()}
 
     def set_touched_states(self, states: dict) -> None:
+        """Restore :meth:`touched_states`; a list (one state per client, as checkpoints before run-folder
+        format 3 held them) or a client outside this set is refused before anything is restored."""
+        if not isinstance(states, dict):
+            raise ValueError(f"the saved client generators are a {type(states).__name__}, not a dict by client "
+                             f"index: the checkpoint was written by an older version (run-folder format 2 or "
+                             f"earlier); start the run again")
+        lo, hi = self.first, self.first + self.n
+        if (out := [int(k) for k in states if not lo <= int(k) < hi]):
+            raise ValueError(f"the saved client generators name clients {out[:5]} outside this set's {lo}..{hi - 1}")
         self._made = {}
-        for i, st in states.items():
-            self[int(i)].set_state(st)
+        for k, st in states.items():
+            self[int(k) - lo].set_state(st)
 
 
 class SparseLogistic:

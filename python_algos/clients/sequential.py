@@ -12,7 +12,7 @@ from torch import nn
 
 import fedkernels as fk
 
-from .base import ClientSet, client_generators
+from .base import ClientSet
 from .data import LoaderData, TensorData, client_data
 from .population import PROBE_CLIENTS, LazyClients, LazyGenerators, Population
 from .probe import check_clients, check_population
@@ -77,7 +77,7 @@ class SequentialClients(ClientSet):
         self.num_clients = self.rows = len(self.clients)
         self.batch_size = None if batch_size is None else int(batch_size)
         self.chunk = int(chunk)
-        self.generators = (LazyGenerators if lazy else client_generators)(seed, self.num_clients, first_client)
+        self.generators = LazyGenerators(seed, self.num_clients, first_client)  # created when first drawn from
         # the clients the start-up checks read: a population's first few (module population's docstring)
         self.probed = [self.clients[i] for i in range(min(PROBE_CLIENTS, self.rows))] if lazy else self.clients
         self._params = [p for p in model.parameters() if p.requires_grad]  # FlatParams' order

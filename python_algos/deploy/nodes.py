@@ -21,7 +21,7 @@ import torch
 import fedkernels as fk
 
 from ..algorithms.base import ServerClientAlgorithm
-from ..clients.base import ClientSet
+from ..clients.base import ClientSet, client_generators
 from ..clients.data import client_data
 from ..clients.separable import side_effect_free, training_side_effects
 from ..clients.sequential import SequentialClients
@@ -48,6 +48,7 @@ class NodeClients(SequentialClients):
         super().__init__(model, loss_fn, [data], batch_size=batch_size, seed=seed, first_client=int(client_id),
                          check_data=check_data)
         self.client_id, self.num_clients = int(client_id), int(num_clients)
+        self.generators = client_generators(seed, 1, self.client_id)  # a list: its node files keep rng:generators#0
 
     def gradients_(self, X, G, ids=None):
         if ids is not None and ids.tolist() != [self.client_id]:

@@ -225,7 +225,7 @@ class ShardedCheckpointer(ckpt.Checkpointer):
         state = snapshot["state"]
         fields = process_group.client_fields(state, hi - lo)
         rng = snapshot["client_rng"]
-        per_client = {k: v for k, v in rng.items() if isinstance(v, list)}
+        per_client = {k: v for k, v in rng.items() if isinstance(v, dict)}  # by global client index: this shard's
         names = [_shard_name(t, q, world) for q in range(world)]
         err = None
         try:
@@ -308,8 +308,7 @@ def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu") -> d
         fields = process_group.client_fields(snap["state"], n) if (lo, hi) != (0, n) else []
         if fields:
             snap["state"] = snap["state"]._replace(**{k: cut_rows(getattr(snap["state"], k), lo, hi) for k in fields})
-        snap["client_rng"] = {k: (v[lo:hi] if isinstance(v, list) and len(v) == n else v)
-                              for k, v in snap["client_rng"].items()}
+        snap["client_rng"] = {k: _own(v, lo, hi) for k, v in snap["client_rng"].items()}
         return snap
     if int(info["num_clients"]) != n:
         raise ValueError(f"{path} holds {info['num_clients']} clients, the run has {n}")
@@ -338,13 +337,14 @@ def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu") -> d
         for k in info["fields"]:
             stacks[k].append(pieces[k] if (a, b) == (qlo, qhi) else cut_rows(pieces[k], a - qlo, b - qlo))
         for k, v in shard["client_rng"].items():
-            if len(v) != qhi - qlo and (a, b) != (qlo, qhi):
-                raise ValueError(f"{path} was written by {info['world_size']} processes and its client generators "
-                                 f"{k!r} are not one per client, so it resumes only on {info['world_size']} "
-                                 f"processes (torchrun --nproc-per-node {info['world_size']} / --workers "
-                                 f"{info['world_size']})")
-            rng.setdefault(k, []).extend(v[a - qlo : b - qlo] if len(v) == qhi - qlo else v)
+            rng.setdefault(k, {}).update(_own(v, lo, hi))
     if stacks:
         snap["state"] = snap["state"]._replace(**{k: join_rows(v) for k, v in stacks.items()})
     snap["client_rng"] = {**snap["client_rng"], **rng}
     return snap
+
+
+def _own(states, lo: int, hi: int):
+    """Of saved per-client generator states (a dict by global client index), clients ``lo .. hi - 1``'s;
+    anything else (a replicated generator's state) as it is."""
+    return {i: s for i, s in states.items() if lo <= int(i) < hi} if isinstance(states, dict) else states

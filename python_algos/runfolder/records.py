@@ -46,8 +46,9 @@ STATUSES = ("completed", "diverged", "interrupted", "failed", "stopped")
 
 API_MARK = "api_run"  # config.json / summary.json key that tells a folder written by History.save from a `run` folder
 # The run-folder format, in every run's config.json (check_format: a resume's one check of it); raised when
-# a resume could no longer continue a folder of the last one. 2: the first recorded (Flower records data).
-FORMAT_VERSION, FORMAT_KEY = 2, "format_version"
+# a resume could no longer continue a folder of the last one. 2: the first recorded (Flower records data);
+# 3: a checkpoint's client generators are a dict of the created ones by client index, not a list of N.
+FORMAT_VERSION, FORMAT_KEY = 3, "format_version"
 
 
 # --------------------------------------------------------------------------- config.json
