@@ -43,8 +43,8 @@ from python_algos.clients.population import Population
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 EXECUTORS = {"sequential": SequentialClients, "batched": BatchedClients}
-# the same executors on clients built on demand (issue 39): a Population whose cache holds 2 clients,
-# so that a call's clients are rebuilt and dropped while it runs; held to the same plain loop
+# the same executors on clients built on demand (issue 39): a Population whose cache holds 1 to 3 clients
+# (by the seed), so that a call's clients are rebuilt and dropped while it runs; held to the same plain loop
 ON_DEMAND = {f"{name} on a population": name for name in EXECUTORS}
 LR, STEPS = 0.1, 2
 
@@ -275,7 +275,7 @@ def run_executor(name: str, ex: Example, dtype: torch.dtype, build_grad: bool = 
     model = ex.build(dtype)
     base = ON_DEMAND.get(name, name)
     if name in ON_DEMAND:
-        data = Population(len(data), data.__getitem__, cache=2)
+        data = Population(len(data), data.__getitem__, cache=1 + ex.seed % 3)
     try:
         with torch.set_grad_enabled(build_grad):
             cs = EXECUTORS[base](model, ex.loss_fn, data, batch_size=ex.batch_size, seed=ex.seed, **ex.options[base])
