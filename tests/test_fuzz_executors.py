@@ -13,7 +13,9 @@ written here (the model itself, autograd, each client's minibatch drawn as the e
 iterates agree to 1e-10 relative to the update, or the executor refuses at construction with a
 ``ValueError`` that says why; a refusal of minibatches for a loss that is a per-sample mean by
 construction is a failure too. float32 / bfloat16 / float16 examples must run or refuse clearly.
-The user's data must come back unwritten.
+The user's data must come back unwritten. The same examples run on a ``Population`` (clients built on
+demand; every refusal before anything runs, none mid-run), and an executor built under ``torch.no_grad()``
+must give the bits of the one built outside it.
 
 Default run: a fixed set of seeds (``fuzz_budget``); ``--fuzz-long`` for many more,
 ``--fuzz-seed`` for others. The distributed executor needs a process group: a separate
