@@ -209,6 +209,14 @@ A9A_RUN = ["run", "--dataset", "a9a", "--partition", "cyclic", "--samples-per-cl
            "--threads", "1", "--no-progress", "--no-plot"]
 
 
+def test_more_clients_than_rows_is_refused_naming_the_cyclic_partition(tmp_path, capsys):
+    assert main(["run", "--dataset", "a9a", "-N", "100000", "--clients-per-round", "100", "--no-progress", "--out",
+                 str(tmp_path / "never")]) != 0
+    err = capsys.readouterr().err
+    assert "--partition iid -N 100000: cannot split 26049 samples over 100000 clients (partition 'cyclic'" in err
+    assert not (tmp_path / "never").exists()
+
+
 def test_a9a_as_100000_clients_from_the_command_line_builds_only_its_cohorts(tmp_path, monkeypatch):
     got = []
     real = RowClients.__getitem__

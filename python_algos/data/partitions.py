@@ -39,7 +39,8 @@ def _check_n(num_clients, n):
     if isinstance(num_clients, bool) or int(num_clients) != num_clients or num_clients < 1:
         raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
     if n < num_clients:
-        raise ValueError(f"cannot split {n} samples over {num_clients} clients")
+        raise ValueError(f"cannot split {n} samples over {num_clients} clients (partition 'cyclic' gives any number "
+                         f"of clients rows of one shared copy, overlapping)")
 
 
 def iid(n: int, num_clients: int, seed: int = 0) -> list[np.ndarray]:
