@@ -290,3 +290,27 @@ def test_the_full_participation_benchmark_runs_scaled_down(tmp_path):
     assert [(r.split("|")[3].strip(), r.split("|")[4].strip()) for r in rows] == [("batched", "ram"),
                                                                                   ("batched", "dense")]
     assert all("| 300 |" in r and float(r.split("|")[6]) > 0 for r in rows)  # the floor, ms
+
+
+@pytest.mark.parametrize("tests, mode", [("per-client", "local"), ("pooled", "global")])
+def test_a_folder_population_with_a_test_folder_equals_the_eager_run(tmp_path, monkeypatch, tests, mode):
+    data = _folder(tmp_path / "f", k=12)
+    os.makedirs(tmp_path / "f" / "test")
+    rng = np.random.default_rng(5)
+    for name, (X, y) in list(data.items())[: 12 if tests == "per-client" else 1]:  # a client's held rows
+        X, y = X + rng.normal(size=X.shape), y[::-1].copy()
+        target = tmp_path / "f" / "test" / (name if tests == "per-client" else "pooled.npz")
+        np.savez(target, X=X, y=y) if target.suffix == ".npz" else target.write_text(
+            "".join(",".join(repr(float(v)) for v in (*x, c)) + "\n" for x, c in zip(X, y)))
+    args = ["run", "--dataset", f"folder:{tmp_path / 'f'}", "--partition", "natural", "-N", "12", "--clients-per-round",
+            "4", "-a", "fedavg", "-T", "2", "--standardize", mode, "--model", "linear", "--dtype", "float64",
+            "--threads", "1", "--no-progress", "--no-plot"]
+    for limit, out in ((10, "pop"), (10**9, "eager")):
+        monkeypatch.setattr(population_sources, "FOLDER_POPULATION", limit)
+        assert main(args + ["--out", str(tmp_path / out)]) == 0
+    pop, eager = (torch.load(tmp_path / d / "model.pt")["params"] for d in ("pop", "eager"))
+    assert torch.equal(pop, eager)
+    rows = [[json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+            for d in ("pop", "eager")]
+    assert len(rows[0]) == len(rows[1]) >= 2
+    assert all(a["test_loss"] == b["test_loss"] and a["test_acc"] == b["test_acc"] for a, b in zip(*rows))
