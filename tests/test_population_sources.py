@@ -314,3 +314,22 @@ def test_a_folder_population_with_a_test_folder_equals_the_eager_run(tmp_path, m
             for d in ("pop", "eager")]
     assert len(rows[0]) == len(rows[1]) >= 2
     assert all(a["test_loss"] == b["test_loss"] and a["test_acc"] == b["test_acc"] for a, b in zip(*rows))
+
+
+def test_a_folder_population_resumes_bit_for_bit_and_refuses_a_changed_sampled_file(tmp_path, monkeypatch, capsys):
+    _folder(tmp_path / "f", k=16)
+    monkeypatch.setattr(population_sources, "FOLDER_POPULATION", 10)
+    args = ["--dataset", f"folder:{tmp_path / 'f'}", "--partition", "natural", "-N", "16", "--clients-per-round", "4",
+            "-a", "scaffold", "--standardize", "none", "--dtype", "float64", "--threads", "1", "--no-progress",
+            "--no-plot"]
+    assert main(["run", *args, "-T", "4", "--out", str(tmp_path / "whole")]) == 0
+    assert main(["run", *args, "-T", "2", "--out", str(tmp_path / "cut")]) == 0
+    assert main(["run", "--resume", str(tmp_path / "cut"), "-T", "4", "--no-progress", "--no-plot"]) == 0
+    whole, cut = (torch.load(tmp_path / d / "model.pt")["params"] for d in ("whole", "cut"))
+    assert torch.equal(whole, cut)
+    d = dict(np.load(tmp_path / "f" / "client_0015.npz"))  # the last client: one the fingerprint samples
+    np.savez(tmp_path / "f" / "client_0015.npz", X=d["X"] * 2, y=d["y"])  # same size, other rows
+    capsys.readouterr()
+    assert main(["run", "--resume", str(tmp_path / "cut"), "-T", "6", "--no-progress", "--no-plot"]) != 0
+    err = capsys.readouterr().err  # same recipe (same listing and sizes), other content at a sampled client
+    assert "cannot resume from the snapshot" in err and "content hash" in err and "listing=" in err
