@@ -209,7 +209,7 @@ def check_population(model: nn.Module, loss_fn: Callable, probed: Sequence[Clien
     or a DataLoader client) a loss not a per-sample mean is refused here, before the run, naming the
     fix; so is one that leaves labels equal to a chosen ``ignore_index`` out of its mean. The default
     ignore_index (-100, not a class index) is instead refused in a client that holds it when it is
-    built (:meth:`PopulationCheck.guard`, applied here to ``probed``)."""
+    built (:meth:`PopulationCheck.guard`, applied here to ``probed``), where clients are tensors."""
     check_clients(model, loss_fn, probed, batch_size, first_client, kind=LossKind(None))  # their data only
     kind = separability(model, loss_fn, probed, every_label=False).loss
     mini = batch_size is not None or any(isinstance(c, LoaderData) for c in probed)
@@ -222,7 +222,9 @@ def check_population(model: nn.Module, loss_fn: Callable, probed: Sequence[Clien
                          f"reported f (a sum of B losses scales every step by B; a weighted mean's minibatches divide "
                          f"by their own weights): {_FIX}")
     ignore = ignore_index_of(loss_fn)
-    if kind.mean is not None or ignore is None:  # a per-sample mean, or a callable whose kind is unknown
+    # a per-sample mean; a callable whose kind is unknown; clients whose labels are read batch by batch (as in a
+    # list of them: whether one is ignored is unknown, so every batch is computed whole, and nothing is refused)
+    if kind.mean is not None or ignore is None or not all(isinstance(c, TensorData) for c in probed):
         return PopulationCheck(kind, first_client, batch_size)
     if ignore != -100:
         raise ValueError(f"loss_fn leaves labels equal to ignore_index={ignore} out of its mean, whose divisor then "
