@@ -15,7 +15,7 @@ product and the weight gradient). Three paths compute it on the CPU:
 ``choose(..., requested="auto")`` picks between the two bitwise-identical paths, fastest first: the
 ``FEDKERNELS_FIRST_LAYER`` environment variable (any of the three paths) decides if set; otherwise a
 measurement on the caller's sample matrix at its shape (a few passes, tens of milliseconds), cached
-per shape in the elementwise calibration's cache entry (CPU model, library version and build:
+per shape and thread count in the elementwise calibration's cache entry (CPU model, library version and build:
 ``fedkernels/_calibrate.py``). The seconds of ``"gather_bmm"`` are measured and kept too, so that
 ``backend_info()["first_layer"]`` shows whether asking for it would be faster.
 """
@@ -93,9 +93,9 @@ def env_path() -> str | None:
 
 def shape_key(X: torch.Tensor, outputs: int, samples: int) -> str:
     """What the best path depends on: dtype, inputs, outputs, samples per client, the gathered kernels'
-    CPU variant."""
+    CPU variant and threads (fedkernels.set_num_threads)."""
     dtype = str(X.dtype).replace("torch.", "")
-    return f"{dtype} i={X.shape[1]} o={outputs} P={samples} {_C.cpu_gather_isa()}"
+    return f"{dtype} i={X.shape[1]} o={outputs} P={samples} {_C.cpu_gather_isa()} threads={_C.get_num_threads()}"
 
 
 def measure(X: torch.Tensor, outputs: int, samples: int, clients: int) -> dict:
