@@ -1,14 +1,15 @@
 """The distributed executor: the N clients split over torch.distributed ranks (``torchrun``).
 
 Each of the P ranks holds a contiguous shard of the clients, ``[r N / P, (r + 1) N / P)``: the rows
-of every ``[n_rank, d]`` client stack, and those clients' data. Its clients' gradients are computed
-by an ordinary in-process executor over the shard (``inner="sequential"`` or ``"batched"``), whose
-clients keep the minibatch generators of their *global* index, so the run draws the same
-minibatches as one process. The algorithm files are unchanged: they see a :class:`ClientSet`
+of every ``[n_rank, d]`` client stack (or its own store of them: state_plan), and those clients'
+data (of a :class:`~.population.Population`, its own clients, built when sampled). Its clients'
+gradients are computed by an ordinary in-process executor over the shard (``inner="sequential"``
+or ``"batched"``), whose clients keep the minibatch generators of their *global* index, so the run
+draws the same minibatches as one process. The algorithm files are unchanged: they see a :class:`ClientSet`
 whose answers cross ranks where the spec crosses the client / server boundary:
 
 ======================  ===================================================================
-``mean(S, ids)``        one all-reduce (sum) of the rank's partial sum of its rows, divided
+``mean(S, ids)``        a chained sum of the ranks' rows in client order (below), divided
                         by N, by the round's participant count k, or by ``divisor``
 ``broadcast(v)``        nothing to send: the server state is replicated (below)
 ``gossip_(X, W)``       neighbour exchange: each rank sends, point to point, only the rows
@@ -16,16 +17,22 @@ whose answers cross ranks where the spec crosses the client / server boundary:
                         then mixes its rows with one local product
 ``participants()``      every rank replays the same draw from the run's seed and keeps the
                         sampled clients it holds, as *local* row indices (see below)
-``full_objective_``     the shard's weighted loss and gradient, one all-reduce of [d + 1]
+``full_objective_``     the loss and gradient sums chained the same way (sequential inner)
 ======================  ===================================================================
 
+**One process's bits.** A mean adds the rows in one process's order (:mod:`.row_sum`, which any cut
+of the rows keeps): rank r receives ranks 0..r - 1's running sum, adds its own rows and hands it on;
+the last rank broadcasts the sum. The sequential metric pass continues the gradient and loss sums
+client after client the same way. So a run equals the one-process sequential run bit for bit; the
+price is latency, the ranks adding one after another (a sum of the ranks' partial sums, one
+all-reduce, would add in another order).
+
 **The server state is replicated.** Every rank applies the same server update (the same fused,
-deterministic kernels) to the same all-reduced vector, so every rank holds bit-identical server
+deterministic kernels) to the same broadcast vector, so every rank holds bit-identical server
 state without a broadcast from rank 0. This saves a d-vector broadcast and a synchronization per
 round (a rank-0 server would serialize the server step while the other ranks wait), and every
-rank needs the new server vector anyway for its clients' next round. The all-reduce returns the
-same bits on every rank (gloo and NCCL reduce each chunk once and distribute the result), and our
-kernels have no run-to-run nondeterminism on a given device type; :meth:`check_replicas` compares
+rank needs the new server vector anyway for its clients' next round. Our kernels have no
+run-to-run nondeterminism on a given device type; :meth:`check_replicas` compares
 a checksum of the reported model across ranks (the experiment runner calls it at the end of a run).
 
 **Partial participation.** Every rank draws the round's k sampled clients from the same generator
@@ -42,9 +49,9 @@ that means and sums over the client dimension are all-reduced (:class:`_ClientRo
 
 **Communication counters.** ``comm.up`` / ``comm.down`` count d-vectors per client exactly as the
 in-process executors do (the algorithm's declared costs); ``comm.sent_bytes`` / ``comm.recv_bytes``
-count the bytes this rank hands to / receives from torch.distributed for the algorithm: the payload
-of every all-reduce (the wire traffic of a ring all-reduce is about 2(P − 1)/P times that) and the
-gossip rows sent to and received from other ranks. The metric pass is counted apart
+count the bytes this rank hands to / receives from torch.distributed for the algorithm: the running
+sums and the broadcast of every mean, and the gossip rows sent to and received from other ranks.
+The metric pass is counted apart
 (``metric_bytes``).
 
 Errors: a construction error on any rank (bad data in its shard, too few clients) is raised on
@@ -69,7 +76,7 @@ from . import process_group
 from .base import ClientSet
 from .population import Population
 from .registry import LOCAL_EXECUTORS, resolve_local
-from .row_sum import sum_rows
+from .row_sum import RowSum
 
 __all__ = ["DistributedClients", "ShardPopulation"]
 
@@ -188,46 +195,39 @@ class DistributedClients(ClientSet):
     # -- aggregation ------------------------------------------------------------------
     def mean(self, S, ids=None, *, divisor=None):
         self.comm.up += 1
-        if ids is not None:  # the cohort's [k, d] stack in client order, reduced as one process reduces it
-            return self.inner.mean(self._cohort_stack(S), divisor=divisor)
-        return self._allreduce_sum(S).div_(self.num_clients if divisor is None else divisor)
+        n = divisor if divisor is not None else (self.num_clients if ids is None else self._k)
+        return self._row_sum(S).div_(n)
 
-    def _cohort_stack(self, S: torch.Tensor) -> torch.Tensor:
-        """The round's global ``[k, d]`` participant stack (rank q's rows after rank q - 1's): each
-        rank sends its participants' rows to every other rank, point to point. Its mean is then
-        torch's on one process's stack, bit for bit, whatever the world size (a sum of the ranks'
-        partial sums would add in another order)."""
-        loads = self.participant_loads[-1]
-        if S.shape[0] != loads[self.rank]:
-            raise ValueError(f"mean(S, ids): S has {S.shape[0]} rows, this rank holds {loads[self.rank]} of this "
-                             f"round's participants (a participant stack has one row per participant held here)")
+    def _row_sum(self, S: torch.Tensor) -> torch.Tensor:
+        """The sum of every rank's rows of S in client order, added as one process adds them
+        (:mod:`.row_sum`'s fixed order, which any cut of the rows keeps): rank r continues the running
+        sum of ranks 0..r - 1 over its own rows and hands it on, and the last rank's sum is broadcast.
+        What is handed on: the finished blocks' total, the open block's sum and its row count (< 64,
+        exact in any float dtype), 2d + 1 numbers."""
+        acc = RowSum(self.dim, S.dtype, S.device)
+        d, last = self.dim, self.world_size - 1
+        buf = torch.empty(2 * d + 1, dtype=S.dtype, device=S.device) if self.world_size > 1 else None
+        if self.rank > 0:
+            dist.recv(buf, src=self.rank - 1, group=self.group)
+            self.comm.recv_bytes += buf.numel() * buf.element_size()
+            acc.total.copy_(buf[:d])
+            acc.part.copy_(buf[d : 2 * d])
+            acc.open = int(buf[2 * d])  # acc.rows counts this rank's rows only: the sum does not read it
+        acc.add_(S)
         if self.world_size == 1:
-            return S
-        offs = [sum(loads[:q]) for q in range(self.world_size + 1)]
-        out = self.workspace("_cohort", rows=offs[-1])
-        mine = S.contiguous()
-        out[offs[self.rank] : offs[self.rank + 1]].copy_(mine)
-        ops = []
-        for q in range(self.world_size):
-            if q == self.rank:
-                continue
-            if loads[self.rank]:
-                ops.append(dist.P2POp(dist.isend, mine, q, group=self.group))
-                self.comm.sent_bytes += mine.numel() * self._itemsize
-            if loads[q]:
-                ops.append(dist.P2POp(dist.irecv, out[offs[q] : offs[q + 1]], q, group=self.group))
-                self.comm.recv_bytes += loads[q] * self.dim * self._itemsize
-        for req in dist.batch_isend_irecv(ops) if ops else ():
-            req.wait()
-        return out
-
-    def _allreduce_sum(self, S: torch.Tensor) -> torch.Tensor:
-        out = sum_rows(S)  # the rank's rows in the order one process sums them (clients/row_sum.py)
-        if self.world_size > 1:
-            dist.all_reduce(out, group=self.group)
-        nbytes = out.numel() * out.element_size()
-        self.comm.sent_bytes += nbytes
-        self.comm.recv_bytes += nbytes
+            return acc.sum()
+        if self.rank < last:
+            buf[:d].copy_(acc.total)
+            buf[d : 2 * d].copy_(acc.part)
+            buf[2 * d] = acc.open
+            dist.send(buf, dst=self.rank + 1, group=self.group)
+            self.comm.sent_bytes += buf.numel() * buf.element_size()
+        out = acc.sum() if self.rank == last else torch.empty(d, dtype=S.dtype, device=S.device)
+        dist.broadcast(out, src=last, group=self.group)
+        if self.rank == last:
+            self.comm.sent_bytes += out.numel() * out.element_size()
+        else:
+            self.comm.recv_bytes += out.numel() * out.element_size()
         return out
 
     def _mean(self, S, divisor=None):  # not reached: mean() is overridden
