@@ -128,6 +128,19 @@ def test_compare_then_plot(tmp_path):
     assert (tmp_path / "figs" / "overview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_run_without_metrics_exits_0_without_a_figure_and_plot_refuses_it(tmp_path):
+    """--metrics-every 0 records no objective: the run's results are written and it exits 0, its overview
+    figure skipped with a note (it exited 1 on the figure after writing them); `plot` still refuses the folder
+    naming the metrics it holds."""
+    out = tmp_path / "run"
+    p = cli("run", "-a", "fedavg", *TINY[:-1], "-T", "2", "--metrics-every", "0", "--out", str(out), "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "no figure:" in p.stdout and not list(out.glob("*.png"))
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    p = cli("plot", str(out), "--out", str(tmp_path / "figs"))
+    assert p.returncode != 0 and "hold no metric to plot" in p.stderr and "give --metrics" in p.stderr
+
+
 def test_algorithms_table(capsys):
     assert main(["algorithms"]) == 0
     out = capsys.readouterr().out

@@ -12,7 +12,7 @@ from ...runfolder.records import CONFIG
 from .. import launch
 from ..config import RESULT_KEYS, SETTINGS, Config, ConfigError, FromFile, check_given, flag, unknown_keys_text
 from ..folders import default_out_dir, read_config_json
-from ..plotting import plot_runs  # matplotlib itself: imported when a figure is drawn
+from ..plotting import NothingToPlot, plot_runs  # matplotlib itself: imported when a figure is drawn
 from ..prepare import check_algorithm_names, prepare_run
 from ..regularizer_specs import spec_text
 from ..seeds import seed_list
@@ -294,7 +294,7 @@ def overview_figure(folder: str, figures: Figures, draw=None) -> None:
     try:
         files = draw() if draw is not None else plot_runs([folder], out_dir=folder, per_metric=False,
                                                           formats=figures.formats, band=figures.band)
-    except RuntimeError as e:  # no matplotlib
+    except (RuntimeError, NothingToPlot) as e:  # no matplotlib, or no metric recorded (--metrics-every 0)
         print(f"no figure: {e}")
         return
     for f in files:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from .axes import line_plot
 from .curves import DEFAULT_METRICS, available_metrics
-from .figures import merge_identical, plot_runs  # noqa: F401 - merge_identical: kept importable from here
+from .figures import NothingToPlot, merge_identical, plot_runs  # noqa: F401 - merge_identical: kept importable from here
 from .heading import setup_line
 from .heatmaps import plot_sweep  # noqa: F401 - the sweep command's figures
 from .runs import find_runs, group_seeds, load_run  # noqa: F401 - group_seeds: kept importable from here

@@ -15,7 +15,12 @@ from .heading import setup_line
 from .runs import find_runs, group_seeds, load_run
 from .style import DEFAULT_FORMATS, FORMATS, RC, parse_formats, pyplot, save_figure
 
-__all__ = ["plot_runs", "merge_identical"]
+__all__ = ["plot_runs", "merge_identical", "NothingToPlot"]
+
+
+class NothingToPlot(ValueError):
+    """The runs recorded none of the default metrics (``--metrics-every 0``): a run's own overview
+    figure is then skipped with a note, while ``plot`` refuses it naming what is there."""
 
 
 def merge_identical(runs: list, metrics: Sequence[str]) -> list:
@@ -85,8 +90,8 @@ def plot_runs(paths: Sequence[str], out_dir: Optional[str] = None, metrics: Opti
         have = available_metrics(runs)
         metrics = [m for m in (("suboptimality" if m == "f+h" and known else m) for m in DEFAULT_METRICS) if m in have]
         if not metrics:
-            raise ValueError(f"{', '.join(paths)}: the runs hold no metric to plot (no f+h, accuracy, stationarity or "
-                             f"sparsity); give --metrics, available: {', '.join(have) or 'none'}")
+            raise NothingToPlot(f"{', '.join(paths)}: the runs hold no metric to plot (no f+h, accuracy, "
+                                f"stationarity or sparsity); give --metrics, available: {', '.join(have) or 'none'}")
     metrics = list(metrics)
     check_metrics(metrics, runs)
     runs = group_seeds(runs, band)
