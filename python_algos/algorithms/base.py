@@ -197,8 +197,8 @@ class ServerClientAlgorithm(Algorithm):
     def stream_refusal(self) -> str:
         for name in ("round", "aggregate"):
             if getattr(type(self), name) is not getattr(ServerClientAlgorithm, name):
-                return (f"{type(self).__name__} overrides {name}: a round that streams its clients in chunks composes the "
-                        f"client and server programs itself, so its clients cannot stream: use state='dense'")
+                return (f"{type(self).__name__} overrides {name}: a round that streams its clients in chunks composes "
+                        f"the client and server programs itself, so its clients cannot stream: use state='dense'")
         return ""
 
     def round(self, state, clients, reg, rng=None):
