@@ -1,7 +1,8 @@
 """The kill harness (issue 36, item 6): every engine — one process, ``run --workers 2``, ``sweep --jobs
 2``, ``run --flower``, one process with ``--state disk`` (issue 39 item 2) — started through the command
 line with checkpoints, then stopped at a random moment by SIGKILL, SIGTERM, Ctrl-C pressed three times
-within 0.3 s (SIGINT to the process group, as a terminal sends it) or SIGKILL to a random process below the command. Then:
+within 0.3 s (SIGINT to the process group, as a terminal sends it) or SIGKILL to a random process
+below the command. Then:
 
 * no process of the run is left: none in the command's process group, none carrying the test's
   marker in its environment (``FK_KILL_HARNESS=<uuid>``, inherited by every process below it), and
