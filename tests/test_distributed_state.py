@@ -280,3 +280,20 @@ def test_workers_with_disk_stores_resume_on_their_own_world_size_only(tmp_path):
     with pytest.raises(AssertionError, match="cannot be re-cut for another number of processes"):
         cli("run", "--resume", str(tmp_path / "d2b"), "--rounds", "6", "--no-progress")
     assert {p: p.read_bytes() for p in (tmp_path / "d2b").rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_a_population_on_workers_with_a_store_resumes_on_another_world_size(tmp_path):
+    """A9A's rows as 2,000 clients of 3 built when sampled (--partition cyclic: a Population) on 2 workers
+    with --state ram for 4 rounds, resumed to 6 on 3 workers (the stores' rows and the generators the
+    clients made, by global id, re-cut): the one-process dense run's model and metrics, bit for bit."""
+    pop = ["--dataset", "a9a", "--partition", "cyclic", "-N", "2000", "--samples-per-client", "3", "-K", "2", "-B",
+           "2", "--dtype", "float64", "--executor", "sequential", "--no-progress", "--no-plot", "-a", "scaffold",
+           "--clients-per-round", "20", "--lr", "0.1", "--checkpoint-every", "2"]
+    cli("run", *pop, "-T", "6", "--out", str(tmp_path / "one"))
+    cli("run", *pop, "-T", "4", "--state", "ram", "--workers", "2", "--out", str(tmp_path / "w2"))
+    cli("run", "--resume", str(tmp_path / "w2"), "--rounds", "6", "--workers", "3", "--no-progress")
+    (params, rows), ref = folder_run(tmp_path / "w2"), folder_run(tmp_path / "one")
+    assert torch.equal(params, ref[0]) and len(rows) == len(ref[1]) == 7
+    assert all(r.keys() == g.keys() and all(same_bits(g[k], r[k]) for k in r) for g, r in zip(rows, ref[1]))
