@@ -124,6 +124,27 @@ def test_a_growing_ram_store_touches_each_new_page_once():
     assert torch.equal(s.gather_(perm[:64], torch.empty(64, d)), rows)
 
 
+@pytest.mark.parametrize("backend", ["ram", "disk"])
+def test_cohorts_of_new_rows_among_written_ones_equal_a_dense_reference(backend, tmp_path):
+    """Cohorts of 100 whose new rows take consecutive slots between rows written before (a few runs of
+    slots, each written and read as a slice) against a dense float64 reference."""
+    g = torch.Generator().manual_seed(1)
+    s = ClientStateStore(100_000, 7, backend=backend, folder=str(tmp_path / "s") if backend == "disk" else None)
+    ref, last = torch.zeros(100_000, 7, dtype=torch.float64), torch.empty(0, dtype=torch.int64)
+    for r in range(12):
+        ids = torch.randperm(100_000, generator=g)
+        if r:  # 2 to 5 clients of the last cohort among the others
+            ids = ids[~torch.isin(ids, last)]
+            ids[torch.randperm(100, generator=g)[: 2 + r % 4]] = last[: 2 + r % 4]
+        ids = ids[:100]
+        rows = torch.randn(100, 7, generator=g, dtype=torch.float64)
+        s.scatter_(ids, rows)
+        ref[ids] = rows
+        out = torch.full((100, 7), float("nan"), dtype=torch.float64)
+        assert torch.equal(s.gather_(ids, out), ref[ids]) and torch.equal(s.to_dense(), ref)
+        last = ids
+
+
 def test_bad_input_is_refused_and_leaves_the_store_as_it_was(tmp_path):
     s = ClientStateStore(5, 3, torch.float64, torch.ones(3))
     s.scatter_(torch.tensor([1]), torch.full((1, 3), 7.0, dtype=torch.float64))
