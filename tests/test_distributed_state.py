@@ -92,11 +92,39 @@ def rank_main(rank: int, world: int, port: int, out_dir: str, names: list) -> No
     finish(ok=True)
 
 
-def spawn(world: int, out_dir: str, names: list, timeout: float = 300) -> list:
+def rank_sums_main(rank: int, world: int, port: int, out_dir: str, names: list) -> None:
+    """Means of a [300, 5] stack over 2 or 3 ranks (rows of magnitudes 1e-3..1e3, so the order shows): all
+    rows, and a cohort of 200; each rank saves the means and the cohort's ids it holds."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from python_algos.clients.distributed import DistributedClients
+    from python_algos.experiments.launch import finish
+
+    cs = DistributedClients(nn.Linear(4, 1), F.mse_loss, [(torch.zeros(1, 4), torch.zeros(1, 1))] * 300,
+                            inner="sequential")
+    cs.set_participation(200, seed=1)
+    out = {}
+    for dt, dtype in DTYPES.items():
+        full = sums_stack(dtype)
+        out[f"all-{dt}"] = cs.mean(full[cs.lo : cs.hi].contiguous())
+        ids = cs.participants()
+        out[f"ids-{dt}"] = ids + cs.lo
+        out[f"cohort-{dt}"] = cs.mean(full[ids + cs.lo], ids)
+    torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    finish(ok=True)
+
+
+def sums_stack(dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    return (torch.randn(300, 5, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-3, 4, (300, 1),
+                                                                                         generator=g)).to(dtype)
+
+
+def spawn(world: int, out_dir: str, names: list, timeout: float = 300, main=rank_main) -> list:
     import _dist_cases
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(rank_main, args=(world, _dist_cases.free_port(), out_dir, names), nprocs=world,
+    ctx = mp.start_processes(main, args=(world, _dist_cases.free_port(), out_dir, names), nprocs=world,
                              join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=2):
@@ -297,3 +325,30 @@ def test_a_population_on_workers_with_a_store_resumes_on_another_world_size(tmp_
     (params, rows), ref = folder_run(tmp_path / "w2"), folder_run(tmp_path / "one")
     assert torch.equal(params, ref[0]) and len(rows) == len(ref[1]) == 7
     assert all(r.keys() == g.keys() and all(same_bits(g[k], r[k]) for k in r) for g, r in zip(rows, ref[1]))
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_mean_over_ranks_adds_in_one_process_order_across_whole_blocks(tmp_path, world):
+    """300 rows over 2 or 3 ranks (150 or 100 each: blocks of row_sum.BLOCK = 64 rows cut by the ranks, whole
+    blocks inside a rank summed before the running sum arrives), all rows and a cohort of 200: every rank's
+    mean is the one-process mean (sum_rows over the stack in order) bit for bit, in float32 and float64,
+    where adding the ranks' partial sums is not."""
+    from python_algos.clients.row_sum import sum_rows
+
+    got = spawn(world, str(tmp_path), [], main=rank_sums_main)
+    naive_differs = False
+    for dt, dtype in DTYPES.items():
+        full = sums_stack(dtype)
+        ids = torch.cat([res[f"ids-{dt}"] for res in got])
+        assert ids.numel() == 200 and torch.equal(ids, ids.sort().values)
+        for key, rows in ((f"all-{dt}", full), (f"cohort-{dt}", full[ids])):
+            want = sum_rows(rows).div_(rows.shape[0])
+            for r, res in enumerate(got):
+                assert torch.equal(res[key], want), (key, r)
+            cuts = bounds_of(300, world) if key.startswith("all") else None
+            parts = [rows[a:b] for a, b in cuts] if cuts else torch.split(rows, [int((res[f"ids-{dt}"]).numel())
+                                                                                 for res in got])
+            naive = sum(sum_rows(p) for p in parts).div_(rows.shape[0])
+            naive_differs |= not torch.equal(naive, want)
+    assert naive_differs  # the data tell the orders apart

@@ -76,7 +76,7 @@ from . import process_group
 from .base import ClientSet
 from .population import Population
 from .registry import LOCAL_EXECUTORS, resolve_local
-from .row_sum import RowSum
+from .row_sum import BLOCK, RowSum
 
 __all__ = ["DistributedClients", "ShardPopulation"]
 
@@ -195,17 +195,31 @@ class DistributedClients(ClientSet):
     # -- aggregation ------------------------------------------------------------------
     def mean(self, S, ids=None, *, divisor=None):
         self.comm.up += 1
+        held = self.rows if ids is None else self.participant_loads[-1][self.rank]
+        if S.dim() != 2 or S.shape[0] != held:
+            raise ValueError(f"mean(S, ids): S must hold one row per {'client' if ids is None else 'participant'} "
+                             f"of this rank ({held} rows), got shape {tuple(S.shape)}")
+        first = self.lo if ids is None else sum(self.participant_loads[-1][: self.rank])  # S[0]'s place in order
         n = divisor if divisor is not None else (self.num_clients if ids is None else self._k)
-        return self._row_sum(S).div_(n)
+        return self._row_sum(S, first).div_(n)
 
-    def _row_sum(self, S: torch.Tensor) -> torch.Tensor:
-        """The sum of every rank's rows of S in client order, added as one process adds them
-        (:mod:`.row_sum`'s fixed order, which any cut of the rows keeps): rank r continues the running
-        sum of ranks 0..r - 1 over its own rows and hands it on, and the last rank's sum is broadcast.
-        What is handed on: the finished blocks' total, the open block's sum and its row count (< 64,
-        exact in any float dtype), 2d + 1 numbers."""
+    def _row_sum(self, S: torch.Tensor, first: int) -> torch.Tensor:
+        """The sum of every rank's rows in client order, added as one process adds them (:mod:`.row_sum`:
+        blocks of BLOCK rows from the first, each summed row after row, the block sums added in order;
+        any cut of the rows keeps it). This rank's whole blocks are summed before anything arrives;
+        then it takes ranks 0..r - 1's running sum (the finished blocks' total, the open block's sum and
+        its row count < BLOCK, exact in any float dtype: 2d + 1 numbers), closes the open block with its
+        first rows, adds its block sums and its last rows, and hands it on; the last rank broadcasts."""
         acc = RowSum(self.dim, S.dtype, S.device)
-        d, last = self.dim, self.world_size - 1
+        d, last, m = self.dim, self.world_size - 1, S.shape[0]
+        head = min((-first) % BLOCK, m)  # the rows that close the block ranks 0..r - 1 left open
+        whole = (m - head) // BLOCK * BLOCK
+        sums = None
+        if whole:  # the vectorized block sums of RowSum.add_: row after row within each block
+            blocks = S[head : head + whole].unflatten(0, (-1, BLOCK))
+            sums = blocks[:, 0].clone()
+            for j in range(1, BLOCK):
+                sums.add_(blocks[:, j])
         buf = torch.empty(2 * d + 1, dtype=S.dtype, device=S.device) if self.world_size > 1 else None
         if self.rank > 0:
             dist.recv(buf, src=self.rank - 1, group=self.group)
@@ -213,7 +227,10 @@ class DistributedClients(ClientSet):
             acc.total.copy_(buf[:d])
             acc.part.copy_(buf[d : 2 * d])
             acc.open = int(buf[2 * d])  # acc.rows counts this rank's rows only: the sum does not read it
-        acc.add_(S)
+        acc.add_(S[:head])
+        for s in sums if sums is not None else ():
+            acc.total.add_(s)
+        acc.add_(S[head + whole :])
         if self.world_size == 1:
             return acc.sum()
         if self.rank < last:
