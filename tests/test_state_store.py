@@ -343,7 +343,6 @@ REFUSAL = textwrap.dedent("""
     from torch import nn
     from python_algos import simulate
     from python_algos.algorithms import SCAFFOLD
-from python_algos.algorithms.scaffold import SCAFFOLDState
     from python_algos.clients.state_plan import DoesNotFit
     with open("/proc/self/status") as f:
         vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
