@@ -89,7 +89,8 @@ def test_the_calibration_is_cached_per_shape_and_read_back_without_measuring(mon
     _force(monkeypatch, "gather")
     cs, _, _ = _grads("auto", torch.float32, batch_size=4)
     key = fl.shape_key(cs._X_rows, 8, 4)
-    assert key == f"float32 i={D} o=8 P=4 {_C.cpu_gather_isa()} threads={fk.get_num_threads()}"
+    threads = f"{fk.get_num_threads()}/{torch.get_num_threads()}"
+    assert key == f"float32 i={D} o=8 P=4 {_C.cpu_gather_isa()} threads={threads}"
     entry = json.loads(private_cache.read_text())[_calibrate.cache_key(_C)]
     assert entry["first_layer"][key]["path"] == "gather" and set(entry["first_layer"][key]["seconds"]) == set(fl.PATHS)
     assert fk.backend_info()["first_layer"]["choices"][key]["path"] == "gather"
@@ -132,7 +133,7 @@ def test_the_elementwise_entry_and_the_first_layer_share_the_file(monkeypatch, p
                                   '{"%KEY%": {"first_layer": {"%SHAPE%": {"path": "gather_bmm"}}}}',
                                   '{"%KEY%": {"first_layer": {"%SHAPE%": "gather"}}}'])
 def test_a_corrupt_cache_is_ignored_and_rewritten(monkeypatch, private_cache, text):
-    shape = f"float32 i={D} o=8 P=4 {_C.cpu_gather_isa()} threads={fk.get_num_threads()}"
+    shape = f"float32 i={D} o=8 P=4 {_C.cpu_gather_isa()} threads={fk.get_num_threads()}/{torch.get_num_threads()}"
     private_cache.parent.mkdir(parents=True, exist_ok=True)
     private_cache.write_text(text.replace("%KEY%", _calibrate.cache_key(_C)).replace("%SHAPE%", shape))
     _force(monkeypatch, "gather")
