@@ -277,12 +277,10 @@ class ClientStateStore:
         than the copy itself (100 MLP rows: 36-55 ms a stack on disk, ~16 ms into touched pages).
         ``MADV_POPULATE_WRITE`` (Linux >= 5.14) faults pages in without writing a byte, so the rows
         are the same bits; elsewhere, or on an older kernel, nothing happens."""
-        if _libc() is None:
-            return
+        if _libc() is None or (self._prefault is not None and self._prefault.is_alive()):
+            return  # never wait for it: on a loaded machine the round would wait for a thread that got no core
         lo, hi = 1 + self._written, 1 + self._written + ahead
         self._reserve(hi)  # room for them now: a growth in the next scatter would fault on its own thread
-        if self._prefault is not None:
-            self._prefault.join()
         block = self._block  # the thread holds the mapping, which a later growth replaces
         start, end = block[lo].data_ptr(), block[hi - 1].data_ptr() + self.dim * self._block_itemsize()
         self._prefault = threading.Thread(target=_populate, args=(block, start, end), daemon=True)
