@@ -103,7 +103,7 @@ def test_store_holds_the_table_and_the_written_rows_only(tmp_path):
         ids = torch.arange(0, 10**6, 10**4)  # 100 rows
         s.scatter_(ids, torch.ones(100, 124))
         assert s.rows_written == 100
-        assert s.nbytes <= 8 * 10**6 + 2 * 101 * 124 * 4  # the table + at most 2x the rows (1.5x, or a scatter's ahead)
+        assert s.nbytes <= 8 * 10**6 + 2 * 101 * 124 * 4  # the row table + at most 1.5x the written rows
     assert os.path.getsize(tmp_path / "disk" / "rows.bin") <= 2 * 101 * 124 * 4
 
 

@@ -25,13 +25,10 @@ written since the last checkpoint are appended to a log in its folder; the file 
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import shutil
-import sys
 import tempfile
-import threading
 import weakref
 from typing import Iterator, NamedTuple, Optional, Union
 
@@ -83,7 +80,6 @@ class ClientStateStore:
         self._dirty = None  # disk: [N] bool, the rows scattered since the last checkpoint (N bytes)
         self._log, self._logged, self._appendable = None, 0, False  # the last checkpoint's log (state_log)
         self._memory = None  # RAM: the anonymous file the block maps, once it grew past its first rows
-        self._prefault: Optional[threading.Thread] = None  # faulting in the pages of the next new rows
         first = torch.zeros(1, self.dim, dtype=dtype)
         if initial is not None:
             first[0] = initial.detach().to(device="cpu", dtype=dtype)
@@ -135,8 +131,6 @@ class ClientStateStore:
             if self._dirty is None:
                 self._dirty = torch.zeros(self.rows, dtype=torch.bool)
             self._dirty[ids] = True
-        if new.numel():
-            self._prefault_next(int(new.numel()))
 
     def chunks(self, size: int) -> Iterator[tuple[int, torch.Tensor]]:
         """``(first, rows[first : first + n])`` over all rows in order, ``n <= size`` (a fresh
@@ -270,22 +264,6 @@ class ClientStateStore:
             block[: 1 + self._written] = self._block[: 1 + self._written]
         self._block, self._memory = block, memory
 
-    def _prefault_next(self, ahead: int) -> None:
-        """Fault in the pages of the next ``ahead`` slots (as many as this scatter's new rows; the
-        block grows to hold them) on a thread of its own, while the round computes: writing rows into
-        pages never touched (a page fault, a zeroed page, and on disk a block of the file) cost more
-        than the copy itself (100 MLP rows: 36-55 ms a stack on disk, ~16 ms into touched pages).
-        ``MADV_POPULATE_WRITE`` (Linux >= 5.14) faults pages in without writing a byte, so the rows
-        are the same bits; elsewhere, or on an older kernel, nothing happens."""
-        if _libc() is None or (self._prefault is not None and self._prefault.is_alive()):
-            return  # never wait for it: on a loaded machine the round would wait for a thread that got no core
-        lo, hi = 1 + self._written, 1 + self._written + ahead
-        self._reserve(hi)  # room for them now: a growth in the next scatter would fault on its own thread
-        block = self._block  # the thread holds the mapping, which a later growth replaces
-        start, end = block[lo].data_ptr(), block[hi - 1].data_ptr() + self.dim * self._block_itemsize()
-        self._prefault = threading.Thread(target=_populate, args=(block, start, end), daemon=True)
-        self._prefault.start()
-
     def _path(self, name: str) -> str:
         return os.path.join(self.folder, name)
 
@@ -323,30 +301,6 @@ def _runs(slots: torch.Tensor) -> Optional[list]:
         return None
     cuts = [0, *starts.tolist(), n]
     return [(a, int(slots[a]), b - a) for a, b in zip(cuts, cuts[1:])]
-
-
-_LIBC: list = []  # [libc or None], resolved once
-
-
-def _libc():
-    """libc through ctypes (its calls release the GIL), on Linux; else None."""
-    if not _LIBC:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-            if libc is not None:
-                libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                libc.madvise.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            libc = None
-        _LIBC.append(libc)
-    return _LIBC[0]
-
-
-def _populate(block: torch.Tensor, start: int, end: int) -> None:
-    """``madvise(MADV_POPULATE_WRITE)`` over the pages of [start, end) of ``block``'s mapping."""
-    page = 4096 if not hasattr(os, "sysconf") else os.sysconf("SC_PAGE_SIZE")
-    first = start // page * page
-    _libc().madvise(first, end - first, 23)  # MADV_POPULATE_WRITE; EINVAL on kernels before 5.14: no-op
 
 
 def _memory_file():
