@@ -174,3 +174,26 @@ def test_the_run_records_the_path(monkeypatch):
     hist = pa.simulate(make("fedavg", lr=0.1, local_steps=2), _net(torch.float32), F.cross_entropy,
                        _clients(torch.float32), 2, batch_size=4, seed=3, executor="batched")
     assert hist.setup["first_layer"] == {"path": "gather", "source": "calibrated"}
+
+
+@pytest.mark.processes
+def test_a_run_on_workers_records_the_path_as_one_process_does(tmp_path):
+    """run --workers 2 with the batched executor records its ranks' first-layer path in summary.json
+    (it recorded nothing: the distributed executor did not pass its inner executor's choice on)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "FEDKERNELS_FIRST_LAYER": "gather", "OMP_NUM_THREADS": "1"}
+    got = {}
+    for name, extra in (("one", []), ("two", ["--workers", "2"])):
+        out = tmp_path / name
+        p = subprocess.run([sys.executable, "-m", "python_algos", "run", "-a", "fedavg", "--dataset", "synthetic",
+                            "-N", "4", "-K", "2", "-B", "8", "-T", "2", "--model", "mlp", "--executor", "batched",
+                            *extra, "--no-progress", "--no-plot", "--out", str(out)],
+                           env=env, capture_output=True, text=True, timeout=300, cwd=root)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        got[name] = json.loads((out / "summary.json").read_text()).get("first_layer")
+    assert got["one"] == got["two"] == {"path": "gather", "source": "FEDKERNELS_FIRST_LAYER"}

@@ -162,6 +162,10 @@ class DistributedClients(ClientSet):
             err = e
         process_group.agree(err)
         self.inner_executor = self.inner.executor
+        # the inner batched executor's first-layer path, recorded in the run's setup as one process records its
+        # own: each rank calibrates on its own shard, and "auto" only picks among paths with the same bits
+        self.first_layer = getattr(self.inner, "first_layer", None)
+        self.first_layer_source = getattr(self.inner, "first_layer_source", None)
         self.flat, self.dim = self.inner.flat, self.inner.dim
         self.dtype, self.device = self.inner.dtype, self.inner.device
         self._itemsize = torch.empty((), dtype=self.dtype).element_size()
