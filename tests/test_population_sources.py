@@ -333,3 +333,17 @@ def test_a_folder_population_resumes_bit_for_bit_and_refuses_a_changed_sampled_f
     assert main(["run", "--resume", str(tmp_path / "cut"), "-T", "6", "--no-progress", "--no-plot"]) != 0
     err = capsys.readouterr().err  # same recipe (same listing and sizes), other content at a sampled client
     assert "cannot resume from the snapshot" in err and "content hash" in err and "listing=" in err
+
+
+def test_a_folder_populations_estimate_counts_the_clients_it_keeps(tmp_path, monkeypatch):
+    """The up-front estimate of a folder population counts client 0's tensors times the clients kept
+    (it printed "data 0 kB": a folder shares no rows for the population to report)."""
+    _folder(tmp_path / "f", k=24)
+    monkeypatch.setattr(population_sources, "FOLDER_POPULATION", 10)  # 24 files: a population
+    assert main(["run", "--dataset", f"folder:{tmp_path / 'f'}", "--partition", "natural", "-N", "24",
+                 "--clients-per-round", "5", "-a", "scaffold", "-T", "1", "--standardize", "none", "--model", "linear",
+                 "--dtype", "float64", "--threads", "1", "--no-progress", "--no-plot",
+                 "--out", str(tmp_path / "pop")]) == 0
+    got = json.loads((tmp_path / "pop" / "summary.json").read_text())["estimate"]["data_bytes"]
+    client0 = (4 * 3 + 4) * 8  # client 0: 4 rows of 3 float64 features, 4 labels (int64 or float64: 8 bytes each)
+    assert client0 <= got <= client0 * 128

@@ -297,9 +297,11 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
 
 
 def _data_bytes(clients) -> int:
-    """The clients' bytes in memory; a population's: its source's shared rows (never all N built)."""
+    """The clients' bytes in memory; a population's (never all N built): its source's shared rows, or, for a
+    source that shares none (a folder of files), client 0's bytes (the probe builds it anyway) times the cache."""
     if isinstance(clients, Population):
-        return int(getattr(clients.make_client, "nbytes_estimate", lambda: 0)())
+        shared = getattr(clients.make_client, "nbytes_estimate", None)
+        return int(shared()) if shared is not None else data_bytes([clients[0]]) * min(clients.cache, len(clients))
     return data_bytes(clients)
 
 
