@@ -25,34 +25,17 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .pfl_fedavg import PflModel
 from .population import MnistLike
 
 
-class PflMLP(nn.Module):
-    """bench.clients' MLP (784-128-64-10, 109,386 parameters) with the loss and metrics pfl's PyTorchModel calls."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
-                                 nn.Linear(64, 10))
-
-    def forward(self, x):
-        return self.net(x)
-
-    def loss(self, x, y, eval=False):  # noqa: A002  (pfl's keyword)
-        self.eval() if eval else self.train()
-        return F.cross_entropy(self(x), y)
-
-    @torch.no_grad()
-    def metrics(self, x, y, eval=False):  # noqa: A002
-        from pfl.metrics import Weighted
-
-        self.eval() if eval else self.train()
-        return {"loss": Weighted(F.cross_entropy(self(x), y, reduction="sum").item(), len(x))}
+def mnist_mlp() -> nn.Module:
+    """bench.clients' MLP (784-128-64-10, 109,386 parameters), seeded as ours."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
+                         nn.Linear(64, 10))
 
 
 def _disk(folder: str) -> tuple:
@@ -81,7 +64,7 @@ def run(args) -> dict:
     gen = MnistLike(seed=0)
     fed = FederatedDataset(lambda u: Dataset(raw_data=list(gen(u)), user_id=u),
                            get_user_sampler("random", list(range(args.clients))))
-    module = PflMLP()
+    module = PflModel(mnist_mlp())  # the loss and metrics pfl's PyTorchModel calls
     model = PyTorchModel(module, local_optimizer_create=torch.optim.SGD,
                          central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0))
     ends, folder = [], tempfile.mkdtemp(prefix="pfl-scaffold-state-")
