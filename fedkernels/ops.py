@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from . import raw
-from ._validate import not_tracked
+from ._validate import ParameterTypeError, not_tracked
 
 __all__ = [
     "prox_",
@@ -221,6 +221,14 @@ def l2_ball_(x: Tensor, radius: float, center: Optional[Tensor] = None) -> Tenso
     return x
 
 
+def _int(name: str, value):
+    """``value`` unchanged, unless a bool: torch.ops turns a bool into the int its schema declares
+    (True -> 1) before the raw call could refuse it, so it is refused here, as the raw call does."""
+    if isinstance(value, bool):
+        raise ParameterTypeError(f"{name} must be an int, got bool", name)
+    return value
+
+
 @torch.library.custom_op(_lib + "group_lasso_", mutates_args=("x",))
 def _group_lasso_(x: Tensor, lam: float, step: float, groups: str, shape: Optional[list[int]], start: int) -> None:
     raw.group_lasso_(x, lam, step, groups, None if shape is None else tuple(shape), start)
@@ -234,7 +242,8 @@ def _(x, lam, step, groups, shape, start):
 def group_lasso_(x: Tensor, lam: float, step: float, groups: str = "rows", shape=None, start: int = 0) -> Tensor:
     """In place: block soft-thresholding of the rows or columns of a matrix (see ``raw.group_lasso_``)."""
     not_tracked("x", x)
-    torch.ops.fedkernels.group_lasso_(x, lam, step, groups, None if shape is None else list(shape), start)
+    shape = None if shape is None else [_int("shape", v) for v in shape]
+    torch.ops.fedkernels.group_lasso_(x, lam, step, groups, shape, _int("start", start))
     return x
 
 
@@ -295,13 +304,13 @@ torch.library.register_autograd(_lib + "normalized_delta", _delta_backward, setu
 
 def normalized_delta(z: Tensor, x: Tensor, beta: float, K: int) -> Tensor:
     """(z - x) / (beta * K), out of place."""
-    return torch.ops.fedkernels.normalized_delta(z, x, beta, K)
+    return torch.ops.fedkernels.normalized_delta(z, x, beta, _int("K", K))
 
 
 def normalized_delta_(x: Tensor, z: Tensor, beta: float, K: int) -> Tensor:
     """x <- (z - x) / (beta * K), in place."""
     not_tracked("x", x)
-    torch.ops.fedkernels.normalized_delta_(x, z, beta, K)
+    torch.ops.fedkernels.normalized_delta_(x, z, beta, _int("K", K))
     return x
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 import torch
 from _reference import prox as separable_prox
 
@@ -573,3 +574,16 @@ def test_fuzz_plain_updates(fuzz_budget):
         if len(failures) >= 20:
             break
     assert not failures, f"{len(failures)} failing examples:\n" + "\n".join(failures)
+
+
+# examples of test_fuzz_plain_updates past the default seeds that found a defect, each failing before its fix
+PLAIN_FINDS = {
+    50364: "fk.ops.normalized_delta_ with K=True (float64): torch.ops turned the bool into 1 before the raw call's "
+           "refusal, so the op ran",
+    50379: "the same in bfloat16",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(PLAIN_FINDS))
+def test_the_plain_update_finds_stay_fixed(seed):
+    run_plain_case(seed)
