@@ -344,15 +344,15 @@ def check(ex: Example, name: str) -> Optional[str]:
     return None
 
 
+def _finds(seeds, executors) -> list:
+    """What :func:`check` finds for each drawn example of ``seeds`` on each of ``executors``, with its description."""
+    return [f"{why}\n    {ex.desc}" for ex in map(draw, seeds) for name in executors
+            if (why := check(ex, name)) is not None]
+
+
 def test_every_executor_is_exact_or_refuses(fuzz_budget):
     first, n = fuzz_budget(600)
-    finds = []
-    for seed in range(first, first + n):
-        ex = draw(seed)
-        for name in EXECUTORS:
-            why = check(ex, name)
-            if why is not None:
-                finds.append(f"{why}\n    {ex.desc}")
+    finds = _finds(range(first, first + n), EXECUTORS)
     assert not finds, f"{len(finds)} finds:\n" + "\n".join(finds)
 
 
@@ -396,20 +396,13 @@ POPULATION_FINDS = {
 
 @pytest.mark.parametrize("seed", sorted(POPULATION_FINDS))
 def test_the_population_finds_stay_fixed(seed):
-    ex = draw(seed)
-    finds = [why for name in ON_DEMAND if (why := check(ex, name)) is not None]
-    assert not finds, f"{POPULATION_FINDS[seed]}:\n" + "\n".join(finds) + f"\n    {ex.desc}"
+    finds = _finds([seed], ON_DEMAND)
+    assert not finds, f"{POPULATION_FINDS[seed]}:\n" + "\n".join(finds)
 
 
 def test_every_executor_on_a_population_is_exact_or_refuses(fuzz_budget):
     first, n = fuzz_budget(300)
-    finds = []
-    for seed in range(first, first + n):
-        ex = draw(seed)
-        for name in ON_DEMAND:
-            why = check(ex, name)
-            if why is not None:
-                finds.append(f"{why}\n    {ex.desc}")
+    finds = _finds(range(first, first + n), ON_DEMAND)
     assert not finds, f"{len(finds)} finds:\n" + "\n".join(finds)
 
 
