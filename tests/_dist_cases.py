@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import warnings
 from typing import NamedTuple
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,6 +28,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def spawn_ranks(fn, world: int, *args, timeout: float = 300) -> None:
+    """Run ``fn(rank, world, port, *args)`` on ``world`` spawned processes; fail the test (killing them) if
+    they have not all finished within ``timeout`` seconds."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=(world, free_port(), *args), nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=2):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"{world} ranks did not finish within {timeout} s")
 
 
 def problem(seed: int = 0):

@@ -29,18 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = {"wall_time", "elapsed", "prox_time", "grad_time", "fwd_bwd_time", "sent_bytes", "recv_bytes"}
 
 
-def _spawn(fn, world: int, *args, timeout: float = 300):
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(fn, args=(world, C.free_port(), *args), nprocs=world, join=False, start_method="spawn")
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"{world} ranks did not finish within {timeout} s")
+_spawn = C.spawn_ranks
 
 
 @pytest.fixture(scope="module")

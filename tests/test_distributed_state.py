@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 import warnings
 
 import pytest
@@ -122,16 +121,8 @@ def sums_stack(dtype: torch.dtype) -> torch.Tensor:
 
 def spawn(world: int, out_dir: str, names: list, timeout: float = 300, main=rank_main) -> list:
     import _dist_cases
-    import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(main, args=(world, _dist_cases.free_port(), out_dir, names), nprocs=world,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"{world} ranks did not finish within {timeout} s")
+    _dist_cases.spawn_ranks(main, world, out_dir, names, timeout=timeout)
     return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
 
 
