@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 import warnings
 from typing import Callable, Optional, Sequence
@@ -138,4 +139,25 @@ def write_report(out: str, name: str, command: str, note: str, body: str, data: 
     path = os.path.join(out, "RESULTS.md")
     with open(path, "w") as f:
         f.write(f"# {name}\n\n`{command}`\n\n{note}\n\n{body}\n")
+    return path
+
+
+def sklearn_missing() -> bool:
+    """True, after saying how to install it, when scikit-learn (the digits' source) is missing."""
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        print("this example needs scikit-learn: pip install scikit-learn", file=sys.stderr)
+        return True
+    return False
+
+
+def save_figure(fig, out: str, name: str) -> str:
+    """``fig`` laid out and written to ``out/name`` (120 dpi), then closed; returns its path."""
+    from matplotlib import pyplot as plt
+
+    fig.tight_layout()
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
     return path

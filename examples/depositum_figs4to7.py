@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 
-from examples._common import Runner, loglog_slope, parser, table, tail_mean, write_report
+from examples._common import Runner, loglog_slope, parser, sklearn_missing, table, tail_mean, write_report
 from python_algos.experiments.config import Config
 from python_algos.runfolder.files import read_metrics
 
@@ -41,10 +41,7 @@ KEYS = ("f+h", "grad_map_sq", "test_acc", "consensus_x")
 
 def main(argv=None) -> int:
     args = parser("depositum_figs4to7", __doc__).parse_args(argv)
-    try:
-        import sklearn  # noqa: F401
-    except ImportError:
-        print("this example needs scikit-learn: pip install scikit-learn", file=sys.stderr)
+    if sklearn_missing():
         return 1
     q = args.quick
     note = ("dataset: scikit-learn's bundled digits (sklearn.datasets.load_digits; nothing downloaded), standing in "

@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from examples._common import Runner, parser, table, write_report
+from examples._common import Runner, parser, sklearn_missing, table, write_report
 from python_algos.experiments.config import Config
 
 METHODS = ("depositum", "fedmid", "feddr", "fedadmm")
@@ -31,10 +31,7 @@ K, R, LR = 5, 40, 0.1
 
 def main(argv=None) -> int:
     args = parser("depositum_table", __doc__).parse_args(argv)
-    try:
-        import sklearn  # noqa: F401
-    except ImportError:
-        print("this example needs scikit-learn: pip install scikit-learn", file=sys.stderr)
+    if sklearn_missing():
         return 1
     q = args.quick
     note = ("datasets: scikit-learn's bundled digits (nothing downloaded) standing in for the paper's MNIST, and A9A "

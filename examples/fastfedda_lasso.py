@@ -24,7 +24,7 @@ from torch import nn
 
 import fedkernels as fk
 import python_algos as pa
-from examples._common import parser, table, write_report
+from examples._common import parser, save_figure, table, write_report
 
 METHODS = {"fedmid": "FedMiD", "fedda": "FedDA", "fastfedda": "Fast-FedDA"}
 
@@ -82,11 +82,7 @@ def plot(results, out):
     ax.set_ylabel("‖w − w*‖")
     ax.set_title("Lasso (the authors' setting): recovery of w*")
     ax.legend()
-    fig.tight_layout()
-    path = os.path.join(out, "lasso.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, "lasso.png")
 
 
 def main(argv=None) -> int:

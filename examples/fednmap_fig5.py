@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from examples._common import Runner, paper_data, parser, table, tail_mean, write_report
+from examples._common import Runner, paper_data, parser, save_figure, table, tail_mean, write_report
 from python_algos.experiments.config import Config
 from python_algos.runfolder.files import read_metrics
 
@@ -84,11 +84,7 @@ def _plot(out, res, Qs):
     ax.set_ylabel("‖F_nor‖² (last 20 % of rounds)")
     ax.set_title("FedNMap: local step rules (N = 8)")
     ax.legend()
-    fig.tight_layout()
-    path = os.path.join(out, "fig5.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, "fig5.png")
 
 
 if __name__ == "__main__":

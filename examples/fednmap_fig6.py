@@ -33,7 +33,7 @@ from torch import nn
 
 import fedkernels as fk
 import python_algos as pa
-from examples._common import parser, table, write_report
+from examples._common import parser, save_figure, sklearn_missing, table, write_report
 
 METHODS = {"fednmap": "FedNMap", "za1": "ZA1", "fedcanon": "FedCanon"}
 FULL = dict(N=10, Q=5, eta=0.05, mu=3e-3, batch=32, rounds=200, every=10, seeds=(0, 1, 2), width=8)
@@ -142,19 +142,12 @@ def plot(results: dict, out: str, num_clients: int) -> str:
         ax.set_xlabel("round")
         ax.legend()
     fig.suptitle(f"Tiny MobileNet on digits, L1, label-sorted over {num_clients} clients (mean, seeds' range)")
-    fig.tight_layout()
-    path = os.path.join(out, "fig6.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, "fig6.png")
 
 
 def main(argv=None) -> int:
     args = parser("fednmap_fig6", __doc__).parse_args(argv)
-    try:
-        import sklearn  # noqa: F401
-    except ImportError:
-        print("this example needs scikit-learn: pip install scikit-learn", file=sys.stderr)
+    if sklearn_missing():
         return 1
     torch.set_num_threads(1)  # a 2k-parameter net: threads only add overhead
     s = QUICK if args.quick else FULL

@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from examples._common import Runner, loglog_slope, paper_data, parser, table, tail_mean, write_report
+from examples._common import Runner, loglog_slope, paper_data, parser, save_figure, table, tail_mean, write_report
 from python_algos.experiments.config import Config
 from python_algos.runfolder.files import read_metrics
 
@@ -101,11 +101,7 @@ def _plot(out, by_n, by_q, slope_n, slope_q):
         ax.set_ylabel(r"$\|F^{\lambda}_{nor}(z^T)\|^2$")
         ax.grid(True, which="both", linestyle=":", alpha=0.6)
         ax.legend(frameon=False)
-    fig.tight_layout()
-    path = os.path.join(out, "figs34.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    return [save_figure(fig, out, "figs34.png")]
 
 
 if __name__ == "__main__":

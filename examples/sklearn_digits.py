@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-from examples._common import parser, table, write_report
+from examples._common import parser, sklearn_missing, table, write_report
 from python_algos.experiments.compare import compare_experiments
 from python_algos.experiments.config import Config
 from python_algos.experiments.plotting import DEFAULT_FORMATS, parse_formats
@@ -28,10 +28,7 @@ def main(argv=None) -> int:
     p.add_argument("--formats", default=",".join(DEFAULT_FORMATS), help="figure formats, e.g. png,pdf,svg")
     args = p.parse_args(argv)
     formats = parse_formats(args.formats)  # before any run: a typo costs nothing
-    try:
-        import sklearn  # noqa: F401
-    except ImportError:
-        print("this example needs scikit-learn: pip install scikit-learn", file=sys.stderr)
+    if sklearn_missing():
         return 1
     q = args.quick
     cfg = Config(dataset="sklearn:digits", partition="dirichlet", eta=0.3, num_clients=10, model="linear",
