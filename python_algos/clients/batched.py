@@ -163,8 +163,9 @@ class BatchedClients(ClientSet):
             sequential executor's ``chunk``; never when samples are coupled).
         first_layer: the path of a chain's first-layer products on the CPU (``fedkernels.first_layer``):
             ``"auto"`` (default; ``FEDKERNELS_FIRST_LAYER`` or the faster, by measurement, of the two
-            that give the same bits, ``"in_place"`` and ``"gather"``) or one of the three, ``"gather_bmm"``
-            (gather + ``torch.bmm``: other bits) only when asked for.
+            that give the same bits, ``"in_place"`` and ``"gather"``) or one of the paths, ``"gather_bmm"``
+            (gather + ``torch.bmm``: other bits) and ``"bf16"`` (bfloat16 products: lower precision, float32
+            runs only) only when asked for; ``"auto_bf16"``: as ``"auto"``, taking ``"bf16"`` where faster.
         loss_kind: the loss's kind when decided for every client (a population's cohort: refusing
             minibatches was decided before the run, ``probe.check_population``), not from these clients.
 
@@ -262,27 +263,37 @@ class BatchedClients(ClientSet):
 
     def _choose_first_layer(self, requested: str) -> None:
         """Sets ``first_layer`` (the path of the chain's first-layer products, ``fedkernels.first_layer``:
-        ``"in_place"`` and ``"gather"`` give the same bits, ``"gather_bmm"`` others; None without a chain)
-        and ``first_layer_source`` (who chose it). ``rows_in_place``: the gathered kernels run, on the
-        rows of ``X_all`` or of a gathered copy."""
-        choices = ("auto", *fk.first_layer.PATHS)
+        ``"in_place"`` and ``"gather"`` give the same bits, ``"gather_bmm"`` and ``"bf16"`` others; None
+        without a chain) and ``first_layer_source`` (who chose it). ``rows_in_place``: the gathered
+        kernels run, on the rows of ``X_all`` or of a gathered copy. ``_X_bf16``: the samples in bfloat16
+        (``"bf16"``: each pass gathers its rows from them), else None."""
+        choices = fk.first_layer.REQUESTS
         if not isinstance(requested, str) or requested not in choices:
             raise ValueError(f"first_layer must be one of {', '.join(choices)}, got {requested!r}")
+        fk.first_layer.check_precision(requested, self.dtype)
         can = self.chain is not None and self.device.type == "cpu" and self.chain.reads_rows_in_place()
-        if not can and requested in ("in_place", "gather") or self.chain is None and requested != "auto":
+        if not can and requested in ("in_place", "gather", "bf16") or self.chain is None and requested != "auto":
             why = ("the model runs through torch.func, not as a Linear/activation chain under the cross-entropy"
-                   if self.chain is None else "the gathered kernels need a chain that starts with a Linear layer, "
-                   f"on the CPU (here: {self.device.type})")
+                   if self.chain is None else "the CPU first-layer paths need a chain that starts with a Linear "
+                   f"layer, on the CPU (here: {self.device.type})")
             raise ValueError(f"first_layer={requested!r} cannot apply: {why}; use first_layer='auto'")
         self.first_layer, self.first_layer_source = (None, None) if self.chain is None else ("gather_bmm", "only path")
-        self.rows_in_place = can
+        self.rows_in_place, self._X_bf16 = can, None
         self._X_rows = self.X_all.reshape(self.X_all.shape[0], -1) if can else None
         if can:
             B, longest = self.batch_size, max(self.sizes)
             P = longest if B is None else min(B, longest)
-            picked = fk.first_layer.choose(self._X_rows, self.chain.layers[0][3], P, self._chunk_rows(P), requested)
+            picked = fk.first_layer.choose(self._X_rows, self.chain.layers[0][3], P, self._chunk_rows(P), requested,
+                                           self._bf16_rows)
             self.first_layer, self.first_layer_source = picked.path, picked.source
-            self.rows_in_place = picked.path != "gather_bmm"
+            self.rows_in_place = picked.path in fk.first_layer.IDENTICAL
+            self._X_bf16 = self._bf16_rows().view(self.X_all.shape) if picked.path == "bf16" else None
+
+    def _bf16_rows(self) -> torch.Tensor:
+        """The clients' samples in bfloat16, as rows ``[n, in]`` (made once: half the float32 samples' memory)."""
+        if self._X_bf16 is None:
+            self._X_bf16 = self._X_rows.to(torch.bfloat16)
+        return self._X_bf16
 
     # -- what the model must allow --------------------------------------------------------------
     @classmethod
@@ -424,10 +435,11 @@ class BatchedClients(ClientSet):
         """``(X_all[idx], y_all[idx])`` shaped ``[c, b, ...]``, into buffers reused across calls:
         a fresh multi-MB tensor per step costs page faults that can exceed the gather itself."""
         need = c * b
-        if self._xbuf is None or self._xbuf.shape[0] < need:
-            self._xbuf = torch.empty((need, *self.X_all.shape[1:]), dtype=self.X_all.dtype, device=self.device)
+        src = self.X_all if self._X_bf16 is None else self._X_bf16  # "bf16": the chain's first layer in bfloat16
+        if self._xbuf is None or self._xbuf.shape[0] < need or self._xbuf.dtype != src.dtype:
+            self._xbuf = torch.empty((need, *self.X_all.shape[1:]), dtype=src.dtype, device=self.device)
         idx = idx.to(self.device)
-        xb = torch.index_select(self.X_all, 0, idx, out=self._xbuf[:need])
+        xb = torch.index_select(src, 0, idx, out=self._xbuf[:need])
         return xb.view(c, b, *self.X_all.shape[1:]), self._gather_labels(idx, c, b)
 
     def _gather_labels(self, idx: torch.Tensor, c: int, b: int) -> torch.Tensor:
@@ -560,7 +572,7 @@ class BatchedClients(ClientSet):
         lines, so that each client's samples start on one (see :func:`.chain.aligned`)."""
         if self.chain is None or self.rows_in_place:
             return P
-        row = self.X_all[0].numel() * self.X_all.element_size()
+        row = self.X_all[0].numel() * (self.X_all if self._X_bf16 is None else self._X_bf16).element_size()
         R = P
         while (R * row) % 64:
             R += 1

@@ -74,7 +74,12 @@ class LinearChain:
                 _, ws, bs, o, i = lay
                 W = rows[:, ws : ws + o * i].view(c, o, i)
                 out = aligned(c, o, P, rows)
-                z = fk.raw.linear_gathered(W, xb, idx, out) if hT is None else torch.bmm(W, hT, out=out)
+                if hT is None:
+                    z = fk.raw.linear_gathered(W, xb, idx, out)
+                elif hT.dtype == torch.bfloat16:  # samples in bfloat16: the "bf16" first-layer path
+                    z = fk.first_layer.bmm_bf16(W, hT, out, aligned(c, o, i, hT), aligned(c, o, P, hT))
+                else:
+                    z = torch.bmm(W, hT, out=out)
                 if bs is not None:
                     z.add_(rows[:, bs : bs + o].unsqueeze(2))
                 saved.append((lay, hT))
@@ -101,6 +106,9 @@ class LinearChain:
             _, ws, bs, o, i = lay
             if inT is None:  # the first layer, its samples read in place (grads_'s idx)
                 fk.raw.linear_gathered_weight_grad(d, *source, G[:, ws : ws + o * i].view(c, o, i))
+            elif inT.dtype == torch.bfloat16:  # the first layer, its samples in bfloat16 ("bf16")
+                fk.first_layer.bmm_bf16(d, inT.transpose(1, 2), G[:, ws : ws + o * i].view(c, o, i),
+                                        aligned(c, o, d.shape[2], inT), aligned(c, o, i, inT))
             else:
                 torch.bmm(d, inT.transpose(1, 2), out=G[:, ws : ws + o * i].view(c, o, i))
             if bs is not None:
