@@ -61,8 +61,9 @@ def test_state_ram_equals_dense_bit_for_bit_and_prints_the_estimate(tmp_path, ca
 
 
 @pytest.mark.parametrize("args, says", [
-    (["-a", "depositum", "--state", "ram"], "--state ram: under full participation: DEPOSITUM's round works on all N "
-                                            "clients' [N, d] stacks at once"),
+    (["-a", "depositum", "--state", "ram"], "--state ram: under full participation: DEPOSITUM's mixing matrix W of "
+                                            "the 'ring' topology on 12 clients is dense"),
+    (["-a", "depositum", "--state", "ram"], "use --state dense, or --alg-opt mixing=sparse"),
     (["-a", "scaffold", "--clients-per-round", "2", "--state", "ram", "--flower"],
      "--state ram: --flower keeps each client's state on its node: use --state dense"),
 ])

@@ -114,12 +114,11 @@ class Algorithm(abc.ABC):
     def hparams(self) -> dict:
         return dataclasses.asdict(self)
 
-    def stream_refusal(self) -> str:
-        """Why a full-participation round cannot stream its clients in chunks (a store under full
-        participation, python_algos/algorithms/streamed.py), or "" when it can."""
+    def stream_refusal(self, num_clients: int) -> str:
+        """Why a full-participation round over ``num_clients`` clients cannot stream them in chunks (a store
+        under full participation, python_algos/algorithms/streamed.py), or "" when it can."""
         return (f"{self.name}'s round works on all N clients' [N, d] stacks at once (it is not written as client "
-                f"and server programs; a decentralized method mixes each client's neighbours' rows, W X), so its "
-                f"clients cannot stream in chunks: use state='dense'")
+                f"and server programs), so its clients cannot stream in chunks: use state='dense'")
 
 
 class Messages(NamedTuple):
@@ -194,7 +193,7 @@ class ServerClientAlgorithm(Algorithm):
         return {name: clients.mean(up[name], ids, divisor=n_all if name in m.up_over_all else None)
                 for name in m.up}
 
-    def stream_refusal(self) -> str:
+    def stream_refusal(self, num_clients: int) -> str:
         for name in ("round", "aggregate"):
             if getattr(type(self), name) is not getattr(ServerClientAlgorithm, name):
                 return (f"{type(self).__name__} overrides {name}: a round that streams its clients in chunks composes "

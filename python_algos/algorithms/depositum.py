@@ -21,9 +21,10 @@ same and this is the server form (Remark 3).
 rounds r = t + 1 that are multiples of τ, and ``grad_evals`` / ``prox_evals`` are N per round.
 Momentum, direction and prox are one fused kernel call on the ``[N, d]`` stacks
 (``fk.fused.depositum_step_``); each gossip is one (dense or sparse COO) matrix product
-(``clients.gossip_``). Per communication iteration a client sends its x̃ and ỹ rows to each of
-its deg(i) neighbours and receives theirs: ``up = down = 2 deg`` (mean degree for irregular
-graphs), 0 on local iterations.
+(``clients.gossip_``). With the stacks in a client-state store (``state="ram"|"disk"``) the round
+streams the clients in chunks, the same bits (:mod:`.depositum_stream`). Per communication
+iteration a client sends its x̃ and ỹ rows to each of its deg(i) neighbours and receives theirs:
+``up = down = 2 deg`` (mean degree for irregular graphs), 0 on local iterations.
 
 Reconstruction switches (§4.5 ambiguities):
 
@@ -49,7 +50,9 @@ import torch
 import fedkernels as fk
 
 from . import topology as topo
-from .base import Algorithm, Costs, check_prox_step, one_of, positive, positive_int
+from .base import Algorithm, Costs, Messages, check_prox_step, one_of, positive, positive_int
+from .depositum_stream import row_mean, row_sq_dev_mean, streamed_round
+from .streamed import is_streamed
 
 __all__ = ["DEPOSITUM", "DEPOSITUMState"]
 
@@ -110,6 +113,7 @@ class DEPOSITUM(Algorithm):
             kind = fk.ParameterTypeError if isinstance(e, TypeError) else fk.ParameterError
             raise kind(str(e), "topology") from None
         object.__setattr__(self, "_matrices", {})  # W as a torch tensor, per (N, dtype, device): not state
+        object.__setattr__(self, "_stream_plans", {})  # a streamed round's pieces of W, per (N, dtype, chunks)
 
     @property
     def step(self) -> float:
@@ -166,7 +170,27 @@ class DEPOSITUM(Algorithm):
         """W_t = W at iteration t (0-based) iff (t + 1) mod τ == 0 (A5)."""
         return (t + 1) % self.period == 0
 
+    def stream_refusal(self, num_clients: int) -> str:
+        """Streams (:mod:`.depositum_stream`) with a sparse W, whose product adds each row's entries in
+        column order; a dense W's product is a BLAS gemm, whose order only the library knows."""
+        if self.mixing_matrix(num_clients).layout == torch.sparse_coo:
+            return ""
+        graph = self.graph(num_clients)
+        why = ("mixing='dense'" if self.mixing == "dense" else
+               f"mixing='auto' keeps W dense when it has N^2/{round(1 / topo.SPARSE_DENSITY)} entries or more: "
+               f"{graph.nnz} of {num_clients ** 2}")
+        return (f"DEPOSITUM's mixing matrix W of the {graph.name!r} topology on {num_clients} clients is dense "
+                f"({why}), and a dense product W X reads the whole [N, d] stack at once in the BLAS's order, so "
+                f"its clients cannot stream in chunks: use state='dense', or mixing='sparse' (W's product then "
+                f"streams, reading each client's neighbours)")
+
+    def messages(self):
+        """None: no server (the state store's estimate asks; a streamed round keeps no uploads)."""
+        return Messages(up=(), down=())
+
     def round(self, state, clients, reg, rng=None):
+        if is_streamed(state, None):  # the stacks are stores: chunk after chunk, the same bits
+            return streamed_round(self, state, clients, reg)
         X, Y, M, G_old, t = state
         W = self.mixing_matrix(clients.num_clients, clients.dtype, clients.device)
         G, dG = clients.workspace("g"), clients.workspace("dg")
@@ -185,23 +209,24 @@ class DEPOSITUM(Algorithm):
         return DEPOSITUMState(x=X, y=Y, m=M, g=G_old, t=t + 1)
 
     def report(self, state, reg):
-        return state.x.mean(dim=0)  # x̄ (metrics only: no party computes it in a decentralized run)
+        return row_mean(state.x)  # x̄ (metrics only: no party computes it in a decentralized run)
 
     def state_metrics(self, state, clients):
         """§3 M5: consensus errors (1/N) Σ_i ||v_i − v̄||² of x, y, m; the gradient-estimation error
         (1/N) Σ_i ||m_i − γ ∇f(x̄)||² (one extra full-gradient pass); and the tracking invariant
         ``tracking_gap`` = ||ȳ − γ ḡ|| (0 up to round-off), with its relative size."""
         X, Y, M, G = state.x, state.y, state.m, state.g
-        out = {}
-        with torch.no_grad():
+        out, means = {}, {}
+        with torch.no_grad():  # the client sums in one order, so a streamed run's (stores) are the dense run's
             for key, V in (("consensus_x", X), ("consensus_y", Y), ("consensus_m", M)):
-                out[key] = float((V - V.mean(dim=0)).pow(2).sum(dim=1).mean())
-            xbar = X.mean(dim=0)
+                means[key] = row_mean(V)
+                out[key] = row_sq_dev_mean(V, means[key])
+            xbar = means["consensus_x"]
             grad = torch.empty_like(xbar)
             clients.full_objective_(xbar, grad)
-            out["grad_est_err"] = float((M - self.gamma * grad).pow(2).sum(dim=1).mean())
-            target = self.gamma * G.mean(dim=0)
-            gap = float((Y.mean(dim=0) - target).norm())
+            out["grad_est_err"] = row_sq_dev_mean(M, self.gamma * grad)
+            target = self.gamma * row_mean(G)
+            gap = float((means["consensus_y"] - target).norm())
             out["tracking_gap"] = gap
             out["tracking_gap_rel"] = gap / max(float(target.norm()), 1e-300)
         return out

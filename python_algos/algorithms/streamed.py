@@ -27,6 +27,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from typing import Optional
 
 import torch
 
@@ -34,7 +35,7 @@ from ..clients.row_sum import RowSum
 from ..clients.state_plan import stream_rows
 from ..clients.state_store import ClientStateStore
 
-__all__ = ["streamed_round", "is_streamed"]
+__all__ = ["streamed_round", "is_streamed", "store_beside"]
 
 _UPLOADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # a state's store -> its upload stores
 
@@ -115,15 +116,18 @@ def _keep(kept: dict, m: str, up: torch.Tensor, local, fields, first: ClientStat
             raise RuntimeError(f"the upload {m!r} is a part of the client field {f!r}'s rows: a streamed round "
                                f"keeps an upload that is a whole client field, or a stack of its own")
     if not isinstance(kept.get(m), ClientStateStore):
-        kept[m] = _upload_store(first)
+        kept[m] = store_beside(first)
     kept[m].scatter_(ids, up)
 
 
-def _upload_store(like: ClientStateStore) -> ClientStateStore:
-    """A store of N rows for one message's uploads, in RAM or on disk beside ``like``'s rows."""
+def store_beside(like: ClientStateStore, rows: Optional[int] = None) -> ClientStateStore:
+    """A store of ``rows`` (default N) rows like ``like``'s, in RAM or in a temporary folder beside its files
+    (removed with the new store): one message's uploads here, DEPOSITUM's kept pre-mix rows
+    (:mod:`.depositum_stream`)."""
+    rows = like.rows if rows is None else rows
     if like.backend == "ram":
-        return ClientStateStore(like.rows, like.dim, like.dtype)
+        return ClientStateStore(rows, like.dim, like.dtype)
     folder = tempfile.mkdtemp(prefix="uploads-", dir=os.path.dirname(os.path.abspath(like.folder)))
-    store = ClientStateStore(like.rows, like.dim, like.dtype, backend="disk", folder=folder)
+    store = ClientStateStore(rows, like.dim, like.dtype, backend="disk", folder=folder)
     weakref.finalize(store, shutil.rmtree, folder, True)
     return store

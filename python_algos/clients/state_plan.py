@@ -178,7 +178,7 @@ class StatePlan:
     def init(self, algorithm, x0: torch.Tensor, cs, rounds: int):
         """``algorithm.init(x0, cs)``, its client stacks in the store this plan picks (under full
         participation, for ``auto``: the dense stacks when they fit, else a streamed store)."""
-        if self.mode == "dense" or self.keeps_dense(algorithm):
+        if self.mode == "dense" or self.keeps_dense(algorithm, cs.num_clients):
             return algorithm.init(x0, cs)
         if cs.device.type != "cpu":
             raise ValueError(f"state={self.mode!r} keeps rows in host memory and gathers them on the CPU; this run is "
@@ -235,10 +235,11 @@ class StatePlan:
                 out[f] = _store(v, "ram", None, f)
         return state._replace(**out) if out else state
 
-    def keeps_dense(self, algorithm) -> bool:
+    def keeps_dense(self, algorithm, num_clients: int) -> bool:
         """Whether a full-participation run keeps dense stacks whatever they take: ``auto`` with an algorithm
-        whose clients cannot stream (``algorithm.stream_refusal()``); ``ram`` / ``disk`` with one are refused."""
-        why = algorithm.stream_refusal() if self.cohort is None and self.mode != "dense" else ""
+        whose clients cannot stream (``algorithm.stream_refusal(num_clients)``); ``ram`` / ``disk`` with one are
+        refused."""
+        why = algorithm.stream_refusal(num_clients) if self.cohort is None and self.mode != "dense" else ""
         if why and self.mode in ("ram", "disk"):
             raise ValueError(f"state={self.mode!r} under full participation: {why}")
         return bool(why)

@@ -254,7 +254,8 @@ def _as_flags(text: str) -> str:
 
 _FLAGS = (("clients_per_round", "--clients-per-round"), (" or participation)", " or --participation)"),
           ("fewer clients", "fewer clients (--num-clients)"), ("state_folder", "the run folder"),
-          ("the distributed executor", "the distributed executor (--workers, torchrun)"))
+          ("the distributed executor", "the distributed executor (--workers, torchrun)"),
+          ("mixing='sparse'", "--alg-opt mixing=sparse"))
 
 
 def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bool = False, flower: bool = False,
@@ -271,7 +272,7 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
         executor = "distributed" if workers else launch.executor_for(cfg.executor)[0]
         folder = os.path.join(out_dir, STATE_DIR) if cfg.state in ("disk", "auto") else None  # run.py's
         plan = StatePlan.checked(cfg.state, folder, k, executor, None, True, resume)
-        dense_only = plan.keeps_dense(algorithm)  # full participation: the clients stream in chunks, or refused
+        dense_only = plan.keeps_dense(algorithm, len(clients))  # full participation: streamed in chunks, or refused
     except ValueError as e:
         raise ConfigError("state", cfg.state, re.sub(r"^--state \w+ ", "", _as_flags(str(e)))) from None
     params = [p for p in model.parameters() if p.requires_grad]
