@@ -5,11 +5,15 @@ partial-participation algorithm on each store backend against the dense run, bit
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -21,6 +25,7 @@ from python_algos import simulate
 from python_algos.algorithms import SCAFFOLD
 from python_algos.algorithms.registry import ALGORITHMS, make
 from python_algos.algorithms.scaffold import SCAFFOLDState
+from python_algos.clients import row_file
 from python_algos.clients.state_plan import StateEstimate
 from python_algos.clients.state_store import ClientStateStore, LoggedRows, StoredRows
 from python_algos.runfolder import checkpoint as ckpt
@@ -28,12 +33,33 @@ from python_algos.runfolder.callbacks import Checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTIAL = [n for n, e in ALGORITHMS.items() if e.cls.partial_participation]
+
+
+def _takes_o_direct() -> bool:
+    """Whether the temporary folder (pytest's tmp_path is in it) takes O_DIRECT writes (ext4 does; tmpfs
+    before Linux 6.6 does not): where it does not, a disk store copies its rows through the mapping."""
+    with tempfile.TemporaryDirectory() as tmp:
+        open(os.path.join(tmp, "probe"), "wb").close()
+        fd = row_file._direct_fd(os.path.join(tmp, "probe"))
+        if fd is not None:
+            os.close(fd)
+        return fd is not None
+
+
+DIRECT = _takes_o_direct()
 STATEFUL = [n for n in PARTIAL if any(getattr(v, "client_fields", ()) for k, v in  # per-client stacks in their State
                                       vars(sys.modules[ALGORITHMS[n].cls.__module__]).items() if k.endswith("State"))]
 
 
 # -- the store against a dense reference ------------------------------------------------------------------
 def _fuzz_one(seed: int, folder: str) -> None:
+    """Seeds 1 and 3 mod 4 run a disk store; 3 mod 4 with its rows padded to whole pages and written with
+    O_DIRECT by the row file's thread (row_file.PAD_SHARE = 0: any row, however small)."""
+    with mock.patch.object(row_file, "PAD_SHARE", 0 if seed % 4 == 3 else row_file.PAD_SHARE):
+        _fuzz_store(seed, folder)
+
+
+def _fuzz_store(seed: int, folder: str) -> None:
     rng = np.random.default_rng(seed)
     n, d = int(rng.integers(1, 60)), int(rng.integers(1, 9))
     dtype = torch.float64 if rng.random() < 0.8 else torch.float32
@@ -43,6 +69,7 @@ def _fuzz_one(seed: int, folder: str) -> None:
     ref = torch.zeros(n, d, dtype=dtype) if init is None else init.expand(n, d).clone()
     store = ClientStateStore(n, d, dtype, init, backend=backend,
                              folder=os.path.join(folder, str(seed)) if backend == "disk" else None)
+    assert backend == "ram" or store._file.direct == (seed % 4 == 3 and DIRECT), seed
     touched: set = set()
     last = None  # disk: the last checkpoint (its record, the rows and the rows written then)
     for _ in range(int(rng.integers(1, 12))):
@@ -122,6 +149,70 @@ def test_a_growing_ram_store_touches_each_new_page_once():
     pages = 30 * 64 * d * 4 // resource.getpagesize()
     assert faults < 1.6 * pages, (faults, pages)
     assert torch.equal(s.gather_(perm[:64], torch.empty(64, d)), rows)
+
+
+def _resident_bytes(name: str) -> int:
+    """Bytes of this process's mappings of files named ``name`` that are in RAM (``Rss`` in /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping: range perms offset dev inode [path]
+                inside = len(head) == 6 and os.path.basename(head[5]) == name
+            elif inside and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not DIRECT, reason="the temporary folder's file system refuses O_DIRECT")
+def test_a_disk_store_of_page_sized_rows_writes_them_directly_and_reads_them_back(tmp_path):
+    """Rows of 16,500 float32 (66,000 B, padded to 69,632) take the O_DIRECT path: the rows written are
+    not in the process's memory (copied through the mapping, they were), rows read while
+    the next cohort is being written and rows of that cohort are the rows written, and the file holds
+    the padded rows."""
+    d, n = 16_500, 2_000
+    s = ClientStateStore(n, d, torch.float32, backend="disk", folder=str(tmp_path / "s"))
+    assert s._file.direct and s._file.stride == 17 * 4096
+    g, ref, cohorts = torch.Generator().manual_seed(3), torch.zeros(n, d), []
+    for r in range(6):
+        ids = torch.randperm(n, generator=g)[:40]
+        if cohorts:
+            ids[:3] = cohorts[-1][:3]  # clients of the last cohort
+        rows = torch.randn(40, d, generator=g)
+        s.scatter_(ids, rows)
+        ref[ids] = rows
+        older = cohorts[-2][3:5] if len(cohorts) > 1 else torch.tensor([7, 8])  # not in flight: read at once
+        for some in (older, ids[:2]):  # then two of the rows in flight: read once written
+            assert torch.equal(s.gather_(some, torch.empty(some.numel(), d)), ref[some]), r
+        cohorts.append(ids)
+    # in RAM: the rows read back since the file was last mapped again (at most 9 and slot 0), never the
+    # last cohort's 37 new rows, which a copy through the mapping leaves there
+    assert _resident_bytes("rows.bin") <= 20 * 17 * 4096, _resident_bytes("rows.bin")
+    assert torch.equal(s.to_dense(), ref)
+    assert os.path.getsize(tmp_path / "s" / "rows.bin") == s._file.block.shape[0] * 17 * 4096
+
+
+@pytest.mark.skipif(not DIRECT, reason="the temporary folder's file system refuses O_DIRECT")
+def test_a_failed_direct_write_is_raised_by_every_later_access_and_a_dropped_store_ends_its_thread(tmp_path):
+    def full(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    with mock.patch.object(row_file, "PAD_SHARE", 0):
+        bad = ClientStateStore(8, 3, torch.float64, backend="disk", folder=str(tmp_path / "a"))
+        with mock.patch.object(row_file.os, "pwrite", full):
+            bad.scatter_(torch.tensor([2, 5]), torch.ones(2, 3, dtype=torch.float64))
+            bad._file._pending.thread.join()
+        for read in (lambda: bad.gather_(torch.tensor([2]), torch.empty(1, 3, dtype=torch.float64)),
+                     lambda: bad.gather_(torch.tensor([1]), torch.empty(1, 3, dtype=torch.float64)), bad.to_dense):
+            with pytest.raises(OSError, match=r"writing client-state rows to .*rows.bin failed: .*No space left"):
+                read()
+        s = ClientStateStore(8, 3, torch.float64, backend="disk", folder=str(tmp_path / "b"))
+        s.scatter_(torch.tensor([1]), torch.ones(1, 3, dtype=torch.float64))
+        thread = s._file._pending.thread
+        del s
+        gc.collect()
+        assert thread is not None and not thread.is_alive()  # joined by the row file's finalizer
+    assert not [t for t in threading.enumerate() if t.name == "fedkernels-rows"]
 
 
 @pytest.mark.parametrize("backend", ["ram", "disk"])

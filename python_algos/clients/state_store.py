@@ -11,12 +11,13 @@ control variates, FedDR's three stacks) keep their initial value for the whole r
 ``gather_(ids, out)`` is one ``index_select`` on the block (through the table), ``scatter_(ids,
 rows)`` one ``index_copy_`` (new rows get slots first), each a few slice copies where the slots run
 consecutively. The block lives in RAM (``backend="ram"``:
-an anonymous memory file, memory-mapped) or in a memory-mapped file in a folder (``backend="disk"``:
-``rows.bin``, append-only, and the table memory-mapped as ``index.bin``, a sparse file of zeros until
-rows are written). Either grows by lengthening its file and mapping it again, never by copying the
-rows written (a RAM block grown by a copy took 3 page faults per new row's page: 175 ms against 60 ms
-a round for 100 MLP rows). Rows read back are the bits written: a run on a store equals the dense
-run bit for bit.
+an anonymous memory file, memory-mapped) or in a file in a folder (``backend="disk"``: ``rows.bin``,
+append-only, :mod:`.row_file`: mapped, and rows of whole pages written with O_DIRECT by a thread while
+the round goes on; the table memory-mapped as ``index.bin``, a sparse file of zeros until rows are
+written). Either grows by lengthening its file and mapping it again, never by copying the rows
+written (a RAM block grown by a copy took 3 page faults per new row's page: 175 ms against 60 ms a
+round for 100 MLP rows). Rows read back are the bits written: a run on a store equals the dense run
+bit for bit.
 
 :meth:`ClientStateStore.checkpoint` is what a checkpoint file holds of a store: a RAM store's table
 and rows (:class:`StoredRows`), a disk store's record of its row log (:mod:`.state_log`: the rows
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 
 from . import state_log
+from .row_file import RowFile
 from .state_log import LoggedRows
 
 __all__ = ["ClientStateStore", "StoredRows", "LoggedRows", "BACKENDS", "DTYPES"]
@@ -80,6 +82,7 @@ class ClientStateStore:
         self._dirty = None  # disk: [N] bool, the rows scattered since the last checkpoint (N bytes)
         self._log, self._logged, self._appendable = None, 0, False  # the last checkpoint's log (state_log)
         self._memory = None  # RAM: the anonymous file the block maps, once it grew past its first rows
+        self._file: Optional[RowFile] = None  # disk: rows.bin
         first = torch.zeros(1, self.dim, dtype=dtype)
         if initial is not None:
             first[0] = initial.detach().to(device="cpu", dtype=dtype)
@@ -89,8 +92,9 @@ class ClientStateStore:
             self._block = first
         else:
             self._table = torch.from_numpy(np.memmap(self._path("index.bin"), np.int64, "w+", shape=(self.rows,)))
-            self._block = self._map_rows(1)
-            self._block[0] = first[0]
+            self._file = RowFile(self._path("rows.bin"), self.dim, dtype, 1)
+            self._block = self._file.block
+            self._file.write([(0, 0, 1)], first)
 
     # -- reading and writing rows ---------------------------------------------------------
     def gather_(self, ids: Optional[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
@@ -99,6 +103,7 @@ class ClientStateStore:
         ids = self._checked_ids(ids, "ids")
         self._check_stack(out, ids.numel(), "out")
         slots = self._table.index_select(0, ids)
+        self._settle(slots)
         runs = _runs(slots)
         if runs is None:
             return torch.index_select(self._block, 0, slots, out=out)
@@ -122,10 +127,13 @@ class ClientStateStore:
             self._table.index_copy_(0, new, torch.arange(self._written + 1, self._written + 1 + new.numel()))
             self._written += int(new.numel())
             slots = self._table.index_select(0, ids)
-        runs = _runs(slots)
-        if runs is None:
+        direct = self._file is not None and self._file.direct
+        runs = _runs(slots, every=direct)
+        if direct:  # staged and written by the file's thread
+            self._file.write(runs, rows.to(device="cpu"))
+        elif runs is None:
             self._block.index_copy_(0, slots, rows.to(device="cpu"))
-        for at, slot, n in runs or ():  # new rows get consecutive slots: appended as one contiguous copy
+        for at, slot, n in () if direct else runs or ():  # new rows get consecutive slots: one contiguous copy
             self._block[slot:slot + n].copy_(rows[at:at + n])
         if self.backend == "disk":
             if self._dirty is None:
@@ -138,21 +146,26 @@ class ClientStateStore:
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"size must be an int >= 1, got {size!r}")
         for first in range(0, self.rows, int(size)):
-            yield first, self._block.index_select(0, self._table[first:first + int(size)])
+            slots = self._table[first:first + int(size)]
+            self._settle(slots)  # a caller may have written rows since the last chunk
+            yield first, self._block.index_select(0, slots)
 
     def to_dense(self) -> torch.Tensor:
         """All rows as one ``[N, d]`` tensor (N × d memory: for tests and small populations)."""
+        self._settle()
         return self._block.index_select(0, self._table)
 
     def __getitem__(self, i) -> torch.Tensor:
         """Row ``i`` (an int; a copy), as ``stack[i]`` reads one client's row (FedCanonII's report)."""
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -self.rows <= i < self.rows:
             raise IndexError(f"a store's row must be an int in [-{self.rows}, {self.rows}), got {i!r}")
+        self._settle()
         return self._block[int(self._table[int(i)])].clone()
 
     @property
     def initial(self) -> torch.Tensor:
         """The value of a never-written row (a copy)."""
+        self._settle()
         return self._block[0].clone()
 
     @property
@@ -162,7 +175,8 @@ class ClientStateStore:
     @property
     def nbytes(self) -> int:
         """Bytes the store holds: the row table plus the block as allocated (RAM, or the row file)."""
-        return self._table.numel() * 8 + self._block.numel() * self._block.element_size()
+        held = self._file.nbytes if self._file is not None else self._block.numel() * self._block.element_size()
+        return self._table.numel() * 8 + held
 
     def __repr__(self) -> str:
         return (f"ClientStateStore({self.rows} x {self.dim}, {str(self.dtype).replace('torch.', '')}, "
@@ -177,6 +191,7 @@ class ClientStateStore:
         if self.backend == "ram":
             return self.stored_rows()
         state_log.remove_other_logs(self.folder, self._log)
+        self._settle()
         ids = torch.nonzero(self._dirty).flatten() if self._dirty is not None else torch.empty(0, dtype=torch.int64)
         bad: list = []  # the rows logged that hold NaN/Inf
         if not self._appendable or self._logged + ids.numel() > 2 * self._written:  # the next log: live rows
@@ -254,7 +269,7 @@ class ClientStateStore:
             return
         cap = max(need, cap + cap // 2, 16)
         if self.backend == "disk":
-            self._block = self._map_rows(cap)
+            self._block = self._file.grow(cap)
             return
         first = self._memory is None
         memory = _memory_file() if first else self._memory
@@ -267,12 +282,10 @@ class ClientStateStore:
     def _path(self, name: str) -> str:
         return os.path.join(self.folder, name)
 
-    def _map_rows(self, cap: int) -> torch.Tensor:
-        """The row file, ``cap`` rows long (the written rows kept: the file only grows)."""
-        path = self._path("rows.bin")
-        with open(path, "ab") as f:
-            f.truncate(max(os.path.getsize(path), cap * self.dim * self._block_itemsize()))
-        return torch.from_numpy(np.memmap(path, _NUMPY[self.dtype], "r+", shape=(cap, self.dim)))
+    def _settle(self, slots: Optional[torch.Tensor] = None) -> None:
+        """A disk store's rows written (:meth:`RowFile.settle`: all, or those of ``slots``) before they are read."""
+        if self._file is not None:
+            self._file.settle(slots)
 
     def _block_itemsize(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
@@ -288,16 +301,16 @@ class ClientStateStore:
             yield ids[a:a + step], rows
 
 
-def _runs(slots: torch.Tensor) -> Optional[list]:
+def _runs(slots: torch.Tensor, every: bool = False) -> Optional[list]:
     """``slots`` as runs of consecutive slots, ``(position, first slot, length)`` each, when there are
-    few (at most 1 + n / 8), else None: a slice copy per run does what index_copy_ / index_select do,
-    ~3x faster (11,000 rows of 992 bytes: 0.7 against 2.3 ms), and a cohort of new rows with a few
-    written before is a few runs (its new rows take consecutive slots)."""
+    few (at most 1 + n / 8) or ``every``, else None: a slice copy per run does what index_copy_ /
+    index_select do, ~3x faster (11,000 rows of 992 bytes: 0.7 against 2.3 ms), and a cohort of new
+    rows with a few written before is a few runs (its new rows take consecutive slots)."""
     n = slots.numel()
     if n == 0:
         return []
     starts = torch.nonzero(slots.diff() != 1).flatten().add_(1)
-    if starts.numel() > n // 8:
+    if starts.numel() > n // 8 and not every:
         return None
     cuts = [0, *starts.tolist(), n]
     return [(a, int(slots[a]), b - a) for a, b in zip(cuts, cuts[1:])]
