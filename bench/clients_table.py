@@ -14,9 +14,9 @@ models this small. Cells whose sequential round would take minutes (CNN with 100
 when named with ``--clients``. The plain loop's final model is checked against the sequential
 FedAvg run (same minibatch draws), so the peers do the same work. GPU rows are added when CUDA is
 available (``--device``). ``--first-layer`` times the batched executor once per first-layer path
-(``fedkernels.first_layer``, through ``FEDKERNELS_FIRST_LAYER``; default ``auto``): the first path
-fills the batched column, the others a line each under the table; the table says which path
-``auto`` took.
+(``fedkernels.first_layer``, through ``FEDKERNELS_FIRST_LAYER``; default ``auto``; ``bf16`` and
+``auto_bf16``: bfloat16 products, other results): the first path fills the batched column, the others
+a line each under the table; the table says which path ``auto`` took.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def run(args, log=print) -> dict:
                             a = cell["_sequential_params"]
                             cell["loop_rel_dev"] = float((r["params"] - a).norm() / a.norm())
                         log(f"[{device}] {model} N={N} plain loop: {r['s_per_round']:.3f} s/round")
+                    _path_devs(cell, args.first_layer)
                     if "sequential" in args.executors and "batched" in args.executors:
                         a, b = cell.pop("_sequential_params"), cell.pop("_batched_params")
                         cell["max_rel_dev"] = float((a - b).norm() / b.norm())
@@ -91,6 +92,16 @@ def run(args, log=print) -> dict:
     return {"machine": info, "threads": args.threads, "K": args.K, "batch": args.batch, "samples": args.samples,
             "rounds": args.rounds, "cells": cells, "load_after": list(os.getloadavg()),
             "first_layer": args.first_layer, "first_layer_auto": fk.backend_info()["first_layer"]["choices"]}
+
+
+def _path_devs(cell: dict, paths: list) -> None:
+    """Each other first-layer path's final model against the batched column's: ‖x_p − x‖ / ‖x‖ (0 for the
+    paths with the same bits, within rounding for gather_bmm, bfloat16's rounding for bf16)."""
+    base = cell.get("_batched_params")
+    for p in paths[1:]:
+        other = cell.get(f"_batched ({p})_params")
+        if base is not None and other is not None:
+            cell[f"batched ({p}) rel_dev"] = float((other - base).norm() / base.norm())
 
 
 @contextlib.contextmanager
@@ -152,8 +163,10 @@ def _first_layer_lines(res: dict) -> list:
     for c in res["cells"]:
         for p in paths[1:]:
             if f"batched ({p})" in c:
+                dev = c.get(f"batched ({p}) rel_dev")
                 out.append(f"- {c['model']} N = {c['N']} {c['algorithm']}, first layer {p}: {_s(c[f'batched ({p})'])} "
-                           f"s/round, {_x(c[f'batched ({p})'], c['flop_floor_s'])} the FLOP floor")
+                           f"s/round, {_x(c[f'batched ({p})'], c['flop_floor_s'])} the FLOP floor"
+                           + ("" if dev is None else f"; model vs the batched column's: {dev:.1e} (rel.)"))
     return out
 
 
@@ -170,7 +183,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", nargs="+", default=None, help="cpu and/or cuda (default: cpu, plus cuda if present)")
     p.add_argument("--no-loop", action="store_true", help="skip the plain PyTorch loop")
-    p.add_argument("--first-layer", nargs="+", default=["auto"], choices=["auto", *fk.first_layer.PATHS],
+    p.add_argument("--first-layer", nargs="+", default=["auto"], choices=list(fk.first_layer.REQUESTS),
                    help="the batched executor's first-layer path(s) (FEDKERNELS_FIRST_LAYER), the first one in the "
                         "batched column")
     p.add_argument("--out", default="bench/results/clients_table.md")

@@ -101,7 +101,7 @@ def choose(X: torch.Tensor, outputs: int, samples: int, clients: int, requested:
         _calibrate.update_cache(path, cache_key, {"first_layer": table})
     if lowp:
         fastest = "bf16" if seconds["bf16"] * (1 + _MARGIN) < seconds[fastest] else fastest
-        source += f", {AUTO_BF16}" + ("" if who != ENV else f" ({ENV})")
+        source += f", {AUTO_BF16}" + ("" if who != ENV else f" from {ENV}")
     _made[memo] = Choice(fastest, source, seconds)
     return _made[memo]
 

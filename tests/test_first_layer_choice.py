@@ -178,7 +178,8 @@ def test_the_run_records_the_path(monkeypatch):
 
 
 @pytest.mark.processes
-def test_a_run_on_workers_records_the_path_as_one_process_does(tmp_path):
+@pytest.mark.parametrize("path", ["gather", "bf16"])
+def test_a_run_on_workers_records_the_path_as_one_process_does(tmp_path, path):
     """run --workers 2 with the batched executor records its ranks' first-layer path in summary.json
     (it recorded nothing: the distributed executor did not pass its inner executor's choice on)."""
     import os
@@ -187,7 +188,7 @@ def test_a_run_on_workers_records_the_path_as_one_process_does(tmp_path):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "FEDKERNELS_FIRST_LAYER": "gather", "OMP_NUM_THREADS": "1"}
+           "FEDKERNELS_FIRST_LAYER": path, "OMP_NUM_THREADS": "1"}
     got = {}
     for name, extra in (("one", []), ("two", ["--workers", "2"])):
         out = tmp_path / name
@@ -197,7 +198,7 @@ def test_a_run_on_workers_records_the_path_as_one_process_does(tmp_path):
                            env=env, capture_output=True, text=True, timeout=300, cwd=root)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
         got[name] = json.loads((out / "summary.json").read_text()).get("first_layer")
-    assert got["one"] == got["two"] == {"path": "gather", "source": "FEDKERNELS_FIRST_LAYER"}
+    assert got["one"] == got["two"] == {"path": path, "source": "FEDKERNELS_FIRST_LAYER"}
 
 
 # --- "bf16": the first layer's products in bfloat16, only when asked for --------------------------------------- #
