@@ -228,7 +228,10 @@ class LazyGenerators(Sequence):
         lo, hi = self.first, self.first + self.n
         if (out := [int(k) for k in states if not lo <= int(k) < hi]):
             raise ValueError(f"the saved client generators name clients {out[:5]} outside this set's {lo}..{hi - 1}")
-        self._made = {}
+        # the generators made before the restore stay the same objects (a kept pass holds them: CohortBatched's
+        # probe, reused for the first block), back at their seeds' start unless the checkpoint has their state
+        for i, g in self._made.items():
+            g.manual_seed(int(self._seeds[i]))
         for k, st in states.items():
             self[int(k) - lo].set_state(st)
 

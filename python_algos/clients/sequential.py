@@ -19,6 +19,7 @@ from .probe import check_clients, check_population
 from .separable import separability, side_effect_free
 
 __all__ = ["SequentialClients"]
+ROW_ALIGN = 64  # bytes: where a row's gradient is computed (SequentialClients._aligned)
 
 
 class SequentialClients(ClientSet):
@@ -87,6 +88,7 @@ class SequentialClients(ClientSet):
         self.coupled: Optional[str] = None  # why samples are coupled ("": they are not); probed when first needed
         self.loss_kind = None  # a population's, decided once for every client (probe.check_population)
         self._scratch: Optional[torch.Tensor] = None
+        self._row: Optional[torch.Tensor] = None  # a misaligned row's aligned copy (_aligned)
         if check_data and lazy:  # before the run starts; what only a client's data can tell, when it is built
             check = check_population(model, loss_fn, self.probed, self.batch_size, first_client)
             self.clients.guard, self.loss_kind = check.guard, check.kind
@@ -107,8 +109,21 @@ class SequentialClients(ClientSet):
     def gradients_(self, X, G, ids=None):
         binder = self._binder(X)
         for j, i in enumerate(range(self.rows) if ids is None else ids.tolist()):
-            self.local_gradient_(i, X[j], G[j], bind=None if binder is None else functools.partial(binder, j))
+            x, bind = X[j], None if binder is None else functools.partial(binder, j)
+            if x.data_ptr() % ROW_ALIGN:
+                x, bind = self._aligned(x)
+            self.local_gradient_(i, x, G[j], bind=bind)
         return G
+
+    def _aligned(self, x: torch.Tensor) -> tuple:
+        """A copy of row x at a ``ROW_ALIGN``-byte boundary and its bind(). Kernels on the parameter views
+        (BLAS's product of a one-sample batch) peel to the vector width, so a row elsewhere in a stack (row j
+        of N, of a streamed chunk, of a rank's shard) got other last bits: the gradient is the row's, wherever
+        it lies. A fresh tensor starts at such a boundary (torch's CPU allocator aligns to 64 bytes)."""
+        if self._row is None or self._row.shape[1] != x.numel() or self._row.dtype != x.dtype:
+            self._row = torch.empty(1, x.numel(), dtype=x.dtype, device=x.device)
+        self._row[0].copy_(x)
+        return self._row[0], functools.partial(self._binder(self._row), 0)
 
     def _binder(self, X: torch.Tensor) -> Optional[Callable[[int], None]]:
         """``fk.FlatParams.row_binder`` of the stack X (per-row parameter views built once), cached
