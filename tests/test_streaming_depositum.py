@@ -3,19 +3,22 @@
 {ram, disk} × {float64, float32} × chunks of 1, 5 and N equals the dense run bit for bit (the model, every
 metric of every round, every client's rows of x, y, m, g), gossip and local iterations both; the batched
 executor too; a resumed streamed run equals the uninterrupted one; the kept boundary rows are few on a ring;
-a dense W is refused naming the topology, state='dense' and mixing='sparse'."""
+a dense W is refused naming the topology, state='dense' and mixing='sparse'. A ring, star or torus past
+topology.SPARSE_BUILD nodes is built as its non-zeros, with the dense build's weights."""
 
 from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import fedkernels as fk
 from python_algos import simulate
-from python_algos.algorithms import depositum_stream
+from python_algos.algorithms import depositum_stream, streamed
+from python_algos.algorithms import topology as topo
 from python_algos.algorithms.depositum import DEPOSITUM
 from python_algos.algorithms.topology import NAMES
 from python_algos.clients.base import ClientSet
@@ -67,7 +70,7 @@ def _chunked(monkeypatch, size):
         ran.append(real(self, n))
         return ran[-1]
     monkeypatch.setattr(ClientSet, "stream_chunks", spy)
-    monkeypatch.setattr(depositum_stream, "stream_rows", lambda *a: size)
+    monkeypatch.setattr(streamed, "stream_rows", lambda *a: size)
     return ran
 
 
@@ -139,3 +142,44 @@ def test_a_dense_mixing_matrix_is_refused_naming_the_topology_and_the_fixes(stat
 def test_auto_keeps_a_dense_mixing_run_dense():
     got = _run(_alg("ring", mixing="auto"), state="auto")
     assert isinstance(got.state.x, torch.Tensor)
+
+
+# -- a large ring, star or torus: W as its non-zeros (topology.SparseTopology), never N x N ----------------------
+
+
+@pytest.mark.parametrize("name", ["ring", "torus", "star"])
+def test_a_graph_past_sparse_build_has_the_dense_builds_weights(name, monkeypatch):
+    dense = topo.build(name, 12)
+    monkeypatch.setattr(topo, "SPARSE_BUILD", 8)
+    sparse = topo.build(name, 12)
+    assert isinstance(sparse, topo.SparseTopology) and not isinstance(dense, topo.SparseTopology)
+    np.testing.assert_allclose(sparse.W, dense.W, rtol=0, atol=1e-15)  # a star's centre sums its weights apart
+    assert np.array_equal(sparse.adjacency, dense.adjacency) and list(sparse.degrees) == list(dense.degrees)
+    assert sparse.nnz == dense.nnz and sparse.lambda_w == pytest.approx(dense.lambda_w, abs=1e-14)
+    assert sparse == dense and hash(sparse) == hash(dense)
+    for layout in ("sparse", "dense"):
+        got, want = sparse.matrix(layout=layout), dense.matrix(layout=layout)
+        assert got.layout == want.layout and torch.equal(got.to_dense(), torch.tensor(sparse.W))
+    if name != "star":
+        assert np.array_equal(sparse.W, dense.W)
+
+
+def test_a_ring_of_a_hundred_thousand_is_its_non_zeros():
+    ring = topo.ring(10**5)  # dense: an 80 GB W and an O(N^3) eigen-decomposition
+    assert isinstance(ring, topo.SparseTopology) and ring.nnz == 3 * 10**5 and ring.mean_degree == 2
+    W = ring.matrix(layout="auto")
+    assert W.layout == torch.sparse_coo and W._nnz() == 3 * 10**5
+    with pytest.raises(ValueError, match="connected"):
+        topo.SparseTopology(4, np.array([0, 2]), np.array([1, 3]), "two edges")
+
+
+@pytest.mark.parametrize("name", ["ring", "torus"])
+def test_a_streamed_run_on_a_sparse_built_graph_is_the_dense_built_runs(name, monkeypatch):
+    """The same W, built without its N x N array: a streamed run on it equals the dense run on the dense-built W."""
+    dense = _run(_alg(name))
+    monkeypatch.setattr(topo, "SPARSE_BUILD", 8)
+    _chunked(monkeypatch, 5)
+    alg = _alg(name)
+    got = _run(alg, state="disk")
+    assert isinstance(alg.graph(N), topo.SparseTopology)
+    _same(got, dense)

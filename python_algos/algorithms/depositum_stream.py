@@ -2,7 +2,8 @@
 
 With ``simulate(..., state="ram"|"disk")`` DEPOSITUM's four ``[N, d]`` stacks are stores
 (:class:`~python_algos.clients.state_store.ClientStateStore`) and :func:`streamed_round` runs
-``DEPOSITUM.round`` C clients at a time (C from :func:`~python_algos.clients.state_plan.stream_rows`):
+``DEPOSITUM.round`` C clients at a time (C from :func:`~python_algos.clients.state_plan.stream_rows`, as
+:mod:`.streamed` asks it):
 
 1. per chunk: the fused step (10)/(11)/(12a) on its rows; x̃ written over x, m over m;
 2. per chunk (a gossip iteration): x_i = Σ_j w_ij x̃_j from the rows that hold x̃ still, then the fresh
@@ -38,7 +39,7 @@ import fedkernels as fk
 from ..clients.row_sum import RowSum, sum_rows
 from ..clients.state_plan import stream_rows
 from ..clients.state_store import ClientStateStore
-from .streamed import store_beside
+from . import streamed
 
 __all__ = ["streamed_round", "row_mean", "row_sq_dev_mean", "PIECE"]
 
@@ -58,13 +59,14 @@ class _Plan(NamedTuple):
     chunks: tuple  # _Chunk, in order
     width: int  # the most columns a piece gathers
     slots: int  # the most rows kept at once
+    degree: float  # W's off-diagonal non-zeros over N: the d-vectors a gossip sends (and receives) per client
 
 
 def streamed_round(alg, state, clients, reg):
     """One DEPOSITUM iteration over every client, chunk after chunk (module docstring)."""
     X, Y, M, G_old, t = state
     fields = type(state).client_fields
-    rows = stream_rows(len(fields) + PIECE + 1, X.dim, torch.empty((), dtype=X.dtype).element_size())
+    rows = streamed.stream_rows(len(fields) + PIECE + 1, X.dim, torch.empty((), dtype=X.dtype).element_size())
     chunks = clients.stream_chunks(rows)
     comm = alg.communicates(t)
     plan = _plan(alg, clients, chunks) if comm else None
@@ -81,12 +83,12 @@ def streamed_round(alg, state, clients, reg):
                 _track(alg, clients, ids, x, Y, G_old)
         if comm:
             side = _side(X, plan.slots)
-            _count(alg, clients)  # x̃ to and from each neighbour
+            _count(clients, plan.degree)  # x̃ to and from each neighbour
             for chunk in plan.chunks:
                 x = _mix(X, side, chunk, clients, plan.width)
                 X.scatter_(chunk.ids, x)
                 _track(alg, clients, chunk.ids, x, Y, G_old)  # ỹ written over y
-            _count(alg, clients)  # ỹ
+            _count(clients, plan.degree)  # ỹ
             for chunk in plan.chunks:
                 Y.scatter_(chunk.ids, _mix(Y, side, chunk, clients, plan.width))
     return state._replace(t=t + 1)
@@ -145,7 +147,8 @@ def _plan(alg, clients, chunks) -> _Plan:
                 else:
                     slot_of[j], used = used, used + 1
             out[-1] = out[-1]._replace(keep_slots=slot_of[out[-1].keep])
-        plan = alg._stream_plans[key] = _Plan(tuple(out), width, max(used, 1))
+        deg = int(torch.count_nonzero(v[r != c])) / n  # as clients.gossip_ counts
+        plan = alg._stream_plans[key] = _Plan(tuple(out), width, max(used, 1), int(deg) if deg == int(deg) else deg)
     return plan
 
 
@@ -169,16 +172,14 @@ def _side(like: ClientStateStore, slots: int) -> ClientStateStore:
     """The store of ``slots`` kept pre-mix rows, made once per state (its x store) and kept while it lives."""
     side = _SIDES.get(like)
     if side is None or side.rows < slots:
-        side = _SIDES[like] = store_beside(like, slots)
+        side = _SIDES[like] = streamed.store_beside(like, slots)
     return side
 
 
-def _count(alg, clients) -> None:
+def _count(clients, degree) -> None:
     """One gossip's d-vectors, as ``clients.gossip_`` counts them: the mean degree up and down."""
-    deg = alg.graph(clients.num_clients).mean_degree
-    deg = int(deg) if deg == int(deg) else deg
-    clients.comm.up += deg
-    clients.comm.down += deg
+    clients.comm.up += degree
+    clients.comm.down += degree
 
 
 

@@ -18,6 +18,11 @@ Default weights (the spec's suggestion, the seed gives none): Metropolis–Hasti
 graph these are J (every entry 1/N; ``complete`` sets them exactly), DEPOSITUM's server-equivalent
 case (paper Remark 3).
 
+A ring, star or torus of more than ``SPARSE_BUILD`` = 1024 nodes is a :class:`SparseTopology`: built
+from its edges and kept as W's non-zeros (O(N) memory and time; the dense build takes an N x N array and
+an O(N^3) eigen-decomposition: 45 s at N = 4,000), with the same weights (a star's centre, summed in
+another order, may differ in its last bits).
+
 Validation (``Topology.__init__``, so every constructor) raises ``ValueError`` naming the violated
 property: square and finite, symmetric, non-negative, rows (hence columns) summing to 1, the graph of
 the off-diagonal non-zeros connected (the error lists the components), and ``lambda_W < 1`` (fails
@@ -34,6 +39,7 @@ import torch
 
 __all__ = [
     "Topology",
+    "SparseTopology",
     "NAMES",
     "build",
     "ring",
@@ -50,6 +56,7 @@ NAMES = ("ring", "complete", "star", "torus", "erdos_renyi")
 _ALIASES = {"er": "erdos_renyi", "erdos-renyi": "erdos_renyi", "full": "complete", "grid": "torus"}
 _TOL = 1e-9  # absolute tolerance of the symmetry / stochasticity checks (W entries are in [0, 1])
 SPARSE_DENSITY = 1 / 32  # "auto" layout: sparse COO product when nnz(W) < N^2 / 32 (measured crossover ~1/40 on CPU)
+SPARSE_BUILD = 1024  # a ring, star or torus of more nodes is built as its non-zeros (SparseTopology), never N x N
 
 
 class Topology:
@@ -114,11 +121,93 @@ class Topology:
         return isinstance(other, Topology) and self.name == other.name and np.array_equal(self.W, other.W)
 
     def __hash__(self):
-        return hash((self.name, self.W.tobytes()))
+        return hash((self.name, self.num_nodes, self.nnz))  # equal matrices: equal counts, whatever their class
 
     def __repr__(self):
         return (f"Topology({self.name!r}, N={self.num_nodes}, mean_degree={self.mean_degree:g}, "
                 f"lambda_W={self.lambda_w:.4f})")
+
+
+class SparseTopology(Topology):
+    """A ring, star or torus of more than :data:`SPARSE_BUILD` nodes: W kept as its non-zeros (``rows``,
+    ``cols``, ``vals``, row-major), never as the N x N array (80 GB at N = 10^5), with Metropolis–Hastings
+    weights, so a run of 10^5 gossiping clients holds O(N) of it. ``W`` and ``adjacency`` are built
+    when asked for (N x N). Validated: every self-weight positive, rows summing to 1, connected; then
+    ``lambda_W < 1`` holds (W symmetric, doubly stochastic, primitive), so ``lambda_w`` (a dense
+    eigen-decomposition, O(N^3)) is computed only when read."""
+
+    def __init__(self, n: int, i: np.ndarray, j: np.ndarray, name: str):  # noqa: D107 - edges i < j, distinct
+        deg = np.bincount(i, minlength=n) + np.bincount(j, minlength=n)
+        w = 1.0 / (1.0 + np.maximum(deg[i], deg[j]))
+        diag = 1.0 - (np.bincount(i, weights=w, minlength=n) + np.bincount(j, weights=w, minlength=n))
+        rows, cols = np.concatenate([i, j, np.arange(n)]), np.concatenate([j, i, np.arange(n)])
+        order = np.lexsort((cols, rows))
+        self.rows, self.cols, self.vals = rows[order], cols[order], np.concatenate([w, w, diag])[order]
+        self.name, self.num_nodes, self.degrees = name, n, deg
+        if not (diag > 0).all() or np.abs(np.bincount(self.rows, weights=self.vals, minlength=n) - 1).max() > _TOL:
+            raise ValueError(f"topology {name!r}: the Metropolis–Hastings weights must give positive self-weights "
+                             f"and rows summing to 1")
+        if len(_components_of_edges(n, i, j)) > 1:
+            raise ValueError(f"topology {name!r}: the graph must be connected")
+
+    @property
+    def W(self) -> np.ndarray:
+        W = np.zeros((self.num_nodes, self.num_nodes))
+        W[self.rows, self.cols] = self.vals
+        W.setflags(write=False)
+        return W
+
+    @property
+    def adjacency(self) -> np.ndarray:
+        A = self.W != 0
+        np.fill_diagonal(A, False)
+        return A
+
+    @property
+    def lambda_w(self) -> float:
+        return _lambda_w(self.W)
+
+    @property
+    def nnz(self) -> int:
+        return int(np.count_nonzero(self.vals))
+
+    def matrix(self, dtype=torch.float64, device=None, layout: str = "auto") -> torch.Tensor:
+        if layout not in ("auto", "dense", "sparse"):
+            raise ValueError(f"layout must be 'auto', 'dense' or 'sparse', got {layout!r}")
+        n = self.num_nodes
+        if layout == "dense" or (layout == "auto" and self.nnz >= SPARSE_DENSITY * n * n):
+            return torch.tensor(self.W, dtype=dtype, device=device)
+        at = torch.from_numpy(np.stack([self.rows, self.cols]))
+        vals = torch.tensor(self.vals, dtype=dtype)
+        nz = vals != 0  # as the dense W's to_sparse_coo drops a weight the dtype rounds to zero
+        return torch.sparse_coo_tensor(at[:, nz], vals[nz], (n, n), is_coalesced=True,
+                                       check_invariants=True).to(device)
+
+    def __eq__(self, other):
+        if isinstance(other, SparseTopology):
+            return self.name == other.name and self.num_nodes == other.num_nodes and all(
+                np.array_equal(getattr(self, k), getattr(other, k)) for k in ("rows", "cols", "vals"))
+        return super().__eq__(other)
+
+    __hash__ = Topology.__hash__
+
+    def __repr__(self):
+        return f"SparseTopology({self.name!r}, N={self.num_nodes}, mean_degree={self.mean_degree:g})"
+
+
+def _components_of_edges(n: int, i: np.ndarray, j: np.ndarray) -> list:
+    """The connected components of the graph of edges (i[k], j[k]): labels spread along the edges."""
+    label = np.arange(n)
+    while True:
+        lo = np.minimum(label[i], label[j])
+        new = label.copy()
+        np.minimum.at(new, i, lo)
+        np.minimum.at(new, j, lo)
+        while not np.array_equal(new[new], new):  # each node to its label's label, to the end of the chain
+            new = new[new]
+        if np.array_equal(new, label):
+            return [np.flatnonzero(label == c) for c in np.unique(label)]
+        label = new
 
 
 # --------------------------------------------------------------------------- validation
@@ -243,12 +332,8 @@ def from_matrix(W, name: str = "custom") -> Topology:
 def ring(n: int) -> Topology:
     """Cycle 0-1-...-(n-1)-0 (n = 2: one edge; n = 1: a single node)."""
     n = _check_n(n, "ring")
-    A = np.zeros((n, n), dtype=bool)
-    for i in range(n):
-        for j in ((i + 1) % n, (i - 1) % n):
-            if j != i:
-                A[i, j] = True
-    return from_adjacency(A, name="ring")
+    i = np.arange(n)
+    return _from_edges(n, i, (i + 1) % n, "ring")
 
 
 def complete(n: int) -> Topology:
@@ -261,9 +346,7 @@ def complete(n: int) -> Topology:
 def star(n: int) -> Topology:
     """Node 0 connected to every other node."""
     n = _check_n(n, "star")
-    A = np.zeros((n, n), dtype=bool)
-    A[0, 1:] = A[1:, 0] = True
-    return from_adjacency(A, name="star")
+    return _from_edges(n, np.zeros(n - 1, dtype=np.int64), np.arange(1, n), "star")
 
 
 def torus(n: int, rows: Optional[int] = None) -> Topology:
@@ -276,15 +359,21 @@ def torus(n: int, rows: Optional[int] = None) -> Topology:
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1 or n % rows:
         raise ValueError(f"torus: rows must be a positive divisor of n = {n}, got {rows!r}")
     cols = n // rows
-    A = np.zeros((n, n), dtype=bool)
-    for r in range(rows):
-        for c in range(cols):
-            i = r * cols + c
-            for j in (((r + 1) % rows) * cols + c, ((r - 1) % rows) * cols + c,
-                      r * cols + (c + 1) % cols, r * cols + (c - 1) % cols):
-                if j != i:
-                    A[i, j] = A[j, i] = True
-    return from_adjacency(A, name="torus")
+    r, c = np.divmod(np.arange(n), cols)
+    down, right = ((r + 1) % rows) * cols + c, r * cols + (c + 1) % cols  # (r - 1, c), (r, c - 1): the same edges
+    return _from_edges(n, np.concatenate([np.arange(n)] * 2), np.concatenate([down, right]), "torus")
+
+
+def _from_edges(n: int, i: np.ndarray, j: np.ndarray, name: str) -> Topology:
+    """The topology of the undirected edges (i[k], j[k]) (self-loops and repeats dropped), Metropolis–Hastings
+    weights: through a dense adjacency up to :data:`SPARSE_BUILD` nodes, else as a :class:`SparseTopology`."""
+    keep = i != j
+    e = np.unique(np.stack([np.minimum(i, j), np.maximum(i, j)])[:, keep], axis=1)
+    if n <= SPARSE_BUILD:
+        A = np.zeros((n, n), dtype=bool)
+        A[e[0], e[1]] = A[e[1], e[0]] = True
+        return from_adjacency(A, name=name)
+    return SparseTopology(n, e[0], e[1], name)
 
 
 def erdos_renyi(n: int, p: Optional[float] = None, seed: int = 0, max_tries: int = 1000) -> Topology:
