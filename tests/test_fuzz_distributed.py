@@ -1,0 +1,218 @@
+"""Differential fuzzer of the distributed executor on populations and client-state stores (issue 39 item 5).
+
+Every example is drawn from a seed: an algorithm with random hyper-parameters and switches (one with partial
+participation, a cohort of 1..N clients; or any server–client algorithm under full participation); N clients
+as a list, a :class:`~python_algos.clients.population.Population` of
+:class:`~python_algos.clients.population.SparseLogistic` clients (client i from (seed, i) alone) or of a data
+set's rows dealt to clients (:class:`~python_algos.data.population_sources.RowClients`), with a cache of 1..4;
+the per-client stacks dense or in a store (``state="ram"``, or ``"disk"``: each rank its own folder; stores
+under a cohort only, as the run allows), float64 or float32, full batches or minibatches, a small model and a
+regularizer. Each example runs with ``executor="distributed"`` (inner sequential) on 1, 2 and 4 ranks (gloo,
+processes spawned as torchrun starts them); ground truth is the one-process sequential run with dense stacks on
+the materialised list: every rank's final model and every recorded metric, bit for bit, and the gradient counts
+of the ranks add up to its. A refusal must come on every rank alike, as a ``ValueError``, where the
+one-process run with that state refuses too.
+
+Default run: 2 seeds on 2 ranks (one spawn); the ``processes`` test draws ``fuzz_budget`` seeds on 1, 2 and 4
+ranks (``--fuzz-long`` for many more, ``--fuzz-seed`` for others).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import tempfile
+import warnings
+from typing import Optional
+
+import _dist_cases
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fedkernels as fk
+
+# per process: the timings, the bytes sent, and this rank's gradient count (checked as a sum over ranks)
+PER_RANK = {"wall_time", "elapsed", "prox_time", "grad_time", "fwd_bwd_time", "sent_bytes", "recv_bytes",
+            "grad_evals", "prox_evals"}
+SWITCHES = {"feddr": {"init_from": ["code", "code", "paper"]}, "fedprox": {"server_prox": [False, True]},
+            "fedavg": {"lr_global": [1.0, 0.5]}, "scaffold": {"lr_global": [1.0, 0.7]},
+            "fedmid": {"lr_server": [1.0, 0.5]}, "fastfedda": {"mu": [0.0, 0.1]},
+            "fednmap": {"downlink": ["z_dbar", "z"]}}
+
+
+@dataclasses.dataclass
+class Case:
+    seed: int
+    alg: str
+    hparams: dict
+    n: int
+    cohort: Optional[int]
+    source: str  # "list", "sparse" (a SparseLogistic population) or "rows" (RowClients)
+    cache: int
+    state: str
+    dtype: torch.dtype
+    dim: int
+    hidden: int  # 0: a linear model
+    batch_size: Optional[int]
+    reg: Optional[float]
+    rounds: int
+    metrics_every: int
+
+    def describe(self) -> str:
+        return (f"seed {self.seed}: {self.alg}{self.hparams} N {self.n} cohort {self.cohort} {self.source} "
+                f"(cache {self.cache}) state {self.state} {self.dtype} dim {self.dim} hidden {self.hidden} "
+                f"batch_size {self.batch_size} reg {self.reg} {self.rounds} rounds metrics_every {self.metrics_every}")
+
+
+def draw(seed: int) -> Case:
+    from python_algos.algorithms.registry import ALGORITHMS
+
+    r = random.Random(seed)
+    n = r.randint(4, 13)  # at least one client per rank on 4 ranks
+    partial = [a for a, e in ALGORITHMS.items() if e.cls.partial_participation]
+    full = [a for a in ALGORITHMS if a != "depositum"]  # DEPOSITUM's gossip: tests/test_distributed.py's cases
+    alg = r.choice(partial) if r.random() < 0.75 else r.choice(full)
+    # a cohort of N is full participation, where the distributed executor refuses a store (it streams on one process)
+    cohort = r.randint(1, n - 1) if ALGORITHMS[alg].cls.partial_participation and r.random() < 0.85 else None
+    hparams = {"lr": r.choice([0.05, 0.1, 0.2]), "local_steps": r.randint(1, 3),
+               **{k: r.choice(v) for k, v in SWITCHES.get(alg, {}).items()}}
+    state = r.choice(["dense", "ram", "disk"]) if cohort is not None else "dense"
+    return Case(seed, alg, hparams, n, cohort, r.choice(["list", "sparse", "sparse", "rows"]), r.randint(1, 4),
+                state, r.choice([torch.float64, torch.float64, torch.float32]), r.randint(2, 7), r.choice([0, 3]),
+                r.choice([None, 1, 2, 4]), r.choice([None, 0.01, 0.1]), r.randint(2, 4), r.choice([1, 2]))
+
+
+def clients(case: Case, listed: bool = False):
+    """The case's N clients: a Population (or a list; ``listed``: always the materialised list)."""
+    from python_algos.clients.population import Population, SparseLogistic
+    from python_algos.data.population_sources import RowClients
+
+    if case.source == "rows":
+        g = torch.Generator().manual_seed(case.seed)
+        rows = case.n * 3 + 5
+        X = torch.randn(rows, case.dim, generator=g, dtype=torch.float64).to(case.dtype)
+        y = (torch.rand(rows, 1, generator=g) < 0.5).to(case.dtype)
+        rs = np.random.default_rng(case.seed)
+        parts = [rs.choice(rows, size=int(rs.integers(1, 6)), replace=False) for _ in range(case.n)]
+        make = RowClients(X, y, parts, name=f"fuzz{case.seed}")
+    else:
+        make = SparseLogistic(seed=case.seed, dim=case.dim, samples=2 + case.seed % 5, dtype=case.dtype)
+    if listed or case.source == "list":
+        return [make(i) for i in range(case.n)]
+    return Population(case.n, make, cache=case.cache, recipe=make.recipe)
+
+
+def model(case: Case) -> nn.Module:
+    torch.manual_seed(case.seed)
+    layers = [nn.Linear(case.dim, 1)] if not case.hidden else \
+        [nn.Linear(case.dim, case.hidden), nn.Tanh(), nn.Linear(case.hidden, 1)]
+    return nn.Sequential(*layers).to(case.dtype)
+
+
+def run(case: Case, executor: str, folder: str, state: Optional[str] = None, listed: bool = False):
+    """The case's run: (final model, metrics rows, gradient counts), or the refusal's message."""
+    import python_algos as pa
+    from python_algos.algorithms.registry import make
+
+    state = state or case.state
+    alg = make(case.alg, lr=case.hparams["lr"], local_steps=case.hparams["local_steps"],
+               **{k: v for k, v in case.hparams.items() if k not in ("lr", "local_steps")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            hist = pa.simulate(alg, model(case), F.binary_cross_entropy_with_logits, clients(case, listed),
+                               case.rounds, fk.Zero() if case.reg is None else fk.L1(case.reg), case.batch_size,
+                               seed=case.seed, metrics_every=case.metrics_every, clients_per_round=case.cohort,
+                               executor=executor,
+                               executor_options={"inner": "sequential"} if executor == "distributed" else None,
+                               state=state, state_folder=os.path.join(folder, f"s{case.seed}")
+                               if state == "disk" else None, threads=1)
+        except ValueError as e:
+            return f"ValueError: {e}"
+    rows = [{k: v for k, v in m.items() if k not in PER_RANK} for m in [hist.initial, *hist.metrics]]
+    return hist.params, rows, [m.get("grad_evals") for m in [hist.initial, *hist.metrics]]
+
+
+def rank_main(rank: int, world: int, port: int, out_dir: str, seeds: list) -> None:
+    """Spawned rank: every seed's case with the distributed executor; saves {seed: result} to rank<r>.pt."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    from python_algos.experiments.launch import finish
+
+    try:
+        out = {seed: run(draw(seed), "distributed", out_dir) for seed in seeds}
+        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        finish(ok=False)
+        raise
+    finish(ok=True)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a.hex() == b.hex() or (math.isnan(a) and math.isnan(b))
+    return type(a) is type(b) and a == b
+
+
+def check(case: Case, got: list) -> Optional[str]:
+    """None when every rank's run is one process's bit for bit (or every rank refused as one process does)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ref = run(case, "sequential", "", state="dense", listed=True)
+        if isinstance(ref, str):
+            return None if all(isinstance(g, str) for g in got) else f"one process refused, the ranks ran: {ref}"
+        if any(isinstance(g, str) for g in got):
+            if len({g if isinstance(g, str) else "" for g in got}) > 1:
+                return f"the ranks disagree: {[g if isinstance(g, str) else 'ran' for g in got]}"
+            with tempfile.TemporaryDirectory() as folder:  # as one process with the case's state refuses
+                alone = run(case, "sequential", folder)
+            return None if isinstance(alone, str) else f"refused on the ranks only: {got[0][:300]}"
+    finally:
+        torch.set_num_threads(n)
+    params, rows, evals = ref
+    for r, (p, rr, _) in enumerate(got):
+        if p.dtype != params.dtype or not torch.equal(p.nan_to_num(), params.nan_to_num()):
+            return f"rank {r}'s model differs by {float((p - params).abs().max()):.3g}"
+        if len(rr) != len(rows):
+            return f"rank {r}: {len(rr)} metrics rows, one process {len(rows)}"
+        for t, (a, b) in enumerate(zip(rr, rows)):
+            bad = {k: (a.get(k), b.get(k)) for k in {*a, *b} if not _same(a.get(k), b.get(k))}
+            if bad:
+                return f"rank {r}, metrics row {t}: {bad}"
+    for t in range(1, len(evals)):
+        if evals[t] is not None and sum(g[2][t] for g in got) != evals[t]:
+            return f"row {t}: the ranks computed {[g[2][t] for g in got]} gradients, one process {evals[t]}"
+    return None
+
+
+def finds(tmp_path, world: int, seeds: list) -> list:
+    _dist_cases.spawn_ranks(rank_main, world, str(tmp_path), seeds, timeout=300 + 20 * len(seeds))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    out = []
+    for seed in seeds:
+        case = draw(seed)
+        why = check(case, [res[seed] for res in ranks])
+        if why is not None:
+            out.append(f"{world} ranks: {why}\n    {case.describe()}")
+    return out
+
+
+def test_two_ranks_on_populations_and_stores_smoke(tmp_path):
+    """Two seeds of the fuzzer below on 2 ranks in the default run."""
+    found = finds(tmp_path, 2, [3, 5])
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_distributed_populations_and_stores_equal_one_process_bit_for_bit(tmp_path, world, fuzz_budget):
+    first, n = fuzz_budget(30)
+    found = finds(tmp_path, world, list(range(first, first + n)))
+    assert not found, f"{len(found)} finds:\n" + "\n".join(found)
