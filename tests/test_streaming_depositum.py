@@ -3,8 +3,9 @@
 {ram, disk} × {float64, float32} × chunks of 1, 5 and N equals the dense run bit for bit (the model, every
 metric of every round, every client's rows of x, y, m, g), gossip and local iterations both; the batched
 executor too; a resumed streamed run equals the uninterrupted one; the kept boundary rows are few on a ring;
-a dense W is refused naming the topology, state='dense' and mixing='sparse'. A ring, star or torus past
-topology.SPARSE_BUILD nodes is built as its non-zeros, with the dense build's weights."""
+a dense W is refused naming the topology, state='dense' and mixing='sparse', a gradient tracker start naming
+state='dense'. A ring, star or torus past topology.SPARSE_BUILD nodes is built as its non-zeros, with the
+dense build's weights."""
 
 from __future__ import annotations
 
@@ -142,6 +143,14 @@ def test_a_dense_mixing_matrix_is_refused_naming_the_topology_and_the_fixes(stat
 def test_auto_keeps_a_dense_mixing_run_dense():
     got = _run(_alg("ring", mixing="auto"), state="auto")
     assert isinstance(got.state.x, torch.Tensor)
+
+
+def test_a_gradient_tracker_start_is_refused_naming_state_dense():
+    """tracker_init='gradient' starts every client's g and y apart (g_i(x^0)): no store starts so."""
+    with pytest.raises(ValueError, match=r"state='disk': DEPOSITUM.init writes every client's row .* "
+                                         r"use state='dense'"):
+        _run(_alg("ring", tracker_init="gradient"), state="disk")
+    assert isinstance(_run(_alg("ring", tracker_init="gradient"), state="auto").state.g, torch.Tensor)
 
 
 # -- a large ring, star or torus: W as its non-zeros (topology.SparseTopology), never N x N ----------------------
