@@ -4,7 +4,8 @@ Every example is drawn from a seed: an algorithm with random hyper-parameters an
 participation, a cohort of 1..N clients; or any server–client algorithm under full participation); N clients
 as a list, a :class:`~python_algos.clients.population.Population` of
 :class:`~python_algos.clients.population.SparseLogistic` clients (client i from (seed, i) alone) or of a data
-set's rows dealt to clients (:class:`~python_algos.data.population_sources.RowClients`), with a cache of 1..4;
+set's rows dealt to clients (:class:`~python_algos.data.population_sources.RowClients`) or a folder of one
+.npz file per client (:class:`~python_algos.data.population_sources.FolderClients`), with a cache of 1..4;
 the per-client stacks dense or in a store (``state="ram"``, or ``"disk"``: each rank its own folder; stores
 under a cohort only, as the run allows), float64 or float32, full batches or minibatches, a small model and a
 regularizer. Each example runs with ``executor="distributed"`` (inner sequential) on 1, 2 and 4 ranks (gloo,
@@ -23,7 +24,6 @@ import dataclasses
 import math
 import os
 import random
-import tempfile
 import warnings
 from typing import Optional
 
@@ -52,7 +52,7 @@ class Case:
     hparams: dict
     n: int
     cohort: Optional[int]
-    source: str  # "list", "sparse" (a SparseLogistic population) or "rows" (RowClients)
+    source: str  # "list", "sparse" (a SparseLogistic population), "rows" (RowClients) or "folder" (FolderClients)
     cache: int
     state: str
     dtype: torch.dtype
@@ -82,17 +82,30 @@ def draw(seed: int) -> Case:
     hparams = {"lr": r.choice([0.05, 0.1, 0.2]), "local_steps": r.randint(1, 3),
                **{k: r.choice(v) for k, v in SWITCHES.get(alg, {}).items()}}
     state = r.choice(["dense", "ram", "disk"]) if cohort is not None else "dense"
-    return Case(seed, alg, hparams, n, cohort, r.choice(["list", "sparse", "sparse", "rows"]), r.randint(1, 4),
-                state, r.choice([torch.float64, torch.float64, torch.float32]), r.randint(2, 7), r.choice([0, 3]),
+    source = r.choice(["list", "sparse", "sparse", "rows", "folder"])
+    return Case(seed, alg, hparams, n, cohort, source, r.randint(1, 4), state,
+                r.choice([torch.float64, torch.float64, torch.float32]), r.randint(2, 7), r.choice([0, 3]),
                 r.choice([None, 1, 2, 4]), r.choice([None, 0.01, 0.1]), r.randint(2, 4), r.choice([1, 2]))
 
 
-def clients(case: Case, listed: bool = False):
+def write_folder(case: Case, root: str) -> None:
+    """The "folder" source's files: one .npz per client (1 to 5 samples, labels 0/1), written before the ranks start."""
+    g = torch.Generator().manual_seed(case.seed)
+    os.makedirs(path := os.path.join(root, "data", f"f{case.seed}"))
+    for i in range(case.n):
+        m = int(torch.randint(1, 6, (), generator=g))
+        np.savez(os.path.join(path, f"c{i:03d}.npz"), X=torch.randn(m, case.dim, generator=g, dtype=torch.float64),
+                 y=torch.randint(0, 2, (m,), generator=g).double())
+
+
+def clients(case: Case, root: str, listed: bool = False):
     """The case's N clients: a Population (or a list; ``listed``: always the materialised list)."""
     from python_algos.clients.population import Population, SparseLogistic
-    from python_algos.data.population_sources import RowClients
+    from python_algos.data.population_sources import FolderClients, RowClients
 
-    if case.source == "rows":
+    if case.source == "folder":  # labels 0/1 as classes: a two-class model and cross-entropy (see ``loss``)
+        make = FolderClients(os.path.join(root, "data", f"f{case.seed}"), classes=[0, 1], test_fraction=0.0)
+    elif case.source == "rows":
         g = torch.Generator().manual_seed(case.seed)
         rows = case.n * 3 + 5
         X = torch.randn(rows, case.dim, generator=g, dtype=torch.float64).to(case.dtype)
@@ -111,7 +124,13 @@ def model(case: Case) -> nn.Module:
     torch.manual_seed(case.seed)
     layers = [nn.Linear(case.dim, 1)] if not case.hidden else \
         [nn.Linear(case.dim, case.hidden), nn.Tanh(), nn.Linear(case.hidden, 1)]
+    if case.source == "folder":
+        layers[-1] = nn.Linear(layers[-1].in_features, 2)
     return nn.Sequential(*layers).to(case.dtype)
+
+
+def loss(case: Case):
+    return F.cross_entropy if case.source == "folder" else F.binary_cross_entropy_with_logits
 
 
 def run(case: Case, executor: str, folder: str, state: Optional[str] = None, listed: bool = False):
@@ -125,12 +144,12 @@ def run(case: Case, executor: str, folder: str, state: Optional[str] = None, lis
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            hist = pa.simulate(alg, model(case), F.binary_cross_entropy_with_logits, clients(case, listed),
+            hist = pa.simulate(alg, model(case), loss(case), clients(case, folder, listed),
                                case.rounds, fk.Zero() if case.reg is None else fk.L1(case.reg), case.batch_size,
                                seed=case.seed, metrics_every=case.metrics_every, clients_per_round=case.cohort,
                                executor=executor,
                                executor_options={"inner": "sequential"} if executor == "distributed" else None,
-                               state=state, state_folder=os.path.join(folder, f"s{case.seed}")
+                               state=state, state_folder=os.path.join(folder, f"s{case.seed}-{executor}")
                                if state == "disk" else None, threads=1)
         except ValueError as e:
             return f"ValueError: {e}"
@@ -160,19 +179,18 @@ def _same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
-def check(case: Case, got: list) -> Optional[str]:
+def check(case: Case, got: list, root: str) -> Optional[str]:
     """None when every rank's run is one process's bit for bit (or every rank refused as one process does)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ref = run(case, "sequential", "", state="dense", listed=True)
+        ref = run(case, "sequential", root, state="dense", listed=True)
         if isinstance(ref, str):
             return None if all(isinstance(g, str) for g in got) else f"one process refused, the ranks ran: {ref}"
         if any(isinstance(g, str) for g in got):
             if len({g if isinstance(g, str) else "" for g in got}) > 1:
                 return f"the ranks disagree: {[g if isinstance(g, str) else 'ran' for g in got]}"
-            with tempfile.TemporaryDirectory() as folder:  # as one process with the case's state refuses
-                alone = run(case, "sequential", folder)
+            alone = run(case, "sequential", root)  # as one process with the case's state refuses
             return None if isinstance(alone, str) else f"refused on the ranks only: {got[0][:300]}"
     finally:
         torch.set_num_threads(n)
@@ -193,12 +211,15 @@ def check(case: Case, got: list) -> Optional[str]:
 
 
 def finds(tmp_path, world: int, seeds: list) -> list:
+    for seed in seeds:
+        if (case := draw(seed)).source == "folder":
+            write_folder(case, str(tmp_path))
     _dist_cases.spawn_ranks(rank_main, world, str(tmp_path), seeds, timeout=300 + 20 * len(seeds))
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
     out = []
     for seed in seeds:
         case = draw(seed)
-        why = check(case, [res[seed] for res in ranks])
+        why = check(case, [res[seed] for res in ranks], str(tmp_path))
         if why is not None:
             out.append(f"{world} ranks: {why}\n    {case.describe()}")
     return out
