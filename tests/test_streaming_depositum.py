@@ -2,10 +2,10 @@
 (issue 39 item 1; python_algos/algorithms/depositum_stream.py): every topology the registry offers ×
 {ram, disk} × {float64, float32} × chunks of 1, 5 and N equals the dense run bit for bit (the model, every
 metric of every round, every client's rows of x, y, m, g), gossip and local iterations both; the batched
-executor too; a resumed streamed run equals the uninterrupted one; the kept boundary rows are few on a ring;
-a dense W is refused naming the topology, state='dense' and mixing='sparse', a gradient tracker start naming
-state='dense'. A ring, star or torus past topology.SPARSE_BUILD nodes is built as its non-zeros, with the
-dense build's weights."""
+executor and a population too; a resumed streamed run equals the uninterrupted one; the kept boundary rows
+are few on a ring; a dense W is refused naming the topology, state='dense' and mixing='sparse', a gradient
+tracker start naming state='dense'. A ring, star or torus past topology.SPARSE_BUILD nodes is built as its
+non-zeros, with the dense build's weights."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from python_algos.algorithms import topology as topo
 from python_algos.algorithms.depositum import DEPOSITUM
 from python_algos.algorithms.topology import NAMES
 from python_algos.clients.base import ClientSet
+from python_algos.clients.population import Population
 from python_algos.clients.state_store import ClientStateStore
 
 SIZES = [3, 9, 5, 17, 2, 6, 30, 4, 8, 11, 7, 5]  # 12 clients of unequal sizes: the torus is 3 x 4
@@ -92,6 +93,22 @@ def test_the_batched_executor_streams_bit_for_bit(monkeypatch):
     dense = _run(alg, executor="batched")
     _chunked(monkeypatch, 5)
     _same(_run(alg, executor="batched", state="ram"), dense)
+
+
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_a_population_streams_bit_for_bit(executor, monkeypatch):
+    """Clients built on demand (a cache of 4: the batched executor streams its own blocks of 4)."""
+    clients = _clients(torch.float64)
+
+    def run(**kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return simulate(_alg("torus"), _model(torch.float64), nn.functional.cross_entropy,
+                            Population(N, lambda i: clients[i], cache=4), 4, fk.L1(0.01), seed=4, batch_size=4,
+                            executor=executor, **kw)
+    dense = run()
+    _chunked(monkeypatch, 3)
+    _same(run(state="disk"), dense)
 
 
 def test_a_ring_keeps_its_boundary_rows_only(monkeypatch):
