@@ -64,6 +64,8 @@ class Case:
     chunk: int
     metrics_every: int
     stop: Optional[tuple]  # (round the first run stops after, checkpoint every), then resumed
+    resume_chunk: Optional[int] = None  # the resumed run's chunk (another machine's memory), None: the same
+    cohort: Optional[int] = None  # clients_per_round: the store gathers a cohort's rows instead of streaming
 
 
 def _many_clients(seed: int, r: random.Random) -> Example:
@@ -103,12 +105,15 @@ def draw_case(seed: int) -> Case:
     stop = (r.randint(1, rounds - 1), r.randint(1, 2)) if r.random() < 0.3 else None
     if hparams.get("downlink") == "z":  # FedNMap refuses it with c_update_at="round_end"
         hparams["c_update_at"] = "round_start"
+    more = random.Random(seed * 7919 + 3)
+    resume_chunk = more.choice([None, 1, 2, n]) if stop else None
+    cohort = more.randint(1, n) if ALGORITHMS[alg].cls.partial_participation and more.random() < 0.3 else None
     case = Case("", ex, alg, hparams, reg, rounds, dtype, population, executor, r.choice(["ram", "disk"]), chunk,
-                r.choice([1, 2]), stop)
+                r.choice([1, 2]), stop, resume_chunk, cohort)
     case.desc = (f"seed {seed}: {alg}{hparams} reg {reg} {rounds} rounds {dtype} "
                  f"{'list' if population is None else f'population(cache={population})'} {executor} "
                  f"{ex.options[executor]} state {case.state} chunks of {chunk} metrics_every {case.metrics_every} "
-                 f"stop/checkpoint {stop}\n    problem {ex.desc}")
+                 f"stop/checkpoint {stop} resumed in chunks of {resume_chunk} cohort {cohort}\n    problem {ex.desc}")
     return case
 
 
@@ -130,16 +135,18 @@ def refusal(case: Case) -> str:
     return alg.stream_refusal(n) if inspect.signature(alg.stream_refusal).parameters else alg.stream_refusal()
 
 
-def run(case: Case, state: str = "dense", executor: Optional[str] = None, folder: Optional[str] = None, **kw):
-    executor = executor or case.executor
+def run(case: Case, state: str = "dense", executor: Optional[str] = None, folder: Optional[str] = None,
+        chunk: Optional[int] = None, **kw):
+    executor, chunk = executor or case.executor, chunk or case.chunk
     alg = _algorithm(case)
-    with warnings.catch_warnings(), mock.patch.object(streamed, "stream_rows", lambda *a: case.chunk):
+    with warnings.catch_warnings(), mock.patch.object(streamed, "stream_rows", lambda *a: chunk):
         warnings.simplefilter("ignore")
         return simulate(alg, case.ex.build(case.dtype), case.ex.loss_fn, _clients(case), case.rounds,
                         fk.Zero() if case.reg is None else fk.L1(case.reg), case.ex.batch_size, seed=case.ex.seed,
                         metrics_every=case.metrics_every, executor=executor,
                         executor_options=dict(case.ex.options[executor]), state=state,
-                        state_folder=folder if state == "disk" else None, threads=None, **kw)
+                        state_folder=folder if state == "disk" else None, threads=None,
+                        clients_per_round=case.cohort, **kw)
 
 
 def _same_value(a, b) -> bool:
@@ -183,7 +190,7 @@ def _streamed(case: Case, folder: str):
     run(case, case.state, folder=f"{folder}/rows", callbacks=[lambda t, s, m: t == stop,
                                                               Checkpoint(ckpt.Checkpointer(path), every)])
     snap = ckpt.load(path)
-    return run(case, case.state, folder=f"{folder}/rows", resume=snap), int(snap["round"])
+    return run(case, case.state, folder=f"{folder}/rows", chunk=case.resume_chunk, resume=snap), int(snap["round"])
 
 
 def check(case: Case) -> Optional[str]:
@@ -194,7 +201,7 @@ def check(case: Case) -> Optional[str]:
         return None
     if not bool(torch.isfinite(dense.params).all()):
         return None  # diverged: a checkpoint refuses to write it, and NaN metrics compare as nothing
-    refused = refusal(case)
+    refused = refusal(case) if case.cohort is None else ""  # a cohort's rows are gathered, never streamed
     with tempfile.TemporaryDirectory() as folder:
         try:
             got, first = _streamed(case, folder)
