@@ -3,9 +3,9 @@
 Ground truth: the sequential executor in one process. The same runs on 2 and 3 ranks (processes
 spawned with torch.multiprocessing, joining through the environment exactly as under torchrun)
 must give the single-process model and metrics bit for bit (a mean and the metric pass add in
-one process's order) for every registered algorithm, full gradients and minibatches, partial
-participation where supported; DEPOSITUM on a ring and a complete graph to 1e-12 relative (its
-gossip mixes a rank's rows in another order). The measured
+one process's order, the gossip adds each row's products in one process's order, a metric's mean over
+the clients is torch's on the gathered rows) for every registered algorithm, full gradients and
+minibatches, partial participation where supported, DEPOSITUM on a ring and a complete graph. The measured
 communication is checked against the declared costs and against the topology (bytes), and the
 command line is run for real under torchrun: 2 processes, ``--workers``, two "nodes" through a
 localhost rendezvous, a killed rank restarted by ``--max-restarts 1``, and resuming a checkpoint
@@ -62,16 +62,11 @@ def test_same_model_and_metrics_as_one_process(ranks, reference, name):
     ref = reference[name]
     for r, got in enumerate(runs[name]):
         assert got["executor"] == "distributed" and got["world_size"] == world
-        assert rel(got["params"], ref["params"]) <= 1e-12, (name, r)
         assert torch.equal(got["params"], runs[name][0]["params"])  # replicated: the same bits on every rank
-        for key, v in ref["last"].items():  # the metric pass, DEPOSITUM's consensus metrics: reduced over ranks
-            if key not in TIMING and isinstance(v, float):
-                assert got["last"][key] == pytest.approx(v, rel=1e-9, abs=1e-12), (name, r, key)
-        if not name.startswith("depositum"):  # means and the metric pass add in one process's order
-            assert torch.equal(got["params"], ref["params"]), (name, r)
-            bad = {k: (got["last"][k], v) for k, v in ref["last"].items()  # the evals: this rank's clients'
-                   if k not in TIMING | {"grad_evals", "prox_evals"} and got["last"][k] != v}
-            assert not bad, (name, r, bad)
+        assert torch.equal(got["params"], ref["params"]), (name, r)
+        bad = {k: (got["last"][k], v) for k, v in ref["last"].items()  # the evals: this rank's clients'
+               if k not in TIMING | {"grad_evals", "prox_evals"} and got["last"][k] != v}
+        assert not bad, (name, r, bad)
         assert [{k: c[k] for k in ("up", "down")} for c in got["comm"]] == ref["comm"]
 
 

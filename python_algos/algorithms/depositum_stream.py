@@ -188,15 +188,15 @@ def _count(clients, degree) -> None:
 
 def row_mean(V) -> torch.Tensor:
     """``(1/N) Σ_i V[i]`` in :mod:`~python_algos.clients.row_sum`'s order, so a store's rows (summed chunk
-    after chunk) give a dense stack's bits; a tensor subclass (the distributed executor's rows of a rank,
-    which all-reduces its own ``mean``) by its ``mean``."""
+    after chunk) give a dense stack's bits; a tensor subclass (the distributed executor's rows of a rank)
+    by its ``sum_rows()``, every rank's rows in that order."""
     if isinstance(V, ClientStateStore):
         acc = RowSum(V.dim, V.dtype)
         for _, rows in V.chunks(_metric_rows(V)):
             acc.add_(rows)
         return acc.sum().div_(V.rows)
     if type(V) is not torch.Tensor:
-        return V.mean(dim=0)
+        return V.sum_rows().div_(V.num_clients)
     return sum_rows(V).div_(V.shape[0])
 
 
@@ -208,7 +208,7 @@ def row_sq_dev_mean(V, center: torch.Tensor) -> float:
             acc.add_((rows - center).pow(2).sum(dim=1, keepdim=True))
         return float(acc.sum()) / V.rows
     if type(V) is not torch.Tensor:
-        return float((V - center).pow(2).sum(dim=1).mean())
+        return float((V - center).pow(2).sum(dim=1, keepdim=True).sum_rows()) / V.num_clients
     return float(sum_rows((V - center).pow(2).sum(dim=1, keepdim=True))) / V.shape[0]
 
 

@@ -41,8 +41,8 @@ sequential executor when too few clients would share one).
 Bits independent of the memory budget. A client's gradient depends only on its own batch and
 padded length, never on which clients share its pass; passes always hold at least two rows (a
 single client's pass is computed on a duplicated row: a lone matrix product may take another
-kernel than a batched one); the metric pass keeps each client's loss in an [N] vector and sums
-the losses and the gradients once, in client order, after all passes (never per chunk).
+kernel than a batched one); the metric pass adds the clients' losses and gradients in client order
+in :mod:`.row_sum`'s blocks, an order no cut of the clients changes (never a sum per chunk).
 So ``memory_budget`` / ``chunk_clients`` (and a GPU's free memory) change the speed, not the result.
 One exception is known (tests/test_engine_batched_metric.py): in float32 on CPU a client's gradient
 can differ in its last bit with its row's position in the pass (the alignment of its gathered
@@ -86,6 +86,7 @@ from .data import TensorData, client_data
 from .losses import LossKind
 from .population import LazyGenerators, Population
 from .probe import check_clients
+from .row_sum import RowSum
 from .separable import separability, side_effect_free
 
 __all__ = ["BatchedClients", "default_memory_budget", "STATEFUL_NORMS"]
@@ -365,6 +366,13 @@ class BatchedClients(ClientSet):
                       + batch * self.X_all[:1].numel() * self.X_all.element_size())
         return int(self.memory_budget // per_client)
 
+    pad_to: Optional[int] = None  # the run's longest client, when this process holds a shard of the run's clients
+
+    def longest_client(self) -> int:
+        """The most samples of any client here, or of the run's (``pad_to``: the distributed executor sets it
+        on a rank): a batch is padded to at most this, so which clients share a process changes no bit."""
+        return max(self.sizes) if self.pad_to is None else self.pad_to
+
     def padded_length(self, length: int, longest: int) -> int:
         """The batch length a client of ``length`` samples is computed at: its own when samples
         are coupled; otherwise the next power of two, at most the call's ``longest`` batch. A
@@ -456,7 +464,7 @@ class BatchedClients(ClientSet):
         batches = self._batch_indices(clients)
         # padded up to the longest batch of any client here, not of this call's: a client's bits are then the
         # same whichever clients share the call (a streamed round's chunk, a cohort, all of them)
-        longest = max(self.sizes) if self.batch_size is None else min(self.batch_size, max(self.sizes))
+        longest = self.longest_client() if self.batch_size is None else min(self.batch_size, self.longest_client())
         fb = self._gradients(X, G, batches, values=None, longest=longest)
         self.fwd_bwd_seconds += fb
         self.grad_seconds += time.perf_counter() - t0
@@ -639,32 +647,31 @@ class BatchedClients(ClientSet):
         return v
 
     # -- evaluation -------------------------------------------------------------------------------
-    def full_objective_(self, x, grad_out):
+    def full_objective_(self, x, grad_out, *, start: Optional[tuple] = None, total: Optional[int] = None):
         """f(x) = (1/N) sum_i f_i(x) and its gradient, all clients' full data in vectorized passes.
-        Each client's loss goes into its slot of an [N] vector and its gradient is added to
-        ``grad_out`` in client order; f is then summed once, in client order, after every pass.
-        No sum is taken per chunk, so neither ``chunk_clients`` nor ``memory_budget`` changes a
-        bit of f or of the gradient. No side effects (see :meth:`ClientSet.full_objective_`)."""
+        The clients' gradients and losses (float64) are added in client order in :mod:`.row_sum`'s blocks,
+        an order that any cut of the clients keeps: neither ``chunk_clients`` nor ``memory_budget``
+        changes a bit of f or of the gradient, and a shard of ``total`` clients continues the sums of
+        the clients before it, ``start = (losses, gradients)`` (two :class:`~.row_sum.RowSum`, continued
+        in place: the distributed executor's metric pass, added as one process adds it).
+        No side effects (see :meth:`ClientSet.full_objective_`)."""
         x = x.detach()
-        N = self.num_clients
-        grad_out.zero_()
-        blocks = _even_parts(range(N), max(1, min(N, self._chunk_rows(max(self.sizes)))))
+        n, N = self.num_clients, self.num_clients if total is None else int(total)
+        losses, grads = start if start is not None else (RowSum(1, torch.float64, self.device),
+                                                         RowSum(self.dim, self.dtype, self.device))
+        blocks = _even_parts(range(n), max(1, min(n, self._chunk_rows(max(self.sizes)))))
         block = len(blocks[0])
         G = self._aligned_rows(block)
-        losses = torch.empty(N, dtype=self.dtype, device=self.device)  # client i's loss f_i(x)
+        values = torch.empty(block, dtype=self.dtype, device=self.device)  # a block's losses f_i(x)
         rows = self._aligned_rows(block).copy_(x.expand(block, -1))  # real rows, as a stack's (a stride-0
         # batch may take other kernels), each starting on a cache line: a strided matrix product's
         # bits can depend on its operands' alignment, which must not change with a row's position
-        longest = max(self.sizes)  # of the whole pass, not of a block: padding must not depend on the blocks
+        longest = self.longest_client()  # of the whole run, not of a block: padding must not depend on the blocks
         with side_effect_free(self.model, self.device):
             for ids in blocks:
                 c = len(ids)
-                batches = [self._whole(i) for i in ids]
-                self._gradients(rows[:c], G[:c], batches, losses[ids[0]: ids[0] + c], longest)
-                for k in range(c):
-                    grad_out.add_(G[k])
-        grad_out.div_(N)
-        f = 0.0
-        for fi in losses.tolist():  # one fixed order, the client order (as the sequential executor sums)
-            f += fi
-        return f / N
+                self._gradients(rows[:c], G[:c], [self._whole(i) for i in ids], values[:c], longest)
+                grads.add_(G[:c])
+                losses.add_(values[:c, None].to(torch.float64))
+        grad_out.copy_(grads.sum().div_(N))
+        return float(losses.sum()) / N

@@ -11,9 +11,9 @@ its own batch and the call, never of which clients share its pass (``BatchedClie
 the training is the list run's bit for bit (tests/test_population.py, float64; in float32 the
 torch.func path can differ in a last bit with a row's position in its pass, as the list run's own
 passes do: tests/test_engine_batched_metric.py's xfail). The metric pass streams blocks of ``population.cache``
-clients and combines the blocks' means weighted by their sizes: with one block (N <= the cache) it
-is the list run's pass bit for bit; with more, f and its gradient differ from it by the summation
-order only (and a block's padding takes that block's longest client).
+clients, each continuing the same sums of the clients' losses and gradients in client order (the list
+run's order, :mod:`.row_sum`): with one block (N <= the cache) it is the list run's pass bit for bit;
+with more, a block's padding takes that block's longest client (the list run's, every client's).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from .base import ClientSet
 from .data import client_data
 from .population import PROBE_CLIENTS, LazyGenerators, Population
 from .probe import check_population
+from .row_sum import RowSum
 
 __all__ = ["CohortBatched"]
 
@@ -111,16 +112,13 @@ class CohortBatched(ClientSet):
     def _broadcast(self, v):
         return v
 
-    def full_objective_(self, x, grad_out):
-        """f(x) and its gradient over every client: the blocks' means, weighted by their sizes (module docstring)."""
-        N = self.num_clients
-        total = torch.zeros_like(grad_out)
+    def full_objective_(self, x, grad_out, *, start: Optional[tuple] = None, total: Optional[int] = None):
+        """f(x) and its gradient over every client: each block continues the sums ``start`` (module docstring;
+        ``start`` / ``total`` as :meth:`BatchedClients.full_objective_`'s)."""
+        sums = start if start is not None else (RowSum(1, torch.float64, self.device),
+                                                RowSum(self.dim, self.dtype, self.device))
+        N = self.num_clients if total is None else int(total)
         f = 0.0
-        g = torch.empty_like(grad_out)
-        for members in self._blocks():
-            n = len(members)
-            fi = self._over(members).full_objective_(x, g)  # (1/n) sums over the block
-            total.add_(g, alpha=n / N)
-            f += fi * n / N
-        grad_out.copy_(total)
+        for members in self._blocks():  # each writes the sums so far into grad_out; the last one's are the result
+            f = self._over(members).full_objective_(x, grad_out, start=sums, total=N)
         return f

@@ -14,18 +14,20 @@ whose answers cross ranks where the spec crosses the client / server boundary:
 ``broadcast(v)``        nothing to send: the server state is replicated (below)
 ``gossip_(X, W)``       neighbour exchange: each rank sends, point to point, only the rows
                         another rank's clients have as neighbours (never the whole stack),
-                        then mixes its rows with one local product
+                        then mixes its rows with one process's product (see ``_plan``)
 ``participants()``      every rank replays the same draw from the run's seed and keeps the
                         sampled clients it holds, as *local* row indices (see below)
-``full_objective_``     the loss and gradient sums chained the same way (sequential inner)
+``full_objective_``     the loss and gradient sums chained the same way (either inner)
 ======================  ===================================================================
 
 **One process's bits.** A mean adds the rows in one process's order (:mod:`.row_sum`, which any cut
 of the rows keeps): rank r receives ranks 0..r - 1's running sum, adds its own rows and hands it on;
-the last rank broadcasts the sum. The sequential metric pass continues the gradient and loss sums
-client after client the same way. So a run equals the one-process sequential run bit for bit; the
-price is latency, the ranks adding one after another (a sum of the ranks' partial sums, one
-all-reduce, would add in another order).
+the last rank broadcasts the sum. The metric pass continues the gradient and loss sums the same
+way (the sequential inner executor's client after client, the batched one's in row_sum's blocks);
+a batched inner pads a client's batch up to the run's longest client, not its shard's; the gossip
+adds each row's products in one process's order. So a run equals the one-process run of its inner
+executor bit for bit, on any number of ranks; the price is latency, the ranks adding one after
+another (a sum of the ranks' partial sums, one all-reduce, would add in another order).
 
 **The server state is replicated.** Every rank applies the same server update (the same fused,
 deterministic kernels) to the same broadcast vector, so every rank holds bit-identical server
@@ -44,8 +46,12 @@ per-round imbalance (hypergeometric) is recorded in ``participant_loads`` and di
 docs/scaling-out.md. Rebalancing would change which rank computes which client, not the result.
 
 **Metrics.** ``algorithm.report`` and ``state_metrics`` may read client stacks (DEPOSITUM reports
-the client average x̄): :meth:`report` / :meth:`state_metrics` hand them the rank's rows wrapped so
-that means and sums over the client dimension are all-reduced (:class:`_ClientRows`).
+the client average x̄): :meth:`report` / :meth:`state_metrics` hand them the rank's rows wrapped
+(:class:`_ClientRows`) so that a mean or sum over the client dimension is torch's on the full
+stack, bit for bit: the ranks' rows are gathered on rank 0 (an ``[N, ...]`` stack there for the
+moment of the reduction), which reduces and broadcasts; ``sum_rows()`` adds them in row_sum's
+order, chained as a mean is (no stack gathered). The metric pass runs on every rank, chained as
+above: a metric equals the one-process run's bit for bit.
 
 **Communication counters.** ``comm.up`` / ``comm.down`` count d-vectors per client exactly as the
 in-process executors do (the algorithm's declared costs); ``comm.sent_bytes`` / ``comm.recv_bytes``
@@ -162,6 +168,11 @@ class DistributedClients(ClientSet):
             err = e
         process_group.agree(err)
         self.inner_executor = self.inner.executor
+        if hasattr(self.inner, "longest_client"):  # a batched inner pads batches up to the run's longest client
+            longest = torch.tensor([self.inner.longest_client()], device=self._collective_device(device))
+            if self.world_size > 1:
+                dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self.group)
+            self.inner.pad_to = int(longest)  # as one process does: not its shard's, which would change the bits
         # the inner batched executor's first-layer path, recorded in the run's setup as one process records its
         # own: each rank calibrates on its own shard, and "auto" only picks among paths with the same bits
         self.first_layer = getattr(self.inner, "first_layer", None)
@@ -181,6 +192,8 @@ class DistributedClients(ClientSet):
 
     # -- client-local work ------------------------------------------------------------
     def gradients_(self, X, G, ids=None):
+        if ids is not None and ids.numel() == 0:  # none of the round's cohort is here (the inner ones expect some)
+            return G
         return self.inner.gradients_(X, G, ids)
 
     # -- participation ------------------------------------------------------------------
@@ -207,15 +220,16 @@ class DistributedClients(ClientSet):
         n = divisor if divisor is not None else (self.num_clients if ids is None else self._k)
         return self._row_sum(S, first).div_(n)
 
-    def _row_sum(self, S: torch.Tensor, first: int) -> torch.Tensor:
+    def _row_sum(self, S: torch.Tensor, first: int, metric: bool = False) -> torch.Tensor:
         """The sum of every rank's rows in client order, added as one process adds them (:mod:`.row_sum`:
         blocks of BLOCK rows from the first, each summed row after row, the block sums added in order;
         any cut of the rows keeps it). This rank's whole blocks are summed before anything arrives;
         then it takes ranks 0..r - 1's running sum (the finished blocks' total, the open block's sum and
         its row count < BLOCK, exact in any float dtype: 2d + 1 numbers), closes the open block with its
-        first rows, adds its block sums and its last rows, and hands it on; the last rank broadcasts."""
-        acc = RowSum(self.dim, S.dtype, S.device)
-        d, last, m = self.dim, self.world_size - 1, S.shape[0]
+        first rows, adds its block sums and its last rows, and hands it on; the last rank broadcasts.
+        ``metric``: the bytes count as the metrics' (``metric_bytes``), not the algorithm's."""
+        d, last, m = S.shape[1], self.world_size - 1, S.shape[0]
+        acc = RowSum(d, S.dtype, S.device)
         head = min((-first) % BLOCK, m)  # the rows that close the block ranks 0..r - 1 left open
         whole = (m - head) // BLOCK * BLOCK
         sums = None
@@ -227,7 +241,7 @@ class DistributedClients(ClientSet):
         buf = torch.empty(2 * d + 1, dtype=S.dtype, device=S.device) if self.world_size > 1 else None
         if self.rank > 0:
             dist.recv(buf, src=self.rank - 1, group=self.group)
-            self.comm.recv_bytes += buf.numel() * buf.element_size()
+            self._count(0, buf, metric)
             acc.total.copy_(buf[:d])
             acc.part.copy_(buf[d : 2 * d])
             acc.open = int(buf[2 * d])  # acc.rows counts this rank's rows only: the sum does not read it
@@ -242,14 +256,23 @@ class DistributedClients(ClientSet):
             buf[d : 2 * d].copy_(acc.part)
             buf[2 * d] = acc.open
             dist.send(buf, dst=self.rank + 1, group=self.group)
-            self.comm.sent_bytes += buf.numel() * buf.element_size()
+            self._count(buf, 0, metric)
         out = acc.sum() if self.rank == last else torch.empty(d, dtype=S.dtype, device=S.device)
         dist.broadcast(out, src=last, group=self.group)
         if self.rank == last:
-            self.comm.sent_bytes += out.numel() * out.element_size()
+            self._count(out, 0, metric)
         else:
-            self.comm.recv_bytes += out.numel() * out.element_size()
+            self._count(0, out, metric)
         return out
+
+    def _count(self, sent, received, metric: bool) -> None:
+        """Bytes of the tensors ``sent`` / ``received`` (0: none) in the algorithm's counters, or the metrics'."""
+        sent, received = (t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0 for t in (sent, received))
+        if metric:
+            self.metric_bytes += sent + received
+        else:
+            self.comm.sent_bytes += sent
+            self.comm.recv_bytes += received
 
     def _mean(self, S, divisor=None):  # not reached: mean() is overridden
         raise AssertionError("DistributedClients.mean does the reduction")
@@ -260,10 +283,10 @@ class DistributedClients(ClientSet):
     # -- gossip ---------------------------------------------------------------------------
     def _gossip_(self, X, W):
         plan = self._plan(W)
-        n = self.rows
-        ext = self.workspace("_gossip_ext", rows=n + plan["m"])
-        ext[:n].copy_(X)
+        ext = plan["ext"]
+        ext[plan["own"] : plan["own"] + self.rows].copy_(X)
         if self.world_size > 1 and plan["ops"]:
+            got = self.workspace("_gossip_recv", rows=plan["m"]) if plan["m"] else None
             ops = []
             for q, send_idx, off, cnt in plan["ops"]:
                 if send_idx.numel():
@@ -271,10 +294,16 @@ class DistributedClients(ClientSet):
                     ops.append(dist.P2POp(dist.isend, buf, q, group=self.group))
                     self.comm.sent_bytes += buf.numel() * self._itemsize
                 if cnt:
-                    ops.append(dist.P2POp(dist.irecv, ext[off : off + cnt], q, group=self.group))
+                    ops.append(dist.P2POp(dist.irecv, got[off : off + cnt], q, group=self.group))
                     self.comm.recv_bytes += cnt * self.dim * self._itemsize
             for req in dist.batch_isend_irecv(ops):
                 req.wait()
+            if got is not None:
+                ext.index_copy_(0, plan["at"], got)
+        if plan["W"].layout != torch.sparse_coo:  # every client's row of W X: one process's product (see _plan)
+            out = self.workspace("_gossip_all", rows=self.num_clients)
+            torch.mm(plan["W"], ext, out=out)
+            return X.copy_(out[self.lo : self.hi])
         out = self.workspace("_gossip")
         torch.mm(plan["W"], ext, out=out)
         return X.copy_(out)
@@ -282,11 +311,18 @@ class DistributedClients(ClientSet):
     _PLANS_KEPT = 4  # mixing matrices whose plans are cached (an algorithm uses one per run)
 
     def _plan(self, W: torch.Tensor) -> dict:
-        """Who needs which rows of whom, for the mixing matrix W.
+        """Who needs which rows of whom, for the mixing matrix W, and the product that mixes them.
 
         The rank's rows of W·X use the columns of W's rows lo..hi with a nonzero entry; the ones
-        outside the shard are received from their owners (``m`` rows), appended after the local
-        rows. Symmetrically, a row is sent to rank q when one of q's rows of W uses it.
+        outside the shard are received from their owners (``m`` rows), into the extended stack
+        ``ext`` with the local rows, *in client order*. Symmetrically, a row is sent to rank q when
+        one of q's rows of W uses it. One process's bits: a sparse W's product adds each row's
+        terms in the order of their columns, so the local rows of W, their columns renumbered in
+        that order, add the same terms in the same order; a dense W's product (BLAS) adds in an
+        order that depends on the matrices' shapes, so every rank computes one process's whole
+        ``[N, N] x [N, d]`` product, ``ext`` holding every client's row (zeros where a row is
+        not read: those entries of W are 0) and keeps its rows of the result: an ``[N, d]`` stack
+        and the full product on every rank (a dense W is for small or dense graphs).
 
         Cached by W's *content*: each plan keeps a copy of the W it was built from and is reused
         only for an equal matrix (same layout, dtype, shape, indices and values), so a W changed
@@ -303,75 +339,79 @@ class DistributedClients(ClientSet):
             r, c, v = r[nz], c[nz], v[nz.to(v.device)]
         else:
             r, c = torch.nonzero(W.cpu(), as_tuple=True)
-            v = W[r.to(W.device), c.to(W.device)]
-        owner = torch.bucketize(c, torch.tensor([hi for _, hi in self.bounds]), right=True)
-        row_owner = torch.bucketize(r, torch.tensor([hi for _, hi in self.bounds]), right=True)
+        edges = torch.tensor([hi for _, hi in self.bounds])
+        owner, row_owner = torch.bucketize(c, edges, right=True), torch.bucketize(r, edges, right=True)
         mine = row_owner == self.rank
-        ext_index = {}  # global column -> row of the extended stack
-        for j in range(self.lo, self.hi):
-            ext_index[j] = j - self.lo
-        ops, m = [], 0
+        read = torch.zeros(self.num_clients, dtype=torch.bool)
+        read[self.lo : self.hi] = True
+        if Wc is None:
+            read[:] = True  # the whole product (docstring)
+        else:
+            read[c[mine]] = True
+        pos = torch.cumsum(read, 0) - 1  # global column -> row of ext, in client order
+        ops, at, m = [], [], 0
         for q in range(self.world_size):
             if q == self.rank:
                 continue
             need = torch.unique(c[mine & (owner == q)])  # sorted rows of q this rank mixes in
             give = torch.unique(c[(row_owner == q) & (owner == self.rank)])  # rows q mixes in
-            off = self.rows + m
-            for j, g in enumerate(need.tolist()):
-                ext_index[g] = off + j
-            m += need.numel()
             if need.numel() or give.numel():
-                ops.append((q, (give - self.lo).to(self.device), off, int(need.numel())))
-        rl = (r[mine] - self.lo)
-        cl = torch.tensor([ext_index[int(j)] for j in c[mine].tolist()], dtype=torch.long)
-        vals = v[mine.to(v.device)].to(self.dtype)
-        Wloc = torch.sparse_coo_tensor(torch.stack([rl, cl]).to(self.device), vals.to(self.device),
-                                       (self.rows, self.rows + m)).coalesce()
-        if Wc is None:
-            Wloc = Wloc.to_dense()
-        plan = {"W": Wloc, "ops": ops, "m": m}
+                ops.append((q, (give - self.lo).to(self.device), m, int(need.numel())))
+            at.append(pos[need])
+            m += need.numel()
         snapshot = (Wc if Wc is not None else W).detach().clone()
+        if Wc is None:
+            Wloc = snapshot
+        else:
+            idx = torch.stack([r[mine] - self.lo, pos[c[mine]]]).to(self.device)
+            Wloc = torch.sparse_coo_tensor(idx, v[mine.to(v.device)].to(self.dtype).to(self.device),
+                                           (self.rows, int(read.sum()))).coalesce()
+        plan = {"W": Wloc, "ops": ops, "m": m, "at": torch.cat(at).to(self.device) if at else None,
+                "own": int(pos[self.lo]), "ext": torch.zeros(int(read.sum()), self.dim, dtype=self.dtype,
+                                                             device=self.device)}
         self._plans = [(snapshot, plan), *self._plans][: self._PLANS_KEPT]
         return plan
 
     # -- evaluation ---------------------------------------------------------------------
     def full_objective_(self, x, grad_out):
-        if self.inner_executor == "sequential":
-            return self._chained_objective_(x, grad_out)
-        f = self.inner.full_objective_(x, grad_out)  # (1/n_rank) sum over the shard
-        w = self.rows / self.num_clients
-        buf = torch.empty(self.dim + 1, dtype=self.dtype, device=self.device)
-        torch.mul(grad_out, w, out=buf[: self.dim])
-        buf[self.dim] = f * w
-        if self.world_size > 1:
-            dist.all_reduce(buf, group=self.group)
-        self.metric_bytes += buf.numel() * self._itemsize
-        grad_out.copy_(buf[: self.dim])
-        return float(buf[self.dim])
-
-    def _chained_objective_(self, x, grad_out) -> float:
-        """The metric pass as one process adds it, client after client: rank r continues the sums
-        (gradient and loss) of ranks 0..r - 1 over its own clients and hands them on; the last rank's
-        are sent to every rank. The ranks run one after another (a sum over their partial sums would
-        add in another order, and the metrics would differ from one process in their last bits)."""
-        buf = torch.empty(self.dim + 1, dtype=torch.float64, device=self.device)  # exact for float32 too
-        start = None
+        """The metric pass as one process adds it, client after client: rank r receives the sums of ranks
+        0..r - 1 (gradient and loss), continues them over its own clients and hands them on; the last
+        rank's f and gradient are sent to every rank. The ranks run one after another (a sum of their
+        partial sums would add in another order, and the metrics would differ from one process in their
+        last bits). The sums are the inner executor's: the sequential one's running sums (d + 1 numbers),
+        the batched one's :class:`~.row_sum.RowSum` of the gradients and of the losses (2d + 3); sent as
+        float64, exact for float32 too."""
+        d, last, batched = self.dim, self.world_size - 1, self.inner_executor == "batched"
+        buf = torch.zeros(2 * d + 3 if batched else d + 1, dtype=torch.float64, device=self.device)
         if self.rank > 0:
             dist.recv(buf, src=self.rank - 1, group=self.group)
-            grad_out.copy_(buf[: self.dim])
-            start = float(buf[self.dim])
             self.metric_bytes += buf.numel() * buf.element_size()
-        f = self.inner.full_objective_(x, grad_out, start=start, total=self.num_clients)
-        if self.world_size > 1:
-            buf[: self.dim].copy_(grad_out)
-            buf[self.dim] = f
-            if self.rank < self.world_size - 1:
-                dist.send(buf, dst=self.rank + 1, group=self.group)
-            dist.broadcast(buf, src=self.world_size - 1, group=self.group)
-            self.metric_bytes += 2 * buf.numel() * buf.element_size()
-            grad_out.copy_(buf[: self.dim])
-            f = float(buf[self.dim])
-        return f
+        if batched:
+            sums = (RowSum(1, torch.float64, self.device), RowSum(d, self.dtype, self.device))
+            if self.rank > 0:
+                _row_sums(sums, buf, load=True)
+            f = self.inner.full_objective_(x, grad_out, start=sums, total=self.num_clients)
+            _row_sums(sums, buf, load=False)
+        else:
+            if self.rank > 0:
+                grad_out.copy_(buf[:d])
+            f = self.inner.full_objective_(x, grad_out, start=float(buf[d]) if self.rank > 0 else None,
+                                           total=self.num_clients)
+            buf[:d].copy_(grad_out)
+            buf[d] = f
+        if self.world_size == 1:
+            return f
+        if self.rank < last:
+            dist.send(buf, dst=self.rank + 1, group=self.group)
+            self.metric_bytes += buf.numel() * buf.element_size()
+        out = torch.empty(d + 1, dtype=torch.float64, device=self.device)
+        if self.rank == last:
+            out[:d].copy_(grad_out)
+            out[d] = f
+        dist.broadcast(out, src=last, group=self.group)
+        self.metric_bytes += out.numel() * out.element_size()
+        grad_out.copy_(out[:d])
+        return float(out[d])
 
     def report(self, algorithm, state, reg):
         with self._rows_view(state) as st:
@@ -386,7 +426,7 @@ class DistributedClients(ClientSet):
     @contextlib.contextmanager
     def _rows_view(self, state):
         """The state with its client stacks (the fields its class declares in ``client_fields``) as
-        :class:`_ClientRows` (reductions over clients all-reduced)."""
+        :class:`_ClientRows` (reductions over the clients: every rank's rows)."""
         if not hasattr(state, "_replace"):
             yield state
             return
@@ -398,6 +438,21 @@ class DistributedClients(ClientSet):
             yield state._replace(**wrap) if wrap else state
         finally:
             _ClientRows.context.set(token)
+
+    def _gather_rows(self, rows: torch.Tensor) -> Optional[torch.Tensor]:
+        """Every rank's rows (``rows``: this rank's, ``[n_rank, ...]``), in client order, on rank 0 (None
+        on the others): a metric's reduction over the clients (_reduce_over_clients)."""
+        nbytes = rows.numel() * rows.element_size()
+        if self.rank > 0:
+            dist.send(rows.contiguous(), dst=0, group=self.group)
+            self.metric_bytes += nbytes
+            return None
+        full = torch.empty((self.num_clients, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        full[: self.hi].copy_(rows)
+        for q, (lo, hi) in enumerate(self.bounds[1:], start=1):
+            dist.recv(full[lo:hi], src=q, group=self.group)
+        self.metric_bytes += full.numel() * full.element_size() - nbytes
+        return full
 
     def _global_row(self, rows: torch.Tensor, i: int) -> torch.Tensor:
         """Row of global client i (e.g. FedCanonII reports client 0's replica), sent by its owner."""
@@ -414,7 +469,11 @@ class DistributedClients(ClientSet):
         return row
 
     def any_rank(self, flag: bool) -> bool:
-        return process_group.any_rank(flag, self.device if self.device.type == "cuda" else torch.device("cpu"))
+        return process_group.any_rank(flag, self._collective_device(self.device))
+
+    @staticmethod
+    def _collective_device(device: torch.device) -> torch.device:
+        return device if device.type == "cuda" else torch.device("cpu")
 
     def check_replicas(self, x: torch.Tensor, what: str = "the model") -> None:
         """Raise if ``x`` (a replicated [d] vector) differs between ranks (a checksum of its bytes)."""
@@ -440,6 +499,23 @@ class DistributedClients(ClientSet):
     def shard_info(self) -> dict:
         return {"rank": self.rank, "world_size": self.world_size, "lo": self.lo, "hi": self.hi,
                 "num_clients": self.num_clients}
+
+
+def _row_sums(sums: tuple, buf: torch.Tensor, load: bool) -> None:
+    """``(losses, gradients)`` :class:`RowSum` state to (``load=False``) or from ``buf``: the gradients'
+    total and open block (2d), the losses' (2), the open block's row count (the same for both)."""
+    losses, grads = sums
+    d = grads.total.numel()
+    for t, view in ((grads.total, buf[:d]), (grads.part, buf[d : 2 * d]), (losses.total, buf[2 * d : 2 * d + 1]),
+                    (losses.part, buf[2 * d + 1 : 2 * d + 2])):
+        if load:
+            t.copy_(view)
+        else:
+            view.copy_(t)
+    if load:
+        losses.open = grads.open = int(buf[-1])
+    else:
+        buf[-1] = grads.open
 
 
 def _running_stats_issue(model: nn.Module, world: int) -> str:
@@ -534,45 +610,37 @@ def _norm_dims(dim, ndim: int):
     return tuple(sorted(out))
 
 
-def _reduce_over_clients(kind: str, args, kwargs, ctx):
-    """``mean`` / ``sum`` of a rank's rows as torch computes them on the full [N, ...] stack, or
-    None when dim 0 is not reduced (a per-client value: computed locally). Signatures:
+def _reduce_over_clients(func, args, kwargs, ctx):
+    """``func`` (``mean`` / ``sum``) of a rank's rows as torch computes it on the full [N, ...] stack,
+    or None when dim 0 is not reduced (a per-client value: computed locally). Torch's own: every
+    rank's rows are gathered in client order on rank 0, which calls ``func`` with the caller's
+    arguments and broadcasts the result, so the bits are one process's (torch's order of adding
+    depends on the stack's length: no sum of the ranks' partial sums gives them). Signatures:
     ``sum(input, dim=None, keepdim=False, *, dtype=None)`` (mean alike; ``dtype`` also positional
     in ``sum(input, dtype)``)."""
     t = args[0]
     rest, kw = list(args[1:]), dict(kwargs)
-    dtype = kw.pop("dtype", None)
+    kw.pop("dtype", None)
     if rest and isinstance(rest[0], torch.dtype):
-        dtype = rest.pop(0)
+        rest.pop(0)
     dim = kw.pop("dim", rest.pop(0) if rest else None)
-    keepdim = kw.pop("keepdim", rest.pop(0) if rest else False)
+    kw.pop("keepdim", rest.pop(0) if rest else None)
     if rest or kw:
-        raise NotImplementedError(f"{kind} of a rank's client rows with {sorted(kw) or rest}: only dim, keepdim and "
-                                  f"dtype are supported")
-    ndim = t.dim()
-    dims = _norm_dims(dim, ndim)
-    if 0 not in dims:
+        raise NotImplementedError(f"{_REDUCTIONS[func]} of a rank's client rows with {sorted(kw) or rest}: only dim, "
+                                  f"keepdim and dtype are supported")
+    if 0 not in _norm_dims(dim, t.dim()):
         return None
-    rows, n, cs = ctx
+    cs = ctx[2]
     with torch._C.DisableTorchFunctionSubclass():
         plain = t.as_subclass(torch.Tensor)
-        if kind == "mean":
-            out_dtype = dtype if dtype is not None else plain.dtype
-            if not (out_dtype.is_floating_point or out_dtype.is_complex):
-                raise RuntimeError("mean(): could not infer output dtype. Input dtype must be either a floating "
-                                   f"point or complex dtype. Got: {str(out_dtype).replace('torch.', '').title()}")
-        local = torch.sum(plain, dim=dims, keepdim=bool(keepdim), dtype=dtype)
-        buf = local.reshape(-1).clone()
+        out = func(plain, *args[1:], **kwargs)  # on every rank, before any message: torch's errors, the result's shape
         if cs.world_size > 1:
-            dist.all_reduce(buf, group=cs.group)
-        cs.metric_bytes += buf.numel() * buf.element_size()
-        total = buf.reshape(local.shape)
-        if kind == "mean":  # the element count of the reduced dims of the full [N, ...] stack
-            count = n
-            for d in dims[1:]:
-                count *= plain.shape[d]
-            total = total / count
-        return total
+            full = cs._gather_rows(plain)
+            if full is not None:
+                out = func(full, *args[1:], **kwargs)
+            dist.broadcast(out, src=0, group=cs.group)
+            cs.metric_bytes += out.numel() * out.element_size()
+        return out
 
 
 def _moves_clients(func, args, kwargs) -> bool:
@@ -617,14 +685,28 @@ class _ClientRows(torch.Tensor):
     """A rank's rows of a client stack, seen by metric code (``report``, ``state_metrics``) only.
 
     Dimension 0 is the client dimension. ``mean`` / ``sum`` whose dims include it (an int, a tuple,
-    negative dims, none: all) are all-reduced and return an ordinary tensor equal to torch's on the
-    full [N, ...] stack, ``keepdim`` and ``dtype`` included. Element-wise arithmetic and reductions
+    negative dims, none: all) return an ordinary tensor, torch's on the full [N, ...] stack bit for bit
+    (gathered on rank 0, :func:`_reduce_over_clients`), ``keepdim`` and ``dtype`` included;
+    :meth:`sum_rows` is :func:`.row_sum.sum_rows` of the full stack. Element-wise arithmetic and reductions
     over the other dimensions keep the rows (still ``_ClientRows``); ``x[i]`` is global client i's
     row. Anything else that would turn a rank's rows into a global value (another reduction or scan
     along the clients, a transpose or product over them, ``float()``) raises
     ``NotImplementedError`` rather than return a partial answer."""
 
     context = contextvars.ContextVar("client_rows", default=None)  # (rows, N, DistributedClients)
+
+    def sum_rows(self) -> torch.Tensor:
+        """``row_sum.sum_rows`` of the full [N, ...] stack (every rank's rows, in :mod:`.row_sum`'s order,
+        chained over the ranks as a mean is), a plain tensor: for metric code that sums a plain stack so."""
+        rows, _, cs = self.context.get()
+        with torch._C.DisableTorchFunctionSubclass():
+            plain = self.as_subclass(torch.Tensor)
+            return cs._row_sum(plain.reshape(rows, -1), cs.lo, metric=True).view(plain.shape[1:])
+
+    @property
+    def num_clients(self) -> int:
+        """N, the clients of the full stack (``shape[0]`` is this rank's rows)."""
+        return self.context.get()[1]
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -634,7 +716,7 @@ class _ClientRows(torch.Tensor):
             any(isinstance(a, _ClientRows) for a in kwargs.values())
         name = getattr(func, "__name__", str(func))
         if ctx is not None and func in _REDUCTIONS and isinstance(args[0], _ClientRows):
-            out = _reduce_over_clients(_REDUCTIONS[func], args, kwargs, ctx)
+            out = _reduce_over_clients(func, args, kwargs, ctx)
             if out is not None:
                 return out
         elif ctx is not None and has_rows and func in _DIM_ARG and isinstance(args[0], _ClientRows) \
