@@ -193,6 +193,23 @@ def test_a_disk_store_of_page_sized_rows_writes_them_directly_and_reads_them_bac
 
 
 @pytest.mark.skipif(not DIRECT, reason="the temporary folder's file system refuses O_DIRECT")
+def test_a_direct_store_streamed_chunk_after_chunk_equals_a_dense_reference(tmp_path):
+    """A streamed round's pattern on rows written directly: each chunk read while the previous chunk's
+    rows are being written, then written back changed, three sweeps."""
+    with mock.patch.object(row_file, "PAD_SHARE", 0):
+        s = ClientStateStore(300, 5, torch.float64, backend="disk", folder=str(tmp_path / "s"))
+        assert s._file.direct
+        ref = torch.randn(300, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+        s.scatter_(None, ref)
+        for _ in range(3):
+            for first, rows in s.chunks(37):
+                assert torch.equal(rows, ref[first:first + rows.shape[0]]), first
+                ref[first:first + rows.shape[0]] = rows * 2 + 1
+                s.scatter_(torch.arange(first, first + rows.shape[0]), rows * 2 + 1)
+        assert torch.equal(s.to_dense(), ref)
+
+
+@pytest.mark.skipif(not DIRECT, reason="the temporary folder's file system refuses O_DIRECT")
 def test_a_failed_direct_write_is_raised_by_every_later_access_and_a_dropped_store_ends_its_thread(tmp_path):
     def full(fd, data, offset):
         raise OSError(28, "No space left on device")
