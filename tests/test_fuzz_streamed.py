@@ -4,14 +4,20 @@
 
 Every example is drawn from a seed: the executor fuzzer's problem (tests/test_fuzz_executors.py: a model, a
 loss, a partition, a batch size, the executors' options, the batched executor's ``chunk_clients`` among
-them), in float64 or float32, as a list or a :class:`~python_algos.clients.population.Population` (a cache
-of 1 to 3 clients); an algorithm among those whose ``stream_refusal()`` is "" (any algorithm made
-streamable later joins by itself) with random hyper-parameters and switches; a store backend; the chunk
-(1, 2, 3, N or any size in between: ``streamed.stream_rows`` set to it) and the executor; sometimes a run
-stopped past a checkpoint and resumed from it. Ground truth: the same simulation with ``state="dense"``
+them) or, one time in five, 64 to 140 SparseLogistic clients (chunks then cut the row sum's 64-row blocks); in
+float64 or float32, as a list or a :class:`~python_algos.clients.population.Population` (a cache of 1 to 3
+clients); any registered algorithm with random hyper-parameters and switches (one whose
+``stream_refusal(N)`` is not "" must refuse the run naming ``state='dense'``; an algorithm made streamable
+joins by itself); a store backend; the chunk (1, 2, 3, N or any size in between: ``streamed.stream_rows``
+set to it) and the executor; sometimes a run stopped past a checkpoint and resumed from it (in the same
+chunks or others), or a cohort (``clients_per_round``) whose rows the store gathers instead of streaming.
+Ground truth: the same simulation with ``state="dense"``
 (the same executor and options: the model, every metric of every round, every client's rows, bit for bit);
 for the batched executor in float64 also the dense sequential run, to 1e-9 of the run's movement (the
-executors differ in summation order only). A refusal is a ``ValueError`` that names ``state='dense'``.
+executors differ in summation order only). One known exception to the bits: float32 on the batched executor's
+torch.func path (not a Linear chain), whose gradients can differ in a last bit with a row's position in its pass
+(tests/test_engine_batched_metric.py's xfail): to 1e-4 there. A refusal is a ``ValueError`` that names
+``state='dense'``.
 
 Default run: a fixed set of seeds (``fuzz_budget``); ``--fuzz-long`` for many more, ``--fuzz-seed`` for others.
 """
@@ -37,6 +43,7 @@ import fedkernels as fk
 from python_algos import simulate
 from python_algos.algorithms import streamed
 from python_algos.algorithms.registry import ALGORITHMS, make
+from python_algos.clients import BatchedClients
 from python_algos.clients.population import Population
 from python_algos.clients.state_store import ClientStateStore
 
@@ -193,6 +200,19 @@ def _streamed(case: Case, folder: str):
     return run(case, case.state, folder=f"{folder}/rows", chunk=case.resume_chunk, resume=snap), int(snap["round"])
 
 
+def _known_float32(case: Case) -> bool:
+    """The known exception to the bits: float32 on the batched executor's torch.func path, where a client's gradient
+    can differ in the last bit with its row's position in a vectorized pass (the alignment of the gathered samples
+    picks another BLAS code path: tests/test_engine_batched_metric.py's xfail), so chunks of other sizes show it."""
+    if case.executor != "batched" or case.dtype != torch.float32:
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cs = BatchedClients(case.ex.build(case.dtype), case.ex.loss_fn, _clients(case), case.ex.batch_size,
+                            **case.ex.options["batched"])
+    return getattr(cs, "probe", cs).chain is None
+
+
 def check(case: Case) -> Optional[str]:
     """None when the streamed run gave the dense run's bits or refused clearly; else what went wrong."""
     try:
@@ -212,6 +232,9 @@ def check(case: Case) -> Optional[str]:
     if refused:
         return f"ran though the algorithm refuses to stream ({refused[:100]})"
     diffs = _differences(got, dense, first)
+    if diffs and _known_float32(case):
+        gap = float((got.params - dense.params).abs().max())
+        diffs = diffs if gap > 1e-4 * max(float(dense.params.abs().max()), 1e-12) else []
     if diffs:
         return "the streamed run differs from the dense one in " + "; ".join(diffs)
     if case.executor == "batched" and case.dtype == torch.float64:
