@@ -294,3 +294,27 @@ def test_a_clients_sequential_gradient_is_the_same_wherever_its_row_lies():
         X.copy_(x0 + 0.01 * torch.arange(n, dtype=torch.float64)[:, None])
         got.append(cs.gradients_(X, torch.empty_like(X)).clone())
     assert all(torch.equal(g, got[0]) for g in got), [torch.equal(g, got[0]) for g in got]
+
+
+# a find whose fix is not local (python_algos/clients/batched.py, the torch.func path): kept as a strict xfail
+@pytest.mark.xfail(strict=True, reason="the batched executor's torch.func path (a per-sample-weighted callable loss, "
+                   "not a Linear chain) gives client 0 other last bits in a call of 3 rows than in one of 4, in "
+                   "float64 too: a streamed chunk's clients differ from the dense run's (FedADMM's z and xhat by "
+                   "1.9e-16, seed 100851)")
+def test_a_batched_float64_torch_func_gradient_does_not_depend_on_the_rows_of_its_call():
+    ex = draw(100851)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cs = BatchedClients(ex.build(torch.float64), ex.loss_fn, ex.data, batch_size=None, seed=1)
+    assert cs.chain is None  # the torch.func path
+    x0, n = cs.flat.params.detach().clone(), len(ex.data)
+    X = x0 + 0.01 * torch.arange(n, dtype=torch.float64)[:, None]
+    first = []
+    for k in range(n, 0, -1):  # client 0's gradient in a call of the first k clients
+        G = torch.empty(k, cs.dim, dtype=torch.float64)
+        cs.gradients_(X[:k].clone(), G, torch.arange(k))
+        first.append(G[0].clone())
+    assert all(torch.equal(g, first[0]) for g in first), [float((g - first[0]).abs().max()) for g in first]
+    case = draw_case(100851)
+    assert (case.alg, case.executor, case.dtype) == ("fedadmm", "batched", torch.float64)
+    assert check(case) is None
