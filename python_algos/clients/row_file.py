@@ -12,8 +12,9 @@ thread writes them to the disk with ``O_DIRECT`` (no page cache: ~20 ms a stack,
 ms of CPU) while the round goes on. A read of rows that write holds, and every write, waits for it
 first (:meth:`RowFile.settle`; a cohort of clients new to the store reads none of them), so the rows
 read back through the mapping are the bits written (the kernel drops the cached pages of a range
-written directly, and a padded row shares no page with another). Smaller rows, or a file system that refuses
-``O_DIRECT``, are copied through the mapping as before.
+written directly, and a padded row shares no page with another). A row read back is then read from
+the disk (a client seen before: a few ms). Smaller rows, or a file system that refuses ``O_DIRECT``,
+are copied through the mapping.
 """
 
 from __future__ import annotations
