@@ -1,18 +1,20 @@
 """Differential fuzzer of the distributed executor on populations and client-state stores (issue 39 item 5).
 
 Every example is drawn from a seed: an algorithm with random hyper-parameters and switches (one with partial
-participation, a cohort of 1..N clients; or any server–client algorithm under full participation); N clients
+participation, a cohort of 1..N-1 clients; or any algorithm under full participation); N = 4..13 clients
 as a list, a :class:`~python_algos.clients.population.Population` of
 :class:`~python_algos.clients.population.SparseLogistic` clients (client i from (seed, i) alone) or of a data
 set's rows dealt to clients (:class:`~python_algos.data.population_sources.RowClients`) or a folder of one
 .npz file per client (:class:`~python_algos.data.population_sources.FolderClients`), with a cache of 1..4;
 the per-client stacks dense or in a store (``state="ram"``, or ``"disk"``: each rank its own folder; stores
 under a cohort only, as the run allows), float64 or float32, full batches or minibatches, a small model and a
-regularizer. Each example runs with ``executor="distributed"`` (inner sequential) on 1, 2 and 4 ranks (gloo,
-processes spawned as torchrun starts them); ground truth is the one-process sequential run with dense stacks on
-the materialised list: every rank's final model and every recorded metric, bit for bit, and the gradient counts
-of the ranks add up to its. A refusal must come on every rank alike, as a ``ValueError``, where the
-one-process run with that state refuses too.
+regularizer; DEPOSITUM too (full participation, dense stacks). Each example runs with
+``executor="distributed"`` on 1, 2 and 4 ranks (gloo, processes spawned as torchrun starts them), each rank's
+clients on the sequential executor or (two in five) the batched one; ground truth is the one-process run on that
+executor with dense stacks, on the materialised list (sequential) or on the same clients (batched: its metric
+pass on a population sums blocks of the cache, the list's up to order): every rank's final model and every
+recorded metric, bit for bit, and the gradient counts of the ranks add up to its. A refusal must come on every
+rank alike, as a ``ValueError``, where the one-process run with that state refuses too.
 
 Default run: 2 seeds on 2 ranks (one spawn); the ``processes`` test draws ``fuzz_budget`` seeds on 1, 2 and 4
 ranks (``--fuzz-long`` for many more, ``--fuzz-seed`` for others).
@@ -62,11 +64,13 @@ class Case:
     reg: Optional[float]
     rounds: int
     metrics_every: int
+    inner: str = "sequential"  # each rank's executor; ground truth: the one-process run on the same executor
 
     def describe(self) -> str:
         return (f"seed {self.seed}: {self.alg}{self.hparams} N {self.n} cohort {self.cohort} {self.source} "
                 f"(cache {self.cache}) state {self.state} {self.dtype} dim {self.dim} hidden {self.hidden} "
-                f"batch_size {self.batch_size} reg {self.reg} {self.rounds} rounds metrics_every {self.metrics_every}")
+                f"batch_size {self.batch_size} reg {self.reg} {self.rounds} rounds metrics_every {self.metrics_every} "
+                f"inner {self.inner}")
 
 
 def draw(seed: int) -> Case:
@@ -75,7 +79,7 @@ def draw(seed: int) -> Case:
     r = random.Random(seed)
     n = r.randint(4, 13)  # at least one client per rank on 4 ranks
     partial = [a for a, e in ALGORITHMS.items() if e.cls.partial_participation]
-    full = [a for a in ALGORITHMS if a != "depositum"]  # DEPOSITUM's gossip: tests/test_distributed.py's cases
+    full = list(ALGORITHMS)
     alg = r.choice(partial) if r.random() < 0.75 else r.choice(full)
     # a cohort of N is full participation, where the distributed executor refuses a store (it streams on one process)
     cohort = r.randint(1, n - 1) if ALGORITHMS[alg].cls.partial_participation and r.random() < 0.85 else None
@@ -85,9 +89,10 @@ def draw(seed: int) -> Case:
     if state != "dense" and hparams.get("init_from") == "paper":  # refused on some ranks only: the xfail below
         hparams["init_from"] = "code"
     source = r.choice(["list", "sparse", "sparse", "rows", "folder"])
+    inner = "batched" if random.Random(seed * 31 + 7).random() < 0.4 else "sequential"
     return Case(seed, alg, hparams, n, cohort, source, r.randint(1, 4), state,
                 r.choice([torch.float64, torch.float64, torch.float32]), r.randint(2, 7), r.choice([0, 3]),
-                r.choice([None, 1, 2, 4]), r.choice([None, 0.01, 0.1]), r.randint(2, 4), r.choice([1, 2]))
+                r.choice([None, 1, 2, 4]), r.choice([None, 0.01, 0.1]), r.randint(2, 4), r.choice([1, 2]), inner)
 
 
 def write_folder(case: Case, root: str) -> None:
@@ -150,7 +155,7 @@ def run(case: Case, executor: str, folder: str, state: Optional[str] = None, lis
                                case.rounds, fk.Zero() if case.reg is None else fk.L1(case.reg), case.batch_size,
                                seed=case.seed, metrics_every=case.metrics_every, clients_per_round=case.cohort,
                                executor=executor,
-                               executor_options={"inner": "sequential"} if executor == "distributed" else None,
+                               executor_options={"inner": case.inner} if executor == "distributed" else None,
                                state=state, state_folder=os.path.join(folder, f"s{case.seed}-{executor}")
                                if state == "disk" else None, threads=1)
         except ValueError as e:
@@ -186,13 +191,16 @@ def check(case: Case, got: list, root: str) -> Optional[str]:
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ref = run(case, "sequential", root, state="dense", listed=True)
+        # the batched metric pass on a population sums blocks of its cache (cohort_batched's docstring: the list's
+        # up to order), so the batched ground truth is the one process on the same clients; the sequential one's is
+        # the list
+        ref = run(case, case.inner, root, state="dense", listed=case.inner == "sequential")
         if isinstance(ref, str):
             return None if all(isinstance(g, str) for g in got) else f"one process refused, the ranks ran: {ref}"
         if any(isinstance(g, str) for g in got):
             if len({g if isinstance(g, str) else "" for g in got}) > 1:
                 return f"the ranks disagree: {[g if isinstance(g, str) else 'ran' for g in got]}"
-            alone = run(case, "sequential", root)  # as one process with the case's state refuses
+            alone = run(case, case.inner, root)  # as one process with the case's state refuses
             return None if isinstance(alone, str) else f"refused on the ranks only: {got[0][:300]}"
     finally:
         torch.set_num_threads(n)
