@@ -86,8 +86,6 @@ def draw(seed: int) -> Case:
     hparams = {"lr": r.choice([0.05, 0.1, 0.2]), "local_steps": r.randint(1, 3),
                **{k: r.choice(v) for k, v in SWITCHES.get(alg, {}).items()}}
     state = r.choice(["dense", "ram", "disk"]) if cohort is not None else "dense"
-    if state != "dense" and hparams.get("init_from") == "paper":  # refused on some ranks only: the xfail below
-        hparams["init_from"] = "code"
     source = r.choice(["list", "sparse", "sparse", "rows", "folder"])
     inner = "batched" if random.Random(seed * 31 + 7).random() < 0.4 else "sequential"
     return Case(seed, alg, hparams, n, cohort, source, r.randint(1, 4), state,
@@ -269,11 +267,6 @@ def rank_refusal_main(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 @pytest.mark.processes
-@pytest.mark.xfail(strict=True, reason="python_algos/clients/state_plan.py (not a local fix): a store's lazy stacks "
-                   "detect an init that writes every client's row by torch's overlap error, which a rank holding one "
-                   "client never raises ([1, d] views do not overlap), so on 2 ranks of 3 clients rank 1 refuses "
-                   "state='ram' and rank 0 waits in init's mean until the timeout (4 ranks of 6: the fuzzer's seed "
-                   "50080 hung); one process refuses")
 def test_an_init_that_writes_every_row_is_refused_on_every_rank(tmp_path):
     _dist_cases.spawn_ranks(rank_refusal_main, 2, str(tmp_path), timeout=120)
     got = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]

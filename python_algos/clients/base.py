@@ -49,7 +49,7 @@ import torch
 import torch.utils.data
 
 from .row_sum import sum_rows
-from .state_plan import check_dense_fits
+from .state_plan import LazyRow, check_dense_fits
 
 __all__ = ["ClientSet", "CommCounter", "client_generators", "seeds"]
 
@@ -202,8 +202,9 @@ class ClientSet(abc.ABC):
         """A new ``[rows, d]`` client stack: zeros, a constant, or every row a copy of a ``[d]`` tensor.
         While ``lazy_stacks`` (a run with a client-state store, :mod:`.state_plan`, during ``init``):
         a read-only stride-0 view of that one row, which the store takes over without an [N, d] copy."""
-        if self.lazy_stacks:
-            return self._new((self.dim,), fill).expand(self.rows, self.dim)
+        if self.lazy_stacks:  # one row: a LazyRow, so that a write is refused as with more rows
+            lazy = self._new((self.dim,), fill).expand(self.rows, self.dim)
+            return lazy if self.rows > 1 else lazy.as_subclass(LazyRow)
         if torch.device(self.device).type == "cpu":  # host memory (a GPU's allocator names its own limit)
             check_dense_fits(self.rows * self.dim * torch.empty((), dtype=self.dtype).element_size(),
                              f"a dense [{self.rows}, {self.dim}] client stack")

@@ -43,6 +43,30 @@ RAM_SHARE = 0.8  # of the memory available, what the state may take: the rest is
 _OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
 
 
+class LazyRow(torch.Tensor):
+    """A one-client lazy stack (``ClientSet.new_stack`` during a store's init, a ``[1, d]`` view of the
+    initial row): a write to it raises torch's overlap error, as one to a lazy stack of 2 rows or more
+    does, so that an init that writes every client's row is refused whatever a process's (a rank's)
+    number of clients. Without it a rank holding one client went on into init's collectives while
+    the others refused (tests/test_fuzz_distributed.py, seed 50080). Results of reads are plain tensors."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        outs = kwargs.get("out", ())
+        written = [args[0]] if args and (name.endswith("_") and not name.startswith("__") or name == "__setitem__") \
+            else []
+        written += list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        schema = getattr(func, "_schema", None)  # a torch.ops op: its mutable arguments
+        if schema is not None:
+            written += [a for a, s in zip(args, schema.arguments) if s.alias_info is not None and s.alias_info.is_write]
+        if any(isinstance(t, LazyRow) for t in written):
+            raise RuntimeError(f"unsupported operation: {_OVERLAP} (a client-state store's lazy row)")
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
 class DoesNotFit(ValueError):
     """The run's state cannot fit in the memory (and disk) this process may use."""
 
