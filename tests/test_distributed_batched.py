@@ -3,12 +3,13 @@
 Ground truth: the one-process batched run (``executor="batched"``, one thread, as every rank). SCAFFOLD
 (per-client state, a cohort of 4, so some rounds leave a rank without a participant), FedCanon (full
 participation, full-batch gradients) and DEPOSITUM on a ring (its dense mixing matrix and a sparse one),
-in float64 and float32: the final model and every recorded metric (loss, gradient and prox-gradient norms,
+in float64 and float32, on a list of clients and a population (blocks of 3 clients, built on demand, cut
+by the ranks): the final model and every recorded metric (loss, gradient and prox-gradient norms,
 DEPOSITUM's consensus metrics) equal the one-process run bit for bit; the per-rank gradient counts add up
-to its. The clients' sizes differ (5 to 29 samples), so a rank's longest client is not the run's:
-the full-batch passes pad to the run's. And the metric pass alone on 150 clients (blocks of
-row_sum.BLOCK = 64 clients cut by the ranks), which adds the clients' losses and gradients in one process's
-order where a sum of the ranks' partial sums would not.
+to its. The clients' sizes differ (5 to 29 samples), so a rank's longest client is not the run's: the
+full-batch passes pad to the run's (a population's: to one process's cohort's or block's). And the metric
+pass alone on 150 clients (blocks of row_sum.BLOCK = 64 clients cut by the ranks), which adds the
+clients' losses and gradients in one process's order where a sum of the ranks' partial sums would not.
 """
 
 from __future__ import annotations
@@ -37,7 +38,17 @@ ALGORITHMS = {"scaffold": ("scaffold", {}, {"batch_size": 4, "clients_per_round"
 
 
 def cases() -> list:
-    return [f"{alg}-{dt}" for alg in ALGORITHMS for dt in DTYPES]
+    return [f"{alg}-{dt}-{kind}" for alg in ALGORITHMS for dt in DTYPES for kind in ("list", "population")]
+
+
+class Clients:
+    """``make_client`` of the test population: client i of :func:`problem`."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.data = problem(dtype)
+
+    def __call__(self, i: int):
+        return self.data[i]
 
 
 def problem(dtype: torch.dtype, n: int = N, size=lambda i: 5 + 3 * i) -> list:
@@ -57,14 +68,17 @@ def model(dtype: torch.dtype) -> nn.Module:
 def run_case(name: str, executor: str) -> dict:
     import python_algos as pa
     from python_algos.algorithms.registry import make
+    from python_algos.clients.population import Population
 
-    alg, dt = name.split("-")
+    alg, dt, kind = name.split("-")
     registry_name, over, kw = ALGORITHMS[alg]
+    # a population in blocks of 3 clients (cut by the ranks): each block pads to its longest client
     options = {"inner": "batched"} if executor == "distributed" else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hist = pa.simulate(make(registry_name, lr=0.05, local_steps=2, **over), model(DTYPES[dt]), F.cross_entropy,
-                           problem(DTYPES[dt]), ROUNDS, regularizer=fk.L1(0.01), seed=3, metrics_every=1,
+                           problem(DTYPES[dt]) if kind == "list" else Population(N, Clients(DTYPES[dt]), cache=3),
+                           ROUNDS, regularizer=fk.L1(0.01), seed=3, metrics_every=1,
                            executor=executor, executor_options=options, threads=1, **kw)
     rows = [{k: v for k, v in m.items() if k not in PER_RANK} for m in [hist.initial, *hist.metrics]]
     return {"params": hist.params, "rows": rows, "world_size": hist.world_size}

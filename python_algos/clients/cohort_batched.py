@@ -4,7 +4,7 @@ call trains, built when the call comes.
 :class:`~.batched.BatchedClients` concatenates every client's samples once; a population's clients
 exist only while in use. :class:`CohortBatched` builds a ``BatchedClients`` over the clients of a
 gradient call (a round's cohort: built once per round, reused by its local steps; under full
-participation, consecutive blocks of ``population.cache`` clients, streamed) and hands it the
+participation, consecutive blocks of ``population.cache`` clients (as given), streamed) and hands it the
 clients' own generators (:class:`~.population.LazyGenerators`), so each client draws the batches it
 would draw in the batched executor over the whole list. A client's gradient there is a function of
 its own batch and the call, never of which clients share its pass (``BatchedClients._gradients``), so
@@ -14,6 +14,12 @@ passes do: tests/test_engine_batched_metric.py's xfail). The metric pass streams
 clients, each continuing the same sums of the clients' losses and gradients in client order (the list
 run's order, :mod:`.row_sum`): with one block (N <= the cache) it is the list run's pass bit for bit;
 with more, a block's padding takes that block's longest client (the list run's, every client's).
+
+On a rank of the distributed executor (``shard``: its first client, the run's N and a MAX all-reduce)
+a cohort and a block pad as one process's do: a cohort to the longest client of the whole cohort (one
+all-reduce per call), full participation and the metric pass in one process's blocks (of the run's
+clients, cut to the rank's), each to the longest client of the whole block (agreed once per run:
+every client of the rank is built once more, to read its size, before the first such call).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class CohortBatched(ClientSet):
     ``chunk_clients``, ``chunk``)."""
 
     executor: ClassVar[str] = "batched"
+    shard: Optional[tuple] = None  # (first client, the run's N, MAX all-reduce of an int64 tensor): on a rank
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Population, batch_size: Optional[int] = None,
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0, *,
@@ -55,6 +62,9 @@ class CohortBatched(ClientSet):
         self.generators = LazyGenerators(seed, self.num_clients, first_client)
         self._key: Optional[tuple] = None
         self._inner = None
+        self._pads: Optional[list] = None  # per block of _blocks(), its padding: a rank's, agreed (module docstring)
+        self.block = data.cache  # clients per block: the cache as given (reserve() raises it for a cohort, the
+        # probe below for its clients: blocks that followed it would depend on the calls before, and a rank's)
         # the loss's kind, decided once for every client from the first few (a cohort's passes are not refused
         # mid-run for a client past them), and what a client's data must hold when it is built
         first = [client_data(data[i], self.dtype, self.device) for i in range(min(PROBE_CLIENTS, self.num_clients))]
@@ -84,8 +94,34 @@ class CohortBatched(ClientSet):
         self.population.reserve(self.clients_per_round or 0)
 
     def _blocks(self) -> list:
-        step = self.population.cache
-        return [list(range(a, min(a + step, self.num_clients))) for a in range(0, self.num_clients, step)]
+        """Consecutive blocks of ``block`` clients; on a rank, one process's blocks of the run's
+        clients that hold some of the rank's, cut to those (module docstring)."""
+        step = self.block
+        lo, total = (0, self.num_clients) if self.shard is None else self.shard[:2]
+        first = lo // step * step
+        return [list(range(max(a, lo) - lo, min(a + step, total, lo + self.num_clients) - lo))
+                for a in range(first, lo + self.num_clients, step)]
+
+    def _padded(self, blocks: list) -> list:
+        """``(block, pad_to)`` for each block: None (its own longest client), or on a rank the longest
+        client of one process's whole block, agreed over the ranks once per run (module docstring)."""
+        if self.shard is None:
+            return [(b, None) for b in blocks]
+        self.agree_pads()
+        return list(zip(blocks, self._pads))
+
+    def agree_pads(self) -> None:
+        """On a rank: agree with the other ranks (a collective: every rank calls it, in the same order) on the
+        padding of one process's blocks, unless already agreed. Before a chained metric pass (distributed)."""
+        if self.shard is None or self._pads is not None:
+            return
+        lo, total, agree = self.shard
+        step = self.block
+        most = torch.zeros(-(-total // step), dtype=torch.int64)
+        for b in self._blocks():
+            most[(lo + b[0]) // step] = max(client_data(self.population[i], self.dtype, self.device).X.shape[0]
+                                            for i in b)
+        self._pads = agree(most)[(lo // step):].tolist()
 
     def stream_chunks(self, size):
         """Its blocks of ``population.cache`` clients, whatever ``size``: a chunk is then a full-participation
@@ -94,10 +130,17 @@ class CohortBatched(ClientSet):
 
     def gradients_(self, X, G, ids=None):
         t0 = time.perf_counter()
-        parts = [(ids.tolist(), slice(None))] if ids is not None else [(b, slice(b[0], b[-1] + 1))
-                                                                      for b in self._blocks()]
-        for members, rows in parts:
+        if ids is not None and self.shard is not None:  # the whole cohort's longest client, agreed by every rank
+            inner = self._over(ids.tolist()) if ids.numel() else None
+            pad = self.shard[2](torch.tensor([max(inner.sizes) if inner is not None else 0]))
+            parts = [(ids.tolist(), slice(None), int(pad))] if inner is not None else []
+        elif ids is not None:
+            parts = [(ids.tolist(), slice(None), None)]
+        else:
+            parts = [(b, slice(b[0], b[-1] + 1), pad) for b, pad in self._padded(self._blocks())]
+        for members, rows, pad in parts:
             inner = self._over(members)
+            inner.pad_to = pad
             fb, n = inner.fwd_bwd_seconds, inner.grad_evals
             inner.gradients_(X[rows], G[rows])
             self.fwd_bwd_seconds += inner.fwd_bwd_seconds - fb
@@ -119,6 +162,8 @@ class CohortBatched(ClientSet):
                                                 RowSum(self.dim, self.dtype, self.device))
         N = self.num_clients if total is None else int(total)
         f = 0.0
-        for members in self._blocks():  # each writes the sums so far into grad_out; the last one's are the result
-            f = self._over(members).full_objective_(x, grad_out, start=sums, total=N)
+        for members, pad in self._padded(self._blocks()):  # each writes the sums so far into grad_out: the last
+            inner = self._over(members)  # one's are the result
+            inner.pad_to = pad
+            f = inner.full_objective_(x, grad_out, start=sums, total=N)
         return f

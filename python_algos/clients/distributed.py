@@ -173,6 +173,8 @@ class DistributedClients(ClientSet):
             if self.world_size > 1:
                 dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self.group)
             self.inner.pad_to = int(longest)  # as one process does: not its shard's, which would change the bits
+        elif hasattr(self.inner, "shard"):  # a population's batched inner: agrees on its pads (cohort_batched)
+            self.inner.shard = (self.lo, n, self._agree_max)
         # the inner batched executor's first-layer path, recorded in the run's setup as one process records its
         # own: each rank calibrates on its own shard, and "auto" only picks among paths with the same bits
         self.first_layer = getattr(self.inner, "first_layer", None)
@@ -192,8 +194,8 @@ class DistributedClients(ClientSet):
 
     # -- client-local work ------------------------------------------------------------
     def gradients_(self, X, G, ids=None):
-        if ids is not None and ids.numel() == 0:  # none of the round's cohort is here (the inner ones expect some)
-            return G
+        if ids is not None and ids.numel() == 0 and getattr(self.inner, "shard", None) is None:
+            return G  # none of the round's cohort is here (a population's batched inner agrees on its padding)
         return self.inner.gradients_(X, G, ids)
 
     # -- participation ------------------------------------------------------------------
@@ -382,6 +384,8 @@ class DistributedClients(ClientSet):
         the batched one's :class:`~.row_sum.RowSum` of the gradients and of the losses (2d + 3); sent as
         float64, exact for float32 too."""
         d, last, batched = self.dim, self.world_size - 1, self.inner_executor == "batched"
+        if hasattr(self.inner, "agree_pads"):  # a collective, so not while the ranks wait on each other below
+            self.inner.agree_pads()
         buf = torch.zeros(2 * d + 3 if batched else d + 1, dtype=torch.float64, device=self.device)
         if self.rank > 0:
             dist.recv(buf, src=self.rank - 1, group=self.group)
@@ -470,6 +474,14 @@ class DistributedClients(ClientSet):
 
     def any_rank(self, flag: bool) -> bool:
         return process_group.any_rank(flag, self._collective_device(self.device))
+
+    def _agree_max(self, t: torch.Tensor) -> torch.Tensor:
+        """The element-wise maximum of ``t`` (int64, on the CPU) over the ranks."""
+        if self.world_size > 1:
+            out = t.to(self._collective_device(self.device))
+            dist.all_reduce(out, op=dist.ReduceOp.MAX, group=self.group)
+            return out.cpu()
+        return t
 
     @staticmethod
     def _collective_device(device: torch.device) -> torch.device:
