@@ -190,9 +190,11 @@ IN_CACHE_NUMEL = 1 << 16  # float32: 256 KiB in + 256 KiB out, in L2 on current 
 def in_cache_numel(dtype: torch.dtype) -> int:
     """Values per in-cache buffer: IN_CACHE_NUMEL float32 values' bytes (half as many float64 values)."""
     return IN_CACHE_NUMEL * 4 // torch.empty(0, dtype=dtype).element_size()
-# (kind, step, lam, p2) of each MCP and SCAD formula (csrc/math/prox.h), step chosen for the regime
+# (kind, step, lam, p2) of each MCP and SCAD formula (csrc/math/prox.h), step chosen for the regime; SCAD's
+# small step at s = 2 has s / (a - 1 - s) * a > 1: the same map with two-term thresholds (kScadSmallEdge)
 IN_CACHE_CASES = {"L1": ("l1", 0.5, 1.0, 0.0), "MCP firm": ("mcp", 0.5, 1.0, 3.0), "MCP hard": ("mcp", 4.0, 1.0, 3.0),
-                  "SCAD small step": ("scad", 0.5, 1.0, 3.7), "SCAD large step": ("scad", 4.0, 1.0, 3.7)}
+                  "SCAD small step": ("scad", 0.5, 1.0, 3.7), "SCAD small step, two-term": ("scad", 2.0, 1.0, 3.7),
+                  "SCAD large step": ("scad", 4.0, 1.0, 3.7)}
 
 
 def in_cache_times(variants: List[str], rounds: int, dtype: torch.dtype = torch.float32) -> Dict[str, Dict[str, float]]:

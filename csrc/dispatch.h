@@ -54,6 +54,7 @@ void dispatch_impl(int impl, F&& f) {
     case kMcpFirm: f(std::integral_constant<int, kMcpFirm>{}); break;
     case kMcpHard: f(std::integral_constant<int, kMcpHard>{}); break;
     case kScadSmall: f(std::integral_constant<int, kScadSmall>{}); break;
+    case kScadSmallEdge: f(std::integral_constant<int, kScadSmallEdge>{}); break;
     case kScadLarge: f(std::integral_constant<int, kScadLarge>{}); break;
     case kClip: f(std::integral_constant<int, kClip>{}); break;
     case kNonNeg: f(std::integral_constant<int, kNonNeg>{}); break;
@@ -77,7 +78,7 @@ void dispatch_op(const Launch& L, const Args& a, Run&& run) {
   dispatch_dtype(L.dtype, [&](auto tag) {
     using S = typename decltype(tag)::type;
     if constexpr (PROX) {
-      dispatch_impl(impl, [&](auto k) { run(Op<S, decltype(k)::value>(a)); });
+      dispatch_impl(impl, [&](auto k) { run(Op<S, impl_for<S>(decltype(k)::value)>(a)); });
     } else {
       run(Op<S, kIdentity>(a));
     }

@@ -34,7 +34,9 @@ def test_backend_info_says_a_cpu_only_build_was_requested():
 def test_kind_table_agrees_with_cpp_planner():
     # the planner's regime choice is visible through its formula id (csrc/math/prox.h ProxImpl)
     impl = {k: _C.plan_prox(code, 1.0, 0.5, 3.7)[0] for k, code in KIND_CODES.items()}
-    assert impl == {"zero": 0, "l1": 1, "elastic_net": 2, "mcp": 3, "scad": 5, "box": 7, "nonneg": 8}
+    # scad: 9 at this step (s a > a - 1 - s: two-term thresholds), 5 at step 0.5 (one-term)
+    assert impl == {"zero": 0, "l1": 1, "elastic_net": 2, "mcp": 3, "scad": 9, "box": 7, "nonneg": 8}
+    assert _C.plan_prox(KIND_CODES["scad"], 0.5, 0.5, 3.7)[0] == 5
     assert _C.plan_prox(KIND_CODES["mcp"], 3.7, 0.5, 3.7)[0] == 4     # step >= gamma: hard threshold
     assert _C.plan_prox(KIND_CODES["scad"], 2.7, 0.5, 3.7)[0] == 6    # step >= a - 1: two candidates
     assert _C.plan_prox(KIND_CODES["mcp"], 3.0, 1.0, 3.0)[1] == pytest.approx(3.0)  # lam sqrt(s gamma)

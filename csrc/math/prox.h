@@ -10,17 +10,19 @@
 //      sign of v is copied back. GCC turns these selects into blends and vectorizes the loops.
 //      Where a piecewise map is the max or min of its pieces it is written so (one max/min
 //      instruction instead of a compare and a blend), keeping MCP and SCAD close to L1's cost.
-//      In cache these loops are bound by the vector pipes, not by memory: SCAD's two-term
-//      subtractions run as FMAs with a factor of 1 (same bits, fk_sub_m) on the multiply pipes
-//      while the add pipes take the compares and max/min, and the sign goes back with one OR
-//      where the result is >= +0. In-cache time over L1's (64 K values, 1 thread, AVX-512, AMD EPYC
-//      Zen 5, kernel only): SCAD 2.3 -> 1.8 (small step) and 1.8 -> 1.1 (large), MCP 1.4 -> 1.1
-//      (firm) and 1.0 (hard), in float32 and float64 alike.
+//      In cache these loops are bound by the vector pipes, not by memory: a subtraction can run
+//      as an FMA with a factor of 1 (same bits, fk_sub_m) on the multiply pipes while the add
+//      pipes take the compares and max/min, and the sign goes back with one OR where the result
+//      is >= +0. In-cache time over L1's (64 K values, 1 thread, AVX-512, AMD EPYC Zen 5, kernel
+//      only): SCAD 2.3 -> 1.2 (small step, c3 a <= 1: one-term thresholds and one FMA; 1.5 with
+//      two-term ones) and 1.8 -> 1.1 (large), MCP 1.4 -> 1.1 (firm) and 1.0 (hard), in float32
+//      and float64 alike (docs/performance.md, "MCP and SCAD in cache").
 //
 // Regimes (all exact, checked against brute-force 1-D minimisation in tests/test_prox_bruteforce.py):
 //   MCP(lam, gamma),  s <  gamma : firm threshold                    (kMcpFirm)
 //                     s >= gamma : hard threshold at lam*sqrt(s*gamma) (kMcpHard)
-//   SCAD(lam, a),     s <  a - 1 : four-piece closed form            (kScadSmall)
+//   SCAD(lam, a),     s <  a - 1 : four-piece closed form            (kScadSmall, or kScadSmallEdge
+//                                  where c3 = s / (a-1-s) has c3 a > 1: two-term thresholds)
 //                     s >= a - 1 : best of the two candidates
 //                                  x1 = clip(t - s lam, 0, lam), x3 = max(t, a lam) (kScadLarge):
 //                                  x1 up to the tie point t* (planned on the host), x3 above
@@ -64,8 +66,16 @@ enum ProxImpl : int {
   kScadLarge = 6,
   kClip = 7,
   kNonNeg = 8,
-  kNumProxImpl = 9,
+  kScadSmallEdge = 9,  // kScadSmall's formula with two-term thresholds (s / (a-1-s) * a > 1)
+  kNumProxImpl = 10,
 };
+
+// The formula that compute type T runs for a planned impl: in float64 the two-term rests are 0, so
+// kScadSmallEdge is kScadSmall there (one instantiation: the same loop, not a second copy of it).
+template <typename T>
+constexpr int impl_for(int impl) {
+  return impl == kScadSmallEdge && sizeof(T) == sizeof(double) ? kScadSmall : impl;
+}
 
 // Coefficients of one planned prox, in double on the host; kernels narrow them to their compute type.
 struct ProxPlan {
@@ -207,13 +217,19 @@ inline ProxPlan plan_prox(int kind, double step, double p1, double p2) {
     case kKindSCAD: {
       const double lam = p1, a = p2;
       if (s < a - 1.0) {
-        plan.impl = kScadSmall;
         plan.c0 = s * lam;              // zero below
         plan.c1 = (1.0 + s) * lam;      // end of the soft-threshold piece
         plan.c2 = a * lam;              // identity above
         plan.c3 = s / (a - 1.0 - s);    // middle piece: x = t - c3 * (a lam - t)
         // ((a-1) t - s a lam) / (a-1-s) written so that no two large terms cancel: the old form
         // c3' t - c4' subtracted two numbers ~ a lam / (a-1-s) and lost everything near s = a - 1.
+        // One rounding of a lam (relative <= u, the unit roundoff: 2^-24 in float32) moves the
+        // middle piece t + c3 (t - a lam) by at most c3 u a lam. That piece is >= lam (it rises
+        // from lam at t = (1+s) lam), and an ulp of a value r is more than u r, so for c3 a <= 1
+        // the one-term a lam costs less than one ulp of the result, and kScadSmall takes it; past
+        // that (the slope c3 grows without bound as s -> a - 1) kScadSmallEdge keeps the two-term
+        // thresholds, which make the middle piece exact to a few roundings for every c3.
+        plan.impl = plan.c3 * a <= 1.0 ? kScadSmall : kScadSmallEdge;
       } else {
         plan.impl = kScadLarge;
         plan.c0 = s * lam;                             // soft threshold of candidate x1
@@ -250,8 +266,8 @@ FK_HD double fk_copysign(double m, double s) { return copysign(m, s); }
 // x - c as fma(x, one, -c) in the CPU variants with FMA (one = 1 at run time, so that the compiler
 // keeps the FMA): x * 1 is exact, so the FMA rounds x - c once, as the subtraction does (same bits),
 // but it issues on the multiply pipes, which the add pipes' compares and subtractions leave idle.
-// Chosen by measurement (AMD Zen 5, in cache, 64 K values): SCAD's small step (5 adds and max/min
-// per vector, the add pipes are its limit) gains in every variant; SCAD's large step gains in AVX2
+// Chosen by measurement (AMD Zen 5, in cache, 64 K values): SCAD's small step (t - a lam; the add
+// pipes take its other subtraction and 3 max/min) gains in every variant; SCAD's large step gains in AVX2
 // (5.1 against 8.2 us: its blend shares the add pipes there) but loses in AVX-512 (2.57 against
 // 2.33 us: the FMA's longer latency), so it passes avx512 = false; MCP firm subtracts plainly.
 FK_HD float fk_sub_m(float x, float c, float one, bool avx512 = true) {
@@ -276,6 +292,12 @@ FK_HD double fk_sub_m(double x, double c, double one, bool avx512 = true) {
   return x - c;
 #endif
 }
+// a * b + c rounded once, in every variant and on the device: one FMA instruction where the
+// variant has one (AVX2, AVX-512, CUDA), the correctly rounded libm call elsewhere (the baseline
+// variant and the host emulation of CUDA: same bits, slower: the baseline loop stays scalar).
+// Never a * b + c with two roundings, so that every variant gives the same bits.
+FK_HD float fk_fma(float a, float b, float c) { return fmaf(a, b, c); }
+FK_HD double fk_fma(double a, double b, double c) { return fma(a, b, c); }
 // max(x, z) and min(x, z) that return a NaN x: z > x ? z : x is one max instruction (maxps takes
 // its second operand when either is NaN), with z a run-time coefficient (a literal 0 made GCC
 // emit a compare and a mask instead).
@@ -323,30 +345,37 @@ FK_HD T prox_elem(T v, const ProxCoef<T>& k) {
     // c4 is the threshold rounded down to T: t <= c4 exactly when t <= lam sqrt(s gamma).
     const T sign = fk_sign_bit(v), t = fk_bits_xor(v, sign);
     return fk_bits_or(t <= k.c4 ? T(0) : t, sign);
-  } else if constexpr (IMPL == kScadSmall) {
+  } else if constexpr (IMPL == kScadSmall || IMPL == kScadSmallEdge) {
     // Pieces: 0 (t <= s lam), t - s lam (t <= (1+s) lam), t - c3 (a lam - t) (t <= a lam), t.
-    // The map is continuous and convex-then-linear: the steeper third piece (slope (a-1)/(a-1-s))
-    // meets the second at (1+s) lam, lies below it before and above it after, so the result is
-    // max(0, t - s lam, t + c3 min(t - a lam, 0)) with no boundary tests. The differences use the
-    // two-term thresholds: c3 = s / (a-1-s) grows without bound as s -> a - 1, so a threshold off
-    // by one rounding would move the result by c3 times that rounding. Every result is >= +0 (or
-    // t's NaN), so OR-ing v's sign bit back is the copysign.
-    // In float64 the lo terms are 0 and x - 0 is x for every x (-0, NaN included): they are left
-    // out at compile time (same bits, two instructions fewer). max(max(r, u0), 0) is taken as
-    // max(r, max(u0, 0)): the same select for every r, u0 (neither is NaN alone; signed zeros
-    // included), with the max on u0 off r's dependency chain. In cache (256 KiB in and out, one
-    // library call, AVX-512, Zen 5) SCAD small / L1: float32 1.60 -> 1.52, float64 1.63 -> 1.27; per
-    // vector 11 vector instructions in float32 and 9 in float64 against L1's 4 (tests/test_prox_scad_bits.py).
-    constexpr bool two_term = sizeof(T) == sizeof(float);
+    // The map is continuous and convex-then-linear: the steeper third piece (slope 1 + c3) meets
+    // the second at (1+s) lam, lies below it before and above it after, so the result is
+    // max(t - s lam, 0, t + c3 min(t - a lam, 0)) with no boundary tests; the product and the
+    // sum are one FMA (fk_fma: same bits in every variant and on the device). Every result is
+    // >= +0 (or t's NaN), so OR-ing v's sign bit back is the copysign.
+    // kScadSmall (c3 a <= 1, see plan_prox) takes one-term thresholds: t - s lam is the soft
+    // threshold, as exact as L1's (one rounding of s lam, multiplied by no slope), and a lam's
+    // rounding costs less than an ulp of the result. kScadSmallEdge, in float32, keeps both
+    // two-term thresholds: there c3 is large, and t - s lam is exact to one rounding of the
+    // difference near s lam too (tests/test_prox_regime_edge.py). In float64 the lo terms are 0:
+    // float64 runs kScadSmall for both (impl_for). Error bounds: tests/test_prox_scad_small.py.
+    // Per vector (AVX-512, one-term): and, 2 sub, min, fma, 2 max, ternary-logic OR = 8 vector
+    // instructions against L1's 4 (and, compare, masked sub, ternary logic); the edge kernel 10.
+    constexpr bool two_term = IMPL == kScadSmallEdge && sizeof(T) == sizeof(float);
     const T sign = fk_sign_bit(v), t = fk_bits_xor(v, sign);
-    T u0 = fk_sub_m(t, k.c0, k.one);  // t - s lam
-    if constexpr (two_term) u0 = fk_sub_m(u0, k.lo0, k.one);
-    T q = t - k.c2;  // t - a lam
-    if constexpr (two_term) q = fk_sub_m(q, k.lo2, k.one);
-    u0 = fk_max_keep_nan(u0, k.zero);  // NaN: u0 and r are both NaN
-    q = fk_min_keep_nan(q, k.zero);    // identity above a lam
-    const T r = t + k.c3 * q;
-    return fk_bits_or(fk_max_keep_nan(r, u0), sign);
+    T u0, q;
+    if constexpr (two_term) {
+      // plain subtractions: with two of them on the multiply pipes (fk_sub_m), GCC 12 kept t on the
+      // stack in the AVX-512 loop (a store and two loads per vector: 1.66 x L1 against 1.47)
+      u0 = (t - k.c0) - k.lo0;  // t - s lam
+      q = (t - k.c2) - k.lo2;   // t - a lam
+    } else {
+      u0 = t - k.c0;
+      q = fk_sub_m(t, k.c2, k.one);  // on the multiply pipes: the add pipes take the max/min
+    }
+    q = fk_min_keep_nan(q, k.zero);  // identity above a lam; NaN: q, mid and u0 are all NaN
+    const T mid = fk_fma(k.c3, q, t);
+    u0 = fk_max_keep_nan(u0, k.zero);
+    return fk_bits_or(fk_max_keep_nan(u0, mid), sign);
   } else if constexpr (IMPL == kScadLarge) {
     // The candidates' objectives are compared once, on the host: t <= c4 (the tie point t*, the
     // largest T value whose x1 objective is at most x3's, see scad_large_tie) picks x1. Above it
