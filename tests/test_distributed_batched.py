@@ -185,18 +185,21 @@ def _stack(dtype: torch.dtype, d: int) -> torch.Tensor:
 @pytest.mark.parametrize("world", [2, 3])
 def test_the_batched_metric_pass_adds_in_one_process_order_across_whole_blocks(tmp_path, world):
     """150 clients over 2 or 3 ranks (75 or 50 each: the blocks of 64 clients are cut by the ranks): every
-    rank's f and gradient are one process's batched metric pass bit for bit, in float32 and float64; and a
-    client stack's ``sum_rows`` through the metric code's view of a rank's rows is ``row_sum.sum_rows`` of
-    the full stack."""
+    rank's f and gradient are one process's batched metric pass bit for bit, in float32 and float64, where
+    the ranks' partial means weighted by their shares are not; and a client stack's ``sum_rows`` through the
+    metric code's view of a rank's rows is ``row_sum.sum_rows`` of the full stack."""
     import python_algos as pa
+    from python_algos.clients.process_group import bounds
     from python_algos.clients.row_sum import sum_rows
 
     got = spawn(world, str(tmp_path), [], main=rank_objective_main)
     n = torch.get_num_threads()
     torch.set_num_threads(1)
+    naive_differs = False
     try:
         for dt, dtype in DTYPES.items():
-            one = pa.clients.BatchedClients(model(dtype), F.cross_entropy, _blocks_problem(dtype))
+            data = _blocks_problem(dtype)
+            one = pa.clients.BatchedClients(model(dtype), F.cross_entropy, data)
             x = torch.linspace(-0.5, 0.5, one.dim, dtype=dtype)
             g = torch.empty_like(x)
             f = one.full_objective_(x, g)
@@ -204,5 +207,13 @@ def test_the_batched_metric_pass_adds_in_one_process_order_across_whole_blocks(t
             for r, res in enumerate(got):
                 assert same_bits(res[f"f-{dt}"], f) and torch.equal(res[f"g-{dt}"], g), (dt, r)
                 assert torch.equal(res[f"sum_rows-{dt}"], want), (dt, r)
+            naive_f, naive_g = 0.0, torch.zeros_like(g)
+            for a, b in bounds(len(data), world):  # what an all-reduce of the ranks' partial results gives
+                part = pa.clients.BatchedClients(model(dtype), F.cross_entropy, data[a:b])
+                part.pad_to = one.longest_client()
+                fp = part.full_objective_(x, gp := torch.empty_like(x))
+                naive_f, naive_g = naive_f + fp * (b - a) / len(data), naive_g + gp * ((b - a) / len(data))
+            naive_differs |= not (same_bits(naive_f, f) and torch.equal(naive_g, g))
     finally:
         torch.set_num_threads(n)
+    assert naive_differs  # the data tell the orders apart
