@@ -13,7 +13,9 @@ regularizer; DEPOSITUM too (full participation, dense stacks). Each example runs
 clients on the sequential executor or (two in five) the batched one; ground truth is the one-process run on that
 executor with dense stacks, on the materialised list (sequential) or on the same clients (batched: its metric
 pass on a population sums blocks of the cache, the list's up to order): every rank's final model and every
-recorded metric, bit for bit, and the gradient counts of the ranks add up to its. A refusal must come on every
+recorded metric, bit for bit, and the gradient counts of the ranks add up to its. Sometimes the ranks stop past a
+sharded checkpoint (``launch.checkpointer``) and resume from it, and one process resumes from the same checkpoint
+(re-cut for all N clients; a dense or RAM state): both end as the uninterrupted run. A refusal must come on every
 rank alike, as a ``ValueError``, where the one-process run with that state refuses too.
 
 Default run: 2 seeds on 2 ranks (one spawn); the ``processes`` test draws ``fuzz_budget`` seeds on 1, 2 and 4
@@ -65,12 +67,13 @@ class Case:
     rounds: int
     metrics_every: int
     inner: str = "sequential"  # each rank's executor; ground truth: the one-process run on the same executor
+    stop: Optional[tuple] = None  # (round the ranks stop after, checkpoint every), then resumed on the ranks
 
     def describe(self) -> str:
         return (f"seed {self.seed}: {self.alg}{self.hparams} N {self.n} cohort {self.cohort} {self.source} "
                 f"(cache {self.cache}) state {self.state} {self.dtype} dim {self.dim} hidden {self.hidden} "
                 f"batch_size {self.batch_size} reg {self.reg} {self.rounds} rounds metrics_every {self.metrics_every} "
-                f"inner {self.inner}")
+                f"inner {self.inner} stop/checkpoint {self.stop}")
 
 
 def draw(seed: int) -> Case:
@@ -88,9 +91,12 @@ def draw(seed: int) -> Case:
     state = r.choice(["dense", "ram", "disk"]) if cohort is not None else "dense"
     source = r.choice(["list", "sparse", "sparse", "rows", "folder"])
     inner = "batched" if random.Random(seed * 31 + 7).random() < 0.4 else "sequential"
+    more = random.Random(seed * 31 + 11)
+    stop = (more.randint(1, 3), more.randint(1, 2)) if more.random() < 0.3 else None
     return Case(seed, alg, hparams, n, cohort, source, r.randint(1, 4), state,
                 r.choice([torch.float64, torch.float64, torch.float32]), r.randint(2, 7), r.choice([0, 3]),
-                r.choice([None, 1, 2, 4]), r.choice([None, 0.01, 0.1]), r.randint(2, 4), r.choice([1, 2]), inner)
+                r.choice([None, 1, 2, 4]), r.choice([None, 0.01, 0.1]), 4 if stop else r.randint(2, 4),
+                r.choice([1, 2]), inner, stop)
 
 
 def write_folder(case: Case, root: str) -> None:
@@ -138,28 +144,48 @@ def loss(case: Case):
     return F.cross_entropy if case.source == "folder" else F.binary_cross_entropy_with_logits
 
 
-def run(case: Case, executor: str, folder: str, state: Optional[str] = None, listed: bool = False):
-    """The case's run: (final model, metrics rows, gradient counts), or the refusal's message."""
+def _simulate(case: Case, executor: str, folder: str, state: str, listed: bool, **kw):
     import python_algos as pa
     from python_algos.algorithms.registry import make
 
-    state = state or case.state
     alg = make(case.alg, lr=case.hparams["lr"], local_steps=case.hparams["local_steps"],
                **{k: v for k, v in case.hparams.items() if k not in ("lr", "local_steps")})
+    return pa.simulate(alg, model(case), loss(case), clients(case, folder, listed), case.rounds,
+                       fk.Zero() if case.reg is None else fk.L1(case.reg), case.batch_size, seed=case.seed,
+                       metrics_every=case.metrics_every, clients_per_round=case.cohort, executor=executor,
+                       executor_options={"inner": case.inner} if executor == "distributed" else None, state=state,
+                       state_folder=os.path.join(folder, f"s{case.seed}-{executor}") if state == "disk" else None,
+                       threads=1, **kw)
+
+
+def run(case: Case, executor: str, folder: str, state: Optional[str] = None, listed: bool = False,
+        resume: bool = False):
+    """The case's run: (final model, metrics rows, gradient counts, the round it resumed after), or the refusal's
+    message. ``resume``: stopped after round ``case.stop[0]`` with a checkpoint every ``case.stop[1]`` rounds
+    (sharded on ranks: launch.checkpointer), then resumed from the last one (re-cut for this process's rows)."""
+    from python_algos.experiments import launch
+    from python_algos.runfolder.callbacks import Checkpoint
+    from python_algos.runfolder.checkpoint import Diverged
+
+    state, first = state or case.state, 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            hist = pa.simulate(alg, model(case), loss(case), clients(case, folder, listed),
-                               case.rounds, fk.Zero() if case.reg is None else fk.L1(case.reg), case.batch_size,
-                               seed=case.seed, metrics_every=case.metrics_every, clients_per_round=case.cohort,
-                               executor=executor,
-                               executor_options={"inner": case.inner} if executor == "distributed" else None,
-                               state=state, state_folder=os.path.join(folder, f"s{case.seed}-{executor}")
-                               if state == "disk" else None, threads=1)
-        except ValueError as e:
-            return f"ValueError: {e}"
+            if not resume:
+                hist = _simulate(case, executor, folder, state, listed)
+            else:
+                path = os.path.join(folder, f"ck{case.seed}.pt")
+                if executor == "distributed":  # the ranks write it; one process (check) only reads it
+                    stop, every = case.stop
+                    _simulate(case, executor, folder, state, listed, callbacks=[
+                        lambda t, s, m: t == stop, Checkpoint(launch.checkpointer(path, case.n), every)])
+                snap = launch.load_checkpoint(path, case.n)
+                first = int(snap["round"])
+                hist = _simulate(case, executor, folder, state, listed, resume=snap)
+        except (ValueError, Diverged) as e:
+            return f"{type(e).__name__}: {e}"
     rows = [{k: v for k, v in m.items() if k not in PER_RANK} for m in [hist.initial, *hist.metrics]]
-    return hist.params, rows, [m.get("grad_evals") for m in [hist.initial, *hist.metrics]]
+    return hist.params, rows, [m.get("grad_evals") for m in [hist.initial, *hist.metrics]], first
 
 
 def rank_main(rank: int, world: int, port: int, out_dir: str, seeds: list) -> None:
@@ -170,7 +196,8 @@ def rank_main(rank: int, world: int, port: int, out_dir: str, seeds: list) -> No
     from python_algos.experiments.launch import finish
 
     try:
-        out = {seed: run(draw(seed), "distributed", out_dir) for seed in seeds}
+        out = {seed: run(case, "distributed", out_dir, resume=case.stop is not None) for seed in seeds
+               if (case := draw(seed))}
         torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     except BaseException:
         finish(ok=False)
@@ -196,25 +223,40 @@ def check(case: Case, got: list, root: str) -> Optional[str]:
         if isinstance(ref, str):
             return None if all(isinstance(g, str) for g in got) else f"one process refused, the ranks ran: {ref}"
         if any(isinstance(g, str) for g in got):
+            if all(isinstance(g, str) and g.startswith("Diverged") for g in got):
+                return None if not bool(torch.isfinite(ref[0]).all()) else f"the ranks diverged alone: {got[0]}"
             if len({g if isinstance(g, str) else "" for g in got}) > 1:
                 return f"the ranks disagree: {[g if isinstance(g, str) else 'ran' for g in got]}"
             alone = run(case, case.inner, root)  # as one process with the case's state refuses
             return None if isinstance(alone, str) else f"refused on the ranks only: {got[0][:300]}"
     finally:
         torch.set_num_threads(n)
-    params, rows, evals = ref
-    for r, (p, rr, _) in enumerate(got):
+    params, rows, evals, _ = ref
+    why = _compare(got, params, rows, evals)
+    if why is None and case.stop is not None and case.state != "disk":  # a disk store resumes on its world size only
+        alone = run(case, case.inner, root, listed=False, resume=True)  # the ranks' checkpoint re-cut for one process
+        why = _compare([alone], params, rows, evals) if not isinstance(alone, str) else f"one process: {alone}"
+        why = why and f"resumed in one process from the ranks' checkpoint: {why}"
+    return why
+
+
+def _compare(got: list, params: torch.Tensor, rows: list, evals: list) -> Optional[str]:
+    """What differs between each rank's (model, metrics rows, gradient counts, round resumed after) and one
+    uninterrupted process's (params, rows, evals)."""
+    for r, (p, rr, _, first) in enumerate(got):
         if p.dtype != params.dtype or not torch.equal(p.nan_to_num(), params.nan_to_num()):
             return f"rank {r}'s model differs by {float((p - params).abs().max()):.3g}"
-        if len(rr) != len(rows):
-            return f"rank {r}: {len(rr)} metrics rows, one process {len(rows)}"
-        for t, (a, b) in enumerate(zip(rr, rows)):
+        want = [rows[0], *rows[1 + first:]]  # a resumed run: round 0's row restored, then the rounds it ran
+        if len(rr) != len(want):
+            return f"rank {r}: {len(rr)} metrics rows, one process {len(want)}"
+        for t, (a, b) in enumerate(zip(rr, want)):
             bad = {k: (a.get(k), b.get(k)) for k in {*a, *b} if not _same(a.get(k), b.get(k))}
             if bad:
                 return f"rank {r}, metrics row {t}: {bad}"
-    for t in range(1, len(evals)):
-        if evals[t] is not None and sum(g[2][t] for g in got) != evals[t]:
-            return f"row {t}: the ranks computed {[g[2][t] for g in got]} gradients, one process {evals[t]}"
+    first = got[0][3]
+    for t in range(1, len(evals) - first):
+        if evals[t + first] is not None and sum(g[2][t] for g in got) != evals[t + first]:
+            return f"row {t}: the ranks computed {[g[2][t] for g in got]} gradients, one process {evals[t + first]}"
     return None
 
 
