@@ -174,3 +174,87 @@ def test_a_disk_run_killed_at_any_write_point_resumes_bit_for_bit(tmp_path, monk
         assert resumed == 0, (seed, at, names[at - 1], capsys.readouterr().err[-2000:])
         (x, rows), (x_ref, rows_ref) = _results(out), _results(tmp_path / "whole")
         assert x.tolist() == x_ref.tolist() and rows == rows_ref, (seed, at, names[at - 1])
+
+
+# --- the estimate of what a run holds beyond its stacks (issue 39 item 4) ---------------------------------- #
+
+
+@pytest.mark.parametrize("topology", ["ring", "torus", "star", "complete"])
+def test_the_estimate_counts_depositums_streamed_round_and_kept_rows(topology, monkeypatch):
+    """DEPOSITUM streamed in chunks of 3 of 12 clients, a gossip every 2nd iteration: the estimate's bytes
+    moved a round are those its gossip rounds gather and scatter (counted on every store, the kept rows'
+    included), and it counts the store of pre-mix rows the run made (2 rows on a ring, ~N on the complete
+    graph). The server–client formula (16 N rows, nothing kept) fails both."""
+    import warnings
+
+    from torch import nn
+
+    import fedkernels as fk
+    from python_algos import simulate
+    from python_algos.algorithms import depositum, depositum_stream, streamed
+    from python_algos.clients.state_store import ClientStateStore
+
+    monkeypatch.setattr(streamed, "stream_rows", lambda *a: 3)
+    plans, moved, counting = [], [], []
+    real_init, real_round = state_plan.StatePlan.init, depositum.streamed_round
+    monkeypatch.setattr(state_plan.StatePlan, "init", lambda self, *a: plans.append(self) or real_init(self, *a))
+
+    def round_(*a):
+        counting.append(1)
+        moved.append(0)
+        try:
+            return real_round(*a)
+        finally:
+            counting.clear()
+    monkeypatch.setattr(depositum, "streamed_round", round_)
+    def counted(real):
+        def spy(self, ids, rows):
+            if counting:
+                moved[-1] += rows.shape[0] * rows.shape[1] * rows.element_size()
+            return real(self, ids, rows)
+        return spy
+    for name in ("gather_", "scatter_"):
+        monkeypatch.setattr(ClientStateStore, name, counted(getattr(ClientStateStore, name)))
+    g = torch.Generator().manual_seed(1)
+    clients = [(torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g))
+               for n in (3, 9, 5, 17, 2, 6, 30, 4, 8, 11, 7, 5)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    alg = depositum.DEPOSITUM(alpha=0.05, gamma=0.7, beta=0.8, topology=topology, mixing="sparse", period=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = simulate(alg, model, nn.functional.cross_entropy, clients, 4, fk.L1(0.01), seed=4, batch_size=4,
+                       state="ram")
+    est = plans[-1].estimate
+    assert est.chunk == 3 and len(moved) == 4 and moved[0] < moved[1] == moved[3]  # local, gossip, local, gossip
+    assert est.streamed_bytes == max(moved), (est.streamed_bytes, moved)
+    side = depositum_stream._SIDES[got.state.x]
+    assert est.stream.kept == side.rows and side.rows == {"ring": 2, "complete": 9}.get(topology, side.rows)
+    stacks = est.fields * (8 + 43 * 8) * (12 + 1)
+    assert est.store_bytes == stacks + (8 + 43 * 8) * (side.rows + 1)
+
+
+def test_the_estimate_counts_the_rows_staged_for_the_disk_writer(tmp_path, monkeypatch):
+    """A disk store whose rows fill whole pages stages a write's rows (a cohort's) for its O_DIRECT writer, up
+    to row_file.STAGE_BYTES (3 rows here): the estimate's stage bytes are the buffer the store holds after a
+    cohort's write, and a disk run whose working stacks fit but not with the stage is refused."""
+    from python_algos.clients import row_file
+    from python_algos.clients.state_store import ClientStateStore
+
+    monkeypatch.setattr(row_file, "STAGE_BYTES", 3 * 4096)
+    for k in (2, 5):
+        est = state_plan.StateEstimate(20, 1024, 4, 1, cohort=k, rounds=2)
+        store = ClientStateStore(20, 1024, torch.float32, backend="disk", folder=str(tmp_path / f"s{k}"))
+        if not store._file.direct:
+            pytest.skip("this file system refuses O_DIRECT: nothing is staged")
+        store.scatter_(torch.arange(k), torch.randn(k, 1024))
+        store.gather_(torch.arange(k), torch.empty(k, 1024))  # the write settled
+        assert est.stage_bytes == store._file._stage.untyped_storage().nbytes() == min(k, 3) * 4096
+    assert state_plan.StateEstimate(20, 124, 4, 1, cohort=5, rounds=2).stage_bytes == 0  # rows through the mapping
+    plan = state_plan.StatePlan("disk", str(tmp_path / "run"), 5)
+    ram = est.working_bytes + est.stage_bytes // 2
+    monkeypatch.setattr(state_plan, "memory_available", lambda: int(ram / state_plan.RAM_SHARE))
+    with pytest.raises(state_plan.DoesNotFit, match="staged for the disk.*clients_per_round"):
+        plan.choose_backend(est)
+    monkeypatch.setattr(state_plan, "memory_available", lambda: 1 << 40)
+    assert plan.choose_backend(est) == "disk"

@@ -51,7 +51,7 @@ import fedkernels as fk
 
 from . import topology as topo
 from .base import Algorithm, Costs, Messages, check_prox_step, one_of, positive, positive_int
-from .depositum_stream import row_mean, row_sq_dev_mean, streamed_round
+from .depositum_stream import row_mean, row_sq_dev_mean, stream_cost, streamed_round
 from .streamed import is_streamed
 
 __all__ = ["DEPOSITUM", "DEPOSITUMState"]
@@ -183,6 +183,10 @@ class DEPOSITUM(Algorithm):
                 f"({why}), and a dense product W X reads the whole [N, d] stack at once in the BLAS's order, so "
                 f"its clients cannot stream in chunks: use state='dense', or mixing='sparse' (W's product then "
                 f"streams, reading each client's neighbours)")
+
+    def stream_cost(self, num_clients: int, dim: int, itemsize: int):
+        """A streamed round's rows moved and kept, for the up-front estimate (:func:`.depositum_stream.stream_cost`)."""
+        return stream_cost(self, num_clients, dim, itemsize)
 
     def messages(self):
         """None: no server (the state store's estimate asks; a streamed round keeps no uploads)."""

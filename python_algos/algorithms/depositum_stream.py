@@ -37,13 +37,14 @@ import torch
 import fedkernels as fk
 
 from ..clients.row_sum import RowSum, sum_rows
-from ..clients.state_plan import stream_rows
+from ..clients.state_plan import StreamCost, stream_rows
 from ..clients.state_store import ClientStateStore
 from . import streamed
 
-__all__ = ["streamed_round", "row_mean", "row_sq_dev_mean", "PIECE"]
+__all__ = ["streamed_round", "stream_cost", "row_mean", "row_sq_dev_mean", "PIECE"]
 
 PIECE = 2  # columns a mix gathers at a time, in chunks' rows: a ring's chunk of C rows reads C + 2
+_STACKS = 4  # DEPOSITUMState's client fields: x, y, m, g
 _METRIC_STACKS = 2  # stacks a metric pass holds a chunk of (the rows, their deviations)
 _SIDES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # a state's x store -> its kept rows' store
 
@@ -65,8 +66,7 @@ class _Plan(NamedTuple):
 def streamed_round(alg, state, clients, reg):
     """One DEPOSITUM iteration over every client, chunk after chunk (module docstring)."""
     X, Y, M, G_old, t = state
-    fields = type(state).client_fields
-    rows = streamed.stream_rows(len(fields) + PIECE + 1, X.dim, torch.empty((), dtype=X.dtype).element_size())
+    rows = streamed.stream_rows(_STACKS + PIECE + 1, X.dim, torch.empty((), dtype=X.dtype).element_size())
     chunks = clients.stream_chunks(rows)
     comm = alg.communicates(t)
     plan = _plan(alg, clients, chunks) if comm else None
@@ -92,6 +92,27 @@ def streamed_round(alg, state, clients, reg):
             for chunk in plan.chunks:
                 Y.scatter_(chunk.ids, _mix(Y, side, chunk, clients, plan.width))
     return state._replace(t=t + 1)
+
+
+def stream_cost(alg, n: int, dim: int, itemsize: int) -> StreamCost:
+    """A gossip iteration of :func:`streamed_round` on ``n`` clients in consecutive chunks, for the up-front
+    estimate. Rows moved: the step reads x, m, y and writes m, x (5 n); each of the two mixes reads its
+    chunks' columns (Σ over chunks of the columns its rows read: the earlier chunks' from the kept rows),
+    reads each row a later chunk reads and writes it beside (2 a kept row) and writes x or y (n); the
+    tracking reads y, g and writes g, y (4 n): a ring's ~13 n (a local iteration: 9 n). Kept: the most
+    pre-mix rows held at once, as :func:`_plan` frees them (a row of chunk q read last by chunk q' > q is
+    held from q to q'), at least the one row of the store made for them."""
+    chunk = streamed.stream_rows(_STACKS + PIECE + 1, dim, itemsize)  # as streamed_round asks
+    W = alg.mixing_matrix(n).coalesce()
+    r, c = W.indices()
+    q = torch.arange(n) // chunk  # each client's chunk
+    columns = torch.unique(q[r] * n + c).numel()  # (chunk, column) pairs
+    last = torch.full((n,), -1, dtype=torch.long).scatter_reduce_(0, c, r, "amax")
+    kept = torch.nonzero(q[last.clamp(min=0)] > q).flatten()
+    held = torch.zeros(int(q[-1]) + 2, dtype=torch.long)
+    held.index_add_(0, q[kept], torch.ones_like(kept)).index_add_(0, q[last[kept]], -torch.ones_like(kept))
+    slots = max(1, int(held.cumsum(0).max()))
+    return StreamCost(min(n, chunk), _STACKS + PIECE + 1, 11 * n + 2 * (columns + 2 * kept.numel()), slots)
 
 
 def _track(alg, clients, ids, x, Y, G_old) -> None:

@@ -25,16 +25,17 @@ import os
 import resource
 import shutil
 import tempfile
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
+from . import row_file
 from .process_group import agree, rank
 from .state_log import LoggedRows
 from .state_store import ClientStateStore, StoredRows
 
-__all__ = ["MODES", "StateEstimate", "StatePlan", "DoesNotFit", "memory_available", "check_dense_fits",
-           "snapshot_state", "data_bytes", "stream_rows"]
+__all__ = ["MODES", "StateEstimate", "StreamCost", "StatePlan", "DoesNotFit", "memory_available", "check_dense_fits",
+           "snapshot_state", "data_bytes", "stream_rows", "own_stream"]
 
 MODES = ("dense", "ram", "disk", "auto")
 STREAM_BYTES = 64 << 20  # a streamed round's working stacks: one chunk's rows of each (a cache-sized working set)
@@ -106,6 +107,17 @@ def stream_rows(stacks: int, dim: int, itemsize: int) -> int:
     return max(1, STREAM_BYTES // ((stacks + WORKSPACES) * dim * itemsize))
 
 
+class StreamCost(NamedTuple):
+    """A streamed round's shape (the up-front estimate's): ``chunk`` clients at a time, each holding ``stacks``
+    rows; ``rows_moved`` rows read or written a round; ``kept`` rows held beside the stacks (DEPOSITUM's
+    pre-mix rows: a store of its own, RAM or disk as the state's)."""
+
+    chunk: int
+    stacks: int
+    rows_moved: int
+    kept: int = 0
+
+
 @dataclasses.dataclass(frozen=True)
 class StateEstimate:
     """Bytes of a run's per-client state, from its shape alone (before anything is allocated)."""
@@ -118,19 +130,30 @@ class StateEstimate:
     rounds: int
     data_bytes: int = 0  # the clients' tensors (already in memory)
     uploads: int = 0  # d-vectors a client uploads (a streamed round keeps them for client_receive)
+    own_stream: Optional[StreamCost] = None  # an algorithm's own streamed round (algorithm.stream_cost)
+
+    @property
+    def stream(self) -> Optional[StreamCost]:
+        """The streamed round's shape (None: a cohort's round): ``own_stream``, else the server–client
+        round's (algorithms/streamed.py): each stack's rows read and written twice (the uploads, then
+        client_receive), each upload written and read once, a chunk holding the stacks and uploads."""
+        if self.cohort is not None:
+            return None
+        if self.own_stream is not None:
+            return self.own_stream
+        stacks = self.fields + self.uploads
+        chunk = min(self.num_clients, stream_rows(stacks, self.dim, self.itemsize))
+        return StreamCost(chunk, stacks, (4 * self.fields + 2 * self.uploads) * self.num_clients)
 
     @property
     def chunk(self) -> Optional[int]:
         """Clients per chunk of a streamed round (None: a cohort's round, gathered at once)."""
-        return None if self.cohort is not None else \
-            min(self.num_clients, stream_rows(self.fields + self.uploads, self.dim, self.itemsize))
+        return None if self.stream is None else self.stream.chunk
 
     @property
     def streamed_bytes(self) -> int:
-        """Bytes a streamed round reads and writes: each stack's rows read and written twice (the
-        uploads, then client_receive), each upload written and read once."""
-        return 0 if self.chunk is None else \
-            (4 * self.fields + 2 * self.uploads) * self.num_clients * self.dim * self.itemsize
+        """Bytes a streamed round reads and writes (:attr:`stream`'s rows moved)."""
+        return 0 if self.stream is None else self.stream.rows_moved * self.dim * self.itemsize
 
     @property
     def dense_bytes(self) -> int:
@@ -139,9 +162,11 @@ class StateEstimate:
     @property
     def store_bytes(self) -> int:
         """Row tables plus every row the run can write: at most min(N, k × rounds) per stack (N, and the
-        uploads' N rows, when streamed)."""
+        uploads' N rows, when streamed, and the rows a streamed round keeps beside them)."""
+        row = 8 + self.dim * self.itemsize
         if self.cohort is None:
-            return (self.fields + self.uploads) * (8 + self.dim * self.itemsize) * (self.num_clients + 1)
+            kept = self.stream.kept
+            return (self.fields + self.uploads) * row * (self.num_clients + 1) + (row * (kept + 1) if kept else 0)
         touched = min(self.num_clients, self.cohort * self.rounds)
         return self.fields * (8 * self.num_clients + (1 + touched) * self.dim * self.itemsize)
 
@@ -154,8 +179,24 @@ class StateEstimate:
 
     @property
     def working_bytes(self) -> int:
-        rows = self.cohort if self.cohort is not None else self.chunk
-        return (self.fields + self.uploads * (self.cohort is None) + WORKSPACES) * rows * self.dim * self.itemsize
+        if self.cohort is not None:
+            return (self.fields + WORKSPACES) * self.cohort * self.dim * self.itemsize
+        return (self.stream.stacks + WORKSPACES) * self.chunk * self.dim * self.itemsize
+
+    @property
+    def stage_bytes(self) -> int:
+        """A disk store's staging buffers (:mod:`.row_file`, rows of whole pages written with O_DIRECT): each
+        row file's, the rows of its largest write (a cohort, a chunk, a chunk's kept rows) up to
+        ``row_file.STAGE_BYTES``, kept while the store lives: memory beside the working stacks."""
+        row = self.dim * self.itemsize
+        padded = -(-row // row_file.PAGE) * row_file.PAGE
+        if (padded - row) * row_file.PAD_SHARE > row:  # copied through the mapping: nothing staged
+            return 0
+        per = max(1, row_file.STAGE_BYTES // padded)
+        if self.cohort is not None:
+            return self.fields * min(per, self.cohort) * padded
+        files = (self.fields + self.uploads) * min(per, self.chunk)
+        return (files + (min(per, self.chunk, self.stream.kept) if self.stream.kept else 0)) * padded
 
     def describe(self) -> str:
         streamed = "" if self.chunk is None else \
@@ -224,7 +265,8 @@ class StatePlan:
         fields = tuple(type(state).client_fields)
         uploads = len(algorithm.messages().up) if self.cohort is None else 0  # kept by a streamed round
         self.estimate = StateEstimate(cs.rows, cs.dim, x0.element_size(), len(fields), self.cohort, int(rounds),
-                                      data_bytes(getattr(cs, "clients", ())), uploads)
+                                      data_bytes(getattr(cs, "clients", ())), uploads,
+                                      own_stream(algorithm, self.cohort is None, cs.rows, cs.dim, x0.element_size()))
         stores, err = None, None
         try:  # distributed: each rank's shard (cs.rows), estimate and folder; one rank's refusal stops every rank
             backend = self.kept(self.estimate)
@@ -297,7 +339,18 @@ class StatePlan:
             raise DoesNotFit(f"{est.describe()}: more than the {_gb(disk)} of free disk (and {_gb(avail)} of memory) "
                              f"this run may use: give state_folder on a larger disk, fewer rounds or clients_per_round "
                              f"(rows written), or fewer clients")
+        if est.working_bytes + est.stage_bytes > ram:
+            raise DoesNotFit(f"{est.describe()}: on disk, the working stacks and the rows staged for the disk "
+                             f"({_gb(est.stage_bytes)}) need more than this process may use ({_gb(avail)} "
+                             f"available): a smaller clients_per_round, or a smaller model")
         return "disk"
+
+
+def own_stream(algorithm, streamed: bool, num_clients: int, dim: int, itemsize: int) -> Optional[StreamCost]:
+    """The shape of ``algorithm``'s own streamed round (``algorithm.stream_cost``: DEPOSITUM's gossip), when
+    its round streams; None for a server–client round (:attr:`StateEstimate.stream` has its shape)."""
+    cost = getattr(algorithm, "stream_cost", None) if streamed else None
+    return None if cost is None else cost(num_clients, dim, itemsize)
 
 
 def _dense_fits(est: StateEstimate) -> bool:

@@ -23,7 +23,7 @@ from ..algorithms.registry import algorithm_entry
 from ..clients import ClientSet
 from ..clients.data import check_finite
 from ..clients.population import Population
-from ..clients.state_plan import DoesNotFit, StateEstimate, StatePlan, check_dense_fits, data_bytes
+from ..clients.state_plan import DoesNotFit, StateEstimate, StatePlan, check_dense_fits, data_bytes, own_stream
 from ..data import FederatedData
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, STATE_DIR, RunFolderError, as_json
@@ -281,7 +281,8 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
     streamed = k is None and not dense_only and plan.mode != "dense"
     est = StateEstimate(len(clients), dim, params[0].element_size(), len(getattr(type(state), "client_fields", ())),
                         None if streamed else k or len(clients), cfg.rounds, _data_bytes(clients),
-                        len(algorithm.messages().up) if streamed else 0)
+                        len(algorithm.messages().up) if streamed else 0,
+                        own_stream(algorithm, streamed, len(clients), dim, params[0].element_size()))
     try:
         kept = plan.kept(est)
         if kept == "dense" and streamed:  # auto under full participation, the dense stacks fit
@@ -292,7 +293,8 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
         raise DoesNotFit(_as_flags(str(e))) from None
     state_bytes = est.dense_bytes if kept == "dense" else est.store_bytes
     return {"state": cfg.state, "kept": kept, "state_bytes": state_bytes, "data_bytes": est.data_bytes,
-            "working_bytes": est.working_bytes, "stacks": est.fields,  # disk: the row log, not one file each
+            "working_bytes": est.working_bytes + (est.stage_bytes if kept == "disk" else 0),  # disk: rows staged
+            "stacks": est.fields,  # disk: the row log, not one file each
             "checkpoint_bytes": est.log_bytes if kept == "disk" else state_bytes,
             "chunk": est.chunk, "streamed_bytes": est.streamed_bytes}  # a full participation round's chunks
 
