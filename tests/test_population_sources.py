@@ -347,3 +347,41 @@ def test_a_folder_populations_estimate_counts_the_clients_it_keeps(tmp_path, mon
     got = json.loads((tmp_path / "pop" / "summary.json").read_text())["estimate"]["data_bytes"]
     client0 = (4 * 3 + 4) * 8  # client 0: 4 rows of 3 float64 features, 4 labels (int64 or float64: 8 bytes each)
     assert client0 <= got <= client0 * 128
+
+
+@pytest.mark.parametrize("standardize", ["none", "global"])
+def test_a_libsvm_folder_population_is_as_wide_as_its_widest_file(tmp_path, monkeypatch, standardize):
+    """LIBSVM client files leave out trailing zero features; client 2's file is wider than client 0's. The
+    population the command line builds (a folder of FOLDER_POPULATION files or more: scan_folder reads
+    every file first) has the eager path's clients, every file widened to the widest: each client's X
+    (float64) and y bit for bit those of the eager run's clients, which are load_folder's rows of that
+    client. Without a scan client 0's width is kept, and the wider file refused naming it."""
+    from python_algos.data import load_folder
+    from python_algos.experiments.config import Config
+
+    rng = np.random.default_rng(3)
+    path = tmp_path / "f"
+    path.mkdir()
+    for i, width in enumerate((3, 2, 6, 4, 5)):
+        X = np.where(rng.random((5 + i, width)) < 0.3, 0.0, rng.normal(size=(5 + i, width)))
+        X[:, -1] = 1.5 + i  # the file's widest feature
+        rows = (f"{c} " + " ".join(f"{j + 1}:{float(v)!r}" for j, v in enumerate(r) if v)
+                for r, c in zip(X, (-1, 1) * 9))
+        (path / f"c{i}.libsvm").write_text("\n".join(rows) + "\n")
+    cfg = Config(dataset=f"folder:{path}", partition="natural", num_clients=5, clients_per_round=2, seed=2,
+                 standardize=standardize)
+    monkeypatch.setattr(population_sources, "FOLDER_POPULATION", 3)
+    pop = build_module.prepare_data(cfg)
+    assert isinstance(pop.clients, Population)
+    monkeypatch.setattr(population_sources, "FOLDER_POPULATION", 10**9)
+    eager = build_module.prepare_data(cfg)
+    X, _, _, _, groups, *_ = load_folder(str(path), seed=2, test_fraction=0.2)
+    for i in range(5):
+        got, want = pop.clients[i], eager.clients[i]
+        assert got[0].dtype == torch.float64 and got[0].shape[1] == 6
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), i
+        if standardize == "none":
+            assert torch.equal(got[0], X[groups == i]), i
+    assert torch.equal(pop.dataset.X_test, eager.dataset.X_test)
+    with pytest.raises(ValueError, match=r"c2\.libsvm: features of shape \(6,\), .*c0\.libsvm has \(3,\)"):
+        FolderClients(str(path), seed=2)(2)

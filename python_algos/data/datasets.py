@@ -347,7 +347,8 @@ def federate_folder(path: str, standardize: Optional[str] = None, seed: int = 0,
                          f"fraction > 0 or a test/ folder")
     labels, task, classes = loaders.classes_or_targets(ys + yt)
     values = np.unique(np.concatenate(ys + yt)) if task == "multiclass" else None
-    src = FolderClients(path, seed=seed, test_fraction=test_fraction, classes=values, standardize=scale, **opts)
+    src = FolderClients(path, seed=seed, test_fraction=test_fraction, classes=values, standardize=scale,
+                        reference=raw.reference, **opts)
     hist = np.stack([np.bincount(t.numpy(), minlength=classes) for t in labels[:len(ys)]]) if values is not None \
         else None
     ds = Dataset("folder", torch.empty((0, *X_test.shape[1:]), dtype=X_test.dtype), labels[0][:0], X_test,

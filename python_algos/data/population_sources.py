@@ -20,7 +20,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from .folder import client_files, client_test_files, conform, hold_out, read_client_file, stem
+from .folder import SPARSE, client_files, client_test_files, conform, hold_out, read_client_file, stem
 from .standardize import client_moments, client_scales, scaled, std_of
 
 __all__ = ["FolderClients", "RowClients", "scan_folder", "FOLDER_POPULATION"]
@@ -38,7 +38,8 @@ def _digest(*parts) -> str:
 class FolderClients:
     """Client i of folder ``path`` is its i-th file in sorted name order, read when client i is built
     (``load_folder``'s rows of that client: its training rows after the seeded ``test_fraction``
-    held out, none held out when ``path/test/`` exists). The feature shape is client 0's file's.
+    held out, none held out when ``path/test/`` exists). Each file's features must be ``reference``'s (file, X[:0],
+    names): client 0's, or load_folder's (the first dense file, else the widest LIBSVM) after :meth:`take_widest`.
 
     ``classes``: the label values (sorted) mapped to 0..C-1 as ``load_folder`` maps every file's,
     a label outside them refused naming the file; None keeps the labels as written (float64).
@@ -50,7 +51,8 @@ class FolderClients:
     but not a same-size edit of a file it does not sample."""
 
     def __init__(self, path: str, label: Union[int, str, None] = None, header: Optional[bool] = None, *,
-                 seed: int = 0, test_fraction: float = 0.2, classes=None, standardize: Union[str, tuple] = "none"):
+                 seed: int = 0, test_fraction: float = 0.2, classes=None, standardize: Union[str, tuple] = "none",
+                 reference: Optional[tuple] = None):
         self.files = client_files(path)
         if len({stem(f) for f in self.files}) < len(self.files):
             raise ValueError(f"{path}: two client files share a name (a.csv and a.npz): one file per client")
@@ -61,7 +63,7 @@ class FolderClients:
         self.label, self.header, self.seed, self.standardize = label, header, int(seed), standardize
         self.test_fraction = float(test_fraction) if not os.path.isdir(os.path.join(path, "test")) else 0.0
         self.classes = None if classes is None else np.unique(np.asarray(classes, dtype=np.float64))
-        self.opened, self._reference = 0, None
+        self.opened, self.reference = 0, reference
         sizes = np.array([os.stat(f).st_size for f in self.files], dtype=np.int64)
         scale = standardize if isinstance(standardize, str) else _digest(*(np.asarray(t) for t in standardize))
         self.recipe = (f"FolderClients({os.path.abspath(path)!r}, label={label!r}, header={header!r}, seed={seed}, "
@@ -86,14 +88,26 @@ class FolderClients:
 
     def rows(self, i: int) -> tuple:
         """``(file, X, y, X_test, y_test)`` of client i as written (float64; the held-out pair None without
-        ``test_fraction``): its file checked against client 0's features, nothing mapped or scaled."""
+        ``test_fraction``): its file checked against ``reference``'s features, nothing mapped or scaled."""
         f, X, y, names = self._read(i)
-        if self._reference is None:  # client 0's file sets the features every file must have
+        if self.reference is None:  # client 0's file sets the features every file must have
             f0, X0, _, names0 = (f, X, y, names) if i == 0 else self._read(0)
-            self._reference = (f0, X0[:0], names0)
-        X = conform(f, X, names, self._reference)
+            self.reference = (f0, X0[:0], names0)
+        X = conform(f, X, names, self.reference)
         return (f, *hold_out(f, X, y, self.test_fraction, self.seed)) if self.test_fraction > 0 else (f, X, y, None,
                                                                                                       None)
+
+    def take_widest(self) -> None:
+        """``load_folder``'s reference, reading the files up to the first dense one (all, if all are LIBSVM): a
+        LIBSVM file wider than client 0's is then widened, as the eager folder path does, not refused."""
+        ref = None
+        for i, f in enumerate(self.files):
+            _, X, _, names = self._read(i)
+            if ref is None or not f.lower().endswith(SPARSE) or X.shape[1] > ref[1].shape[1]:
+                ref = (f, X[:0], names)
+            if not f.lower().endswith(SPARSE):
+                break
+        self.reference = ref
 
     def __call__(self, i: int) -> tuple:
         f, X, y, _, _ = self.rows(i)
@@ -117,7 +131,8 @@ def scan_folder(src: FolderClients, mode: str) -> tuple:
     before anything is written), the training labels as written per client, the test rows (held out or
     ``test/``'s, scaled as ``mode`` says), and for ``global`` the pooled ``(mean, std)``, as
     ``combine_moments`` sums them (a second pass re-reads the files for the squares about the pooled
-    mean). Returns ``(ys, X_test, y_test, test_groups or None, scale)``."""
+    mean). Returns ``(ys, X_test, y_test, test_groups or None, scale)``; ``src.reference`` is the folder's."""
+    src.take_widest()
     tests = {i: t for t, i in client_test_files(os.path.dirname(src.files[0]), src.files)}
     ys, Xt, yt, gt, total, n = [], [], [], [], 0, 0
     for i in range(len(src)):
@@ -125,7 +140,7 @@ def scan_folder(src: FolderClients, mode: str) -> tuple:
         if i in tests or (None in tests and i == 0):
             t = tests[i if i in tests else None]
             X_te, y_te, names = read_client_file(t, src.label, src.header)
-            X_te = conform(t, X_te, names, src._reference)
+            X_te = conform(t, X_te, names, src.reference)
         ys.append(y)
         cnt, mean, _ = client_moments(torch.from_numpy(X))
         total, n = total + cnt * mean, n + cnt
