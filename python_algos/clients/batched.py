@@ -44,9 +44,11 @@ single client's pass is computed on a duplicated row: a lone matrix product may 
 kernel than a batched one); the metric pass adds the clients' losses and gradients in client order
 in :mod:`.row_sum`'s blocks, an order no cut of the clients changes (never a sum per chunk).
 So ``memory_budget`` / ``chunk_clients`` (and a GPU's free memory) change the speed, not the result.
-One exception is known (tests/test_engine_batched_metric.py): in float32 on CPU a client's gradient
-can differ in its last bit with its row's position in the pass (the alignment of its gathered
-samples selects another BLAS code path), so there the split into passes can show in the last bit.
+One exception is known: on the torch.func path a client's gradient can differ in its last bit with
+its pass's rows (float64 too: vmap's products pick their code path by the batched shapes; in float32
+with its row's position, tests/test_engine_batched_metric.py), so there the split into passes can
+show in the last bit. Its training calls cut their passes from windows of consecutive clients
+(:meth:`BatchedClients.pass_window`), which a streamed round's chunks keep whole: the dense run's bits.
 
 Memory. Clients are processed in chunks of at most ``chunk_clients`` rows (a group of clients is cut
 into as few chunks as that allows, of near-equal sizes), chosen so that a chunk's
@@ -465,11 +467,29 @@ class BatchedClients(ClientSet):
         # padded up to the longest batch of any client here, not of this call's: a client's bits are then the
         # same whichever clients share the call (a streamed round's chunk, a cohort, all of them)
         longest = self.longest_client() if self.batch_size is None else min(self.batch_size, self.longest_client())
-        fb = self._gradients(X, G, batches, values=None, longest=longest)
+        W = self.pass_window() or max(1, len(clients))  # consecutive windows: a streamed chunk makes the same passes
+        fb = sum(self._gradients(X[s : s + W], G[s : s + W], batches[s : s + W], values=None, longest=longest)
+                 for s in range(0, len(clients), W))
         self.fwd_bwd_seconds += fb
         self.grad_seconds += time.perf_counter() - t0
         self.grad_evals += len(clients)
         return G
+
+    def pass_window(self) -> Optional[int]:
+        """On the torch.func path, the W consecutive clients a training call's passes are cut from (each window
+        grouped and passed on its own: W is the most its longest batch allows, so a group is one pass); None for
+        a chain, whose gradients do not depend on their pass. A torch.func gradient can take other last bits in
+        a pass of other rows (a vmap of 2 rows or of 3: tests/test_fuzz_streamed.py), so :meth:`stream_chunks`
+        cuts a streamed round at multiples of W: each chunk then makes the dense call's passes."""
+        if self.chain is not None:
+            return None
+        longest = self.longest_client() if self.batch_size is None else min(self.batch_size, self.longest_client())
+        return max(1, self._chunk_rows(longest))
+
+    def stream_chunks(self, size: int) -> list:
+        """``size`` consecutive clients each, cut at multiples of :meth:`pass_window` (at least one window)."""
+        W = self.pass_window()
+        return super().stream_chunks(size if W is None else max(1, size // W) * W)
 
     def _gradients(self, X: torch.Tensor, G: torch.Tensor, batches, values: Optional[torch.Tensor],
                    longest: Optional[int] = None) -> float:
