@@ -47,8 +47,12 @@ So ``memory_budget`` / ``chunk_clients`` (and a GPU's free memory) change the sp
 One exception is known: on the torch.func path a client's gradient can differ in its last bit with
 its pass's rows (float64 too: vmap's products pick their code path by the batched shapes; in float32
 with its row's position, tests/test_engine_batched_metric.py), so there the split into passes can
-show in the last bit. Its training calls cut their passes from windows of consecutive clients
-(:meth:`BatchedClients.pass_window`), which a streamed round's chunks keep whole: the dense run's bits.
+show in the last bit (not with the other rows' values: tried with other clients' rows, Conv, LayerNorm and a
+custom loss). So a call is laid out as one process's call over all its clients (every client of the run, or
+the round's cohort: :meth:`BatchedClients._layout`), cut into windows of :meth:`BatchedClients.pass_window`
+consecutive clients, and a streamed chunk or a rank's shard runs the passes of the windows it meets with the
+other clients' rows filled with copies of its own, their results dropped (pad and mask): the dense
+one-process run's bits on any chunk and on any number of ranks.
 
 Memory. Clients are processed in chunks of at most ``chunk_clients`` rows (a group of clients is cut
 into as few chunks as that allows, of near-equal sizes), chosen so that a chunk's
@@ -216,6 +220,7 @@ class BatchedClients(ClientSet):
         self.num_clients = self.rows = len(clients)
         self.batch_size = None if batch_size is None else int(batch_size)
         self.generators = LazyGenerators(seed, self.num_clients, first_client)  # created when first drawn from
+        self.first_client = int(first_client)
 
         # data the model or the loss cannot take, a non-scalar loss, a sum loss on minibatches:
         # refused naming the client, before the checks and the vectorized probe below fail unnamed
@@ -467,29 +472,83 @@ class BatchedClients(ClientSet):
         # padded up to the longest batch of any client here, not of this call's: a client's bits are then the
         # same whichever clients share the call (a streamed round's chunk, a cohort, all of them)
         longest = self.longest_client() if self.batch_size is None else min(self.batch_size, self.longest_client())
-        W = self.pass_window() or max(1, len(clients))  # consecutive windows: a streamed chunk makes the same passes
-        fb = sum(self._gradients(X[s : s + W], G[s : s + W], batches[s : s + W], values=None, longest=longest)
-                 for s in range(0, len(clients), W))
+        if self.chain is not None:  # a chain's gradient does not depend on its pass
+            fb = self._gradients(X, G, batches, values=None, longest=longest)
+        else:
+            batches = list(batches.unbind(0)) if isinstance(batches, torch.Tensor) else batches
+            call, where = self._layout(clients, ids is None)
+            W = self.pass_window()
+            fb = sum(self._layout_passes(X, G, batches, where, call, range(s, min(s + W, len(call))), longest, None)
+                     for s in sorted({p // W * W for p in where}))
         self.fwd_bwd_seconds += fb
         self.grad_seconds += time.perf_counter() - t0
         self.grad_evals += len(clients)
         return G
 
+    cohort: Optional[torch.Tensor] = None  # this round's participants, in run ids (None: full participation)
+    run_sizes: Optional[list] = None  # every client's samples in the run, set on a rank by the distributed executor
+
+    def participants(self):
+        ids = super().participants()
+        self.cohort = ids  # the cohort's passes are laid out over it (_layout)
+        return ids
+
+    def _layout(self, clients: list, whole: bool) -> tuple:
+        """The one-process call ``clients`` belong to and their places in it: ``(call, where)``, ``call[p]`` the
+        run id of its p-th client, ``where[p]`` the index in ``clients`` of the client there (this process's).
+        The call: every client of the run (``whole``, or a streamed chunk of it), else this round's cohort
+        (a rank's share of it); ids outside the cohort make their own call."""
+        base = self.first_client if self.run_sizes is not None else 0  # run id of client 0 (a rank's first)
+        ids = [base + i for i in clients]
+        if whole or self.cohort is None:
+            return range(len(self.run_sizes or self.sizes)), {g: j for j, g in enumerate(ids)}
+        cohort = self.cohort.to("cpu")
+        at = torch.searchsorted(cohort, torch.tensor(ids)).clamp_(max=max(0, cohort.numel() - 1))
+        if cohort.numel() == 0 or not torch.equal(cohort[at], torch.tensor(ids)):
+            return ids, {p: p for p in range(len(ids))}
+        return cohort.tolist(), {p: j for j, p in enumerate(at.tolist())}
+
     def pass_window(self) -> Optional[int]:
-        """On the torch.func path, the W consecutive clients a training call's passes are cut from (each window
-        grouped and passed on its own: W is the most its longest batch allows, so a group is one pass); None for
-        a chain, whose gradients do not depend on their pass. A torch.func gradient can take other last bits in
-        a pass of other rows (a vmap of 2 rows or of 3: tests/test_fuzz_streamed.py), so :meth:`stream_chunks`
-        cuts a streamed round at multiples of W: each chunk then makes the dense call's passes."""
+        """On the torch.func path, the W consecutive clients of a call (:meth:`_layout`) its passes are cut from
+        (each window grouped and passed on its own: W is the most its longest batch allows, so a group is one
+        pass); None for a chain, whose gradients do not depend on their pass."""
         if self.chain is not None:
             return None
         longest = self.longest_client() if self.batch_size is None else min(self.batch_size, self.longest_client())
         return max(1, self._chunk_rows(longest))
 
     def stream_chunks(self, size: int) -> list:
-        """``size`` consecutive clients each, cut at multiples of :meth:`pass_window` (at least one window)."""
+        """``size`` consecutive clients each, cut at multiples of :meth:`pass_window` (at least one window): a
+        chunk then computes no window's pass that another chunk computes too (the bits do not need it)."""
         W = self.pass_window()
         return super().stream_chunks(size if W is None else max(1, size // W) * W)
+
+    def _layout_passes(self, X, G, batches: list, where: dict, call, positions, longest: int, values) -> float:
+        """The passes one process makes over the clients at ``positions`` of ``call`` (:meth:`_gradients`'
+        groups, each in near-equal parts), computed for this process's clients there (``where``: position ->
+        row of X / G and index in ``batches``). A torch.func gradient's last bits depend on its row in the vmap
+        pass and on the pass's rows (not on the other rows' values), so another client's row is filled with a
+        copy of one of ours, its result dropped (pad and mask): a rank's shard, a streamed chunk and the dense
+        call give a client the same bits. Returns the seconds spent in the passes."""
+        sizes, B = self.run_sizes or self.sizes, (None if values is not None else self.batch_size)
+        groups: dict[tuple, list] = {}
+        for p in positions:
+            n = sizes[call[p]] if B is None else min(B, sizes[call[p]])
+            P = -1 if n > self.chunk and not self.coupled else self.padded_length(n, longest)
+            groups.setdefault((P, n < P), []).append(p)
+        fb = 0.0
+        for (P, _), members in groups.items():
+            if P < 0:  # split in pieces, one client at a time
+                fb += sum(self._one_client_in_pieces(X, G, where[p], batches[where[p]], values)
+                          for p in members if p in where)
+                continue
+            for part in _even_parts(members, self._chunk_rows(P)):
+                real = [k for k, p in enumerate(part) if p in where]
+                if real:
+                    at = [where.get(p, where[part[real[0]]]) for p in part]
+                    fb += self._pass(X, G, at, [batches[j] for j in at], P, values,
+                                     keep=None if len(real) == len(part) else real)
+        return fb
 
     def _gradients(self, X: torch.Tensor, G: torch.Tensor, batches, values: Optional[torch.Tensor],
                    longest: Optional[int] = None) -> float:
@@ -536,10 +595,11 @@ class BatchedClients(ClientSet):
                 fb += self._pass(X, G, part, [batches[j] for j in part], P, values)
         return fb
 
-    def _pass(self, X, G, rows_at: list, batches, P: int, values) -> float:
+    def _pass(self, X, G, rows_at: list, batches, P: int, values, keep: Optional[list] = None) -> float:
         """One vectorized pass: clients ``rows_at`` (rows of X / G), each batch padded to ``P``
         samples with zero-weight copies of its first sample (only ever when samples are not coupled).
-        ``batches``: a list of index vectors, or a ``[c, P]`` block of them."""
+        ``batches``: a list of index vectors, or a ``[c, P]`` block of them. ``keep``: the pass's rows
+        whose results are written (None: all; the others are copies, :meth:`_layout_passes`)."""
         c = len(batches)
         block = isinstance(batches, torch.Tensor)
         if c == 1:  # see _gradients: never a one-row pass
@@ -571,7 +631,7 @@ class BatchedClients(ClientSet):
             xb, yb = self._gather(idx, k, R)
             xb, yb, in_place = xb[:, :P], yb[:, :P], None
         a = rows_at[0]
-        contiguous = c > 1 and rows_at == list(range(a, a + c))
+        contiguous = c > 1 and keep is None and rows_at == list(range(a, a + c))
         pos = None if contiguous else torch.tensor(rows_at, device=self.device)
         rows = X[a : a + c] if contiguous else X.index_select(0, pos)
         # the usual case: straight into G's rows (a [c, d] temporary costs its page faults)
@@ -583,9 +643,10 @@ class BatchedClients(ClientSet):
             if values is not None:
                 values[a : a + c] = vals.detach()
         else:
-            G.index_copy_(0, pos[:c], out[:c])
+            sel = torch.arange(c, device=self.device) if keep is None else torch.tensor(keep, device=self.device)
+            G.index_copy_(0, pos[sel], out[sel])
             if values is not None:
-                values.index_copy_(0, pos[:c], vals.detach()[:c].to(values.dtype))  # a loss may promote
+                values.index_copy_(0, pos[sel], vals.detach()[sel].to(values.dtype))  # a loss may promote
         return fb
 
     def _local_rows(self, k: int, P: int) -> torch.Tensor:
@@ -679,18 +740,23 @@ class BatchedClients(ClientSet):
         n, N = self.num_clients, self.num_clients if total is None else int(total)
         losses, grads = start if start is not None else (RowSum(1, torch.float64, self.device),
                                                          RowSum(self.dim, self.dtype, self.device))
-        blocks = _even_parts(range(n), max(1, min(n, self._chunk_rows(max(self.sizes)))))
-        block = len(blocks[0])
+        # one process's blocks of the run's clients (a rank's: those that hold some of its, laid out as one process's)
+        longest = self.longest_client()  # of the whole run, not of a block: padding must not depend on the blocks
+        run, base = len(self.run_sizes or self.sizes), self.first_client if self.run_sizes is not None else 0
+        blocks = [b for b in _even_parts(range(run), max(1, min(run, self._chunk_rows(longest))))
+                  if b[-1] >= base and b[0] < base + n]
+        block = max(len(b) for b in blocks)
         G = self._aligned_rows(block)
         values = torch.empty(block, dtype=self.dtype, device=self.device)  # a block's losses f_i(x)
         rows = self._aligned_rows(block).copy_(x.expand(block, -1))  # real rows, as a stack's (a stride-0
         # batch may take other kernels), each starting on a cache line: a strided matrix product's
         # bits can depend on its operands' alignment, which must not change with a row's position
-        longest = self.longest_client()  # of the whole run, not of a block: padding must not depend on the blocks
         with side_effect_free(self.model, self.device):
             for ids in blocks:
-                c = len(ids)
-                self._gradients(rows[:c], G[:c], [self._whole(i) for i in ids], values[:c], longest)
+                mine = [p for p, g in enumerate(ids) if base <= g < base + n]
+                c = len(mine)
+                self._layout_passes(rows, G, [self._whole(ids[p] - base) for p in mine],
+                                    {p: j for j, p in enumerate(mine)}, ids, range(len(ids)), longest, values)
                 grads.add_(G[:c])
                 losses.add_(values[:c, None].to(torch.float64))
         grad_out.copy_(grads.sum().div_(N))

@@ -173,6 +173,11 @@ class DistributedClients(ClientSet):
             if self.world_size > 1:
                 dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self.group)
             self.inner.pad_to = int(longest)  # as one process does: not its shard's, which would change the bits
+            sizes = torch.zeros(n, dtype=torch.int64, device=longest.device)  # every client's, to lay a pass out
+            sizes[self.lo : self.hi] = torch.tensor(self.inner.sizes, device=longest.device)  # as one process's
+            if self.world_size > 1:
+                dist.all_reduce(sizes, op=dist.ReduceOp.MAX, group=self.group)
+            self.inner.run_sizes = sizes.tolist()
         elif hasattr(self.inner, "shard"):  # a population's batched inner: agrees on its pads (cohort_batched)
             self.inner.shard = (self.lo, n, self._agree_max)
         # the inner batched executor's first-layer path, recorded in the run's setup as one process records its
@@ -203,8 +208,12 @@ class DistributedClients(ClientSet):
         ids = super().participants()  # the same global draw on every rank
         if ids is None:
             self._k = None
+            if hasattr(self.inner, "run_sizes"):
+                self.inner.cohort = None
             return None
         self._k = int(ids.numel())
+        if hasattr(self.inner, "run_sizes"):  # a batched inner lays its passes out over the whole cohort
+            self.inner.cohort = ids
         edges = torch.tensor([hi for _, hi in self.bounds], device=ids.device)
         self.participant_loads.append(torch.bincount(torch.bucketize(ids, edges, right=True),
                                                      minlength=self.world_size).tolist())
