@@ -42,8 +42,9 @@ def cases() -> list:
 
 
 def func_cases() -> list:
-    """Cases on the torch.func path (a LayerNorm MLP, which the Linear chain does not take): list clients."""
-    return [f"{alg}-{dt}-list-ln" for alg in ("scaffold", "fedcanon") for dt in DTYPES]
+    """Cases on the torch.func path (a LayerNorm MLP, which the Linear chain does not take)."""
+    return [f"{alg}-{dt}-{kind}-ln" for alg in ("scaffold", "fedcanon") for dt in DTYPES
+            for kind in ("list", "population")]
 
 
 class Clients:

@@ -475,11 +475,15 @@ class BatchedClients(ClientSet):
         if self.chain is not None:  # a chain's gradient does not depend on its pass
             fb = self._gradients(X, G, batches, values=None, longest=longest)
         else:
-            batches = list(batches.unbind(0)) if isinstance(batches, torch.Tensor) else batches
             call, where = self._layout(clients, ids is None)
-            W = self.pass_window()
-            fb = sum(self._layout_passes(X, G, batches, where, call, range(s, min(s + W, len(call))), longest, None)
-                     for s in sorted({p // W * W for p in where}))
+            W, fb = self.pass_window(), 0.0
+            for s in sorted({p // W * W for p in where}):
+                win, a = range(s, min(s + W, len(call))), where.get(s)
+                if a is not None and all(where.get(p) == a + k for k, p in enumerate(win)):  # all ours, in order
+                    e = a + len(win)  # the same passes, without a Python object per client
+                    fb += self._gradients(X[a:e], G[a:e], batches[a:e], values=None, longest=longest)
+                else:
+                    fb += self._layout_passes(X, G, batches, where, call, win, longest, None)
         self.fwd_bwd_seconds += fb
         self.grad_seconds += time.perf_counter() - t0
         self.grad_evals += len(clients)
