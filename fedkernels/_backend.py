@@ -222,9 +222,9 @@ def backend_info() -> dict:
     ``"set_cpu_isa"``: a test forced it), ``cpu_isa_gather`` (the gathered linear kernels' variant:
     the best one the CPU runs, or the forced one; never calibrated), ``first_layer`` (the batched
     executor's first-layer path, ``fedkernels.first_layer``: ``override``, FEDKERNELS_FIRST_LAYER's
-    request (a path, ``"auto"`` or ``"auto_bf16"``) or None; ``choices``, this process's calibrated or cached choices per shape with the
-    seconds measured per path; ``identical``, the paths "auto" chooses among), ``cpu_isa_variants`` (the
-    variants this CPU runs), ``cpu_isa_cache`` (the calibration cache file),
+    request (a path, ``"auto"`` or ``"auto_bf16"``) or None; ``choices``, this process's calibrated
+    or cached choices per shape with the seconds measured per path; ``identical``, the paths "auto"
+    chooses among), ``cpu_isa_variants`` (the variants this CPU runs), ``cpu_isa_cache`` (the calibration cache file),
     ``cuda_compiled``, ``cuda_archs`` (list of SM versions), ``cuda_runtime`` (the CUDA toolkit
     the kernels were built with; its runtime is linked statically), ``cuda_available`` (fedkernels
     can run on a GPU here), ``cuda_device_count``, ``cuda_error`` (why not, in plain words, if
