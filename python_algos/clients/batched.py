@@ -471,7 +471,7 @@ class BatchedClients(ClientSet):
         batches = self._batch_indices(clients)
         # padded up to the longest batch of any client here, not of this call's: a client's bits are then the
         # same whichever clients share the call (a streamed round's chunk, a cohort, all of them)
-        longest = self.longest_client() if self.batch_size is None else min(self.batch_size, self.longest_client())
+        longest = self._batch_longest()
         if self.chain is not None:  # a chain's gradient does not depend on its pass
             fb = self._gradients(X, G, batches, values=None, longest=longest)
         else:
@@ -512,13 +512,17 @@ class BatchedClients(ClientSet):
             return ids, {p: p for p in range(len(ids))}
         return cohort.tolist(), {p: j for j, p in enumerate(at.tolist())}
 
+    def _batch_longest(self) -> int:
+        """The longest batch any client here draws: its whole data, or ``batch_size`` samples (the pad limit)."""
+        return self.longest_client() if self.batch_size is None else min(self.batch_size, self.longest_client())
+
     def pass_window(self) -> Optional[int]:
         """On the torch.func path, the W consecutive clients of a call (:meth:`_layout`) its passes are cut from
         (each window grouped and passed on its own: W is the most its longest batch allows, so a group is one
         pass); None for a chain, whose gradients do not depend on their pass."""
         if self.chain is not None:
             return None
-        longest = self.longest_client() if self.batch_size is None else min(self.batch_size, self.longest_client())
+        longest = self._batch_longest()
         return max(1, self._chunk_rows(longest))
 
     def stream_chunks(self, size: int) -> list:

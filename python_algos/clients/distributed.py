@@ -82,7 +82,7 @@ from . import process_group
 from .base import ClientSet
 from .population import Population
 from .registry import LOCAL_EXECUTORS, resolve_local
-from .row_sum import BLOCK, RowSum
+from .row_sum import BLOCK, RowSum, block_sums
 
 __all__ = ["DistributedClients", "ShardPopulation"]
 
@@ -243,12 +243,7 @@ class DistributedClients(ClientSet):
         acc = RowSum(d, S.dtype, S.device)
         head = min((-first) % BLOCK, m)  # the rows that close the block ranks 0..r - 1 left open
         whole = (m - head) // BLOCK * BLOCK
-        sums = None
-        if whole:  # the vectorized block sums of RowSum.add_: row after row within each block
-            blocks = S[head : head + whole].unflatten(0, (-1, BLOCK))
-            sums = blocks[:, 0].clone()
-            for j in range(1, BLOCK):
-                sums.add_(blocks[:, j])
+        sums = block_sums(S[head : head + whole]) if whole else None  # RowSum.add_'s, before anything arrives
         buf = torch.empty(2 * d + 1, dtype=S.dtype, device=S.device) if self.world_size > 1 else None
         if self.rank > 0:
             dist.recv(buf, src=self.rank - 1, group=self.group)

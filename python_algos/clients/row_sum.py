@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["RowSum", "sum_rows", "BLOCK"]
+__all__ = ["RowSum", "sum_rows", "block_sums", "BLOCK"]
 
 BLOCK = 64  # rows per block: BLOCK + n / BLOCK additions for n rows (64: ~2,000 at n = 10^5)
 
@@ -40,11 +40,7 @@ class RowSum:
             i += 1
         whole = (n - i) // BLOCK * BLOCK
         if whole:
-            blocks = S[i : i + whole].unflatten(0, (-1, BLOCK))  # [b, BLOCK, d]
-            sums = blocks[:, 0].clone()
-            for j in range(1, BLOCK):
-                sums.add_(blocks[:, j])
-            for s in sums:
+            for s in block_sums(S[i : i + whole]):
                 self.total.add_(s)
             i += whole
         while i < n:  # the start of a block the next chunk (or finish) closes
@@ -67,6 +63,16 @@ class RowSum:
         """The sum of every row added (a new ``[d]`` tensor)."""
         out = self.total.clone()
         return out.add_(self.part) if self.open else out
+
+
+def block_sums(S: torch.Tensor) -> torch.Tensor:
+    """The sums ``[b, d]`` of a ``[b * BLOCK, d]`` stack's blocks of BLOCK rows, each row after row from
+    its first: BLOCK vectorized additions over all the blocks."""
+    blocks = S.unflatten(0, (-1, BLOCK))  # [b, BLOCK, d]
+    sums = blocks[:, 0].clone()
+    for j in range(1, BLOCK):
+        sums.add_(blocks[:, j])
+    return sums
 
 
 def sum_rows(S: torch.Tensor) -> torch.Tensor:
