@@ -280,29 +280,6 @@ def bounds_of(n: int, world: int) -> list:
 
 @pytest.mark.processes
 @pytest.mark.slow
-def test_workers_with_disk_stores_resume_on_their_own_world_size_only(tmp_path):
-    """``run --workers 2 --state disk``: each rank's rows and row log in state/rank<r>/; resumed on 2 workers it
-    equals the one-process dense run bit for bit; on another number of processes it is refused, naming why,
-    before the folder changes (a row log cannot be re-cut)."""
-    import shutil
-
-    cli(*CLI, "-T", "6", "--out", str(tmp_path / "one"))
-    cli(*CLI, "-T", "4", "--state", "disk", "--workers", "2", "--out", str(tmp_path / "d2"))
-    assert sorted(os.listdir(tmp_path / "d2" / "state")) == ["rank0", "rank1"]
-    shutil.copytree(tmp_path / "d2", tmp_path / "d2b")
-    cli("run", "--resume", str(tmp_path / "d2"), "--rounds", "6", "--workers", "2", "--no-progress")
-    params, rows = folder_run(tmp_path / "d2")
-    ref = folder_run(tmp_path / "one")
-    assert torch.equal(params, ref[0]) and len(rows) == len(ref[1])
-    assert all(all(same_bits(g[k], r[k]) for k in r) for g, r in zip(rows, ref[1]))
-    before = {p: p.read_bytes() for p in (tmp_path / "d2b").rglob("*") if p.is_file()}
-    with pytest.raises(AssertionError, match="cannot be re-cut for another number of processes"):
-        cli("run", "--resume", str(tmp_path / "d2b"), "--rounds", "6", "--no-progress")
-    assert {p: p.read_bytes() for p in (tmp_path / "d2b").rglob("*") if p.is_file()} == before
-
-
-@pytest.mark.processes
-@pytest.mark.slow
 def test_a_population_on_workers_with_a_store_resumes_on_another_world_size(tmp_path):
     """A9A's rows as 2,000 clients of 3 built when sampled (--partition cyclic: a Population) on 2 workers
     with --state ram for 4 rounds, resumed to 6 on 3 workers (the stores' rows and the generators the

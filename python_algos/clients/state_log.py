@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import os
 import re
-from typing import NamedTuple
+from typing import Iterator, NamedTuple, Optional
 
 import numpy as np
 import torch
 
 from ..runfolder import faults
 
-__all__ = ["LoggedRows", "record_dtype", "append", "start_log", "last_records", "remove_other_logs", "log_bytes"]
+__all__ = ["LoggedRows", "LogCut", "record_dtype", "append", "start_log", "last_records", "cut_chunks", "as_cut",
+           "remove_other_logs", "log_bytes"]
 
 _NAME = re.compile(r"^log-(\d+)\.bin$")
 
@@ -41,6 +42,22 @@ class LoggedRows(NamedTuple):
     rows: int
     initial: torch.Tensor
     check: float
+
+
+class LogCut(NamedTuple):
+    """A disk store's rows at a checkpoint that another number of processes wrote (a resume re-cut for
+    this process's clients, python_algos/experiments/launch.py): ``pieces`` in order, each ``(writer, rec,
+    a, b)``, rows ``a .. b - 1`` of the :class:`LoggedRows` ``rec``, whose log is in the writer's folder
+    ``<state_folder>/<writer>/<field>`` (``writer`` ``rank<q>``, or ``""`` for one process); ``reader``
+    this process's folder likewise; ``log`` the log that the checkpoint names in the reader's own folder
+    (a writer's of the same rank: kept until this store's next checkpoint is written), or None;
+    ``rows``, ``initial`` as :class:`LoggedRows`'s. No row is read until :func:`cut_chunks`."""
+
+    pieces: tuple
+    reader: str
+    log: Optional[str]
+    rows: int
+    initial: torch.Tensor
 
 
 def record_dtype(dim: int, dtype: torch.dtype) -> np.dtype:
@@ -108,6 +125,46 @@ def last_records(folder: str, rec: LoggedRows, dim: int, dtype: torch.dtype) -> 
                          f"store's log; resume with the run's own state_folder")
     uniq, first_from_end = np.unique(ids[::-1], return_index=True)
     return uniq, rec.records - 1 - first_from_end, log
+
+
+def cut_chunks(folder: str, cut: LogCut, step: int) -> Iterator[tuple]:
+    """(ids, rows) of the written rows ``cut`` holds, at most ``step`` rows at a time, ids numbered from
+    the cut's first row; ``folder``: the reading store's own, ``<state_folder>/<reader>/<field>``. Every
+    writer's log is checked before this returns, so a refusal comes before the reader writes anything."""
+    field, base = os.path.basename(folder), os.path.dirname(folder)
+    if cut.reader and os.path.basename(base) != cut.reader:
+        raise ValueError(f"the re-cut rows of {cut.reader} were given the folder {folder}, not one under "
+                         f"<state_folder>/{cut.reader}/: give the run's own state_folder")
+    root, sources, first = os.path.dirname(base) if cut.reader else base, [], 0
+    dim, dtype = cut.initial.numel(), cut.initial.dtype
+    for writer, rec, a, b in cut.pieces:
+        try:
+            ids, at, log = last_records(os.path.join(root, writer, field), rec, dim, dtype)
+        except ValueError as e:
+            if writer == cut.reader:
+                raise
+            raise ValueError(f"{e}. A resume on another number of processes reads every writer's row log "
+                             f"(<state_folder>/rank<q>/): when a writer's state folder is on another machine's "
+                             f"disk, copy it under this run's state_folder ({root}) first, or resume on the number "
+                             f"of processes that wrote the checkpoint (--workers P / torchrun --nproc-per-node "
+                             f"P)") from None
+        keep = (ids >= a) & (ids < b)
+        sources.append((ids[keep] - a + first, at[keep], log))
+        first += b - a
+    return _cut_rows(sources, step)
+
+
+def as_cut(rec) -> LogCut:
+    """``rec``, a :class:`LoggedRows` (the rows of the log in the reading store's own folder) or a :class:`LogCut`,
+    as a cut."""
+    return rec if isinstance(rec, LogCut) else LogCut((("", rec, 0, rec.rows),), "", rec.log, rec.rows, rec.initial)
+
+
+def _cut_rows(sources: list, step: int) -> Iterator[tuple]:
+    for ids, at, log in sources:
+        for a in range(0, ids.size, step):
+            faults.point("state re-cut")
+            yield torch.from_numpy(ids[a:a + step]), torch.from_numpy(np.array(log["row"][at[a:a + step]]))
 
 
 def remove_other_logs(folder: str, keep) -> None:

@@ -31,7 +31,7 @@ import torch
 
 from . import row_file
 from .process_group import agree, rank
-from .state_log import LoggedRows
+from .state_log import LogCut, LoggedRows
 from .state_store import ClientStateStore, StoredRows
 
 __all__ = ["MODES", "StateEstimate", "StreamCost", "StatePlan", "DoesNotFit", "memory_available", "check_dense_fits",
@@ -289,7 +289,7 @@ class StatePlan:
             v = getattr(state, f)
             if isinstance(v, StoredRows):
                 v = out[f] = ClientStateStore.from_stored_rows(v)
-            elif isinstance(v, LoggedRows):
+            elif isinstance(v, (LoggedRows, LogCut)):  # a LogCut: re-cut from the logs of other processes
                 if self.folder is None:
                     raise ValueError("the checkpoint's client rows are in the row log under its run's state_folder: "
                                      "resume with that state_folder")

@@ -38,7 +38,7 @@ import torch
 
 from . import state_log
 from .row_file import RowFile
-from .state_log import LoggedRows
+from .state_log import LogCut, LoggedRows
 
 __all__ = ["ClientStateStore", "StoredRows", "LoggedRows", "BACKENDS", "DTYPES"]
 
@@ -206,21 +206,22 @@ class ClientStateStore:
         return LoggedRows(self._log, self._logged, self.rows, self._block[0].clone(), math.nan if bad else 0.0)
 
     @classmethod
-    def from_log(cls, rec: LoggedRows, folder: str, backend: str = "disk") -> "ClientStateStore":
-        """The store at the checkpoint ``rec`` (:meth:`checkpoint`), from the log in ``folder``: a
+    def from_log(cls, rec: Union[LoggedRows, LogCut], folder: str, backend: str = "disk") -> "ClientStateStore":
+        """The store at the checkpoint ``rec`` (:meth:`checkpoint`), from the log in ``folder`` (a
+        :class:`LogCut`: from the logs of the processes that wrote it, :func:`state_log.cut_chunks`): a
         ``backend="disk"`` store in ``folder`` (its rows.bin / index.bin, which rounds after the
         checkpoint may have written, are replaced), or a RAM one. Its next checkpoint starts a new log."""
         dim, dtype = rec.initial.numel(), rec.initial.dtype
-        ids, at, log = state_log.last_records(os.fspath(folder), rec, dim, dtype)
+        step = max(1, _CHUNK_BYTES // (dim * rec.initial.element_size()))
+        chunks = state_log.cut_chunks(os.fspath(folder), state_log.as_cut(rec), step)  # every log checked first
         if backend == "disk":
             for name in ("rows.bin", "index.bin"):  # the rows of rounds past the checkpoint: the log is the truth
                 if os.path.exists(os.path.join(folder, name)):
                     os.remove(os.path.join(folder, name))
         store = cls(rec.rows, dim, dtype, rec.initial, backend=backend,
                     folder=folder if backend == "disk" else None, keep_logs=True)
-        step = max(1, _CHUNK_BYTES // (dim * rec.initial.element_size()))
-        for a in range(0, ids.size, step):
-            store.scatter_(torch.from_numpy(ids[a:a + step]), torch.from_numpy(np.array(log["row"][at[a:a + step]])))
+        for ids, rows in chunks:
+            store.scatter_(ids, rows)
         if backend == "disk":
             store._log, store._dirty = rec.log, None  # kept until the new log's checkpoint is written
         return store

@@ -34,8 +34,9 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist  # loaded with process_group, which the module imports anyway
 
-from ..clients import process_group
-from ..clients.shard_rows import cut_rows, join_rows
+from ..clients import process_group, state_log
+from ..clients.shard_rows import cut_rows, join_rows, remove_other_writers
+from ..clients.state_log import LogCut, LoggedRows
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.signals import exit_code, signal_of
 from ..system import processes
@@ -211,9 +212,9 @@ class ShardedCheckpointer(ckpt.Checkpointer):
     """:class:`~python_algos.experiments.checkpoint.Checkpointer` for a distributed run: every rank
     writes its shard, rank 0 the manifest last (module docstring). ``num_clients``: N."""
 
-    def __init__(self, path: str, num_clients: int, extra: Optional[dict] = None):
+    def __init__(self, path: str, num_clients: int, extra: Optional[dict] = None, state_folder: Optional[str] = None):
         super().__init__(path, extra)
-        self.num_clients = int(num_clients)
+        self.num_clients, self.state_folder = int(num_clients), state_folder
 
     def __call__(self, snapshot: dict) -> None:
         r, world = rank(), world_size()
@@ -251,6 +252,7 @@ class ShardedCheckpointer(ckpt.Checkpointer):
                             os.remove(os.path.join(_shard_dir(self.path), name))
                         except OSError:
                             pass
+                remove_other_writers(self.state_folder, world)  # the row logs of a checkpoint written by more ranks
             except Exception as e:  # noqa: BLE001
                 err = e
         process_group.agree(err)
@@ -259,19 +261,28 @@ class ShardedCheckpointer(ckpt.Checkpointer):
 
 class SingleFileCheckpointer(ckpt.Checkpointer):
     """The one-process checkpoint; a run resumed in one process from a sharded checkpoint deletes
-    the shards once its own ``checkpoint.pt`` (which names none) has replaced the manifest."""
+    the shards, and the ranks' row logs under ``state_folder``, once its own ``checkpoint.pt`` (which
+    names none) has replaced the manifest."""
+
+    def __init__(self, path: str, extra: Optional[dict] = None, state_folder: Optional[str] = None):
+        super().__init__(path, extra)
+        self.state_folder = state_folder
 
     def __call__(self, snapshot: dict) -> None:
         super().__call__(snapshot)
         if os.path.isdir(_shard_dir(self.path)):
             remove_shards(self.path)
+        remove_other_writers(self.state_folder, None)
 
 
-def checkpointer(path: str, num_clients: int, extra: Optional[dict] = None) -> ckpt.Checkpointer:
-    """The checkpoint hook of a run: sharded under torchrun, a single file otherwise."""
+def checkpointer(path: str, num_clients: int, extra: Optional[dict] = None,
+                 state_folder: Optional[str] = None) -> ckpt.Checkpointer:
+    """The checkpoint hook of a run: sharded under torchrun, a single file otherwise. ``state_folder``: the
+    run's (``--state disk``), where the row logs of the processes that wrote the checkpoint it resumed from
+    (on another number of processes) go once its own checkpoint replaced that one."""
     if distributed():
-        return ShardedCheckpointer(path, num_clients, extra)
-    return SingleFileCheckpointer(path, extra)
+        return ShardedCheckpointer(path, num_clients, extra, state_folder)
+    return SingleFileCheckpointer(path, extra, state_folder)
 
 
 def remove_shards(path: str) -> None:
@@ -291,56 +302,87 @@ def remove_shard_leftovers(path: str) -> None:
                     pass
 
 
-def load_checkpoint(path: str, num_clients: int, map_location="cpu") -> dict:
+def load_checkpoint(path: str, num_clients: int, map_location="cpu", state_folder: Optional[str] = None) -> dict:
     """A snapshot for ``simulate(resume=...)`` holding this process's rows: all N clients in one
     process, rank r's shard under torchrun — from a single-file or a sharded checkpoint, written
-    by any number of processes (the rows and per-client generators are re-cut)."""
-    return local_rows(ckpt.load(path, map_location=map_location), path, num_clients, map_location)
+    by any number of processes (the rows and per-client generators are re-cut; ``state_folder``: see
+    :func:`local_rows`)."""
+    return local_rows(ckpt.load(path, map_location=map_location), path, num_clients, map_location, state_folder)
 
 
-def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu") -> dict:
-    """:func:`load_checkpoint` for a snapshot already read with ``checkpoint.load(path)``."""
+def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu", state_folder: Optional[str] = None) -> dict:
+    """:func:`load_checkpoint` for a snapshot already read with ``checkpoint.load(path)``. A disk store's rows
+    (``--state disk``) are re-cut as a :class:`~python_algos.clients.state_log.LogCut`, which the run's store
+    reads from the writers' row logs under its ``state_folder``; given here, those logs are checked now
+    (missing, or not this checkpoint's), before the run writes anything."""
     snap = dict(snap)
     info = snap.pop("shards", None)
     n = int(num_clients)
     lo, hi = process_group.bounds(n, world_size())[rank()] if distributed() else (0, n)
+    reader = f"rank{rank()}" if distributed() else ""  # this process's folder under state_folder (state_plan)
     if info is None:  # one process wrote it: stacks hold all N rows
-        fields = process_group.client_fields(snap["state"], n) if (lo, hi) != (0, n) else []
-        if fields:
-            snap["state"] = snap["state"]._replace(**{k: cut_rows(getattr(snap["state"], k), lo, hi) for k in fields})
+        st = snap["state"]
+        fields = process_group.client_fields(st, n) if (lo, hi) != (0, n) or reader else []
+        snap["state"] = st._replace(**{k: join_rows([cut_rows(getattr(st, k), lo, hi)], reader) for k in fields
+                                       if (lo, hi) != (0, n) or isinstance(getattr(st, k), LoggedRows)})
         snap["client_rng"] = {k: _own(v, lo, hi) for k, v in snap["client_rng"].items()}
-        return snap
+        return _checked_logs(snap, state_folder, reader)
     if int(info["num_clients"]) != n:
         raise ValueError(f"{path} holds {info['num_clients']} clients, the run has {n}")
-    folder = _shard_dir(path)
     stacks = {k: [] for k in info["fields"]}
-    rng: dict = {}
+    rng, kept = {}, {}
     for q, (qlo, qhi) in enumerate(info["bounds"]):
         a, b = max(lo, qlo), min(hi, qhi)
-        if a >= b:
+        if a >= b and reader != f"rank{q}":
             continue
-        shard_path = os.path.join(folder, info["files"][q])
-        if not os.path.isfile(shard_path):
-            raise ckpt.CheckpointError(
-                f"{path} names the shard {shard_path}, which is missing: the checkpoint of round {snap['round']} is "
-                f"incomplete (shards are written before the manifest, so the file was removed or the run folder "
-                f"was copied without its checkpoint.pt.shards folder); restore it from a copy")
-        try:
-            shard = torch.load(shard_path, map_location=map_location, weights_only=True)
-        except Exception as e:  # noqa: BLE001 - torch reports damage as many types
-            raise ckpt.CheckpointError(f"{shard_path} is damaged and cannot be read ({type(e).__name__}); restore "
-                                       f"it from a copy") from None
-        if not isinstance(shard, dict) or int(shard.get("round", -1)) != int(snap["round"]):
-            raise ckpt.CheckpointError(f"{shard_path} is not the shard of round {snap['round']} that {path} names; "
-                                       f"restore the run's own checkpoint.pt.shards folder from a copy")
+        shard = _shard(path, info, q, snap["round"], map_location)
         pieces = ckpt.decode(shard["stacks"])  # dense rows, or a store's (StoredRows, a disk store's LoggedRows)
         for k in info["fields"]:
-            stacks[k].append(pieces[k] if (a, b) == (qlo, qhi) else cut_rows(pieces[k], a - qlo, b - qlo))
-        for k, v in shard["client_rng"].items():
-            rng.setdefault(k, {}).update(_own(v, lo, hi))
+            v = pieces[k]
+            if isinstance(v, LoggedRows) and v.rows != qhi - qlo:
+                raise ckpt.CheckpointError(f"{path}: rank {q}'s row log of {k} holds {v.rows} clients' rows, not "
+                                           f"{qhi - qlo}: a shard of another run; restore the run's own "
+                                           f"checkpoint.pt.shards folder from a copy")
+            if f"rank{q}" == reader and isinstance(v, LoggedRows):
+                kept[k] = v.log  # the log the checkpoint names in this process's own folder
+            if a < b:
+                whole = (a, b) == (qlo, qhi) and not isinstance(v, LoggedRows)
+                stacks[k].append(v if whole else cut_rows(v, a - qlo, b - qlo, f"rank{q}"))
+        if a < b:
+            for k, v in shard["client_rng"].items():
+                rng.setdefault(k, {}).update(_own(v, lo, hi))
     if stacks:
-        snap["state"] = snap["state"]._replace(**{k: join_rows(v) for k, v in stacks.items()})
+        snap["state"] = snap["state"]._replace(**{k: join_rows(v, reader, kept.get(k)) for k, v in stacks.items()})
     snap["client_rng"] = {**snap["client_rng"], **rng}
+    return _checked_logs(snap, state_folder, reader)
+
+
+def _shard(path: str, info: dict, q: int, t, map_location) -> dict:
+    """Rank q's shard file of the checkpoint ``path`` (round ``t``), read."""
+    shard_path = os.path.join(_shard_dir(path), info["files"][q])
+    if not os.path.isfile(shard_path):
+        raise ckpt.CheckpointError(
+            f"{path} names the shard {shard_path}, which is missing: the checkpoint of round {t} is "
+            f"incomplete (shards are written before the manifest, so the file was removed or the run folder "
+            f"was copied without its checkpoint.pt.shards folder); restore it from a copy")
+    try:
+        shard = torch.load(shard_path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch reports damage as many types
+        raise ckpt.CheckpointError(f"{shard_path} is damaged and cannot be read ({type(e).__name__}); restore "
+                                   f"it from a copy") from None
+    if not isinstance(shard, dict) or int(shard.get("round", -1)) != int(t):
+        raise ckpt.CheckpointError(f"{shard_path} is not the shard of round {t} that {path} names; "
+                                   f"restore the run's own checkpoint.pt.shards folder from a copy")
+    return shard
+
+
+def _checked_logs(snap: dict, state_folder: Optional[str], reader: str) -> dict:
+    """``snap``, its disk stores' row logs under ``state_folder`` checked (when given) as the store will read them."""
+    st = snap["state"]
+    for k in getattr(type(st), "client_fields", ()) if state_folder is not None else ():
+        v = getattr(st, k)
+        if isinstance(v, (LoggedRows, LogCut)):
+            state_log.cut_chunks(os.path.join(state_folder, reader, k), state_log.as_cut(v), 1)
     return snap
 
 

@@ -218,7 +218,8 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
                              f"{algorithm.name} {algorithm.hparams()} as config.json says; nothing was changed")
     estimate = check_state(cfg, fed.clients, model, algorithm, resume=resume, flower=flower, out_dir=out_dir)
     if snap is not None:  # this process's client rows (re-cut if another number of processes wrote it)
-        snap = launch.local_rows(snap, ckpt_path, len(fed.clients), map_location=device)
+        snap = launch.local_rows(snap, ckpt_path, len(fed.clients), map_location=device,  # disk: its logs checked
+                                 state_folder=os.path.join(out_dir, STATE_DIR))
     return PreparedRun(cfg, out_dir, fed, model, algorithm, reg, device, snap, resume, rewrite, replace, torch_rng,
                        estimate)
 

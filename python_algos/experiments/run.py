@@ -252,7 +252,8 @@ def execute_run(prep: PreparedRun, *, progress: bool = True, extra_eval: Optiona
     launch.barrier()  # every rank has checked its inputs (prepare_run) before rank 0 writes anything
     events = _open_folder(prep, log, main)
     eval_fn = make_eval(ds, model, extra_eval)
-    saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()})
+    saver = launch.checkpointer(ckpt_path, len(fed.clients), extra={"config": cfg.to_dict()},
+                                state_folder=os.path.join(out_dir, STATE_DIR))  # a re-cut's writers' logs go
     cbs = _run_callbacks(os.path.join(out_dir, METRICS) if main else None, events, label, progress and main,
                          callbacks.StopOnDivergence(), saver, cfg.checkpoint_every, cfg.time_budget)
     executor, executor_options = launch.executor_for(cfg.executor)
