@@ -15,7 +15,8 @@ executor with dense stacks, on the materialised list (sequential) or on the same
 pass on a population sums blocks of the cache, the list's up to order): every rank's final model and every
 recorded metric, bit for bit, and the gradient counts of the ranks add up to its. Sometimes the ranks stop past a
 sharded checkpoint (``launch.checkpointer``) and resume from it, and one process resumes from the same checkpoint
-(re-cut for all N clients; a dense or RAM state): both end as the uninterrupted run. A refusal must come on every
+(re-cut for all N clients; a disk store reads every rank's row log into its own): both end as the uninterrupted
+run. A refusal must come on every
 rank alike, as a ``ValueError``, where the one-process run with that state refuses too.
 
 Default run: 2 seeds on 2 ranks (one spawn); the ``processes`` test draws ``fuzz_budget`` seeds on 1, 2 and 4
@@ -92,7 +93,8 @@ def draw(seed: int) -> Case:
     source = r.choice(["list", "sparse", "sparse", "rows", "folder"])
     inner = "batched" if random.Random(seed * 31 + 7).random() < 0.4 else "sequential"
     more = random.Random(seed * 31 + 11)
-    stop = (more.randint(1, 3), more.randint(1, 2)) if more.random() < 0.3 else None
+    # a disk store stops more often: its one-process resume re-cuts the ranks' row logs
+    stop = (more.randint(1, 3), more.randint(1, 2)) if more.random() < (0.6 if state == "disk" else 0.3) else None
     return Case(seed, alg, hparams, n, cohort, source, r.randint(1, 4), state,
                 r.choice([torch.float64, torch.float64, torch.float32]), r.randint(2, 7), r.choice([0, 3]),
                 r.choice([None, 1, 2, 4]), r.choice([None, 0.01, 0.1]), 4 if stop else r.randint(2, 4),
@@ -144,7 +146,7 @@ def loss(case: Case):
     return F.cross_entropy if case.source == "folder" else F.binary_cross_entropy_with_logits
 
 
-def _simulate(case: Case, executor: str, folder: str, state: str, listed: bool, **kw):
+def _simulate(case: Case, executor: str, folder: str, state: str, listed: bool, root: Optional[str] = None, **kw):
     import python_algos as pa
     from python_algos.algorithms.registry import make
 
@@ -154,15 +156,20 @@ def _simulate(case: Case, executor: str, folder: str, state: str, listed: bool, 
                        fk.Zero() if case.reg is None else fk.L1(case.reg), case.batch_size, seed=case.seed,
                        metrics_every=case.metrics_every, clients_per_round=case.cohort, executor=executor,
                        executor_options={"inner": case.inner} if executor == "distributed" else None, state=state,
-                       state_folder=os.path.join(folder, f"s{case.seed}-{executor}") if state == "disk" else None,
+                       state_folder=state_folder(case, folder, root or executor) if state == "disk" else None,
                        threads=1, **kw)
+
+
+def state_folder(case: Case, folder: str, root: str) -> str:
+    return os.path.join(folder, f"s{case.seed}-{root}")
 
 
 def run(case: Case, executor: str, folder: str, state: Optional[str] = None, listed: bool = False,
         resume: bool = False):
     """The case's run: (final model, metrics rows, gradient counts, the round it resumed after), or the refusal's
     message. ``resume``: stopped after round ``case.stop[0]`` with a checkpoint every ``case.stop[1]`` rounds
-    (sharded on ranks: launch.checkpointer), then resumed from the last one (re-cut for this process's rows)."""
+    (sharded on ranks: launch.checkpointer), then resumed from the last one (re-cut for this process's rows; a
+    disk store's from the ranks' row logs, under their state folder)."""
     from python_algos.experiments import launch
     from python_algos.runfolder.callbacks import Checkpoint
     from python_algos.runfolder.checkpoint import Diverged
@@ -179,9 +186,10 @@ def run(case: Case, executor: str, folder: str, state: Optional[str] = None, lis
                     stop, every = case.stop
                     _simulate(case, executor, folder, state, listed, callbacks=[
                         lambda t, s, m: t == stop, Checkpoint(launch.checkpointer(path, case.n), every)])
-                snap = launch.load_checkpoint(path, case.n)
+                root = state_folder(case, folder, "distributed") if state == "disk" else None
+                snap = launch.load_checkpoint(path, case.n, state_folder=root)
                 first = int(snap["round"])
-                hist = _simulate(case, executor, folder, state, listed, resume=snap)
+                hist = _simulate(case, executor, folder, state, listed, "distributed", resume=snap)
         except (ValueError, Diverged) as e:
             return f"{type(e).__name__}: {e}"
     rows = [{k: v for k, v in m.items() if k not in PER_RANK} for m in [hist.initial, *hist.metrics]]
@@ -233,7 +241,7 @@ def check(case: Case, got: list, root: str) -> Optional[str]:
         torch.set_num_threads(n)
     params, rows, evals, _ = ref
     why = _compare(got, params, rows, evals)
-    if why is None and case.stop is not None and case.state != "disk":  # a disk store resumes on its world size only
+    if why is None and case.stop is not None:
         alone = run(case, case.inner, root, listed=False, resume=True)  # the ranks' checkpoint re-cut for one process
         why = _compare([alone], params, rows, evals) if not isinstance(alone, str) else f"one process: {alone}"
         why = why and f"resumed in one process from the ranks' checkpoint: {why}"
