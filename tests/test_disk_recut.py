@@ -152,13 +152,18 @@ def test_a_missing_or_foreign_writer_log_is_refused_before_anything_is_written(t
     with pytest.raises(ValueError, match=r"rank1.*is missing.*another machine's disk.*--workers P"):
         ClientStateStore.from_log(cut, folder_of(tmp_path / "a", reader))
     assert not os.path.exists(folder_of(tmp_path / "a", reader))  # nothing written
-    names, recs, _ = write_run(tmp_path / "b", 2, 2)
-    other = write_run(tmp_path / "c", 1, 1)[1][0]  # another run's log: one process's, rows of all N clients
-    for q, rec in enumerate(recs):
-        shutil.copyfile(os.path.join(folder_of(tmp_path / "c", ""), other.log),
-                        os.path.join(folder_of(tmp_path / "b", f"rank{q}"), rec.log))
-    forged = [rec._replace(records=other.records) for rec in recs]
-    reader, cut = recut(names, forged, 2, 3, 2)
-    with pytest.raises(ValueError, match=r"names rows outside.*not this store's log"):
-        ClientStateStore.from_log(cut, folder_of(tmp_path / "b", reader))
-    assert not os.path.exists(folder_of(tmp_path / "b", reader))
+    for other_world, seed in ((1, 1), (2, 4)):  # another run's logs: one process's (rows of all N), or 2 ranks'
+        b, c = tmp_path / f"b{seed}", tmp_path / f"c{seed}"
+        names, recs, _ = write_run(b, 2, 2)
+        others = write_run(c, other_world, seed)
+        for q, rec in enumerate(recs):
+            other = others[1][min(q, other_world - 1)]
+            shutil.copyfile(os.path.join(folder_of(c, others[0][min(q, other_world - 1)]), other.log),
+                            os.path.join(folder_of(b, f"rank{q}"), rec.log))
+        # the checkpoint's own records, the log files of the other run (counted to their length, or cut to its count)
+        for forged in ([rec._replace(records=o.records) for rec, o in zip(recs, others[1] * 2)], recs):
+            reader, cut = recut(names, forged, 2, 3, 2)
+            with pytest.raises(ValueError, match=r"(is not the log it counts.*another run|holds \d+ bytes, fewer).*"
+                                                 r"another machine's disk.*--workers P"):
+                ClientStateStore.from_log(cut, folder_of(b, reader))
+        assert not os.path.exists(folder_of(b, reader))

@@ -16,6 +16,7 @@ last checkpoint named is removed (a checkpoint older than that is refused on res
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from typing import Iterator, NamedTuple, Optional
@@ -26,7 +27,7 @@ import torch
 from ..runfolder import faults
 
 __all__ = ["LoggedRows", "LogCut", "record_dtype", "append", "start_log", "last_records", "cut_chunks", "as_cut",
-           "remove_other_logs", "log_bytes"]
+           "tail", "remove_other_logs", "log_bytes"]
 
 _NAME = re.compile(r"^log-(\d+)\.bin$")
 
@@ -35,13 +36,15 @@ class LoggedRows(NamedTuple):
     """A disk store's checkpoint form: its rows are the first ``records`` records of the log ``log``
     in the store's folder (the last record of each id); ``rows`` N; ``initial`` the [d] value of a row
     never written; ``check`` 0.0, or NaN when a row logged for this checkpoint holds NaN/Inf (so the
-    checkpoint's NaN/Inf check sees the rows, which the file itself does not hold)."""
+    checkpoint's NaN/Inf check sees the rows, which the file itself does not hold); ``tail`` the
+    :func:`tail` of the log's last record it counts, so that a resume refuses another run's log ("": none)."""
 
     log: str
     records: int
     rows: int
     initial: torch.Tensor
     check: float
+    tail: str = ""
 
 
 class LogCut(NamedTuple):
@@ -116,6 +119,9 @@ def last_records(folder: str, rec: LoggedRows, dim: int, dtype: torch.dtype) -> 
         raise ValueError(f"the checkpoint's row log {path} {what}: a checkpoint older than the state folder's last "
                          f"compaction, or a state_folder other than the run's; resume from the run's last checkpoint "
                          f"with its state_folder")
+    if rec.tail and tail(path, rec.records, dim, dtype) != rec.tail:
+        raise ValueError(f"the checkpoint's row log {path} is not the log it counts (its record {rec.records} is "
+                         f"another): a log of another run; resume with the run's own state_folder")
     if rec.records == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64), None
     log = np.memmap(path, record_dtype(dim, dtype), "r", shape=(rec.records,))
@@ -165,6 +171,17 @@ def _cut_rows(sources: list, step: int) -> Iterator[tuple]:
         for a in range(0, ids.size, step):
             faults.point("state re-cut")
             yield torch.from_numpy(ids[a:a + step]), torch.from_numpy(np.array(log["row"][at[a:a + step]]))
+
+
+def tail(path: str, records: int, dim: int, dtype: torch.dtype) -> str:
+    """A digest of record ``records`` (the last a checkpoint counts) of the log at ``path``; "" for none. Another
+    run's log holds other rows there (one read of a record: a checkpoint's cost stays what it wrote)."""
+    if records == 0:
+        return ""
+    size = record_dtype(dim, dtype).itemsize
+    with open(path, "rb") as f:
+        f.seek((records - 1) * size)
+        return hashlib.blake2b(f.read(size), digest_size=8).hexdigest()
 
 
 def remove_other_logs(folder: str, keep) -> None:

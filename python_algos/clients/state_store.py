@@ -203,7 +203,8 @@ class ClientStateStore:
                 state_log.append(self._path(self._log), self._logged, part, rows)
                 self._logged += part.numel()
         self._dirty = None
-        return LoggedRows(self._log, self._logged, self.rows, self._block[0].clone(), math.nan if bad else 0.0)
+        return LoggedRows(self._log, self._logged, self.rows, self._block[0].clone(), math.nan if bad else 0.0,
+                          state_log.tail(self._path(self._log), self._logged, self.dim, self.dtype))
 
     @classmethod
     def from_log(cls, rec: Union[LoggedRows, LogCut], folder: str, backend: str = "disk") -> "ClientStateStore":
