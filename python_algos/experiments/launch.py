@@ -335,7 +335,7 @@ def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu", stat
         a, b = max(lo, qlo), min(hi, qhi)
         if a >= b and reader != f"rank{q}":
             continue
-        shard = _shard(path, info, q, snap["round"], map_location)
+        shard = _shard(path, info, q, snap["round"], map_location, a >= b)
         pieces = ckpt.decode(shard["stacks"])  # dense rows, or a store's (StoredRows, a disk store's LoggedRows)
         for k in info["fields"]:
             v = pieces[k]
@@ -357,8 +357,9 @@ def local_rows(snap: dict, path: str, num_clients: int, map_location="cpu", stat
     return _checked_logs(snap, state_folder, reader)
 
 
-def _shard(path: str, info: dict, q: int, t, map_location) -> dict:
-    """Rank q's shard file of the checkpoint ``path`` (round ``t``), read."""
+def _shard(path: str, info: dict, q: int, t, map_location, mapped: bool = False) -> dict:
+    """Rank q's shard file of the checkpoint ``path`` (round ``t``), read (``mapped``: memory-mapped, for a
+    shard none of whose rows this process takes: its dense rows are never read)."""
     shard_path = os.path.join(_shard_dir(path), info["files"][q])
     if not os.path.isfile(shard_path):
         raise ckpt.CheckpointError(
@@ -366,7 +367,7 @@ def _shard(path: str, info: dict, q: int, t, map_location) -> dict:
             f"incomplete (shards are written before the manifest, so the file was removed or the run folder "
             f"was copied without its checkpoint.pt.shards folder); restore it from a copy")
     try:
-        shard = torch.load(shard_path, map_location=map_location, weights_only=True)
+        shard = torch.load(shard_path, map_location=map_location, weights_only=True, mmap=mapped)
     except Exception as e:  # noqa: BLE001 - torch reports damage as many types
         raise ckpt.CheckpointError(f"{shard_path} is damaged and cannot be read ({type(e).__name__}); restore "
                                    f"it from a copy") from None
