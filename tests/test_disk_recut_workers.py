@@ -2,11 +2,12 @@
 
 Ground truth: the uninterrupted one-process ``--state dense`` run (float64). A disk run on 2 workers stopped
 after round 4 (checkpoints every 2 rounds: each rank's row log in state/rank<r>/) resumed to round 6 in one
-process and on 2 and 4 workers, and a run on 4 workers resumed on 2, end with its model, its metrics and
-every client's row (read from the final checkpoint's row logs by a plain reader written here) bit for bit;
-the writers' folders that no process of the new run owns are gone once its checkpoint replaced theirs. A
-resume killed (SIGKILL at a write point, in the re-cut or its first checkpoint) leaves the checkpoint
-resumable, and the resumed run equals the uninterrupted one too.
+process and on 2 and 4 workers, a run on 4 workers resumed on 2 and a one-process run on 2, end with its model,
+its metrics and every client's row (read from the final checkpoint's row logs by a plain reader written here) bit
+for bit; the writers' folders that no process of the new run owns are gone once its checkpoint replaced
+theirs. A resume killed (SIGKILL at a write point, in the re-cut or its first checkpoint) leaves the
+checkpoint resumable, and the resumed run equals the uninterrupted one too; a writer's folder missing is
+refused, naming it and what to do, before anything in the run folder changes.
 """
 
 from __future__ import annotations
@@ -62,20 +63,22 @@ def assert_same_run(folder, ref) -> None:
     assert torch.equal(client_rows(folder), ref[2]), folder
 
 
-def test_a_disk_checkpoint_of_2_or_4_workers_resumes_on_1_2_and_4_bit_for_bit(tmp_path):
+def test_a_disk_checkpoint_of_1_2_or_4_processes_resumes_on_1_2_and_4_bit_for_bit(tmp_path):
     cli(*CLI, "-T", "6", "--out", str(tmp_path / "one"))
     ref = (*folder_run(tmp_path / "one"), client_rows(tmp_path / "one"))
     assert ref[2].dtype == torch.float64 and (ref[2] != 0).any(1).sum() >= 2  # rows written and rows not
     cli(*CLI, "-T", "4", "--state", "disk", "--workers", "2", "--out", str(tmp_path / "w2"))
     cli(*CLI, "-T", "4", "--state", "disk", "--workers", "4", "--out", str(tmp_path / "w4"))
-    for name in ("to1", "to2", "to4", "kill"):
+    cli(*CLI, "-T", "4", "--state", "disk", "--out", str(tmp_path / "o1"))
+    for name in ("to1", "to2", "to4", "kill", "gone"):
         shutil.copytree(tmp_path / "w2", tmp_path / name)
     cli("run", "--resume", str(tmp_path / "to1"), *RESUME)
     cli("run", "--resume", str(tmp_path / "to2"), *RESUME, "--workers", "2")
     cli("run", "--resume", str(tmp_path / "to4"), *RESUME, "--workers", "4")
     cli("run", "--resume", str(tmp_path / "w4"), *RESUME, "--workers", "2")
+    cli("run", "--resume", str(tmp_path / "o1"), *RESUME, "--workers", "2")
     for name, mine in (("to1", ["c_i"]), ("to2", ["rank0", "rank1"]), ("to4", [f"rank{r}" for r in range(4)]),
-                       ("w4", ["rank0", "rank1"])):
+                       ("w4", ["rank0", "rank1"]), ("o1", ["rank0", "rank1"])):
         assert_same_run(tmp_path / name, ref)
         assert sorted(os.listdir(tmp_path / name / "state")) == mine, name  # the other writers' folders went
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,3 +90,10 @@ def test_a_disk_checkpoint_of_2_or_4_workers_resumes_on_1_2_and_4_bit_for_bit(tm
         assert p.returncode != 0, p.stdout[-2000:]
     cli("run", "--resume", str(tmp_path / "kill"), *RESUME)
     assert_same_run(tmp_path / "kill", ref)
+    shutil.rmtree(tmp_path / "gone" / "state" / "rank1")  # a writer's folder left on another machine
+    before = {p: p.read_bytes() for p in (tmp_path / "gone").rglob("*") if p.is_file()}
+    p = subprocess.run([sys.executable, "-m", "python_algos", "run", "--resume", str(tmp_path / "gone"), *RESUME],
+                       env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert p.returncode != 0 and "rank1" in p.stderr and "another machine's disk" in p.stderr and \
+        "--workers P" in p.stderr, p.stderr[-2000:]
+    assert {p: p.read_bytes() for p in (tmp_path / "gone").rglob("*") if p.is_file()} == before  # nothing written
