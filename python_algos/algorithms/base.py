@@ -22,6 +22,7 @@ import torch
 import fedkernels as fk
 
 from ..clients.base import ClientSet
+from ..clients.state_store import read_ahead
 from .steps import put_rows_, rows_
 from .streamed import is_streamed, streamed_round
 
@@ -210,6 +211,8 @@ class ServerClientAlgorithm(Algorithm):
         full = {f: getattr(state, f) for f in type(state).client_fields}
         rows = {f: rows_(v, ids, clients.workspace("_rows:" + f, k)) for f, v in full.items()}
         local = state._replace(**rows) if rows else state  # the participants' rows (gathered copies)
+        if ids is not None:  # a disk store reads the next cohort's rows from the disk while this round computes
+            read_ahead(full.values(), clients.upcoming)
         with torch.no_grad():
             down = self.download(local, rng)
             up = self.client_update(local, down, clients, reg, ids)

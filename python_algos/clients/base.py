@@ -126,11 +126,27 @@ class ClientSet(abc.ABC):
         uniformly without replacement), or None under full participation. Call once per round."""
         if self.clients_per_round is None:
             return None
+        return self._draw(self.participation_rng).to(self.device)
+
+    def upcoming(self) -> Optional[torch.Tensor]:
+        """The next round's participants as :meth:`participants` will draw them, in this process's rows
+        (:meth:`held`), drawn from a copy of the generator (which does not move, so the run's draws are
+        unchanged); None under full participation. A disk store reads their rows ahead (state_store.prefetch)."""
+        if self.clients_per_round is None:
+            return None
+        ahead = torch.Generator()
+        ahead.set_state(self.participation_rng.get_state())
+        return self.held(self._draw(ahead))
+
+    def held(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows, in this process's stacks, of the clients ``ids`` that it holds (all, here; a rank's own)."""
+        return ids
+
+    def _draw(self, generator: torch.Generator) -> torch.Tensor:
         n, k = self.num_clients, self.clients_per_round
         if n >= DRAW_DISTINCT_MIN and 16 * k <= n:  # randperm is O(N): 69 ms a round at N = 10^6
-            return distinct_draws(n, k, self.participation_rng).sort().values.to(self.device)
-        perm = torch.randperm(n, generator=self.participation_rng)
-        return perm[:k].sort().values.to(self.device)
+            return distinct_draws(n, k, generator).sort().values
+        return torch.randperm(n, generator=generator)[:k].sort().values
 
     def stream_chunks(self, size: int) -> list:
         """The ``(first, end)`` ranges of clients a streamed round runs one after another

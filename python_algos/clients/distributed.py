@@ -220,6 +220,11 @@ class DistributedClients(ClientSet):
         mine = ids[(ids >= self.lo) & (ids < self.hi)]
         return mine - self.lo
 
+    def held(self, ids):
+        """This rank's rows of the clients ``ids``: its shard's, less its first client (a disk store's
+        read-ahead of the next cohort reads only the rank's own rows)."""
+        return ids[(ids >= self.lo) & (ids < self.hi)] - self.lo
+
     # -- aggregation ------------------------------------------------------------------
     def mean(self, S, ids=None, *, divisor=None):
         self.comm.up += 1

@@ -12,9 +12,16 @@ thread writes them to the disk with ``O_DIRECT`` (no page cache: ~20 ms a stack,
 ms of CPU) while the round goes on. A read of rows that write holds, and every write, waits for it
 first (:meth:`RowFile.settle`; a cohort of clients new to the store reads none of them), so the rows
 read back through the mapping are the bits written (the kernel drops the cached pages of a range
-written directly, and a padded row shares no page with another). A row read back is then read from
-the disk (a client seen before: a few ms). Smaller rows, or a file system that refuses ``O_DIRECT``,
-are copied through the mapping.
+written directly, and a padded row shares no page with another). Smaller rows, or a file system that
+refuses ``O_DIRECT``, are copied through the mapping.
+
+A row read back comes from the disk then: a client that a cohort meets again, ~7 ms for an MLP row on
+the machine of docs/performance.md, 40 ms of FedDR's round (three stacks, ~6 such rows). So while a
+round computes, :meth:`RowFile.prefetch` asks the kernel to read the next cohort's written rows into the
+page cache (``posix_fadvise(WILLNEED)``, which returns at once; the store knows the cohort ahead,
+``ClientSet.upcoming``), and the next round's read finds them there (~0.1 ms a row). The kernel keeps
+the page cache coherent with both kinds of write (a write through the mapping is to those pages; a
+direct write drops the range's cached pages), so a row written after its prefetch reads back as written.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ __all__ = ["RowFile"]
 PAGE = 4096  # O_DIRECT's alignment of offsets, lengths and buffers (a multiple of every block size up to it)
 PAD_SHARE = 16  # rows are padded to whole pages only where that adds at most 1/16 of a row (0: any row)
 STAGE_BYTES = 1 << 26  # the staging buffer: at most 64 MiB of rows at a time
+_ADVISE = hasattr(os, "posix_fadvise")  # Linux, not macOS: a prefetch is a no-op without it
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 
 
@@ -58,12 +66,14 @@ class RowFile:
         self._pending, self._fd, self._stage = _Pending(), None, None
         with open(path, "ab"):
             pass
+        self._read_fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if _ADVISE else None
         if (padded - row) * PAD_SHARE <= row:
             self._fd = _direct_fd(path)
         self.direct = self._fd is not None
         self.stride = padded if self.direct else row
         self.block = self.grow(cap)
-        weakref.finalize(self, _close, self._pending, self._fd)  # at exit too: the write ends before the fd closes
+        # at exit too: the write ends before the fds close
+        weakref.finalize(self, _close, self._pending, self._fd, self._read_fd)
 
     def grow(self, cap: int) -> torch.Tensor:
         """The file ``cap`` rows long (the rows written kept: the file only grows), mapped again."""
@@ -109,6 +119,21 @@ class RowFile:
         if self._pending.error is not None:
             raise OSError(f"writing client-state rows to {self.path} failed: {self._pending.error!r}; the "
                           f"store's rows are incomplete (resume from the last checkpoint)") from self._pending.error
+
+    def prefetch(self, slots: torch.Tensor) -> None:
+        """Start reading the rows of ``slots`` (sorted or not, repeats allowed) from the disk into the page
+        cache and return at once (``posix_fadvise(WILLNEED)``, one range per run of consecutive slots; a
+        no-op where the system has no posix_fadvise): a later read through ``block`` finds them there
+        instead of waiting on the disk. A write in flight to one of them is waited for first."""
+        if self._read_fd is None or not slots.numel():
+            return
+        self.settle(slots)
+        s = torch.unique(slots)
+        starts = torch.nonzero(s.diff() != 1).flatten().add_(1).tolist()
+        for a, b in zip([0, *starts], [*starts, s.numel()]):
+            first = int(s[a])
+            os.posix_fadvise(self._read_fd, first * self.stride, (int(s[b - 1]) + 1 - first) * self.stride,
+                             os.POSIX_FADV_WILLNEED)
 
     def _submit(self, piece: list, rows: torch.Tensor, count: int) -> None:
         self.settle()  # the staging buffer is free again
@@ -161,8 +186,9 @@ def _direct_fd(path: str) -> Optional[int]:
     return None
 
 
-def _close(pending: _Pending, fd: Optional[int]) -> None:
+def _close(pending: _Pending, fd: Optional[int], read_fd: Optional[int]) -> None:
     if pending.thread is not None:
         pending.thread.join()
-    if fd is not None:
-        os.close(fd)
+    for f in (fd, read_fd):
+        if f is not None:
+            os.close(f)

@@ -198,6 +198,18 @@ class StateEstimate:
         files = (self.fields + self.uploads) * min(per, self.chunk)
         return (files + (min(per, self.chunk, self.stream.kept) if self.stream.kept else 0)) * padded
 
+    @property
+    def ahead_bytes(self) -> int:
+        """A disk store's rows read ahead (:meth:`.row_file.RowFile.prefetch`: the next cohort's rows written
+        before, read into the page cache while a round computes): at most a cohort's rows of each stack, as
+        the row file lays them out (padded to whole pages where written with O_DIRECT). 0 under full
+        participation: a streamed round reads no cohort ahead."""
+        if self.cohort is None:
+            return 0
+        row = self.dim * self.itemsize
+        padded = -(-row // row_file.PAGE) * row_file.PAGE
+        return self.fields * self.cohort * (row if (padded - row) * row_file.PAD_SHARE > row else padded)
+
     def describe(self) -> str:
         streamed = "" if self.chunk is None else \
             f", streamed in chunks of {self.chunk} clients ({_gb(self.streamed_bytes)} read and written a round)"
@@ -339,9 +351,10 @@ class StatePlan:
             raise DoesNotFit(f"{est.describe()}: more than the {_gb(disk)} of free disk (and {_gb(avail)} of memory) "
                              f"this run may use: give state_folder on a larger disk, fewer rounds or clients_per_round "
                              f"(rows written), or fewer clients")
-        if est.working_bytes + est.stage_bytes > ram:
-            raise DoesNotFit(f"{est.describe()}: on disk, the working stacks and the rows staged for the disk "
-                             f"({_gb(est.stage_bytes)}) need more than this process may use ({_gb(avail)} "
+        if est.working_bytes + est.stage_bytes + est.ahead_bytes > ram:
+            raise DoesNotFit(f"{est.describe()}: on disk, the working stacks, the rows staged for the disk "
+                             f"({_gb(est.stage_bytes)}) and those read ahead ({_gb(est.ahead_bytes)}) need more than "
+                             f"this process may use ({_gb(avail)} "
                              f"available): a smaller clients_per_round, or a smaller model")
         return "disk"
 

@@ -294,7 +294,8 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
         raise DoesNotFit(_as_flags(str(e))) from None
     state_bytes = est.dense_bytes if kept == "dense" else est.store_bytes
     return {"state": cfg.state, "kept": kept, "state_bytes": state_bytes, "data_bytes": est.data_bytes,
-            "working_bytes": est.working_bytes + (est.stage_bytes if kept == "disk" else 0),  # disk: rows staged
+            # disk: the rows staged for the disk and those read ahead beside the working stacks
+            "working_bytes": est.working_bytes + (est.stage_bytes + est.ahead_bytes if kept == "disk" else 0),
             "stacks": est.fields,  # disk: the row log, not one file each
             "checkpoint_bytes": est.log_bytes if kept == "disk" else state_bytes,
             "chunk": est.chunk, "streamed_bytes": est.streamed_bytes}  # a full participation round's chunks
