@@ -50,9 +50,9 @@ with its row's position, tests/test_engine_batched_metric.py), so there the spli
 show in the last bit (not with the other rows' values: tried with other clients' rows, Conv, LayerNorm and a
 custom loss). So a call is laid out as one process's call over all its clients (every client of the run, or
 the round's cohort: :meth:`BatchedClients._layout`), cut into windows of :meth:`BatchedClients.pass_window`
-consecutive clients, and a streamed chunk or a rank's shard runs the passes of the windows it meets with the
-other clients' rows filled with copies of its own, their results dropped (pad and mask): the dense
-one-process run's bits on any chunk and on any number of ranks.
+consecutive clients, and a streamed chunk, a rank's shard or a population's block runs the passes of the windows
+it meets with the other clients' rows filled with copies of its own, their results dropped (pad and mask): the
+dense one-process run's bits on any chunk, on any number of ranks and on a population (:mod:`.cohort_batched`).
 
 Memory. Clients are processed in chunks of at most ``chunk_clients`` rows (a group of clients is cut
 into as few chunks as that allows, of near-equal sizes), chosen so that a chunk's
@@ -154,6 +154,19 @@ def _even_parts(members: Sequence, most: int) -> list:
         e = s + q + (1 if i < r else 0)
         out.append(members[s:e])
         s = e
+    return out
+
+
+def _even_parts_meeting(m: int, most: int, lo: int, hi: int) -> list:
+    """The parts of ``_even_parts(range(m), most)`` that meet ``[lo, hi)``, found by their arithmetic (a shard or a
+    block of 10^6 clients lists its few parts, not all of them)."""
+    n = -(-m // max(1, most))
+    q, r = divmod(m, n)
+    i = lo // (q + 1) if lo < r * (q + 1) else r + (lo - r * (q + 1)) // q
+    out = []
+    while i < n and (s := i * q + min(i, r)) < hi:
+        out.append(range(s, s + q + (1 if i < r else 0)))
+        i += 1
     return out
 
 
@@ -516,14 +529,22 @@ class BatchedClients(ClientSet):
         """The longest batch any client here draws: its whole data, or ``batch_size`` samples (the pad limit)."""
         return self.longest_client() if self.batch_size is None else min(self.batch_size, self.longest_client())
 
-    def pass_window(self) -> Optional[int]:
+    def pass_window(self, longest: Optional[int] = None) -> Optional[int]:
         """On the torch.func path, the W consecutive clients of a call (:meth:`_layout`) its passes are cut from
         (each window grouped and passed on its own: W is the most its longest batch allows, so a group is one
-        pass); None for a chain, whose gradients do not depend on their pass."""
+        pass); None for a chain, whose gradients do not depend on their pass. ``longest``: the run's longest
+        batch (default: :meth:`_batch_longest`; a population's blocks ask with the run's)."""
         if self.chain is not None:
             return None
-        longest = self._batch_longest()
-        return max(1, self._chunk_rows(longest))
+        return max(1, self._chunk_rows(self._batch_longest() if longest is None else longest))
+
+    def metric_blocks(self, lo: int, hi: int, run: Optional[int] = None, longest: Optional[int] = None) -> list:
+        """The blocks of run ids (ranges) of one process's metric pass over the run's ``run`` clients (default:
+        ``run_sizes``' or this process's) that meet run ids ``[lo, hi)``: near-equal parts of at most the clients
+        one pass of the ``longest`` client holds (default :meth:`longest_client`), whatever holds which clients."""
+        run = len(self.run_sizes or self.sizes) if run is None else run
+        most = self._chunk_rows(self.longest_client() if longest is None else longest)
+        return _even_parts_meeting(run, max(1, min(run, most)), lo, hi)
 
     def stream_chunks(self, size: int) -> list:
         """``size`` consecutive clients each, cut at multiples of :meth:`pass_window` (at least one window): a
@@ -750,9 +771,8 @@ class BatchedClients(ClientSet):
                                                          RowSum(self.dim, self.dtype, self.device))
         # one process's blocks of the run's clients (a rank's: those that hold some of its, laid out as one process's)
         longest = self.longest_client()  # of the whole run, not of a block: padding must not depend on the blocks
-        run, base = len(self.run_sizes or self.sizes), self.first_client if self.run_sizes is not None else 0
-        blocks = [b for b in _even_parts(range(run), max(1, min(run, self._chunk_rows(longest))))
-                  if b[-1] >= base and b[0] < base + n]
+        base = self.first_client if self.run_sizes is not None else 0
+        blocks = self.metric_blocks(base, base + n)
         block = max(len(b) for b in blocks)
         G = self._aligned_rows(block)
         values = torch.empty(block, dtype=self.dtype, device=self.device)  # a block's losses f_i(x)

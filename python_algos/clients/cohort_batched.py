@@ -4,22 +4,30 @@ call trains, built when the call comes.
 :class:`~.batched.BatchedClients` concatenates every client's samples once; a population's clients
 exist only while in use. :class:`CohortBatched` builds a ``BatchedClients`` over the clients of a
 gradient call (a round's cohort: built once per round, reused by its local steps; under full
-participation, consecutive blocks of ``population.cache`` clients (as given), streamed) and hands it the
-clients' own generators (:class:`~.population.LazyGenerators`), so each client draws the batches it
-would draw in the batched executor over the whole list. A client's gradient there is a function of
-its own batch and the call, never of which clients share its pass (``BatchedClients._gradients``), so
-the training is the list run's bit for bit (tests/test_population.py, float64; in float32 the
-torch.func path can differ in a last bit with a row's position in its pass, as the list run's own
-passes do: tests/test_engine_batched_metric.py's xfail). The metric pass streams blocks of ``population.cache``
-clients, each continuing the same sums of the clients' losses and gradients in client order (the list
-run's order, :mod:`.row_sum`): with one block (N <= the cache) it is the list run's pass bit for bit;
-with more, a block's padding takes that block's longest client (the list run's, every client's).
+participation and in the metric pass, consecutive blocks of about ``population.cache`` clients, streamed)
+and hands it the clients' own generators (:class:`~.population.LazyGenerators`), so each client draws the
+batches it would draw in the batched executor over the whole list. A cohort's call is laid out as the
+list run lays out the cohort's, padded to the cohort's longest batch (the list run pads to the run's:
+reading every client's size would build them all), so when every client of a cohort holds fewer samples
+than another client's batch its last bits can differ from the list run's.
 
-On a rank of the distributed executor (``shard``: its first client, the run's N and a MAX all-reduce)
-a cohort and a block pad as one process's do: a cohort to the longest client of the whole cohort (one
-all-reduce per call), full participation and the metric pass in one process's blocks (of the run's
-clients, cut to the rank's), each to the longest client of the whole block (agreed once per run:
-every client of the rank is built once more, to read its size, before the first such call).
+Under full participation and in the metric pass a block's ``BatchedClients`` is told where its clients sit
+in the run (``first_client``, every client's size ``run_sizes`` and the run's longest client ``pad_to``,
+read once per run: every client is built once more, before the first such call), so it pads and lays its
+passes out as the list run's call over every client (windows of ``pass_window()`` clients, the metric pass's
+blocks), and a window or a metric block a block's edge cuts runs with the other clients' rows filled with
+copies, their results dropped. Blocks end where the list run's windows (a multiple of W clients) and metric
+blocks (as many whole ones as the cache holds) end, so on one process none is cut, unless the cache holds
+less than one: then each block runs the whole passes of the window it meets (up to W / cache times the work;
+a cache of W clients avoids it). Every block's pass sizes come from one memory budget (the probe's). So the
+training and the metrics are the list run's bit for bit, float32 on the torch.func path too
+(tests/test_population.py); the metric pass's blocks continue the same sums of the clients' losses and
+gradients in client order (:mod:`.row_sum`).
+
+On a rank of the distributed executor (``shard``: its first client, the run's N and a MAX all-reduce) the
+clients' sizes are agreed once (:meth:`CohortBatched.agree_pads`), so a rank's blocks are laid out as one
+process's (only the windows and metric blocks its shard's edges cut run masked), and a cohort pads to the
+longest client of the whole cohort (one all-reduce per call).
 """
 
 from __future__ import annotations
@@ -48,6 +56,10 @@ class CohortBatched(ClientSet):
 
     executor: ClassVar[str] = "batched"
     shard: Optional[tuple] = None  # (first client, the run's N, MAX all-reduce of an int64 tensor): on a rank
+    cohort: Optional[torch.Tensor] = None  # this round's participants (None: full participation; a rank's: set
+    # by the distributed executor)
+    run_sizes: Optional[list] = None  # every client's samples in the run, read once (agree_pads)
+    longest: Optional[int] = None  # the run's longest client (agree_pads)
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Population, batch_size: Optional[int] = None,
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0, *,
@@ -62,22 +74,26 @@ class CohortBatched(ClientSet):
         self.generators = LazyGenerators(seed, self.num_clients, first_client)
         self._key: Optional[tuple] = None
         self._inner = None
-        self._pads: Optional[list] = None  # per block of _blocks(), its padding: a rank's, agreed (module docstring)
-        self.block = data.cache  # clients per block: the cache as given (reserve() raises it for a cohort, the
-        # probe below for its clients: blocks that followed it would depend on the calls before, and a rank's)
+        self.block = data.cache  # clients per block: the cache as given, down to whole windows once the run's
+        # sizes are read (agree_pads; reserve() raises the cache for a cohort)
         # the loss's kind, decided once for every client from the first few (a cohort's passes are not refused
         # mid-run for a client past them), and what a client's data must hold when it is built
         first = [client_data(data[i], self.dtype, self.device) for i in range(min(PROBE_CLIENTS, self.num_clients))]
         self.check = check_population(model, loss_fn, first, batch_size, first_client)
         self.probe = self._over(list(range(len(first))))  # the vectorized pass's own start-up checks
+        # one memory budget for every block (a GPU's default is half its free memory, which changes): the passes'
+        # sizes, so their bits, are then the same in every block
+        self.options = {**options, "memory_budget": self.probe.memory_budget}
         self.coupled = self.probe.coupled
         self.first_layer, self.first_layer_source = self.probe.first_layer, self.probe.first_layer_source
 
-    def _over(self, ids: list):
-        """The ``BatchedClients`` over clients ``ids`` (the last one is kept: a round's local steps reuse it)."""
-        # a range by its ends (a full-participation block), other ids listed: tagged, so that ids [0, 4] are
-        # not taken for the range of 4 clients from 0
-        key = ("range", ids[0], len(ids)) if ids == list(range(ids[0], ids[0] + len(ids))) else ("ids", *ids)
+    def _over(self, ids: list, run: bool = False):
+        """The ``BatchedClients`` over clients ``ids`` (the last one is kept: a round's local steps reuse it);
+        ``run``: laid out as one process's call over the run's clients (module docstring), else as a cohort's."""
+        # a range by its ends, other ids listed: tagged, so that ids [0, 4] are not taken for the range of 4
+        # clients from 0, nor a cohort for a block of the run
+        ids = list(ids)
+        key = (run, "range", ids[0], len(ids)) if ids == list(range(ids[0], ids[0] + len(ids))) else (run, *ids)
         if key != self._key:
             self.population.reserve(len(ids))
             clients = [self.population[i] for i in ids]
@@ -86,61 +102,76 @@ class CohortBatched(ClientSet):
             self._inner = self.vectorized(self.model, self.loss_fn, clients, self.batch_size, flat=self.flat,
                                           loss_kind=self.check.kind, **self.options)
             self._inner.generators = [self.generators[i] for i in ids]  # each client's own, as in the list run
+            if run:
+                self._inner.first_client = self._first() + ids[0]
+                self._inner.run_sizes, self._inner.pad_to = self.run_sizes, self.longest
             self._key = key
         return self._inner
+
+    def _first(self) -> int:
+        """The run id of this process's client 0."""
+        return 0 if self.shard is None else self.shard[0]
 
     def set_participation(self, clients_per_round, seed=0):
         super().set_participation(clients_per_round, seed)
         self.population.reserve(self.clients_per_round or 0)
 
-    def _blocks(self) -> list:
-        """Consecutive blocks of ``block`` clients; on a rank, one process's blocks of the run's
-        clients that hold some of the rank's, cut to those (module docstring)."""
-        step = self.block
-        lo, total = (0, self.num_clients) if self.shard is None else self.shard[:2]
-        first = lo // step * step
-        return [list(range(max(a, lo) - lo, min(a + step, total, lo + self.num_clients) - lo))
-                for a in range(first, lo + self.num_clients, step)]
-
-    def _padded(self, blocks: list) -> list:
-        """``(block, pad_to)`` for each block: None (its own longest client), or on a rank the longest
-        client of one process's whole block, agreed over the ranks once per run (module docstring)."""
-        if self.shard is None:
-            return [(b, None) for b in blocks]
-        self.agree_pads()
-        return list(zip(blocks, self._pads))
+    def participants(self):
+        ids = super().participants()
+        self.cohort = ids  # a call with ids is then the cohort's (gradients_)
+        return ids
 
     def agree_pads(self) -> None:
-        """On a rank: agree with the other ranks (a collective: every rank calls it, in the same order) on the
-        padding of one process's blocks, unless already agreed. Before a chained metric pass (distributed)."""
-        if self.shard is None or self._pads is not None:
+        """Read every client's size once (``run_sizes``; every client is built once more), and from it the run's
+        longest client and the blocks' size. On a rank a collective (every rank calls it, in the same order): the
+        ranks agree on the sizes. Before a chained metric pass (distributed)."""
+        if self.run_sizes is not None:
             return
-        lo, total, agree = self.shard
-        step = self.block
-        most = torch.zeros(-(-total // step), dtype=torch.int64)
-        for b in self._blocks():
-            most[(lo + b[0]) // step] = max(client_data(self.population[i], self.dtype, self.device).X.shape[0]
-                                            for i in b)
-        self._pads = agree(most)[(lo // step):].tolist()
+        lo, total = (0, self.num_clients) if self.shard is None else self.shard[:2]
+        sizes = torch.zeros(total, dtype=torch.int64)
+        sizes[lo : lo + self.num_clients] = torch.tensor(
+            [client_data(self.population[i], self.dtype, self.device).X.shape[0] for i in range(self.num_clients)])
+        self.run_sizes = (sizes if self.shard is None else self.shard[2](sizes)).tolist()
+        self.longest = max(self.run_sizes)
+        B = self.batch_size
+        W = self.probe.pass_window(self.longest if B is None else min(B, self.longest))
+        if W is not None and self.block >= W:  # whole windows (fewer, the windows cut: pad and mask)
+            self.block = self.block // W * W
+
+    def _blocks(self, ids=None) -> list:
+        """``(clients, rows)``: this process's clients (all, or ``ids``) in runs of consecutive ids cut at the run's
+        multiples of ``block`` (whole windows), each a range of clients and the slice of the call's rows it takes."""
+        self.agree_pads()
+        if ids is None:
+            runs = [(0, self.num_clients, 0)]
+        else:
+            v = ids.tolist()
+            cuts = [0, *(j for j in range(1, len(v)) if v[j] != v[j - 1] + 1), len(v)]
+            runs = [(v[a], v[a] + b - a, a) for a, b in zip(cuts, cuts[1:])]
+        lo, step, out = self._first(), self.block, []
+        for a, b, row in runs:
+            for s in range((lo + a) // step * step, lo + b, step):
+                c = range(max(s - lo, a), min(s + step - lo, b))
+                out.append((c, slice(row + c.start - a, row + c.stop - a)))
+        return out
 
     def stream_chunks(self, size):
-        """Its blocks of ``population.cache`` clients, whatever ``size``: a chunk is then a full-participation
-        call's block, run by the same ``BatchedClients`` (padding to a block's longest batch: the same bits)."""
-        return [(b[0], b[-1] + 1) for b in self._blocks()]
+        """Its blocks, whatever ``size``: a chunk is then a full-participation call's block, run by the same
+        ``BatchedClients`` (module docstring)."""
+        return [(c.start, c.stop) for c, _ in self._blocks()]
 
     def gradients_(self, X, G, ids=None):
         t0 = time.perf_counter()
-        if ids is not None and self.shard is not None:  # the whole cohort's longest client, agreed by every rank
+        if ids is not None and self.cohort is not None:  # the cohort's call, as the list run's
             inner = self._over(ids.tolist()) if ids.numel() else None
-            pad = self.shard[2](torch.tensor([max(inner.sizes) if inner is not None else 0]))
-            parts = [(ids.tolist(), slice(None), int(pad))] if inner is not None else []
-        elif ids is not None:
-            parts = [(ids.tolist(), slice(None), None)]
-        else:
-            parts = [(b, slice(b[0], b[-1] + 1), pad) for b, pad in self._padded(self._blocks())]
-        for members, rows, pad in parts:
-            inner = self._over(members)
-            inner.pad_to = pad
+            if self.shard is not None:  # the whole cohort's longest client, agreed by every rank
+                pad = int(self.shard[2](torch.tensor([max(inner.sizes) if inner is not None else 0])))
+            calls = [(inner, slice(None))] if inner is not None else []
+            if inner is not None:
+                inner.pad_to = None if self.shard is None else pad  # one process: the cohort's longest
+        else:  # every client here, or a streamed chunk of them: blocks of one process's call over the run, each
+            calls = ((self._over(c, run=True), rows) for c, rows in self._blocks(ids))  # built when its turn comes
+        for inner, rows in calls:
             fb, n = inner.fwd_bwd_seconds, inner.grad_evals
             inner.gradients_(X[rows], G[rows])
             self.fwd_bwd_seconds += inner.fwd_bwd_seconds - fb
@@ -156,14 +187,22 @@ class CohortBatched(ClientSet):
         return v
 
     def full_objective_(self, x, grad_out, *, start: Optional[tuple] = None, total: Optional[int] = None):
-        """f(x) and its gradient over every client: each block continues the sums ``start`` (module docstring;
-        ``start`` / ``total`` as :meth:`BatchedClients.full_objective_`'s)."""
+        """f(x) and its gradient over every client, in the list run's metric blocks, as many whole ones per block
+        as ``block`` holds: each continues the sums ``start`` (module docstring; ``start`` / ``total`` as
+        :meth:`BatchedClients.full_objective_`'s)."""
         sums = start if start is not None else (RowSum(1, torch.float64, self.device),
                                                 RowSum(self.dim, self.dtype, self.device))
         N = self.num_clients if total is None else int(total)
+        self.agree_pads()
+        lo, n = self._first(), self.num_clients
+        groups: list = []
+        for part in self.probe.metric_blocks(lo, lo + n, len(self.run_sizes), self.longest):
+            a, b = max(part.start, lo) - lo, min(part.stop, lo + n) - lo  # a shard's edges cut its first and last
+            if groups and b - groups[-1][0] <= self.block:
+                groups[-1][1] = b
+            else:  # a part past the cache is cut (pad and mask)
+                groups += [[s, min(s + self.block, b)] for s in range(a, b, self.block)]
         f = 0.0
-        for members, pad in self._padded(self._blocks()):  # each writes the sums so far into grad_out: the last
-            inner = self._over(members)  # one's are the result
-            inner.pad_to = pad
-            f = inner.full_objective_(x, grad_out, start=sums, total=N)
+        for a, b in groups:  # each writes the sums so far into grad_out: the last one's are the result
+            f = self._over(range(a, b), run=True).full_objective_(x, grad_out, start=sums, total=N)
         return f
