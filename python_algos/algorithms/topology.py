@@ -18,10 +18,11 @@ Default weights (the spec's suggestion, the seed gives none): Metropolis–Hasti
 graph these are J (every entry 1/N; ``complete`` sets them exactly), DEPOSITUM's server-equivalent
 case (paper Remark 3).
 
-A ring, star or torus of more than ``SPARSE_BUILD`` = 1024 nodes is a :class:`SparseTopology`: built
-from its edges and kept as W's non-zeros (O(N) memory and time; the dense build takes an N x N array and
-an O(N^3) eigen-decomposition: 45 s at N = 4,000), with the same weights (a star's centre, summed in
-another order, may differ in its last bits).
+A ring, star, torus or Erdős–Rényi graph of more than ``SPARSE_BUILD`` = 1024 nodes is a
+:class:`SparseTopology`: built from its edges and kept as W's non-zeros (O(edges) memory; the dense build
+takes an N x N array and an O(N^3) eigen-decomposition: 45 s at N = 4,000), with the same weights (a
+star's centre, summed in another order, may differ in its last bits) and, for G(n, p), the same graph
+(the same uniforms, drawn in blocks).
 
 Validation (``Topology.__init__``, so every constructor) raises ``ValueError`` naming the violated
 property: square and finite, symmetric, non-negative, rows (hence columns) summing to 1, the graph of
@@ -56,7 +57,8 @@ NAMES = ("ring", "complete", "star", "torus", "erdos_renyi")
 _ALIASES = {"er": "erdos_renyi", "erdos-renyi": "erdos_renyi", "full": "complete", "grid": "torus"}
 _TOL = 1e-9  # absolute tolerance of the symmetry / stochasticity checks (W entries are in [0, 1])
 SPARSE_DENSITY = 1 / 32  # "auto" layout: sparse COO product when nnz(W) < N^2 / 32 (measured crossover ~1/40 on CPU)
-SPARSE_BUILD = 1024  # a ring, star or torus of more nodes is built as its non-zeros (SparseTopology), never N x N
+SPARSE_BUILD = 1024  # a ring, star, torus or G(n, p) of more nodes is built as its non-zeros (SparseTopology)
+_DRAWS = 1 << 18  # G(n, p)'s uniforms drawn at a time (erdos_renyi: memory O(edges), not the n(n - 1)/2 draws)
 
 
 class Topology:
@@ -129,7 +131,7 @@ class Topology:
 
 
 class SparseTopology(Topology):
-    """A ring, star or torus of more than :data:`SPARSE_BUILD` nodes: W kept as its non-zeros (``rows``,
+    """A ring, star, torus or G(n, p) of more than :data:`SPARSE_BUILD` nodes: W kept as its non-zeros (``rows``,
     ``cols``, ``vals``, row-major), never as the N x N array (80 GB at N = 10^5), with Metropolis–Hastings
     weights, so a run of 10^5 gossiping clients holds O(N) of it. ``W`` and ``adjacency`` are built
     when asked for (N x N). Validated: every self-weight positive, rows summing to 1, connected; then
@@ -379,23 +381,33 @@ def _from_edges(n: int, i: np.ndarray, j: np.ndarray, name: str) -> Topology:
 def erdos_renyi(n: int, p: Optional[float] = None, seed: int = 0, max_tries: int = 1000) -> Topology:
     """G(n, p) with every edge independently present with probability p, drawn from
     ``numpy.random.default_rng(seed)`` and redrawn (same stream) until connected, so a (n, p, seed)
-    triple always gives the same graph. Default ``p = min(1, 2 ln(n) / n)`` (twice the
-    connectivity threshold)."""
+    triple always gives the same graph (dense or, past :data:`SPARSE_BUILD` nodes, as its non-zeros).
+    Default ``p = min(1, 2 ln(n) / n)`` (twice the connectivity threshold)."""
     n = _check_n(n, "erdos_renyi")
     if p is None:
         p = 1.0 if n <= 2 else min(1.0, 2.0 * math.log(n) / n)
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
         raise ValueError(f"erdos_renyi: p must be in (0, 1], got {p!r}")
     rng = np.random.default_rng(seed)
-    iu = np.triu_indices(n, k=1)
     for _ in range(max_tries):
-        A = np.zeros((n, n), dtype=bool)
-        A[iu] = rng.random(len(iu[0])) < p
-        A |= A.T
-        if len(_components(A)) == 1:
-            return from_adjacency(A, name="erdos_renyi")
+        i, j = _random_edges(n, p, rng)
+        if len(_components_of_edges(n, i, j)) == 1:
+            return _from_edges(n, i, j, "erdos_renyi")
     raise ValueError(f"erdos_renyi: no connected G({n}, {p}) in {max_tries} draws (seed {seed}); increase p "
                      f"(the connectivity threshold is about ln(n)/n = {math.log(max(n, 2)) / n:.3g})")
+
+
+def _random_edges(n: int, p: float, rng: np.random.Generator) -> tuple:
+    """One draw of G(n, p): the pairs i < j, in the upper triangle's row-major order, whose uniform from
+    ``rng`` is below p. The n(n - 1)/2 uniforms are drawn :data:`_DRAWS` at a time (the numbers one draw of
+    them all gives: each is one 64-bit output of the stream), so memory is O(edges), not O(n^2)."""
+    total = n * (n - 1) // 2
+    rows = np.arange(n, dtype=np.int64)
+    first = rows * (2 * n - rows - 1) // 2  # the flat index of (i, i + 1)
+    k = [np.flatnonzero(rng.random(min(_DRAWS, total - a)) < p) + a for a in range(0, total, _DRAWS)]
+    k = np.concatenate(k) if k else np.zeros(0, dtype=np.int64)
+    i = np.searchsorted(first, k, side="right") - 1
+    return i, k - first[i] + i + 1
 
 
 _BUILDERS = {"ring": ring, "complete": complete, "star": star, "torus": torus, "erdos_renyi": erdos_renyi}
