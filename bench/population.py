@@ -24,6 +24,7 @@ each metric pass over a population builds all N clients (~0.3 ms each).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -100,6 +101,41 @@ def _disk_bytes(folder: str) -> int:
     return sum(os.stat(os.path.join(d, f)).st_blocks * 512 for d, _, fs in os.walk(folder) for f in fs)
 
 
+@contextlib.contextmanager
+def _phase_timers(on: bool):
+    """``--phases``: the seconds of each call of the round's state phases, recorded while the context lasts (then
+    the functions are put back): the gathers and scatters of the client rows (``rows_`` / ``put_rows_`` of
+    python_algos/algorithms/base.py), a disk store's read-ahead of the next cohort (``read_ahead``) and the
+    clients built on demand (``Population.build``). Off: None."""
+    import python_algos.algorithms.base as ab
+    from python_algos.clients.population import Population
+
+    if not on:
+        yield None
+        return
+    spent: dict = {"gather": [], "scatter": [], "read_ahead": [], "build": []}
+    places = ((ab, "rows_", "gather"), (ab, "put_rows_", "scatter"), (ab, "read_ahead", "read_ahead"),
+              (Population, "build", "build"))
+    kept = [(owner, name, getattr(owner, name)) for owner, name, _ in places]
+
+    def timed(f, key: str):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[key].append(time.perf_counter() - t)
+        return wrapper
+
+    for (owner, name, key), (_, _, f) in zip(places, kept):
+        setattr(owner, name, timed(f, key))
+    try:
+        yield spent
+    finally:
+        for owner, name, f in kept:
+            setattr(owner, name, f)
+
+
 def one(cfg: dict) -> dict:
     """One configuration, in this process: start-up seconds, s/round, RSS before and peak, builds."""
     import tempfile
@@ -117,9 +153,10 @@ def one(cfg: dict) -> dict:
         folder = os.path.join(tmp, "state") if cfg["state"] == "disk" else None
         t0 = time.perf_counter()
         try:
-            h = simulate(alg, model, loss, clients, rounds=cfg["rounds"], clients_per_round=cfg["cohort"],
-                         state=cfg["state"], state_folder=folder, metrics_every=0,
-                         executor=cfg.get("executor", "sequential"))
+            with _phase_timers(bool(cfg.get("phases"))) as spent:
+                h = simulate(alg, model, loss, clients, rounds=cfg["rounds"], clients_per_round=cfg["cohort"],
+                             state=cfg["state"], state_folder=folder, metrics_every=0,
+                             executor=cfg.get("executor", "sequential"))
         except ValueError as e:  # a configuration this version refuses: its row says why
             return {**cfg, "refused": str(e)}
         total = time.perf_counter() - t0
@@ -132,7 +169,8 @@ def one(cfg: dict) -> dict:
             "startup_s": total - sum(walls), "dim": int(h.params.numel()), "stacks": len(stacks),
             "rss_start_mib": rss_start, "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "builds": getattr(clients, "builds", None), "disk_bytes": disk,
-            "rows_written": getattr(stacks[0], "rows_written", None), "state_bytes": sum(int(s.nbytes) for s in stacks)}
+            "rows_written": getattr(stacks[0], "rows_written", None), "state_bytes": sum(int(s.nbytes) for s in stacks),
+            "phases_ms": None if spent is None else {k: 1e3 * sum(v) / cfg["rounds"] for k, v in spent.items()}}
 
 
 def _floor(n: int, dim: int, stacks: int) -> float:
@@ -195,7 +233,8 @@ def run(args, log=print) -> dict:
 
     info = machine_info()
     w = WORKLOADS[args.workload]
-    common = {"workload": args.workload, "cohort": args.cohort, "rounds": args.rounds, "K": args.K}
+    common = {"workload": args.workload, "cohort": args.cohort, "rounds": args.rounds, "K": args.K,
+              "phases": args.phases}
     if args.workload == "fedcanon":  # full participation, N clients both ways: streamed store, dense stack
         common = {**common, "cohort": None, "algorithm": "FedCanon", "N": args.clients, "lazy": False, "floor": True}
         configs = [{**common, "state": s, "executor": args.executor} for s in (w["state"], "dense")]
@@ -286,9 +325,20 @@ def render_markdown(res: dict) -> str:
                   f"median round of the less disturbed of {len(big['all_s_per_round'])} alternating runs; peak RSS: "
                   f"the highest; disk: the state files' allocated bytes at the end / rounds. s/round at N = "
                   f"{big['N']:,} on demand against N = {small['N']:,} in RAM: {ratios} (an on-demand round also "
-                  f"builds its cohort's data).{_pfl_note(pfl, cells)} {m['date']}; {machine_line(m)}; load average "
-                  f"before {load(m['loadavg'])}, after {load(res['load_after'])}."]
+                  f"builds its cohort's data).{_pfl_note(pfl, cells)}{_phases_note(cells)} {m['date']}; "
+                  f"{machine_line(m)}; load average before {load(m['loadavg'])}, after {load(res['load_after'])}."]
     return "\n".join(lines)
+
+
+def _phases_note(cells: list) -> str:
+    """``--phases``: each configuration's ms a round (the mean over its rounds) in each phase."""
+    timed = [c for c in cells if c.get("phases_ms")]
+    if not timed:
+        return ""
+    return " Ms a round (`--phases`, the mean over the rounds; gather / scatter of the client rows, read-ahead of " \
+           "the next cohort's rows, clients built): " + "; ".join(
+        f"{c.get('algorithm', 'SCAFFOLD')} N = {c['N']:,} {c['state']}: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in c["phases_ms"].items()) for c in timed) + "."
 
 
 def _pfl_note(pfl: list, cells: list) -> str:
@@ -321,6 +371,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--executor", default="batched", help="fedcanon: the executor (default batched)")
     p.add_argument("--pfl-python", default=None, help="mlp: also pfl-research's SCAFFOLD with DiskUserStateStorage, "
                                                       "run by this interpreter (pfl's own virtual environment)")
+    p.add_argument("--phases", action="store_true", help="also time each round's gathers, scatters, read-ahead and "
+                                                         "clients built (ms a round, the mean; in the JSON and a note)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one configuration, JSON in and out
     args = p.parse_args(argv)
     if args.one:

@@ -258,3 +258,21 @@ def test_the_estimate_counts_the_rows_read_ahead_and_refuses_a_run_they_do_not_f
         plan.choose_backend(est)
     monkeypatch.setattr(state_plan, "memory_available", lambda: int((ram + est.ahead_bytes) / state_plan.RAM_SHARE))
     assert plan.choose_backend(est) == "disk"
+
+
+def test_the_population_benchmark_times_the_state_phases_when_asked(tmp_path):
+    """``python -m bench.population --phases`` (one configuration, in this process, scaled down): FedDR's
+    disk run records each phase's ms a round (gathers, scatters, read-ahead, clients built) and puts the timed
+    functions back; without the flag nothing is timed."""
+    import python_algos.algorithms.base as ab
+    from bench import population as bench
+
+    before = (ab.rows_, ab.put_rows_, ab.read_ahead)
+    cfg = {"workload": "mlp", "algorithm": "FedDR", "N": 300, "lazy": True, "state": "disk", "cohort": 5,
+           "rounds": 3, "K": 1, "phases": True}
+    got = bench.one(cfg)["phases_ms"]
+    assert (ab.rows_, ab.put_rows_, ab.read_ahead) == before
+    assert set(got) == {"gather", "scatter", "read_ahead", "build"} and all(v > 0 for v in got.values()), got
+    assert bench.one({**cfg, "N": 20, "lazy": False, "state": "dense", "phases": False})["phases_ms"] is None
+    note = bench._phases_note([{**cfg, "phases_ms": got}])
+    assert "FedDR N = 300 disk: gather" in note and "read_ahead" in note
