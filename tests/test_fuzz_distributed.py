@@ -297,6 +297,15 @@ def test_distributed_populations_and_stores_equal_one_process_bit_for_bit(tmp_pa
     assert not found, f"{len(found)} finds:\n" + "\n".join(found)
 
 
+@pytest.mark.processes
+def test_ranks_of_one_client_resume_in_one_process(tmp_path):
+    """Seeds 149 (disk) and 274 (RAM): FedADMM on 5 and 6 clients over 4 ranks, some holding one client, whose
+    lazy stack of x0 (a [1, d] view of stride d) was stored as a written row over zeros, the others' as their
+    initial row: the one-process resume refused the ranks' pieces as of different runs (d011f00: seed 274)."""
+    found = finds(tmp_path, 4, [149, 274])
+    assert not found, "\n".join(found)
+
+
 def rank_refusal_main(rank: int, world: int, port: int, out_dir: str) -> None:
     """FedDR's paper initialization with a RAM store on 3 clients: what each rank raised (or "ran")."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",

@@ -381,9 +381,11 @@ def snapshot_state(state):
 
 
 def _store(v: torch.Tensor, backend: str, folder: Optional[str], field: str) -> ClientStateStore:
-    """The store of one init stack: a stride-0 view (every row its first) stores no row; a dense stack all."""
+    """The store of one init stack: a stride-0 view (every row its first) or a :class:`LazyRow` stores no row (its
+    row is the initial one, as on a rank of more clients: a checkpoint's pieces re-cut together start alike); a
+    dense stack all."""
     where = os.path.join(folder, field) if folder is not None and backend == "disk" else None  # auto may pick ram
-    if v.stride(0) == 0:
+    if v.stride(0) == 0 or isinstance(v, LazyRow):  # a [1, d] expand of one row keeps stride d
         return ClientStateStore(v.shape[0], v.shape[1], v.dtype, v[0], backend=backend, folder=where)
     store = ClientStateStore(v.shape[0], v.shape[1], v.dtype, backend=backend, folder=where)
     store.scatter_(None, v.detach().to("cpu"))
