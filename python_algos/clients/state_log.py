@@ -12,6 +12,9 @@ the rows written, the checkpoint starts the next log (``g + 1``) with the live r
 appended to only by the process that started it: a resumed store starts the next one, so the log of
 the checkpoint it resumed from is never written again. At each checkpoint every log but the one the
 last checkpoint named is removed (a checkpoint older than that is refused on resume, naming the log).
+The record also holds a digest of the last record it counts (:func:`tail`), so another run's log is refused.
+A resume on another number of processes (:class:`LogCut`) reads the written rows of its clients from the
+log of every process that wrote the checkpoint (:func:`cut_chunks`), a chunk at a time, and writes none of them.
 """
 
 from __future__ import annotations
