@@ -187,6 +187,22 @@ def test_the_row_sum_is_the_written_order_whatever_the_chunks(dtype):
         assert torch.equal(sum_rows(row), _in_order(row.contiguous()))
 
 
+@pytest.mark.parametrize("dtype,wire", [(torch.float32, torch.float32), (torch.float32, torch.float64),
+                                        (torch.float64, torch.float64)])
+def test_a_running_sum_handed_on_through_its_state_continues_in_order(dtype, wire):
+    """RowSum.state / load, as the distributed executor's ranks hand a mean's (and the metric pass's) running
+    sum on: each shard loads its predecessor's state (2d + 1 numbers, sent as ``wire``) and adds its rows."""
+    g = torch.Generator().manual_seed(1)
+    for n in (1, BLOCK - 1, BLOCK + 1, 3 * BLOCK + 7):
+        S = torch.randn(n, 5, generator=g, dtype=dtype) * torch.logspace(-6, 6, n, dtype=dtype)[:, None]
+        for _ in range(6):
+            cuts, buf = sorted(torch.randint(0, n + 1, (3,), generator=g).tolist()), None
+            for a, b in zip([0, *cuts], [*cuts, n]):
+                acc = RowSum(5, dtype) if buf is None else RowSum(5, dtype).load(buf)
+                buf = acc.add_(S[a:b]).state(torch.full((2 * 5 + 1,), float("nan"), dtype=wire))
+            assert torch.equal(acc.sum(), _in_order(S)) and int(buf[-1]) == n % BLOCK, cuts
+
+
 def test_every_executor_means_in_that_order():
     """The dense path is the row sum (a streamed round's sums equal it), over the rows or the divisor."""
     S = torch.randn(200, 7, dtype=torch.float64) * torch.logspace(-8, 8, 200, dtype=torch.float64)[:, None]

@@ -249,13 +249,11 @@ class DistributedClients(ClientSet):
         head = min((-first) % BLOCK, m)  # the rows that close the block ranks 0..r - 1 left open
         whole = (m - head) // BLOCK * BLOCK
         sums = block_sums(S[head : head + whole]) if whole else None  # RowSum.add_'s, before anything arrives
-        buf = torch.empty(2 * d + 1, dtype=S.dtype, device=S.device) if self.world_size > 1 else None
+        buf = torch.empty(2 * d + 1, dtype=S.dtype, device=S.device) if self.world_size > 1 else None  # state()
         if self.rank > 0:
             dist.recv(buf, src=self.rank - 1, group=self.group)
             self._count(0, buf, metric)
-            acc.total.copy_(buf[:d])
-            acc.part.copy_(buf[d : 2 * d])
-            acc.open = int(buf[2 * d])  # acc.rows counts this rank's rows only: the sum does not read it
+            acc.load(buf)
         acc.add_(S[:head])
         for s in sums if sums is not None else ():
             acc.total.add_(s)
@@ -263,9 +261,7 @@ class DistributedClients(ClientSet):
         if self.world_size == 1:
             return acc.sum()
         if self.rank < last:
-            buf[:d].copy_(acc.total)
-            buf[d : 2 * d].copy_(acc.part)
-            buf[2 * d] = acc.open
+            acc.state(buf)
             dist.send(buf, dst=self.rank + 1, group=self.group)
             self._count(buf, 0, metric)
         out = acc.sum() if self.rank == last else torch.empty(d, dtype=S.dtype, device=S.device)
@@ -390,21 +386,23 @@ class DistributedClients(ClientSet):
         rank's f and gradient are sent to every rank. The ranks run one after another (a sum of their
         partial sums would add in another order, and the metrics would differ from one process in their
         last bits). The sums are the inner executor's: the sequential one's running sums (d + 1 numbers),
-        the batched one's :class:`~.row_sum.RowSum` of the gradients and of the losses (2d + 3); sent as
-        float64, exact for float32 too."""
+        the batched one's :class:`~.row_sum.RowSum` of the losses and of the gradients (their
+        :meth:`~.row_sum.RowSum.state`, 3 + 2d + 1 numbers); sent as float64, exact for float32 too."""
         d, last, batched = self.dim, self.world_size - 1, self.inner_executor == "batched"
         if hasattr(self.inner, "agree_pads"):  # a collective, so not while the ranks wait on each other below
             self.inner.agree_pads()
-        buf = torch.zeros(2 * d + 3 if batched else d + 1, dtype=torch.float64, device=self.device)
+        buf = torch.zeros(3 + 2 * d + 1 if batched else d + 1, dtype=torch.float64, device=self.device)
         if self.rank > 0:
             dist.recv(buf, src=self.rank - 1, group=self.group)
             self.metric_bytes += buf.numel() * buf.element_size()
         if batched:
-            sums = (RowSum(1, torch.float64, self.device), RowSum(d, self.dtype, self.device))
+            sums = (RowSum(1, torch.float64, self.device), RowSum(d, self.dtype, self.device))  # losses, grads
             if self.rank > 0:
-                _row_sums(sums, buf, load=True)
+                sums[0].load(buf[:3])
+                sums[1].load(buf[3:])
             f = self.inner.full_objective_(x, grad_out, start=sums, total=self.num_clients)
-            _row_sums(sums, buf, load=False)
+            sums[0].state(buf[:3])
+            sums[1].state(buf[3:])
         else:
             if self.rank > 0:
                 grad_out.copy_(buf[:d])
@@ -520,23 +518,6 @@ class DistributedClients(ClientSet):
     def shard_info(self) -> dict:
         return {"rank": self.rank, "world_size": self.world_size, "lo": self.lo, "hi": self.hi,
                 "num_clients": self.num_clients}
-
-
-def _row_sums(sums: tuple, buf: torch.Tensor, load: bool) -> None:
-    """``(losses, gradients)`` :class:`RowSum` state to (``load=False``) or from ``buf``: the gradients'
-    total and open block (2d), the losses' (2), the open block's row count (the same for both)."""
-    losses, grads = sums
-    d = grads.total.numel()
-    for t, view in ((grads.total, buf[:d]), (grads.part, buf[d : 2 * d]), (losses.total, buf[2 * d : 2 * d + 1]),
-                    (losses.part, buf[2 * d + 1 : 2 * d + 2])):
-        if load:
-            t.copy_(view)
-        else:
-            view.copy_(t)
-    if load:
-        losses.open = grads.open = int(buf[-1])
-    else:
-        buf[-1] = grads.open
 
 
 def _running_stats_issue(model: nn.Module, world: int) -> str:

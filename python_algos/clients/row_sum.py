@@ -59,6 +59,27 @@ class RowSum:
             self.total.add_(self.part)
             self.open = 0
 
+    def state(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The accumulator as 2d + 1 numbers: the finished blocks' total, the open block's sum and its row
+        count (< BLOCK, so exact in any float dtype), written into ``out`` (a float dtype that holds the
+        sums exactly: this one or a wider) or a new tensor. Another process continues it with :meth:`load`
+        (:attr:`rows` is not carried: the sum does not read it)."""
+        d = self.total.numel()
+        if out is None:
+            out = torch.empty(2 * d + 1, dtype=self.total.dtype, device=self.total.device)
+        out[:d].copy_(self.total)
+        out[d : 2 * d].copy_(self.part)
+        out[2 * d] = self.open
+        return out
+
+    def load(self, buf: torch.Tensor) -> "RowSum":
+        """Continue the running sum whose :meth:`state` is ``buf``: the rows added next follow its rows."""
+        d = self.total.numel()
+        self.total.copy_(buf[:d])
+        self.part.copy_(buf[d : 2 * d])
+        self.open = int(buf[2 * d])
+        return self
+
     def sum(self) -> torch.Tensor:
         """The sum of every row added (a new ``[d]`` tensor)."""
         out = self.total.clone()
