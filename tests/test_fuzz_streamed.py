@@ -8,7 +8,7 @@ them) or, one time in five, 64 to 140 SparseLogistic clients (chunks then cut th
 float64 or float32, as a list or a :class:`~python_algos.clients.population.Population` (a cache of 1 to 3
 clients); any registered algorithm with random hyper-parameters and switches (one whose
 ``stream_refusal(N)`` is not "" must refuse the run naming ``state='dense'``; an algorithm made streamable
-joins by itself); a store backend; the chunk (1, 2, 3, N or any size in between: ``streamed.stream_rows``
+joins by itself); a store backend; the chunk (1, 2, 3, N or any size in between: ``state_plan.stream_rows``
 set to it) and the executor; sometimes a run stopped past a checkpoint and resumed from it (in the same
 chunks or others), or a cohort (``clients_per_round``) whose rows the store gathers instead of streaming.
 Ground truth: the same simulation with ``state="dense"``
@@ -41,9 +41,8 @@ from torch import nn
 
 import fedkernels as fk
 from python_algos import simulate
-from python_algos.algorithms import streamed
 from python_algos.algorithms.registry import ALGORITHMS, make
-from python_algos.clients import BatchedClients
+from python_algos.clients import BatchedClients, state_plan
 from python_algos.clients.population import Population
 from python_algos.clients.state_store import ClientStateStore
 
@@ -146,7 +145,7 @@ def run(case: Case, state: str = "dense", executor: Optional[str] = None, folder
         chunk: Optional[int] = None, **kw):
     executor, chunk = executor or case.executor, chunk or case.chunk
     alg = _algorithm(case)
-    with warnings.catch_warnings(), mock.patch.object(streamed, "stream_rows", lambda *a: chunk):
+    with warnings.catch_warnings(), mock.patch.object(state_plan, "stream_rows", lambda *a: chunk):
         warnings.simplefilter("ignore")
         return simulate(alg, case.ex.build(case.dtype), case.ex.loss_fn, _clients(case), case.rounds,
                         fk.Zero() if case.reg is None else fk.L1(case.reg), case.ex.batch_size, seed=case.ex.seed,

@@ -191,10 +191,10 @@ def test_the_estimate_counts_depositums_streamed_round_and_kept_rows(topology, m
 
     import fedkernels as fk
     from python_algos import simulate
-    from python_algos.algorithms import depositum, depositum_stream, streamed
+    from python_algos.algorithms import depositum, depositum_stream
     from python_algos.clients.state_store import ClientStateStore
 
-    monkeypatch.setattr(streamed, "stream_rows", lambda *a: 3)
+    monkeypatch.setattr(state_plan, "stream_rows", lambda *a: 3)
     plans, moved, counting = [], [], []
     real_init, real_round = state_plan.StatePlan.init, depositum.streamed_round
     monkeypatch.setattr(state_plan.StatePlan, "init", lambda self, *a: plans.append(self) or real_init(self, *a))
@@ -229,7 +229,10 @@ def test_the_estimate_counts_depositums_streamed_round_and_kept_rows(topology, m
     assert est.chunk == 3 and len(moved) == 4 and moved[0] < moved[1] == moved[3]  # local, gossip, local, gossip
     assert est.streamed_bytes == max(moved), (est.streamed_bytes, moved)
     side = depositum_stream._SIDES[got.state.x]
-    assert est.stream.kept == side.rows and side.rows == {"ring": 2, "complete": 9}.get(topology, side.rows)
+    W, q = alg.mixing_matrix(12).to_dense(), torch.arange(12) // 3  # chunks of 3
+    held = [sum(any(W[i, j] != 0 and q[i] > c for i in range(12)) for j in range(3 * c + 3)) for c in range(4)]
+    assert est.stream.kept == side.rows == max(max(held), 1)  # the most pre-mix rows a later chunk still reads
+    assert side.rows == {"ring": 2, "complete": 9}.get(topology, side.rows)
     stacks = est.fields * (8 + 43 * 8) * (12 + 1)
     assert est.store_bytes == stacks + (8 + 43 * 8) * (side.rows + 1)
 
@@ -258,3 +261,22 @@ def test_the_estimate_counts_the_rows_staged_for_the_disk_writer(tmp_path, monke
         plan.choose_backend(est)
     monkeypatch.setattr(state_plan, "memory_available", lambda: 1 << 40)
     assert plan.choose_backend(est) == "disk"
+
+
+def test_the_setup_line_prints_the_chunk_the_run_streams(tmp_path, capsys, monkeypatch):
+    """A population (--partition cyclic: 128 clients kept built) of 300 clients streamed on the sequential
+    executor runs chunks of 128, not the 300 the memory budget holds: the setup line and summary.json say
+    the chunk the rounds ran."""
+    from python_algos.clients.base import ClientSet
+
+    ran, real = [], ClientSet.stream_chunks
+    monkeypatch.setattr(ClientSet, "stream_chunks", lambda self, n: ran.append(real(self, n)) or ran[-1])
+    out = tmp_path / "pop"
+    args = [*BASE, "-a", "fedcanon", "-T", "1", "--state", "ram", "--out", str(out)]
+    args[args.index("n=240")], args[args.index("12")] = "n=600", "300"
+    assert main([*args, "--partition", "cyclic"]) == 0
+    chunk = max(b - a for a, b in ran[-1])  # the last round's chunks
+    assert state_plan.stream_rows(2, 11, 8) >= 300 > chunk == 128 and ran[0] == ran[-1]
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("memory: state "))
+    assert f"streamed in chunks of {chunk} clients" in line, line
+    assert _summary(out)["estimate"]["chunk"] == chunk

@@ -15,7 +15,6 @@ from torch import nn
 
 import fedkernels as fk
 from python_algos import simulate
-from python_algos.algorithms import streamed
 from python_algos.algorithms.fedcanon import FedCanon
 from python_algos.algorithms.fednmap import FedNMap
 from python_algos.algorithms.registry import ALGORITHMS, make
@@ -86,7 +85,7 @@ def test_every_server_client_algorithm_streams_bit_for_bit(name, executor, monke
     cases = (("ram", 3), ("disk", 4), ("ram", 1)) if executor == "sequential" else (("ram", 3), ("disk", 4))
     for state, size in cases:  # 11 clients: chunks 3+3+3+2, 4+4+3, eleven of 1
         ran.clear()
-        monkeypatch.setattr(streamed, "stream_rows", lambda *a, size=size: size)
+        monkeypatch.setattr(state_plan, "stream_rows", lambda *a, size=size: size)
         got = _run(name, clients, executor=executor, state=state,
                    batch_size=None if name in ("fedcanon", "za1") else 4)
         assert not streams or (ran and all(b - a <= size for c in ran for a, b in c) and ran[0][-1][1] == N), ran
@@ -99,7 +98,7 @@ def test_a_population_streams_its_clients_bit_for_bit(executor, monkeypatch):
     clients = _clients()
     listed = _run("fedcanon", clients, executor=executor, batch_size=4)
     dense = _run("fedcanon", Population(N, lambda i: clients[i], cache=4), executor=executor, batch_size=4)
-    monkeypatch.setattr(streamed, "stream_rows", lambda *a: 3)
+    monkeypatch.setattr(state_plan, "stream_rows", lambda *a: 3)
     pop = Population(N, lambda i: clients[i], cache=4)
     got = _run("fedcanon", pop, executor=executor, batch_size=4, state="disk")
     _same(got, dense)  # (the batched metric pass on a population sums blocks of its cache: the list's up to order)
@@ -111,7 +110,7 @@ def test_fednmap_keeps_its_upload_in_its_own_field_and_each_chunk_its_copies(mon
     """FedNMap uploads its field d (read back from it) and keeps replicated client copies (dbar, z_prev),
     which every chunk must start from as each client does: both downlinks, chunks of 2."""
     clients = _clients()
-    monkeypatch.setattr(streamed, "stream_rows", lambda *a: 2)
+    monkeypatch.setattr(state_plan, "stream_rows", lambda *a: 2)
     for downlink in ("z_dbar", "z"):
         alg = FedNMap(lam=0.5, eta=0.05, local_steps=2, downlink=downlink)
         runs = [simulate(alg, _model(), nn.functional.cross_entropy, clients, 3, fk.L1(0.01), seed=4, state=s)
@@ -146,13 +145,25 @@ def test_auto_keeps_dense_stacks_that_fit_and_streams_those_that_do_not(monkeypa
     _same(got, dense)
 
 
-def test_the_estimate_names_the_chunk_and_the_bytes_streamed_a_round():
-    est = state_plan.StateEstimate(10**5, 124, 4, fields=1, cohort=None, rounds=5, uploads=1)
-    rows = state_plan.STREAM_BYTES // ((1 + 1 + state_plan.WORKSPACES) * 124 * 4)
-    assert est.chunk == rows and est.working_bytes == 6 * rows * 124 * 4
+def test_the_estimate_names_the_chunk_the_executor_cuts_and_the_bytes_streamed_a_round():
+    """The chunk is the executor's (a population's cache of 1,000 here), not the rows the budget holds."""
+    asked = []
+
+    class Executor:
+        num_clients, dim = 10**5, 124
+
+        def stream_chunks(self, size):
+            asked.append(size)
+            return [(a, min(a + 1000, 10**5)) for a in range(0, 10**5, 1000)]
+    shape = state_plan.stream_cost(object(), Executor(), 1, 1, 4)
+    est = state_plan.StateEstimate(10**5, 124, 4, fields=1, cohort=None, rounds=5, uploads=1, streaming=shape)
+    assert asked == [state_plan.STREAM_BYTES // ((1 + 1 + state_plan.WORKSPACES) * 124 * 4)]
+    assert est.chunk == 1000 and est.working_bytes == 6 * 1000 * 124 * 4
     assert est.streamed_bytes == (4 + 2) * 10**5 * 124 * 4  # each row read and written twice, each upload once
-    assert f"streamed in chunks of {rows} clients ({6 * 10**5 * 124 * 4 / 2**30:.3g} GiB" in est.describe()
+    assert f"streamed in chunks of 1000 clients ({6 * 10**5 * 124 * 4 / 2**30:.3g} GiB" in est.describe()
     assert state_plan.StateEstimate(10**5, 124, 4, 1, cohort=100, rounds=5).chunk is None
+    with pytest.raises(ValueError, match="streamed round's shape"):
+        state_plan.StateEstimate(10**5, 124, 4, 1, cohort=None, rounds=5)
 
 
 # -- the row sum: one fixed order, whatever the chunks -----------------------------------------------------------
@@ -244,7 +255,7 @@ def test_a_streamed_disk_run_resumes_from_its_checkpoint_bit_identically(tmp_pat
     from python_algos.runfolder import checkpoint as ckpt
     from python_algos.runfolder.callbacks import Checkpoint
 
-    monkeypatch.setattr(streamed, "stream_rows", lambda *a: 4)
+    monkeypatch.setattr(state_plan, "stream_rows", lambda *a: 4)
     clients, alg = _clients(), FedCanon(alpha=0.5, beta=0.05, local_steps=2)
 
     def run(**kw):

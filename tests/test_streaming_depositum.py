@@ -18,10 +18,11 @@ from torch import nn
 
 import fedkernels as fk
 from python_algos import simulate
-from python_algos.algorithms import depositum_stream, streamed
+from python_algos.algorithms import depositum_stream
 from python_algos.algorithms import topology as topo
 from python_algos.algorithms.depositum import DEPOSITUM
 from python_algos.algorithms.topology import NAMES
+from python_algos.clients import state_plan
 from python_algos.clients.base import ClientSet
 from python_algos.clients.population import Population
 from python_algos.clients.state_store import ClientStateStore
@@ -65,14 +66,14 @@ def _same(got, want):
 
 
 def _chunked(monkeypatch, size):
-    """Chunks of ``size`` clients; returns the list of the chunks each streamed round ran."""
+    """Chunks of ``size`` clients; returns the list of the chunks the estimate and each streamed round asked."""
     ran, real = [], ClientSet.stream_chunks
 
     def spy(self, n):
         ran.append(real(self, n))
         return ran[-1]
     monkeypatch.setattr(ClientSet, "stream_chunks", spy)
-    monkeypatch.setattr(streamed, "stream_rows", lambda *a: size)
+    monkeypatch.setattr(state_plan, "stream_rows", lambda *a: size)
     return ran
 
 
@@ -84,7 +85,7 @@ def test_every_topology_streams_bit_for_bit(topology, dtype, monkeypatch):
     for state, size in (("ram", 1), ("disk", 5), ("ram", N)):
         ran = _chunked(monkeypatch, size)
         got = _run(alg, dtype, state=state)
-        assert len(ran) == 4 and all(c == [(a, min(a + size, N)) for a in range(0, N, size)] for c in ran), ran
+        assert len(ran) == 1 + 4 and all(c == [(a, min(a + size, N)) for a in range(0, N, size)] for c in ran), ran
         _same(got, dense)
 
 

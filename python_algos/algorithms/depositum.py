@@ -184,9 +184,10 @@ class DEPOSITUM(Algorithm):
                 f"its clients cannot stream in chunks: use state='dense', or mixing='sparse' (W's product then "
                 f"streams, reading each client's neighbours)")
 
-    def stream_cost(self, num_clients: int, dim: int, itemsize: int):
-        """A streamed round's rows moved and kept, for the up-front estimate (:func:`.depositum_stream.stream_cost`)."""
-        return stream_cost(self, num_clients, dim, itemsize)
+    def stream_cost(self, clients, dim: int, itemsize: int):
+        """A streamed round's rows moved and kept on the executor ``clients``, for the up-front estimate
+        (:func:`.depositum_stream.stream_cost`)."""
+        return stream_cost(self, clients, dim, itemsize)
 
     def messages(self):
         """None: no server (the state store's estimate asks; a streamed round keeps no uploads)."""

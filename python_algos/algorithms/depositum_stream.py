@@ -2,8 +2,8 @@
 
 With ``simulate(..., state="ram"|"disk")`` DEPOSITUM's four ``[N, d]`` stacks are stores
 (:class:`~python_algos.clients.state_store.ClientStateStore`) and :func:`streamed_round` runs
-``DEPOSITUM.round`` C clients at a time (C from :func:`~python_algos.clients.state_plan.stream_rows`, as
-:mod:`.streamed` asks it):
+``DEPOSITUM.round`` C clients at a time (the chunks of :func:`~python_algos.clients.state_plan.stream_chunks`,
+as :mod:`.streamed` asks them):
 
 1. per chunk: the fused step (10)/(11)/(12a) on its rows; x̃ written over x, m over m;
 2. per chunk (a gossip iteration): x_i = Σ_j w_ij x̃_j from the rows that hold x̃ still, then the fresh
@@ -37,7 +37,7 @@ import torch
 import fedkernels as fk
 
 from ..clients.row_sum import RowSum, sum_rows
-from ..clients.state_plan import StreamCost, stream_rows
+from ..clients.state_plan import StreamCost, stream_chunks, stream_rows
 from ..clients.state_store import ClientStateStore
 from . import streamed
 
@@ -45,6 +45,7 @@ __all__ = ["streamed_round", "stream_cost", "row_mean", "row_sq_dev_mean", "PIEC
 
 PIECE = 2  # columns a mix gathers at a time, in chunks' rows: a ring's chunk of C rows reads C + 2
 _STACKS = 4  # DEPOSITUMState's client fields: x, y, m, g
+STREAM_STACKS = _STACKS + PIECE + 1  # rows a chunk's clients hold: the stacks, the mix's columns and its output
 _METRIC_STACKS = 2  # stacks a metric pass holds a chunk of (the rows, their deviations)
 _SIDES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # a state's x store -> its kept rows' store
 
@@ -66,8 +67,7 @@ class _Plan(NamedTuple):
 def streamed_round(alg, state, clients, reg):
     """One DEPOSITUM iteration over every client, chunk after chunk (module docstring)."""
     X, Y, M, G_old, t = state
-    rows = streamed.stream_rows(_STACKS + PIECE + 1, X.dim, torch.empty((), dtype=X.dtype).element_size())
-    chunks = clients.stream_chunks(rows)
+    chunks = stream_chunks(clients, STREAM_STACKS, X.dim, torch.empty((), dtype=X.dtype).element_size())
     comm = alg.communicates(t)
     plan = _plan(alg, clients, chunks) if comm else None
     with torch.no_grad():
@@ -94,25 +94,44 @@ def streamed_round(alg, state, clients, reg):
     return state._replace(t=t + 1)
 
 
-def stream_cost(alg, n: int, dim: int, itemsize: int) -> StreamCost:
-    """A gossip iteration of :func:`streamed_round` on ``n`` clients in consecutive chunks, for the up-front
-    estimate. Rows moved: the step reads x, m, y and writes m, x (5 n); each of the two mixes reads its
-    chunks' columns (Σ over chunks of the columns its rows read: the earlier chunks' from the kept rows),
-    reads each row a later chunk reads and writes it beside (2 a kept row) and writes x or y (n); the
-    tracking reads y, g and writes g, y (4 n): a ring's ~13 n (a local iteration: 9 n). Kept: the most
-    pre-mix rows held at once, as :func:`_plan` frees them (a row of chunk q read last by chunk q' > q is
-    held from q to q'), at least the one row of the store made for them."""
-    chunk = streamed.stream_rows(_STACKS + PIECE + 1, dim, itemsize)  # as streamed_round asks
-    W = alg.mixing_matrix(n).coalesce()
-    r, c = W.indices()
-    q = torch.arange(n) // chunk  # each client's chunk
+def stream_cost(alg, clients, dim: int, itemsize: int) -> StreamCost:
+    """A gossip iteration of :func:`streamed_round` on ``clients``, in the chunks the round runs
+    (:func:`~python_algos.clients.state_plan.stream_chunks`), for the up-front estimate. Rows moved: the
+    step reads x, m, y and writes m, x (5 n); each of the two mixes reads its chunks' columns (Σ over
+    chunks of the columns its rows read: the earlier chunks' from the kept rows), reads each row a later
+    chunk reads and writes it beside (2 a kept row) and writes x or y (n); the tracking reads y, g and
+    writes g, y (4 n): a ring's ~13 n (a local iteration: 9 n). Kept: the slots :func:`_plan` gives the
+    pre-mix rows (:func:`_keep_slots`, the same computation)."""
+    n = clients.num_clients
+    chunks = stream_chunks(clients, STREAM_STACKS, dim, itemsize)
+    r, c = alg.mixing_matrix(n).coalesce().indices()
+    q, keep, _, slots = _keep_slots(r, c, n, chunks)
     columns = torch.unique(q[r] * n + c).numel()  # (chunk, column) pairs
-    last = torch.full((n,), -1, dtype=torch.long).scatter_reduce_(0, c, r, "amax")
-    kept = torch.nonzero(q[last.clamp(min=0)] > q).flatten()
-    held = torch.zeros(int(q[-1]) + 2, dtype=torch.long)
-    held.index_add_(0, q[kept], torch.ones_like(kept)).index_add_(0, q[last[kept]], -torch.ones_like(kept))
-    slots = max(1, int(held.cumsum(0).max()))
-    return StreamCost(min(n, chunk), _STACKS + PIECE + 1, 11 * n + 2 * (columns + 2 * kept.numel()), slots)
+    return StreamCost(max(b - a for a, b in chunks), STREAM_STACKS, 11 * n + 2 * (columns + 2 * keep.numel()), slots)
+
+
+def _keep_slots(r, c, n: int, chunks) -> tuple:
+    """The pre-mix rows a later chunk reads, from W's entries (rows ``r``, columns ``c``) and the round's
+    chunks: ``(q, keep, slot_of, slots)``, each client's chunk, the kept rows (ascending), each kept row's
+    slot (``slot_of[j]``; -1: not kept) and the slots used. A row of chunk q read last by chunk q' > q is
+    held from q to q': its slot is freed once chunk q' is mixed, and taken again (the last freed first)
+    by the rows chunk q' keeps (it reads the kept rows before it keeps its own)."""
+    m = len(chunks)
+    q = torch.repeat_interleave(torch.arange(m), torch.tensor([b - a for a, b in chunks]))
+    last = torch.full((n,), -1, dtype=torch.long).scatter_reduce_(0, c, r, "amax")  # the last row reading j
+    keep = torch.nonzero(q[last.clamp(min=0)] > q).flatten()
+    end = q[last[keep]]
+    starts = keep.split(torch.bincount(q[keep], minlength=m).tolist())
+    ends = keep[torch.argsort(end, stable=True)].split(torch.bincount(end, minlength=m).tolist())
+    slot_of, free, used = torch.full((n,), -1, dtype=torch.long), [], 0
+    for i in range(m):
+        free += slot_of[ends[i]].tolist()  # read by no later chunk
+        for j in starts[i].tolist():
+            if free:
+                slot_of[j] = free.pop()
+            else:
+                slot_of[j], used = used, used + 1
+    return q, keep, slot_of, max(used, 1)
 
 
 def _track(alg, clients, ids, x, Y, G_old) -> None:
@@ -146,8 +165,8 @@ def _mix(src: ClientStateStore, side: ClientStateStore, chunk: _Chunk, clients, 
 
 
 def _plan(alg, clients, chunks) -> _Plan:
-    """Each chunk's pieces of W, the rows it keeps and their slots; built once per (N, dtype, chunks) and
-    cached on ``alg``. A kept row's slot is freed once the last row that reads it has been mixed."""
+    """Each chunk's pieces of W, the rows it keeps and their slots (:func:`_keep_slots`); built once per
+    (N, dtype, chunks) and cached on ``alg``."""
     n = clients.num_clients
     key = (n, clients.dtype, tuple(chunks))
     plan = alg._stream_plans.get(key)
@@ -155,26 +174,18 @@ def _plan(alg, clients, chunks) -> _Plan:
         W = alg.mixing_matrix(n, clients.dtype, clients.device).coalesce()
         r, c = W.indices()
         v = W.values()
-        last = torch.full((n,), -1, dtype=torch.long).scatter_reduce_(0, c, r, "amax")  # the last row reading j
+        q, keep, slot_of, slots = _keep_slots(r, c, n, chunks)
+        kept = keep.split(torch.bincount(q[keep], minlength=len(chunks)).tolist())
         width = PIECE * max(b - a for a, b in chunks)
-        slot_of, held, free, used, out = torch.full((n,), -1, dtype=torch.long), torch.arange(0), [], 0, []
-        for a, b in chunks:
-            out.append(_chunk(r, c, v, a, b, width, slot_of, last))
-            free += slot_of[held[last[held] < b]].tolist()  # read by no later chunk
-            held = torch.cat([held[last[held] >= b], out[-1].keep])
-            for j in out[-1].keep.tolist():
-                if free:
-                    slot_of[j] = free.pop()
-                else:
-                    slot_of[j], used = used, used + 1
-            out[-1] = out[-1]._replace(keep_slots=slot_of[out[-1].keep])
+        out = tuple(_chunk(r, c, v, a, b, width, slot_of, k) for (a, b), k in zip(chunks, kept))
         deg = int(torch.count_nonzero(v[r != c])) / n  # as clients.gossip_ counts
-        plan = alg._stream_plans[key] = _Plan(tuple(out), width, max(used, 1), int(deg) if deg == int(deg) else deg)
+        plan = alg._stream_plans[key] = _Plan(out, width, slots, int(deg) if deg == int(deg) else deg)
     return plan
 
 
-def _chunk(r, c, v, a: int, b: int, width: int, slot_of, last) -> _Chunk:
-    """Chunk a..b-1: W's entries of its rows in pieces of at most ``width`` columns (ascending)."""
+def _chunk(r, c, v, a: int, b: int, width: int, slot_of, keep) -> _Chunk:
+    """Chunk a..b-1: W's entries of its rows in pieces of at most ``width`` columns (ascending), and the rows
+    ``keep`` it keeps with their slots."""
     s, e = (int(i) for i in torch.searchsorted(r, torch.tensor([a, b])))
     rc, cc, vc = r[s:e] - a, c[s:e], v[s:e]  # W's entries of rows a..b-1, (row, column) ascending
     cols = torch.unique(cc)
@@ -185,8 +196,7 @@ def _chunk(r, c, v, a: int, b: int, width: int, slot_of, last) -> _Chunk:
         at = torch.stack([rc[sel], torch.searchsorted(pc, cc[sel])])  # column order kept: the entries stay sorted
         Wp = torch.sparse_coo_tensor(at, vc[sel], (b - a, pc.numel()), is_coalesced=True, check_invariants=True)
         pieces.append((slot_of[pc[pc < a]], pc[pc >= a], Wp))
-    ids = torch.arange(a, b)
-    return _Chunk(ids, tuple(pieces), ids[last[a:b] >= b], torch.arange(0))  # keep_slots: set by _plan
+    return _Chunk(torch.arange(a, b), tuple(pieces), keep, slot_of[keep])
 
 
 def _side(like: ClientStateStore, slots: int) -> ClientStateStore:

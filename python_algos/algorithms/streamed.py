@@ -4,7 +4,7 @@ Under full participation a server–client round reads and writes every client's
 ``simulate(..., state="ram"|"disk")`` the client stacks are stores
 (:class:`~python_algos.clients.state_store.ClientStateStore`), and :func:`streamed_round` runs the
 round ``ServerClientAlgorithm.round`` composes, C clients at a time (C from
-:func:`~python_algos.clients.state_plan.stream_rows`, so a chunk's ``[C, d]`` working stacks stay
+:func:`~python_algos.clients.state_plan.stream_chunks`, so a chunk's ``[C, d]`` working stacks stay
 within a fixed budget whatever N is):
 
 1. per chunk: gather its rows, ``client_update`` on its ids, add its uploads to one running sum per
@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 
 from ..clients.row_sum import RowSum
-from ..clients.state_plan import stream_rows
+from ..clients.state_plan import stream_chunks
 from ..clients.state_store import ClientStateStore
 
 __all__ = ["streamed_round", "is_streamed", "store_beside"]
@@ -51,8 +51,8 @@ def streamed_round(alg, state, clients, reg, rng):
     fields, msgs = type(state).client_fields, alg.messages()
     stores = {f: getattr(state, f) for f in fields}
     first = stores[fields[0]]
-    rows = stream_rows(len(fields) + len(msgs.up), first.dim, torch.empty((), dtype=first.dtype).element_size())
-    chunks = clients.stream_chunks(rows)
+    chunks = stream_chunks(clients, len(fields) + len(msgs.up), first.dim,
+                           torch.empty((), dtype=first.dtype).element_size())
     sums = {m: RowSum(first.dim, first.dtype) for m in msgs.up}
     kept = _UPLOADS.setdefault(first, {})
     with torch.no_grad():

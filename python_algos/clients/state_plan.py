@@ -35,7 +35,7 @@ from .state_log import LogCut, LoggedRows
 from .state_store import ClientStateStore, StoredRows
 
 __all__ = ["MODES", "StateEstimate", "StreamCost", "StatePlan", "DoesNotFit", "memory_available", "check_dense_fits",
-           "snapshot_state", "data_bytes", "stream_rows", "own_stream"]
+           "snapshot_state", "data_bytes", "stream_rows", "stream_chunks", "stream_cost"]
 
 MODES = ("dense", "ram", "disk", "auto")
 STREAM_BYTES = 64 << 20  # a streamed round's working stacks: one chunk's rows of each (a cache-sized working set)
@@ -107,6 +107,14 @@ def stream_rows(stacks: int, dim: int, itemsize: int) -> int:
     return max(1, STREAM_BYTES // ((stacks + WORKSPACES) * dim * itemsize))
 
 
+def stream_chunks(cs, stacks: int, dim: int, itemsize: int) -> list:
+    """The ``(first, end)`` client ranges a streamed round runs one after another: the clients whose rows of
+    ``stacks`` stacks :func:`stream_rows` holds, as the executor ``cs`` cuts them (``cs.stream_chunks``: a
+    batched executor's whole pass windows, a population's blocks). The rounds and the estimate's
+    :func:`stream_cost` take their chunks from here, so the estimate counts the chunks the run uses."""
+    return cs.stream_chunks(stream_rows(stacks, dim, itemsize))
+
+
 class StreamCost(NamedTuple):
     """A streamed round's shape (the up-front estimate's): ``chunk`` clients at a time, each holding ``stacks``
     rows; ``rows_moved`` rows read or written a round; ``kept`` rows held beside the stacks (DEPOSITUM's
@@ -130,20 +138,16 @@ class StateEstimate:
     rounds: int
     data_bytes: int = 0  # the clients' tensors (already in memory)
     uploads: int = 0  # d-vectors a client uploads (a streamed round keeps them for client_receive)
-    own_stream: Optional[StreamCost] = None  # an algorithm's own streamed round (algorithm.stream_cost)
+    streaming: Optional[StreamCost] = None  # under full participation, the streamed round's (stream_cost)
+
+    def __post_init__(self):
+        if self.cohort is None and self.streaming is None:
+            raise ValueError("a full-participation estimate needs its streamed round's shape (state_plan.stream_cost)")
 
     @property
     def stream(self) -> Optional[StreamCost]:
-        """The streamed round's shape (None: a cohort's round): ``own_stream``, else the server–client
-        round's (algorithms/streamed.py): each stack's rows read and written twice (the uploads, then
-        client_receive), each upload written and read once, a chunk holding the stacks and uploads."""
-        if self.cohort is not None:
-            return None
-        if self.own_stream is not None:
-            return self.own_stream
-        stacks = self.fields + self.uploads
-        chunk = min(self.num_clients, stream_rows(stacks, self.dim, self.itemsize))
-        return StreamCost(chunk, stacks, (4 * self.fields + 2 * self.uploads) * self.num_clients)
+        """The streamed round's shape (None: a cohort's round)."""
+        return None if self.cohort is not None else self.streaming
 
     @property
     def chunk(self) -> Optional[int]:
@@ -277,8 +281,8 @@ class StatePlan:
         fields = tuple(type(state).client_fields)
         uploads = len(algorithm.messages().up) if self.cohort is None else 0  # kept by a streamed round
         self.estimate = StateEstimate(cs.rows, cs.dim, x0.element_size(), len(fields), self.cohort, int(rounds),
-                                      data_bytes(getattr(cs, "clients", ())), uploads,
-                                      own_stream(algorithm, self.cohort is None, cs.rows, cs.dim, x0.element_size()))
+                                      data_bytes(getattr(cs, "clients", ())), uploads, None if self.cohort is not None
+                                      else stream_cost(algorithm, cs, len(fields), uploads, x0.element_size()))
         stores, err = None, None
         try:  # distributed: each rank's shard (cs.rows), estimate and folder; one rank's refusal stops every rank
             backend = self.kept(self.estimate)
@@ -359,11 +363,17 @@ class StatePlan:
         return "disk"
 
 
-def own_stream(algorithm, streamed: bool, num_clients: int, dim: int, itemsize: int) -> Optional[StreamCost]:
-    """The shape of ``algorithm``'s own streamed round (``algorithm.stream_cost``: DEPOSITUM's gossip), when
-    its round streams; None for a server–client round (:attr:`StateEstimate.stream` has its shape)."""
-    cost = getattr(algorithm, "stream_cost", None) if streamed else None
-    return None if cost is None else cost(num_clients, dim, itemsize)
+def stream_cost(algorithm, cs, fields: int, uploads: int, itemsize: int) -> StreamCost:
+    """The shape of ``algorithm``'s streamed round on the executor ``cs``, in the chunks it runs
+    (:func:`stream_chunks`): the algorithm's own (``algorithm.stream_cost``: DEPOSITUM's gossip), else the
+    server–client round's (algorithms/streamed.py): each of the ``fields`` stacks' rows read and written
+    twice (the uploads, then client_receive), each of the ``uploads`` written and read once, a chunk
+    holding the stacks and uploads."""
+    own = getattr(algorithm, "stream_cost", None)
+    if own is not None:
+        return own(cs, cs.dim, itemsize)
+    chunks = stream_chunks(cs, fields + uploads, cs.dim, itemsize)
+    return StreamCost(max(b - a for a, b in chunks), fields + uploads, (4 * fields + 2 * uploads) * cs.num_clients)
 
 
 def _dense_fits(est: StateEstimate) -> bool:

@@ -20,10 +20,10 @@ from torch import nn
 import fedkernels as fk
 
 from ..algorithms.registry import algorithm_entry
-from ..clients import ClientSet
+from ..clients import ClientSet, resolve_executor
 from ..clients.data import check_finite
 from ..clients.population import Population
-from ..clients.state_plan import DoesNotFit, StateEstimate, StatePlan, check_dense_fits, data_bytes, own_stream
+from ..clients.state_plan import DoesNotFit, StateEstimate, StatePlan, check_dense_fits, data_bytes, stream_cost
 from ..data import FederatedData
 from ..runfolder import checkpoint as ckpt
 from ..runfolder.files import FLOWER_MARK, STATE_DIR, RunFolderError, as_json
@@ -38,6 +38,7 @@ from .build import build_algorithm, build_model, build_run_regularizer, hparam_e
 from .config import RESULT_KEYS, Config, ConfigError, flag
 from .device import resolve_device
 from .folders import read_config_json, resume_command
+from .losses import loss_function
 
 __all__ = ["PreparedRun", "prepare_run", "check_algorithm_names", "check_world_size", "check_rounds_reach",
            "check_recorded_config", "check_state", "estimate_line"]
@@ -216,7 +217,8 @@ def prepare_run(cfg: Optional[Config], out_dir: str, *, fed: Optional[FederatedD
     if snap is not None and (snap.get("algorithm") != algorithm.name or snap.get("hparams") != algorithm.hparams()):
         raise RunFolderError(f"{ckpt_path} is a checkpoint of {snap.get('algorithm')} {snap.get('hparams')}, not of "
                              f"{algorithm.name} {algorithm.hparams()} as config.json says; nothing was changed")
-    estimate = check_state(cfg, fed.clients, model, algorithm, resume=resume, flower=flower, out_dir=out_dir)
+    estimate = check_state(cfg, fed.clients, model, algorithm, resume=resume, flower=flower, out_dir=out_dir,
+                           task=fed.dataset.task)
     if snap is not None:  # this process's client rows (re-cut if another number of processes wrote it)
         snap = launch.local_rows(snap, ckpt_path, len(fed.clients), map_location=device,  # disk: its logs checked
                                  state_folder=os.path.join(out_dir, STATE_DIR))
@@ -260,12 +262,13 @@ _FLAGS = (("clients_per_round", "--clients-per-round"), (" or participation)", "
 
 
 def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bool = False, flower: bool = False,
-                workers: bool = False, out_dir: str = ".") -> dict:
+                workers: bool = False, out_dir: str = ".", task: Optional[str] = None) -> dict:
     """``--state`` checked by :class:`StatePlan`'s own rules (what ``simulate`` would refuse, named by
     flag: a command-line run always checkpoints) and the run's memory and disk estimate, refused with
     :class:`DoesNotFit`'s message when it cannot fit; before anything is written. Returns the estimate.
     ``workers``: ``run --workers`` checks it before torchrun starts the ranks (one error, not one a rank);
-    ``out_dir``: the run folder (a disk store keeps its rows and row log in its state/ folder)."""
+    ``out_dir``: the run folder (a disk store keeps its rows and row log in its state/ folder); ``task``: the
+    data's (a streamed round's chunks are those the run's executor cuts: it is built to ask)."""
     if flower and cfg.state != "dense":
         raise ConfigError("state", cfg.state, "--flower keeps each client's state on its node: use --state dense")
     k = checked_clients_per_round(algorithm, len(clients), cfg.participation, cfg.clients_per_round)
@@ -280,10 +283,11 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
     dim = sum(p.numel() for p in params)
     state = algorithm.init(torch.zeros(dim, dtype=params[0].dtype), _Shapes(dim, params[0].dtype))
     streamed = k is None and not dense_only and plan.mode != "dense"
-    est = StateEstimate(len(clients), dim, params[0].element_size(), len(getattr(type(state), "client_fields", ())),
-                        None if streamed else k or len(clients), cfg.rounds, _data_bytes(clients),
-                        len(algorithm.messages().up) if streamed else 0,
-                        own_stream(algorithm, streamed, len(clients), dim, params[0].element_size()))
+    fields, uploads = len(getattr(type(state), "client_fields", ())), len(algorithm.messages().up) if streamed else 0
+    est = StateEstimate(len(clients), dim, params[0].element_size(), fields, None if streamed else k or len(clients),
+                        cfg.rounds, _data_bytes(clients), uploads, None if not streamed else
+                        stream_cost(algorithm, _executor(cfg, executor, clients, model, task), fields, uploads,
+                                    params[0].element_size()))
     try:
         kept = plan.kept(est)
         if kept == "dense" and streamed:  # auto under full participation, the dense stacks fit
@@ -299,6 +303,14 @@ def check_state(cfg: Config, clients, model: nn.Module, algorithm, *, resume: bo
             "stacks": est.fields,  # disk: the row log, not one file each
             "checkpoint_bytes": est.log_bytes if kept == "disk" else state_bytes,
             "chunk": est.chunk, "streamed_bytes": est.streamed_bytes}  # a full participation round's chunks
+
+
+def _executor(cfg: Config, executor: str, clients, model: nn.Module, task: str):
+    """The executor ``simulate`` builds for the run (its chunks of a streamed round: :func:`stream_cost`)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return resolve_executor(executor, model)(model, loss_function(task), clients, batch_size=cfg.batch_size,
+                                                 seed=cfg.seed)
 
 
 def _data_bytes(clients) -> int:
