@@ -14,9 +14,9 @@
 //      as an FMA with a factor of 1 (same bits, fk_sub_m) on the multiply pipes while the add
 //      pipes take the compares and max/min, and the sign goes back with one OR where the result
 //      is >= +0. In-cache time over L1's (64 K values, 1 thread, AVX-512, AMD EPYC Zen 5, kernel
-//      only): SCAD 2.3 -> 1.2 (small step, c3 a <= 1: one-term thresholds and one FMA; 1.5 with
-//      two-term ones) and 1.8 -> 1.1 (large), MCP 1.4 -> 1.1 (firm) and 1.0 (hard), in float32
-//      and float64 alike (docs/performance.md, "MCP and SCAD in cache").
+//      only): SCAD 2.3 -> 1.2 (small step, c3 a <= 1: one-term thresholds and one FMA; 1.4 with
+//      two-term ones and integer max/min, fk_imax) and 1.8 -> 1.1 (large), MCP 1.4 -> 1.1 (firm)
+//      and 1.0 (hard), in float32 and float64 alike (docs/performance.md, "MCP and SCAD in cache").
 //
 // Regimes (all exact, checked against brute-force 1-D minimisation in tests/test_prox_bruteforce.py):
 //   MCP(lam, gamma),  s <  gamma : firm threshold                    (kMcpFirm)
@@ -309,13 +309,48 @@ FK_HD T fk_min_keep_nan(T x, T z) { return z < x ? z : x; }
 // v's sign bit alone (+-0), |v| as v without it, and r | sign: for r >= +0 (or a NaN without its
 // sign bit) this is copysign(r, v) in one OR. Bit operations, so the compiler cannot re-derive the
 // result from the loaded v (it turned copysign(|v|, v) into a second, masked load of v). A -0 r (only
-// from a tiny negative difference flushed to zero under FTZ) keeps its sign bit, in every variant alike.
+// from a tiny negative difference flushed to zero under FTZ) keeps its sign bit, in every variant alike
+// (kScadSmallEdge's integer max gives +0 there).
 FK_HD float fk_bits_or(float a, float b) { return bits_to_float(float_to_bits(a) | float_to_bits(b)); }
 FK_HD float fk_bits_xor(float a, float b) { return bits_to_float(float_to_bits(a) ^ float_to_bits(b)); }
 FK_HD float fk_sign_bit(float v) { return bits_to_float(float_to_bits(v) & 0x80000000u); }
 FK_HD double fk_bits_or(double a, double b) { return bits_to_double(double_to_bits(a) | double_to_bits(b)); }
 FK_HD double fk_bits_xor(double a, double b) { return bits_to_double(double_to_bits(a) ^ double_to_bits(b)); }
 FK_HD double fk_sign_bit(double v) { return bits_to_double(double_to_bits(v) & 0x8000000000000000ull); }
+
+// max and min of two floats compared as signed 32-bit integers (their bit patterns): for x, z not
+// both negative this is the order of their values, with +0 above -0 and a NaN without its sign bit
+// above every number; so fk_imax(x, +0) is max(x, 0) with +0 (never -0) for x <= 0, and
+// fk_imin(x, +0) is min(x, 0). Integer operations: every variant and the device give the same bits
+// in every FP mode. One vpmaxsd / vpminsd in AVX2 and AVX-512, which AMD Zen 5 issues on any of its
+// four vector pipes (1 per cycle each), while a float max or min shares the two add pipes with the
+// subtractions. (The bits go through __builtin_bit_cast: through memcpy, GCC 12 compared and blended.)
+FK_HD int32_t fk_int_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_int(x);
+#elif defined(__CUDACC__)
+  return static_cast<int32_t>(float_to_bits(x));
+#else
+  return __builtin_bit_cast(int32_t, x);
+#endif
+}
+FK_HD float fk_from_int_bits(int32_t i) {
+#if defined(__CUDA_ARCH__)
+  return __int_as_float(i);
+#elif defined(__CUDACC__)
+  return bits_to_float(static_cast<uint32_t>(i));
+#else
+  return __builtin_bit_cast(float, i);
+#endif
+}
+FK_HD float fk_imax(float x, float z) {
+  const int32_t a = fk_int_bits(x), b = fk_int_bits(z);
+  return fk_from_int_bits(a > b ? a : b);
+}
+FK_HD float fk_imin(float x, float z) {
+  const int32_t a = fk_int_bits(x), b = fk_int_bits(z);
+  return fk_from_int_bits(a < b ? a : b);
+}
 
 template <int IMPL, typename T>
 FK_HD T prox_elem(T v, const ProxCoef<T>& k) {
@@ -360,14 +395,19 @@ FK_HD T prox_elem(T v, const ProxCoef<T>& k) {
     // float64 runs kScadSmall for both (impl_for). Error bounds: tests/test_prox_scad_small.py.
     // Per vector (AVX-512, one-term): and, 2 sub, min, fma, 2 max, ternary-logic OR = 8 vector
     // instructions against L1's 4 (and, compare, masked sub, ternary logic); the edge kernel 10.
+    // (Integer max/min in the one-term kernel measured no faster, the loop alone 2.37 against 2.32 us
+    // per 64 K values: 8 instructions on 4 pipes either way.)
     constexpr bool two_term = IMPL == kScadSmallEdge && sizeof(T) == sizeof(float);
     const T sign = fk_sign_bit(v), t = fk_bits_xor(v, sign);
     T u0, q;
     if constexpr (two_term) {
-      // plain subtractions: with two of them on the multiply pipes (fk_sub_m), GCC 12 kept t on the
-      // stack in the AVX-512 loop (a store and two loads per vector: 1.66 x L1 against 1.47)
-      u0 = (t - k.c0) - k.lo0;  // t - s lam
-      q = (t - k.c2) - k.lo2;   // t - a lam
+      // The four subtractions take the add pipes; the max/min with 0 and the max of the pieces are
+      // integer ones (fk_imax: the same values, +0 where the float max kept a -0), on any pipe: 10
+      // vector instructions, 4 of them on the add pipes (7 with float max/min: 1.55 x L1 in cache,
+      // now 1.4). u0 >= +0 after its max, so the integer max with mid is the max of their values.
+      u0 = fk_imax((t - k.c0) - k.lo0, k.zero);  // t - s lam
+      q = fk_imin((t - k.c2) - k.lo2, k.zero);   // t - a lam, identity above a lam
+      return fk_bits_or(fk_imax(u0, fk_fma(k.c3, q, t)), sign);
     } else {
       u0 = t - k.c0;
       q = fk_sub_m(t, k.c2, k.one);  // on the multiply pipes: the add pipes take the max/min
