@@ -14,6 +14,7 @@ import fedkernels as fk
 
 from .base import ClientSet
 from .data import LoaderData, TensorData, client_data
+from .losses import LossKind, classify_loss, ignore_index_of
 from .population import PROBE_CLIENTS, LazyClients, LazyGenerators, Population
 from .probe import check_clients, check_population
 from .separable import separability, side_effect_free
@@ -86,6 +87,7 @@ class SequentialClients(ClientSet):
             raise ValueError("flat must be fk.FlatParams(model) of this model")
         self._binders: dict[tuple, Callable[[int], None]] = {}
         self.coupled: Optional[str] = None  # why samples are coupled ("": they are not); probed when first needed
+        self._ignore: Optional[int] = None  # the loss's ignore_index, when a batch is coupled by that alone (_coupled)
         self.loss_kind = None  # a population's, decided once for every client (probe.check_population)
         self._scratch: Optional[torch.Tensor] = None
         self._row: Optional[torch.Tensor] = None  # a misaligned row's aligned copy (_aligned)
@@ -202,12 +204,22 @@ class SequentialClients(ClientSet):
         generators are created when first read: 5 kB each, never for a full-batch run)."""
         return None if self.batch_size is None else self.generators[i]
 
-    def _coupled(self) -> bool:
-        """Whether the samples of a batch are coupled (decided once, before the first split)."""
+    def _coupled(self, y: Optional[torch.Tensor] = None) -> bool:
+        """Whether the samples of a batch with labels ``y`` (None: not read) are coupled: by the model, or by a
+        loss that is not a per-sample mean (decided once, before the first split, without reading every label),
+        or by a label equal to a class-index loss's ``ignore_index`` in this batch, which that loss leaves out
+        of its mean. Judged batch by batch, as a list's clients and a population's built on demand both can
+        be, so a population splits the batches its list splits: a list once read every label and split no
+        batch if any was ignored, while a population, whose labels are not read, split none at all."""
         if self.coupled is None:
-            self.coupled = separability(self.model, self.loss_fn, self.probed, kind=self.loss_kind,
-                                        every_label=not isinstance(self.clients, LazyClients)).coupled
-        return bool(self.coupled)
+            kind = self.loss_kind or separability(self.model, self.loss_fn, self.probed, every_label=False).loss
+            unread = kind.mean is None and classify_loss(self.loss_fn, [torch.zeros(0, dtype=torch.long)])
+            self._ignore = ignore_index_of(self.loss_fn) if unread and unread.mean else None
+            self.coupled = separability(self.model, self.loss_fn, self.probed,
+                                        kind=LossKind(True) if self._ignore is not None else kind).coupled
+        if self.coupled or self._ignore is None:
+            return bool(self.coupled)
+        return y is None or (not y.is_floating_point() and bool((y == self._ignore).any()))
 
     def _piece_size(self, client) -> int:
         """Samples per piece of a Dataset client's batch: ``chunk``, or no split when coupled."""
@@ -221,7 +233,7 @@ class SequentialClients(ClientSet):
         the loss is a mean of independent per-sample losses; one pass otherwise); gradients
         accumulate into the bound grad buffer. Returns the weighted loss."""
         n = X.shape[0]
-        step = self.chunk if n <= self.chunk or not self._coupled() else n
+        step = self.chunk if n <= self.chunk or not self._coupled(y) else n
         total = 0.0
         for s in range(0, n, step):
             Xc, yc = X[s : s + step], y[s : s + step]
