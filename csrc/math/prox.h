@@ -374,6 +374,12 @@ FK_HD T prox_elem(T v, const ProxCoef<T>& k) {
     const T u = (t - k.c0) - k.lo0;
     T r = u * k.c2;
     r = r < t ? r : t;                 // NaN t: r is NaN and the select yields t (NaN)
+    if constexpr (sizeof(T) == sizeof(float)) {
+      // The max with 0 as an integer one (fk_imax, off the add pipes, which the two subtractions and
+      // the min take), which gives +0 where the float max kept a -0: then OR-ing v's sign bit back is
+      // the copysign (same bits). AVX2: 8 vector instructions, 3 on the add pipes (9 and 4 before).
+      return fk_bits_or(fk_imax(r, k.zero), fk_sign_bit(v));
+    }
     r = fk_max_keep_nan(r, k.zero);
     return fk_copysign(r, v);
   } else if constexpr (IMPL == kMcpHard) {
