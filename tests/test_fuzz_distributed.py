@@ -11,8 +11,8 @@ under a cohort only, as the run allows), float64 or float32, full batches or min
 regularizer; DEPOSITUM too (full participation, dense stacks). Each example runs with
 ``executor="distributed"`` on 1, 2 and 4 ranks (gloo, processes spawned as torchrun starts them), each rank's
 clients on the sequential executor or (two in five) the batched one; ground truth is the one-process run on that
-executor with dense stacks, on the materialised list (sequential) or on the same clients (batched: its metric
-pass on a population sums blocks of the cache, the list's up to order): every rank's final model and every
+executor with dense stacks, on the materialised list (a population's one-process run is the list's bit for bit on
+either executor): every rank's final model and every
 recorded metric, bit for bit, and the gradient counts of the ranks add up to its. Sometimes the ranks stop past a
 sharded checkpoint (``launch.checkpointer``) and resume from it, and one process resumes from the same checkpoint
 (re-cut for all N clients; a disk store reads every rank's row log into its own): both end as the uninterrupted
@@ -224,10 +224,8 @@ def check(case: Case, got: list, root: str) -> Optional[str]:
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        # the batched metric pass on a population sums blocks of its cache (cohort_batched's docstring: the list's
-        # up to order), so the batched ground truth is the one process on the same clients; the sequential one's is
-        # the list
-        ref = run(case, case.inner, root, state="dense", listed=case.inner == "sequential")
+        # a population's one-process run is the list's bit for bit on either executor (tests/test_population.py)
+        ref = run(case, case.inner, root, state="dense", listed=True)
         if isinstance(ref, str):
             return None if all(isinstance(g, str) for g in got) else f"one process refused, the ranks ran: {ref}"
         if any(isinstance(g, str) for g in got):

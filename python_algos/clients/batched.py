@@ -482,14 +482,16 @@ class BatchedClients(ClientSet):
         t0 = time.perf_counter()
         clients = list(range(self.rows)) if ids is None else ids.tolist()
         batches = self._batch_indices(clients)
-        # padded up to the longest batch of any client here, not of this call's: a client's bits are then the
-        # same whichever clients share the call (a streamed round's chunk, a cohort, all of them)
-        longest = self._batch_longest()
+        # padded up to the longest batch of the one-process call the clients belong to: of the run's clients
+        # (every client, or a streamed chunk of them: its bits are the dense call's), or of a round's cohort (a
+        # population builds a cohort's clients alone, so this is the one rule both can follow)
+        cohort = ids is not None and self.cohort is not None
+        call, where = self._layout(clients, ids is None) if cohort or self.chain is None else (None, None)
+        longest = self._call_longest(call) if cohort else self._batch_longest()
         if self.chain is not None:  # a chain's gradient does not depend on its pass
             fb = self._gradients(X, G, batches, values=None, longest=longest)
         else:
-            call, where = self._layout(clients, ids is None)
-            W, fb = self.pass_window(), 0.0
+            W, fb = self.pass_window(longest), 0.0
             for s in sorted({p // W * W for p in where}):
                 win, a = range(s, min(s + W, len(call))), where.get(s)
                 if a is not None and all(where.get(p) == a + k for k, p in enumerate(win)):  # all ours, in order
@@ -525,6 +527,13 @@ class BatchedClients(ClientSet):
             return ids, {p: p for p in range(len(ids))}
         return cohort.tolist(), {p: j for j, p in enumerate(at.tolist())}
 
+    def _call_longest(self, call) -> int:
+        """The longest batch of the clients of a cohort's ``call`` (run ids, :meth:`_layout`), which every rank
+        knows (``run_sizes``): the pad limit and the passes' window of the cohort's call on any process."""
+        sizes = self.run_sizes or self.sizes
+        n = max((sizes[i] for i in call), default=1)
+        return n if self.batch_size is None else min(self.batch_size, n)
+
     def _batch_longest(self) -> int:
         """The longest batch any client here draws: its whole data, or ``batch_size`` samples (the pad limit)."""
         return self.longest_client() if self.batch_size is None else min(self.batch_size, self.longest_client())
@@ -532,8 +541,8 @@ class BatchedClients(ClientSet):
     def pass_window(self, longest: Optional[int] = None) -> Optional[int]:
         """On the torch.func path, the W consecutive clients of a call (:meth:`_layout`) its passes are cut from
         (each window grouped and passed on its own: W is the most its longest batch allows, so a group is one
-        pass); None for a chain, whose gradients do not depend on their pass. ``longest``: the run's longest
-        batch (default: :meth:`_batch_longest`; a population's blocks ask with the run's)."""
+        pass); None for a chain, whose gradients do not depend on their pass. ``longest``: the call's longest
+        batch (default: the run's, :meth:`_batch_longest`; a cohort's call asks with the cohort's)."""
         if self.chain is not None:
             return None
         return max(1, self._chunk_rows(self._batch_longest() if longest is None else longest))

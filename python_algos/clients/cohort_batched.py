@@ -7,9 +7,8 @@ gradient call (a round's cohort: built once per round, reused by its local steps
 participation and in the metric pass, consecutive blocks of about ``population.cache`` clients, streamed)
 and hands it the clients' own generators (:class:`~.population.LazyGenerators`), so each client draws the
 batches it would draw in the batched executor over the whole list. A cohort's call is laid out as the
-list run lays out the cohort's, padded to the cohort's longest batch (the list run pads to the run's:
-reading every client's size would build them all), so when every client of a cohort holds fewer samples
-than another client's batch its last bits can differ from the list run's.
+list run lays out the cohort's, and padded to the cohort's longest batch, as the list run pads a cohort's
+call (:meth:`.batched.BatchedClients.gradients_`): so no client past the cohort is read.
 
 Under full participation and in the metric pass a block's ``BatchedClients`` is told where its clients sit
 in the run (``first_client``, every client's size ``run_sizes`` and the run's longest client ``pad_to``,

@@ -6,8 +6,7 @@ i's data exist only while it is in use: ``make_client(i)`` builds them (an ``(X,
 small LRU cache keeps the current cohort's, so a round with partial participation builds only its
 cohort, and a run touches at most rounds × cohort clients. ``make_client`` must be deterministic
 (client i's rows depend on i alone, never on N or on the order of the calls): a population run then
-equals the run on the materialised list ``[make_client(i) for i in range(N)]`` bit for bit (but for a
-batched cohort of clients all shorter than another's batch, :mod:`.cohort_batched`).
+equals the run on the materialised list ``[make_client(i) for i in range(N)]`` bit for bit.
 
 What the start of a run reads: the model and loss probe (:mod:`.probe`) runs on the first
 :data:`PROBE_CLIENTS` clients only, and decides the loss's kind once for every client from its type
