@@ -170,7 +170,17 @@ def one(cfg: dict) -> dict:
             "rss_start_mib": rss_start, "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "builds": getattr(clients, "builds", None), "disk_bytes": disk,
             "rows_written": getattr(stacks[0], "rows_written", None), "state_bytes": sum(int(s.nbytes) for s in stacks),
-            "phases_ms": None if spent is None else {k: 1e3 * sum(v) / cfg["rounds"] for k, v in spent.items()}}
+            "phases_ms": None if spent is None else {k: 1e3 * _per_round(v, cfg["rounds"]) for k, v in spent.items()}}
+
+
+def _per_round(times: list, rounds: int) -> float:
+    """Seconds a round of a phase: the median round's, where every round makes as many calls (the gathers, the
+    scatters, the read-ahead), else the mean (the clients built, which a round needs fewer of once cached)."""
+    per = len(times) // rounds
+    if not per or len(times) % rounds:
+        return sum(times) / rounds
+    sums = sorted(sum(times[r * per:(r + 1) * per]) for r in range(rounds))
+    return sums[len(sums) // 2]
 
 
 def _floor(n: int, dim: int, stacks: int) -> float:
@@ -331,12 +341,12 @@ def render_markdown(res: dict) -> str:
 
 
 def _phases_note(cells: list) -> str:
-    """``--phases``: each configuration's ms a round (the mean over its rounds) in each phase."""
+    """``--phases``: each configuration's ms a round in each phase (:func:`_per_round`)."""
     timed = [c for c in cells if c.get("phases_ms")]
     if not timed:
         return ""
-    return " Ms a round (`--phases`, the mean over the rounds; gather / scatter of the client rows, read-ahead of " \
-           "the next cohort's rows, clients built): " + "; ".join(
+    return " Ms a round (`--phases`: the median round's; clients built: the mean; gather / scatter of the client " \
+           "rows, read-ahead of the next cohort's rows, clients built): " + "; ".join(
         f"{c.get('algorithm', 'SCAFFOLD')} N = {c['N']:,} {c['state']}: " + ", ".join(
             f"{k} {v:.1f}" for k, v in c["phases_ms"].items()) for c in timed) + "."
 
@@ -372,7 +382,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--pfl-python", default=None, help="mlp: also pfl-research's SCAFFOLD with DiskUserStateStorage, "
                                                       "run by this interpreter (pfl's own virtual environment)")
     p.add_argument("--phases", action="store_true", help="also time each round's gathers, scatters, read-ahead and "
-                                                         "clients built (ms a round, the mean; in the JSON and a note)")
+                                                         "clients built (ms a round; in the JSON and a note)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one configuration, JSON in and out
     args = p.parse_args(argv)
     if args.one:
