@@ -201,6 +201,20 @@ def _streamed(case: Case, folder: str):
     return run(case, case.state, folder=f"{folder}/rows", chunk=case.resume_chunk, resume=snap), int(snap["round"])
 
 
+def kind_follows_labels(case: Case) -> bool:
+    """Whether the list's labels make its loss not a per-sample mean while one client's alone make it one (a chosen
+    ``ignore_index`` some client holds, a class-weighted callable): the batched executor judges that on the clients
+    it holds, so a population's block or cohort pads where the list computes every batch whole (the same loss, up
+    to rounding; docs/population.md). Left out of the batched population-vs-list comparison."""
+    from python_algos.clients.data import client_data
+    from python_algos.clients.separable import separability
+
+    model, cpu = case.ex.build(torch.float64), torch.device("cpu")
+    data = [client_data(d, torch.float64, cpu) for d in _clients(dataclasses.replace(case, population=None))]
+    return separability(model, case.ex.loss_fn, data).loss.mean is False and any(
+        separability(model, case.ex.loss_fn, [d]).loss.mean for d in data)
+
+
 def check(case: Case) -> Optional[str]:
     """None when the streamed run gave the dense run's bits or refused clearly; else what went wrong."""
     try:
@@ -222,7 +236,7 @@ def check(case: Case) -> Optional[str]:
     diffs = _differences(got, dense, first)
     if diffs:
         return "the streamed run differs from the dense one in " + "; ".join(diffs)
-    if case.population is not None:  # the list's run (issue 39)
+    if case.population is not None and not (case.executor == "batched" and kind_follows_labels(case)):  # issue 39
         diffs = _differences(dense, run(dataclasses.replace(case, population=None)))
         if diffs:
             return "the population's dense run differs from the list's in " + "; ".join(diffs)
@@ -299,7 +313,7 @@ def test_a_populations_cohorts_on_the_batched_executor_are_the_lists_run(fuzz_bu
     bits differed (float64 2.2e-19, float32 1.2e-10). Both now pad a cohort's call to the cohort's longest batch:
     the population's run equals the list's bit for bit (model, every metric, every client row)."""
     first, n = fuzz_budget(30)
-    cases = [c for c in map(_unequal_cohorts, range(first, first + n)) if c is not None]
+    cases = [c for c in map(_unequal_cohorts, range(first, first + n)) if c is not None and not kind_follows_labels(c)]
     assert cases, "no seed drew clients of unequal sizes"
     finds = []
     for case in cases:

@@ -21,7 +21,10 @@ less than one: then each block runs the whole passes of the window it meets (up 
 a cache of W clients avoids it). Every block's pass sizes come from one memory budget (the probe's). So the
 training and the metrics are the list run's bit for bit, float32 on the torch.func path too
 (tests/test_population.py); the metric pass's blocks continue the same sums of the clients' losses and
-gradients in client order (:mod:`.row_sum`).
+gradients in client order (:mod:`.row_sum`). But a block's or a cohort's ``BatchedClients`` judges the loss's
+kind on its own clients' labels, where the list run judges it on every client's: under a loss whose kind follows
+the labels (a chosen ``ignore_index`` some client holds, a class-weighted callable) a block may pad batches the
+list run computes whole, the same loss up to rounding.
 
 On a rank of the distributed executor (``shard``: its first client, the run's N and a MAX all-reduce) the
 clients' sizes are agreed once (:meth:`CohortBatched.agree_pads`), so a rank's blocks are laid out as one
