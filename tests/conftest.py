@@ -64,3 +64,43 @@ def fuzz_budget(request):
     def budget(default_examples: int):
         return first, default_examples * (1000 if long_run else 1)
     return budget
+
+
+class SimulatedKill(BaseException):
+    """Raised at a write point: like SIGKILL, nothing in the code under test catches it."""
+
+
+class _WritePoints:
+    """The run folder's write points (``python_algos.runfolder.faults.point``) in this process, for
+    the in-process kill tests (a real run's are armed by ``faults.KILL_POINT_ENV`` instead)."""
+
+    Killed = SimulatedKill
+
+    def __init__(self, monkeypatch):
+        from python_algos.runfolder import faults
+        self._set = lambda f: monkeypatch.setattr(faults, "point", f)
+
+    def record(self) -> list:
+        """From now on each point's name is appended to the list returned."""
+        names: list = []
+        self._set(names.append)
+        return names
+
+    def kill_at(self, n: int) -> None:
+        """The n-th point from now raises :class:`SimulatedKill` (named by the point)."""
+        seen = [0]
+
+        def point(name):
+            seen[0] += 1
+            if seen[0] == n:
+                raise SimulatedKill(name)
+        self._set(point)
+
+    def off(self) -> None:
+        self._set(lambda name: None)
+
+
+@pytest.fixture
+def write_points(monkeypatch):
+    """:class:`_WritePoints` over ``monkeypatch`` (undone at the test's end)."""
+    return _WritePoints(monkeypatch)

@@ -25,13 +25,8 @@ import torch
 from python_algos.clients.shard_rows import cut_rows, join_rows, remove_other_writers
 from python_algos.clients.state_log import LogCut, LoggedRows
 from python_algos.clients.state_store import ClientStateStore
-from python_algos.runfolder import faults
 
 N, D, FIELD = 13, 3, "c_i"
-
-
-class _Killed(BaseException):
-    """Raised at a write point: like SIGKILL, nothing in the code under test catches it."""
 
 
 def bounds_of(n: int, world: int) -> list:
@@ -111,12 +106,11 @@ def test_a_disk_checkpoint_recut_for_another_world_size_holds_the_dense_rows(tmp
 
 
 @pytest.mark.parametrize("world, q_world", [(2, None), (2, 4), (4, 2)])
-def test_a_kill_anywhere_in_the_recut_leaves_the_checkpoint_resumable_on_any_world_size(tmp_path, monkeypatch,
+def test_a_kill_anywhere_in_the_recut_leaves_the_checkpoint_resumable_on_any_world_size(tmp_path, write_points,
                                                                                         world, q_world):
     names, recs, dense = write_run(tmp_path, world, 1)
     before = log_files(tmp_path)
-    calls = []
-    monkeypatch.setattr(faults, "point", calls.append)
+    calls = write_points.record()
 
     def resume(q: int | None, check: bool = True) -> None:
         stores = [ClientStateStore.from_log(recut(names, recs, world, q, r)[1],
@@ -130,16 +124,10 @@ def test_a_kill_anywhere_in_the_recut_leaves_the_checkpoint_resumable_on_any_wor
     n = len(calls)
     assert calls.count("state re-cut") >= 2 and "state log append" in calls, calls
     for at in range(1, n + 1):
-        seen = [0]
-
-        def point(name, at=at, seen=seen):
-            seen[0] += 1
-            if seen[0] == at:
-                raise _Killed(name)
-        monkeypatch.setattr(faults, "point", point)
-        with pytest.raises(_Killed):
+        write_points.kill_at(at)
+        with pytest.raises(write_points.Killed):
             resume(q_world)
-        monkeypatch.setattr(faults, "point", lambda name: None)
+        write_points.off()
         assert all(open(p, "rb").read() == b for p, b in before.items()), at  # the old checkpoint's logs
         for q in (q_world, world if world > 1 else None, 3):  # resumed again: as the killed one, as written, other
             resume(q)

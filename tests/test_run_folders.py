@@ -176,34 +176,23 @@ def test_kill_at_every_atomic_write_resumes_bit_identically(tmp_path, monkeypatc
         assert not [f for f in os.listdir(out) if ".tmp-" in f], (n, os.listdir(out))
 
 
-def test_kill_at_every_write_point_resumes_bit_identically(tmp_path, monkeypatch, reference):
+def test_kill_at_every_write_point_resumes_bit_identically(tmp_path, write_points, reference):
     """Item 14: the runner's own kill points (inside checkpoint writes, in the middle of a metrics
     line, between rounds) and a resumed run killed again: always the reference result."""
-    from python_algos.runfolder import faults
-
-    names = []
-    with monkeypatch.context() as m:
-        m.setattr(faults, "point", lambda name: names.append(name))
-        run_experiment(tiny(), str(tmp_path / "count"), progress=False, log=quiet)
+    names = write_points.record()
+    run_experiment(tiny(), str(tmp_path / "count"), progress=False, log=quiet)
+    write_points.off()
     assert {"metrics append", "checkpoint write"} <= set(names), names
     rng = random.Random(0)
     for n in range(1, len(names) + 1):
         out = str(tmp_path / f"k{n}")
         for attempt in range(2):  # kill the first run at point n, then its resume at a random point
-            seen = [0]
-            target = n if attempt == 0 else rng.randint(1, len(names))
-
-            def point(name, seen=seen, target=target):
-                seen[0] += 1
-                if seen[0] == target:
-                    raise SimulatedKill(name)
-
-            with monkeypatch.context() as m:
-                m.setattr(faults, "point", point)
-                try:
-                    finish(out)
-                except SimulatedKill:
-                    pass
+            write_points.kill_at(n if attempt == 0 else rng.randint(1, len(names)))
+            try:
+                finish(out)
+            except write_points.Killed:
+                pass
+        write_points.off()
         s = finish(out)
         assert s["status"] == "completed", (n, names[n - 1], s)
         assert torch.equal(params_of(out), params_of(reference)), (n, names[n - 1])

@@ -137,19 +137,12 @@ def test_state_disk_equals_dense_bit_for_bit_its_checkpoint_a_row_log(tmp_path, 
     assert est["kept"] == "disk" and est["checkpoint_bytes"] == 3 * min(12, 2 * 6) * (8 + 11 * 8) >= size
 
 
-class _Killed(BaseException):
-    """Raised at a write point: like SIGKILL, no handler of the runner catches it."""
-
-
-def test_a_disk_run_killed_at_any_write_point_resumes_bit_for_bit(tmp_path, monkeypatch, fuzz_budget, capsys):
+def test_a_disk_run_killed_at_any_write_point_resumes_bit_for_bit(tmp_path, write_points, fuzz_budget, capsys):
     """A kill in the middle of a row-log append, between an append and the checkpoint that counts it
     (inside its atomic write), or in a round: `run --resume` ends with the uninterrupted run's model
     and rows (the store's files ran past the checkpoint; the log's torn tail is never read)."""
-    from python_algos.runfolder import faults
-
     args = [*RUN, "-T", "14", "--checkpoint-every", "1", "--state", "disk"]
-    names = []
-    monkeypatch.setattr(faults, "point", names.append)
+    names = write_points.record()
     assert main([*args, "--out", str(tmp_path / "whole")]) == 0
     assert names.count("state log append") >= 14 and "checkpoint write" in names, names
     assert ckpt.load(str(tmp_path / "whole" / "checkpoint.pt"))["state"].c_i.log != "log-1.bin"  # a compaction ran
@@ -158,17 +151,11 @@ def test_a_disk_run_killed_at_any_write_point_resumes_bit_for_bit(tmp_path, monk
         rng = random.Random(seed)
         at = rng.choice([i for i, name in enumerate(names, 1) if name == "state log append"] if seed % 2 else
                         range(1, len(names) + 1))
-        seen = [0]
-
-        def point(name, at=at, seen=seen):
-            seen[0] += 1
-            if seen[0] == at:
-                raise _Killed(name)
-        monkeypatch.setattr(faults, "point", point)
+        write_points.kill_at(at)
         out = str(tmp_path / f"k{seed}")
-        with pytest.raises(_Killed):
+        with pytest.raises(write_points.Killed):
             main([*args, "--out", out])
-        monkeypatch.setattr(faults, "point", lambda name: None)
+        write_points.off()
         resumed = main(["run", "--resume", out, "--no-progress", "--no-plot"] if os.path.exists(
             os.path.join(out, "config.json")) else [*args, "--out", out, "--replace"])
         assert resumed == 0, (seed, at, names[at - 1], capsys.readouterr().err[-2000:])
