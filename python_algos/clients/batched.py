@@ -31,7 +31,8 @@ Padding is exact only when ``loss_fn`` is a mean of per-sample losses and each s
 depends on that sample alone. Before any round the constructor checks that
 (:func:`~python_algos.clients.separable.separability`: BatchNorm in training mode, a probe of the
 model's rows on samples of several clients and labels, the loss's kind from its type, options and
-labels, or for another callable a probe against its per-sample mean, :mod:`.losses`);
+labels, or for another callable a probe against its per-sample mean, :mod:`.losses`; judged on the
+run's clients where the executor holds only some, :mod:`.run_kind`);
 ``clients.coupled`` says why samples are coupled ("" when they are not). Coupled samples (e.g.
 ``BatchNorm1d(track_running_stats=False)``, a ``x - x.mean(0)`` layer, ``reduction="sum"``) are
 never padded nor split: only clients of equal batch length share a pass, so the result is the
@@ -93,7 +94,7 @@ from .losses import LossKind
 from .population import LazyGenerators, Population
 from .probe import check_clients
 from .row_sum import RowSum
-from .separable import separability, side_effect_free
+from .separable import Separability, separability, side_effect_free
 
 __all__ = ["BatchedClients", "default_memory_budget", "STATEFUL_NORMS"]
 
@@ -188,6 +189,8 @@ class BatchedClients(ClientSet):
             runs only) only when asked for; ``"auto_bf16"``: as ``"auto"``, taking ``"bf16"`` where faster.
         loss_kind: the loss's kind when decided for every client (a population's cohort: refusing
             minibatches was decided before the run, ``probe.check_population``), not from these clients.
+        separable: whether batches may be padded, judged on the run's clients (:mod:`.run_kind`: a
+            population's block); None: on these clients.
 
     Attributes ``grad_seconds`` / ``fwd_bwd_seconds`` / ``grad_evals`` count as in the sequential
     executor (``grad_evals`` per client gradient). ``chain``: the explicit pass of a Linear/activation
@@ -205,7 +208,8 @@ class BatchedClients(ClientSet):
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Sequence, batch_size: Optional[int] = None,
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0,
                  memory_budget: Optional[int] = None, chunk_clients: Optional[int] = None, chunk: int = 2048,
-                 loss_kind: Optional[LossKind] = None, first_layer: str = "auto"):
+                 loss_kind: Optional[LossKind] = None, first_layer: str = "auto",
+                 separable: Optional[Separability] = None):
         super().__init__()
         why = self.unsupported(model)
         if why:
@@ -272,15 +276,24 @@ class BatchedClients(ClientSet):
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be a positive int, got {chunk!r}")
         self.chunk = chunk
-        # coupled: "" when padding and splitting are exact, else why (every batch then whole, unpadded)
-        sep = separability(model, loss_fn, wrapped)
-        self.coupled, self.loss_kind = sep.coupled, sep.loss
-        with side_effect_free(model, self.device):
-            # a Linear/activation chain under cross-entropy: explicit bmm passes (None: torch.func)
-            self.chain = None if self.coupled else plan_chain(model, loss_fn, sep.loss, list(self.flat.sizes),
-                                                               sep.X, sep.y, self.y_all)
-        self._choose_first_layer(first_layer)
+        self._first_layer_request = first_layer
+        self.judge(separable if separable is not None else separability(model, loss_fn, wrapped))
         self._gbuf = None
+
+    def labels(self) -> list:
+        """Each client's labels (views of ``y_all``)."""
+        return [self.y_all[o : o + n] for o, n in zip(self.offsets, self.sizes)]
+
+    def judge(self, sep: Separability) -> None:
+        """Pads and splits batches, and plans a chain, by ``sep``: the separability of the run's clients
+        (:mod:`.run_kind`: a rank's shard is told it once the ranks agree), not only of the clients held."""
+        # coupled: "" when padding and splitting are exact, else why (every batch then whole, unpadded)
+        self.coupled, self.loss_kind = sep.coupled, sep.loss
+        with side_effect_free(self.model, self.device):
+            # a Linear/activation chain under cross-entropy: explicit bmm passes (None: torch.func)
+            self.chain = None if self.coupled else plan_chain(self.model, self.loss_fn, sep.loss,
+                                                               list(self.flat.sizes), sep.X, sep.y, self.y_all)
+        self._choose_first_layer(self._first_layer_request)
 
     def _choose_first_layer(self, requested: str) -> None:
         """Sets ``first_layer`` (the path of the chain's first-layer products, ``fedkernels.first_layer``:

@@ -21,10 +21,11 @@ less than one: then each block runs the whole passes of the window it meets (up 
 a cache of W clients avoids it). Every block's pass sizes come from one memory budget (the probe's). So the
 training and the metrics are the list run's bit for bit, float32 on the torch.func path too
 (tests/test_population.py); the metric pass's blocks continue the same sums of the clients' losses and
-gradients in client order (:mod:`.row_sum`). But a block's or a cohort's ``BatchedClients`` judges the loss's
-kind on its own clients' labels, where the list run judges it on every client's: under a loss whose kind follows
-the labels (a chosen ``ignore_index`` some client holds, a class-weighted callable) a block may pad batches the
-list run computes whole, the same loss up to rounding.
+gradients in client order (:mod:`.row_sum`). Whether a batch may be padded follows the labels (a chosen
+``ignore_index`` some client holds, a class-weighted callable): every block is told the run's (:mod:`.run_kind`,
+read with the sizes), as the list run judges it on every client's. A cohort's ``BatchedClients`` still judges it
+on the cohort's clients (so that only they are built), where the list run judges it on every client's: under
+such a loss a cohort may pad batches the list run computes whole, the same loss up to rounding.
 
 On a rank of the distributed executor (``shard``: its first client, the run's N and a MAX all-reduce) the
 clients' sizes are agreed once (:meth:`CohortBatched.agree_pads`), so a rank's blocks are laid out as one
@@ -47,6 +48,7 @@ from .data import client_data
 from .population import PROBE_CLIENTS, LazyGenerators, Population
 from .probe import check_population
 from .row_sum import RowSum
+from .run_kind import candidates, run_separability
 
 __all__ = ["CohortBatched"]
 
@@ -62,6 +64,7 @@ class CohortBatched(ClientSet):
     # by the distributed executor)
     run_sizes: Optional[list] = None  # every client's samples in the run, read once (agree_pads)
     longest: Optional[int] = None  # the run's longest client (agree_pads)
+    separable = None  # whether batches may be padded, judged on the run's clients (agree_pads, .run_kind)
 
     def __init__(self, model: nn.Module, loss_fn: Callable, data: Population, batch_size: Optional[int] = None,
                  seed: int = 0, flat: Optional[fk.FlatParams] = None, first_client: int = 0, *,
@@ -82,7 +85,9 @@ class CohortBatched(ClientSet):
         # mid-run for a client past them), and what a client's data must hold when it is built
         first = [client_data(data[i], self.dtype, self.device) for i in range(min(PROBE_CLIENTS, self.num_clients))]
         self.check = check_population(model, loss_fn, first, batch_size, first_client)
-        self.probe = self._over(list(range(len(first))))  # the vectorized pass's own start-up checks
+        self.probed = len(first)
+        self.probe = self._over(list(range(len(first))))  # the vectorized pass's own start-up checks (rebuilt
+        # once the run's separability is read, agree_pads)
         # one memory budget for every block (a GPU's default is half its free memory, which changes): the passes'
         # sizes, so their bits, are then the same in every block
         self.options = {**options, "memory_budget": self.probe.memory_budget}
@@ -102,7 +107,8 @@ class CohortBatched(ClientSet):
             for i, c in zip(ids, clients):
                 self.check.guard(i, c)
             self._inner = self.vectorized(self.model, self.loss_fn, clients, self.batch_size, flat=self.flat,
-                                          loss_kind=self.check.kind, **self.options)
+                                          loss_kind=self.check.kind, separable=self.separable if run else None,
+                                          **self.options)
             self._inner.generators = [self.generators[i] for i in ids]  # each client's own, as in the list run
             if run:
                 self._inner.first_client = self._first() + ids[0]
@@ -124,16 +130,36 @@ class CohortBatched(ClientSet):
         return ids
 
     def agree_pads(self) -> None:
-        """Read every client's size once (``run_sizes``; every client is built once more), and from it the run's
-        longest client and the blocks' size. On a rank a collective (every rank calls it, in the same order): the
-        ranks agree on the sizes. Before a chained metric pass (distributed)."""
+        """Read every client's size and labels once (``run_sizes``; every client is built once more), and from
+        them the run's longest client, the blocks' size and the run's separability (:mod:`.run_kind`: the few
+        clients it names are built again, on a rank another rank's too). On a rank a collective (every rank calls
+        it, in the same order): the ranks agree on the sizes and on those clients. Before a chained metric pass
+        (distributed)."""
         if self.run_sizes is not None:
             return
         lo, total = (0, self.num_clients) if self.shard is None else self.shard[:2]
-        sizes = torch.zeros(total, dtype=torch.int64)
-        sizes[lo : lo + self.num_clients] = torch.tensor(
-            [client_data(self.population[i], self.dtype, self.device).X.shape[0] for i in range(self.num_clients)])
-        self.run_sizes = (sizes if self.shard is None else self.shard[2](sizes)).tolist()
+        sizes: list = []
+
+        def labels():  # each client built once, in turn
+            for i in range(self.num_clients):
+                c = client_data(self.population[i], self.dtype, self.device)
+                sizes.append(c.X.shape[0])
+                yield c.y
+
+        both = torch.zeros(2, total, dtype=torch.int64)  # sizes and the clients that may decide the kind
+        both[1, lo : lo + self.num_clients] = torch.tensor(candidates(labels(), self.loss_fn))
+        both[0, lo : lo + self.num_clients] = torch.tensor(sizes)
+        both = both if self.shard is None else self.shard[2](both)
+        self.run_sizes, flags = both[0].tolist(), both[1].tolist()
+        run = getattr(self.population, "population", self.population)  # a rank's shard: the whole population
+        self.separable = run_separability(self.model, self.loss_fn, self.run_sizes, flags,
+                                          lambda i: client_data(run[i], self.dtype, self.device))
+        self._key = None  # pass sizes as the run's separability makes them
+        self.probe = self.vectorized(self.model, self.loss_fn, [self.population[i] for i in range(self.probed)],
+                                     self.batch_size, flat=self.flat, loss_kind=self.check.kind,
+                                     separable=self.separable, **self.options)
+        self.coupled = self.probe.coupled
+        self.first_layer, self.first_layer_source = self.probe.first_layer, self.probe.first_layer_source
         self.longest = max(self.run_sizes)
         B = self.batch_size
         W = self.probe.pass_window(self.longest if B is None else min(B, self.longest))

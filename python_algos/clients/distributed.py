@@ -24,7 +24,8 @@ whose answers cross ranks where the spec crosses the client / server boundary:
 of the rows keeps): rank r receives ranks 0..r - 1's running sum, adds its own rows and hands it on;
 the last rank broadcasts the sum. The metric pass continues the gradient and loss sums the same
 way (the sequential inner executor's client after client, the batched one's in row_sum's blocks);
-a batched inner pads a client's batch up to the run's longest client, not its shard's; the gossip
+a batched inner pads a client's batch up to the run's longest client, not its shard's, and only where the
+run's clients make that exact (:mod:`.run_kind`), not its shard's; the gossip
 adds each row's products in one process's order. So a run equals the one-process run of its inner
 executor bit for bit, on any number of ranks; the price is latency, the ranks adding one after
 another (a sum of the ranks' partial sums, one all-reduce, would add in another order).
@@ -80,9 +81,11 @@ import fedkernels as fk
 
 from . import process_group
 from .base import ClientSet
+from .data import client_data
 from .population import Population
 from .registry import LOCAL_EXECUTORS, resolve_local
 from .row_sum import BLOCK, RowSum, block_sums
+from .run_kind import candidates, run_separability
 
 __all__ = ["DistributedClients", "ShardPopulation"]
 
@@ -173,11 +176,18 @@ class DistributedClients(ClientSet):
             if self.world_size > 1:
                 dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self.group)
             self.inner.pad_to = int(longest)  # as one process does: not its shard's, which would change the bits
-            sizes = torch.zeros(n, dtype=torch.int64, device=longest.device)  # every client's, to lay a pass out
-            sizes[self.lo : self.hi] = torch.tensor(self.inner.sizes, device=longest.device)  # as one process's
+            # every client's size, to lay a pass out as one process's, and the clients that may decide the
+            # loss's kind, so a rank pads batches as one process over every client (run_kind: the few clients it
+            # names are read on every rank, another rank's too)
+            both = torch.zeros(2, n, dtype=torch.int64, device=longest.device)
+            both[0, self.lo : self.hi] = torch.tensor(self.inner.sizes, device=longest.device)
+            both[1, self.lo : self.hi] = torch.tensor(candidates(self.inner.labels(), loss_fn),
+                                                      device=longest.device)
             if self.world_size > 1:
-                dist.all_reduce(sizes, op=dist.ReduceOp.MAX, group=self.group)
-            self.inner.run_sizes = sizes.tolist()
+                dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
+            self.inner.run_sizes = both[0].tolist()
+            self.inner.judge(run_separability(model, loss_fn, self.inner.run_sizes, both[1].tolist(),
+                                              lambda i: client_data(data[i], self.inner.dtype, self.inner.device)))
         elif hasattr(self.inner, "shard"):  # a population's batched inner: agrees on its pads (cohort_batched)
             self.inner.shard = (self.lo, n, self._agree_max)
         # the inner batched executor's first-layer path, recorded in the run's setup as one process records its
