@@ -35,7 +35,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-__all__ = ["RowFile"]
+__all__ = ["RowFile", "slot_runs"]
 
 PAGE = 4096  # O_DIRECT's alignment of offsets, lengths and buffers (a multiple of every block size up to it)
 PAD_SHARE = 16  # rows are padded to whole pages only where that adds at most 1/16 of a row (0: any row)
@@ -128,12 +128,8 @@ class RowFile:
         if self._read_fd is None or not slots.numel():
             return
         self.settle(slots)
-        s = torch.unique(slots)
-        starts = torch.nonzero(s.diff() != 1).flatten().add_(1).tolist()
-        for a, b in zip([0, *starts], [*starts, s.numel()]):
-            first = int(s[a])
-            os.posix_fadvise(self._read_fd, first * self.stride, (int(s[b - 1]) + 1 - first) * self.stride,
-                             os.POSIX_FADV_WILLNEED)
+        for _, first, n in slot_runs(torch.unique(slots), every=True):
+            os.posix_fadvise(self._read_fd, first * self.stride, n * self.stride, os.POSIX_FADV_WILLNEED)
 
     def _submit(self, piece: list, rows: torch.Tensor, count: int) -> None:
         self.settle()  # the staging buffer is free again
@@ -152,6 +148,21 @@ class RowFile:
         self._pending.thread = threading.Thread(target=_write, args=(self._fd, buffer, jobs, self._pending),
                                                 name="fedkernels-rows")
         self._pending.thread.start()
+
+
+def slot_runs(slots: torch.Tensor, every: bool = False) -> Optional[list]:
+    """``slots`` as runs of consecutive slots, ``(position, first slot, length)`` each, when there are
+    few (at most 1 + n / 8) or ``every``, else None: a slice copy per run does what index_copy_ /
+    index_select do, ~3x faster (11,000 rows of 992 bytes: 0.7 against 2.3 ms), and a cohort of new
+    rows with a few written before is a few runs (its new rows take consecutive slots)."""
+    n = slots.numel()
+    if n == 0:
+        return []
+    starts = torch.nonzero(slots.diff() != 1).flatten().add_(1)
+    if starts.numel() > n // 8 and not every:
+        return None
+    cuts = [0, *starts.tolist(), n]
+    return [(a, int(slots[a]), b - a) for a, b in zip(cuts, cuts[1:])]
 
 
 def _write(fd: int, buffer: memoryview, jobs: list, pending: _Pending) -> None:

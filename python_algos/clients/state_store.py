@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from . import state_log
-from .row_file import RowFile
+from .row_file import RowFile, slot_runs
 from .state_log import LogCut, LoggedRows
 
 __all__ = ["ClientStateStore", "StoredRows", "LoggedRows", "BACKENDS", "DTYPES", "read_ahead"]
@@ -99,12 +99,12 @@ class ClientStateStore:
     # -- reading and writing rows ---------------------------------------------------------
     def gather_(self, ids: Optional[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
         """``out[j] <- row ids[j]`` (all rows in order when ``ids`` is None): one index_select,
-        or a slice copy per run of consecutive slots when they are few (:func:`_runs`)."""
+        or a slice copy per run of consecutive slots when they are few (:func:`.row_file.slot_runs`)."""
         ids = self._checked_ids(ids, "ids")
         self._check_stack(out, ids.numel(), "out")
         slots = self._table.index_select(0, ids)
         self._settle(slots)
-        runs = _runs(slots)
+        runs = slot_runs(slots)
         if runs is None:
             return torch.index_select(self._block, 0, slots, out=out)
         for at, slot, n in runs:  # a streamed chunk, a cohort written together: one slice copy each
@@ -113,7 +113,7 @@ class ClientStateStore:
 
     def scatter_(self, ids: Optional[torch.Tensor], rows: torch.Tensor) -> None:
         """Row ``ids[j] <- rows[j]`` (``ids`` distinct; all rows when None): one index_copy_, or a
-        slice copy per run of consecutive slots (:func:`_runs`). Rows
+        slice copy per run of consecutive slots (:func:`.row_file.slot_runs`). Rows
         written for the first time get the next slots of the block (which grows first, so a
         failure leaves the store as it was)."""
         ids = self._checked_ids(ids, "ids")
@@ -128,7 +128,7 @@ class ClientStateStore:
             self._written += int(new.numel())
             slots = self._table.index_select(0, ids)
         direct = self._file is not None and self._file.direct
-        runs = _runs(slots, every=direct)
+        runs = slot_runs(slots, every=direct)
         if direct:  # staged and written by the file's thread
             self._file.write(runs, rows.to(device="cpu"))
         elif runs is None:
@@ -319,21 +319,6 @@ def read_ahead(stacks: Iterable, upcoming: Callable[[], Optional[torch.Tensor]])
     ids = upcoming() if stores else None
     for s in stores:
         s.prefetch(ids)
-
-
-def _runs(slots: torch.Tensor, every: bool = False) -> Optional[list]:
-    """``slots`` as runs of consecutive slots, ``(position, first slot, length)`` each, when there are
-    few (at most 1 + n / 8) or ``every``, else None: a slice copy per run does what index_copy_ /
-    index_select do, ~3x faster (11,000 rows of 992 bytes: 0.7 against 2.3 ms), and a cohort of new
-    rows with a few written before is a few runs (its new rows take consecutive slots)."""
-    n = slots.numel()
-    if n == 0:
-        return []
-    starts = torch.nonzero(slots.diff() != 1).flatten().add_(1)
-    if starts.numel() > n // 8 and not every:
-        return None
-    cuts = [0, *starts.tolist(), n]
-    return [(a, int(slots[a]), b - a) for a, b in zip(cuts, cuts[1:])]
 
 
 def _memory_file():
