@@ -16,8 +16,14 @@ from fedkernels import _C
 VARIANTS = _C.cpu_isa_variants().split(",")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (kind, step, p1, p2): every formula of csrc/math/prox.h, each regime of MCP and SCAD
+# (SCAD at step 2.0 is the small step near its regime edge: kScadSmallEdge, whose AVX-512 loop runs
+# 16-lane blocks of its own, csrc/cpu/lanes_avx512.h)
 PROX_CASES = [("l1", 0.3, 1.0, 0.0), ("elastic_net", 0.3, 1.0, 0.5), ("mcp", 0.3, 1.0, 3.0), ("mcp", 3.5, 1.0, 3.0),
-              ("scad", 0.3, 1.0, 3.7), ("scad", 3.0, 1.0, 3.7), ("box", 0.0, -0.5, 0.7), ("nonneg", 0.0, 0.0, 0.0)]
+              ("scad", 0.3, 1.0, 3.7), ("scad", 2.0, 1.0, 3.7), ("scad", 3.0, 1.0, 3.7), ("box", 0.0, -0.5, 0.7),
+              ("nonneg", 0.0, 0.0, 0.0)]
+
+
+SIGNALING_NAN = {torch.float32: 0x7F800001, torch.float64: 0x7FF0000000000001}
 
 
 def _bits(t):
@@ -26,13 +32,18 @@ def _bits(t):
 
 def _inputs(n, dtype, count, offset):
     """`count` buffers of n values starting `offset` elements into their allocation (0: aligned),
-    with values in every piece of every prox (and some exact thresholds, 0, +-inf, nan)."""
+    with values in every piece of every prox (and some exact thresholds, 0, +-inf, a quiet nan of
+    either sign and, in float32 and float64, a signaling one)."""
     gen = torch.Generator().manual_seed(n + offset)
     out = []
     for _ in range(count):
         v = torch.randn(n + offset, generator=gen, dtype=torch.float64) * 3
-        v[offset: offset + 8] = torch.tensor([0.0, -0.0, 0.3, -1.3, 3.7, float("inf"), -float("inf"), float("nan")])
-        out.append(v.to(dtype)[offset:])
+        v[offset: offset + 9] = torch.tensor([0.0, -0.0, 0.3, -1.3, 3.7, float("inf"), -float("inf"), float("nan"),
+                                              -float("nan")])
+        v = v.to(dtype)
+        if dtype in SIGNALING_NAN:  # quiet bit clear, payload 1: what any arithmetic turns into a quiet nan
+            v[offset + 9: offset + 10].view(_bits(v).dtype).fill_(SIGNALING_NAN[dtype])
+        out.append(v[offset:])
     return out
 
 

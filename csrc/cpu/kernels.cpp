@@ -18,6 +18,9 @@
 #include "../dispatch.h"
 #include "fp_env.h"
 #include "isa.h"
+#if defined(__AVX512DQ__)
+#include "lanes_avx512.h"
+#endif
 
 namespace fk {
 namespace FK_CPU_ISA {
@@ -117,6 +120,37 @@ inline void simd_range(const Op& op, int64_t r, int64_t begin, int64_t end) {
   }
 }
 
+// Ops whose formula is written for a lane type (prox.h, scad_small_edge) and run here on blocks of
+// 16-lane vectors: one instruction the compiler does not derive from the scalar body (vrangeps)
+// takes two of its loop's (a min and an OR). Only SCAD's small step near its regime edge, float32
+// storage: in cache (64 K values, 1 thread, AMD Zen 5) its compiled loop took 1.5x L1's time (3.0
+// against 1.95 us, the loops alone), the block loop 1.2-1.25x (2.35-2.5 us); every other prox runs
+// within 1.16x of L1 as compiled.
+template <class Op>
+struct Lanes16 : std::false_type {};
+#if defined(__AVX512DQ__)
+template <>
+struct Lanes16<ProxOp<float, kScadSmallEdge>> : std::true_type {};
+
+// Columns [begin, j) of row r in whole blocks of F32Block; returns j (the rest is the compiled loop's).
+inline int64_t lanes16_columns(const ProxOp<float, kScadSmallEdge>& op, int64_t r, int64_t begin, int64_t end) {
+  using Block = F32Block<8>;
+  const Block c0 = splat<8>(op.k.c0), lo0 = splat<8>(op.k.lo0), c2 = splat<8>(op.k.c2), lo2 = splat<8>(op.k.lo2),
+              c3 = splat<8>(op.k.c3), zero = splat<8>(op.k.zero), one = splat<8>(op.k.one);
+  const float* x = op.x.p + op.x.at(r, 0);
+  float* out = op.out.p + op.out.at(r, 0);
+  int64_t j = begin;
+  for (; j + Block::kValues <= end; j += Block::kValues)
+    store_block(out + j, scad_small_edge(load_block<8>(x + j), c0, lo0, c2, lo2, c3, zero, one));
+  return j;
+}
+#else
+template <class Op>
+inline int64_t lanes16_columns(const Op&, int64_t, int64_t begin, int64_t) {
+  return begin;
+}
+#endif
+
 // One row's columns [begin, end): blocks of two vectors (the inner loop's constant trip count is
 // unrolled completely, so each iteration of the block loop holds the body twice), then the rest.
 // A one-vector loop body is short enough that its speed depends on where the linker puts it
@@ -128,6 +162,7 @@ inline void simd_columns(const Op& op, int64_t r, int64_t begin, int64_t end) {
   constexpr int64_t lanes = Lanes > 0 ? Lanes : kVectorBytes / static_cast<int64_t>(sizeof(typename Op::T));
   constexpr int64_t block = 2 * lanes;
   int64_t j0 = begin;
+  if constexpr (Lanes16<Op>::value) j0 = lanes16_columns(op, r, begin, end);
   for (; j0 + block <= end; j0 += block) simd_range<Lanes>(op, r, j0, j0 + block);
   simd_range<Lanes>(op, r, j0, end);
 }

@@ -352,6 +352,40 @@ FK_HD float fk_imin(float x, float z) {
   return fk_from_int_bits(a < b ? a : b);
 }
 
+// |v|, and copysign(max(u0, min(mid, t)), v) for t = |v| and +0 <= u0 <= t (or all three t's NaN):
+// the lane-generic formula's last step (below). Here the min comes first, so that the compiler keeps
+// it a min (taken last, GCC merged it with the sign's OR into a compare and a blend: 2 more
+// instructions in AVX2); csrc/cpu/lanes_avx512.h takes the max first and then min(., t) and the sign
+// as one vrangeps. Both are the same value: with u0 <= t, max(u0, min(mid, t)) = min(max(u0, mid), t).
+// A NaN t gives mid's NaN (t's, made quiet by the subtractions) with v's sign, in both.
+FK_HD float fk_magnitude(float v) { return bits_to_float(float_to_bits(v) & 0x7fffffffu); }
+FK_HD float fk_max_cap_sign(float u0, float mid, float t, float v) {
+  return fk_bits_or(fk_imax(u0, t < mid ? t : mid), fk_sign_bit(v));
+}
+
+// kScadSmallEdge in float32: kScadSmall's map (see prox_elem) with both thresholds two-term. There
+// c3 = s / (a-1-s) has c3 a > 1 (up to unbounded as s -> a - 1), so t - a lam, which c3 multiplies,
+// must be exact to one rounding of the difference (a lam's own rounding times c3 would cost more than
+// an ulp of the result), and so must t - s lam near s lam (tests/test_prox_regime_edge.py holds every
+// result to 2 ulps). Written once for a lane type V: float (every CPU variant's compiled loops, the
+// device) and the AVX-512 variant's 16-lane vector, which its prox loop runs on whole vectors
+// (csrc/cpu/kernels.cpp, Lanes16), with the same bits.
+//   u0 = max(t - s lam, 0); mid = t + c3 (t - a lam); result max(u0, mid) capped at t, v's sign.
+// mid is below t up to a lam and above it past a lam, so the cap is the identity piece; u0 >= +0,
+// so the integer max (fk_imax: off the add pipes, which the four subtractions take) is the max of
+// the values. In 16 lanes the cap and the sign are one vrangeps (the smaller magnitude of v and r,
+// with v's sign): 9 vector instructions a vector (and, 4 sub, 2 integer max, fma, range) against the
+// compiled loop's 10 (its cap is a min, its sign an OR). One subtraction is an FMA (fk_sub_m), so the
+// add pipes take 3 subtractions and the range. In cache (AMD Zen 5, 64 K values, 1 thread, the loops
+// alone) 2.35-2.5 against 3.0 us; L1's soft threshold 1.95 us.
+template <class V>
+FK_HD V scad_small_edge(V v, V c0, V lo0, V c2, V lo2, V c3, V zero, V one) {
+  const V t = fk_magnitude(v);
+  const V u0 = fk_imax(fk_sub_m(t - c0, lo0, one), zero);
+  const V mid = fk_fma(c3, (t - c2) - lo2, t);
+  return fk_max_cap_sign(u0, mid, t, v);
+}
+
 template <int IMPL, typename T>
 FK_HD T prox_elem(T v, const ProxCoef<T>& k) {
   if constexpr (IMPL == kIdentity) {
@@ -396,28 +430,18 @@ FK_HD T prox_elem(T v, const ProxCoef<T>& k) {
     // kScadSmall (c3 a <= 1, see plan_prox) takes one-term thresholds: t - s lam is the soft
     // threshold, as exact as L1's (one rounding of s lam, multiplied by no slope), and a lam's
     // rounding costs less than an ulp of the result. kScadSmallEdge, in float32, keeps both
-    // two-term thresholds: there c3 is large, and t - s lam is exact to one rounding of the
-    // difference near s lam too (tests/test_prox_regime_edge.py). In float64 the lo terms are 0:
-    // float64 runs kScadSmall for both (impl_for). Error bounds: tests/test_prox_scad_small.py.
+    // two-term thresholds (scad_small_edge). In float64 the lo terms are 0: float64 runs kScadSmall
+    // for both (impl_for). Error bounds: tests/test_prox_scad_small.py.
     // Per vector (AVX-512, one-term): and, 2 sub, min, fma, 2 max, ternary-logic OR = 8 vector
-    // instructions against L1's 4 (and, compare, masked sub, ternary logic); the edge kernel 10.
+    // instructions against L1's 4 (and, compare, masked sub, ternary logic).
     // (Integer max/min in the one-term kernel measured no faster, the loop alone 2.37 against 2.32 us
     // per 64 K values: 8 instructions on 4 pipes either way.)
-    constexpr bool two_term = IMPL == kScadSmallEdge && sizeof(T) == sizeof(float);
-    const T sign = fk_sign_bit(v), t = fk_bits_xor(v, sign);
-    T u0, q;
-    if constexpr (two_term) {
-      // The four subtractions take the add pipes; the max/min with 0 and the max of the pieces are
-      // integer ones (fk_imax: the same values, +0 where the float max kept a -0), on any pipe: 10
-      // vector instructions, 4 of them on the add pipes (7 with float max/min: 1.55 x L1 in cache,
-      // now 1.4). u0 >= +0 after its max, so the integer max with mid is the max of their values.
-      u0 = fk_imax((t - k.c0) - k.lo0, k.zero);  // t - s lam
-      q = fk_imin((t - k.c2) - k.lo2, k.zero);   // t - a lam, identity above a lam
-      return fk_bits_or(fk_imax(u0, fk_fma(k.c3, q, t)), sign);
-    } else {
-      u0 = t - k.c0;
-      q = fk_sub_m(t, k.c2, k.one);  // on the multiply pipes: the add pipes take the max/min
+    if constexpr (IMPL == kScadSmallEdge && sizeof(T) == sizeof(float)) {
+      return scad_small_edge(v, k.c0, k.lo0, k.c2, k.lo2, k.c3, k.zero, k.one);
     }
+    const T sign = fk_sign_bit(v), t = fk_bits_xor(v, sign);
+    T u0 = t - k.c0;
+    T q = fk_sub_m(t, k.c2, k.one);  // on the multiply pipes: the add pipes take the max/min
     q = fk_min_keep_nan(q, k.zero);  // identity above a lam; NaN: q, mid and u0 are all NaN
     const T mid = fk_fma(k.c3, q, t);
     u0 = fk_max_keep_nan(u0, k.zero);
