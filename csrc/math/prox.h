@@ -379,7 +379,7 @@ FK_HD float fk_max_cap_sign(float u0, float mid, float t, float v) {
 // add pipes take 3 subtractions and the range. In cache (AMD Zen 5, 64 K values, 1 thread, the loops
 // alone) 2.35-2.5 against 3.0 us; L1's soft threshold 1.95 us.
 template <class V>
-FK_HD V scad_small_edge(V v, V c0, V lo0, V c2, V lo2, V c3, V zero, V one) {
+FK_HD auto scad_small_edge(V v, V c0, V lo0, V c2, V lo2, V c3, V zero, V one) {
   const V t = fk_magnitude(v);
   const V u0 = fk_imax(fk_sub_m(t - c0, lo0, one), zero);
   const V mid = fk_fma(c3, (t - c2) - lo2, t);
