@@ -120,33 +120,38 @@ inline void simd_range(const Op& op, int64_t r, int64_t begin, int64_t end) {
   }
 }
 
-// Ops whose formula is written for a lane type (prox.h, scad_small_edge) and run here on blocks of
-// 16-lane vectors: one instruction the compiler does not derive from the scalar body (vrangeps)
-// takes two of its loop's (a min and an OR). Only SCAD's small step near its regime edge, float32
-// storage: in cache (64 K values, 1 thread, AMD Zen 5) its compiled loop took 1.5x L1's time (3.0
-// against 1.95 us, the loops alone), the block loop 1.2-1.25x (2.35-2.5 us); every other prox runs
-// within 1.16x of L1 as compiled.
+// Ops whose formula is written for a lane type (prox.h, scad_small) and run here on blocks of
+// 512-bit vectors: one instruction the compiler does not derive from the scalar body (vrangeps)
+// takes two of its loop's (a min and an OR). SCAD's small step, float32 storage: in
+// cache (64 K values, 1 thread, AMD Zen 5) the compiled loop of its two-term form took 1.5x L1's
+// time (3.0 against 1.95 us, the loops alone), the block loop takes 1.2x (2.37 us); per call, the
+// one-term form 1.12-1.17x -> 1.01-1.03x, the two-term one 1.33-1.39x -> 1.17-1.19x.
 template <class Op>
-struct Lanes16 : std::false_type {};
+struct LaneBlocks : std::false_type {};
 #if defined(__AVX512DQ__)
 template <>
-struct Lanes16<ProxOp<float, kScadSmallEdge>> : std::true_type {};
+struct LaneBlocks<ProxOp<float, kScadSmall>> : std::true_type {};
+template <>
+struct LaneBlocks<ProxOp<float, kScadSmallEdge>> : std::true_type {};
 
-// Columns [begin, j) of row r in whole blocks of F32Block; returns j (the rest is the compiled loop's).
-inline int64_t lanes16_columns(const ProxOp<float, kScadSmallEdge>& op, int64_t r, int64_t begin, int64_t end) {
-  using Block = F32Block<8>;
-  const Block c0 = splat<8>(op.k.c0), lo0 = splat<8>(op.k.lo0), c2 = splat<8>(op.k.c2), lo2 = splat<8>(op.k.lo2),
-              c3 = splat<8>(op.k.c3), zero = splat<8>(op.k.zero), one = splat<8>(op.k.one);
-  const float* x = op.x.p + op.x.at(r, 0);
-  float* out = op.out.p + op.out.at(r, 0);
+// Columns [begin, j) of row r in whole blocks; returns j (the rest is the compiled loop's).
+template <typename S, int IMPL>
+inline int64_t block_columns(const ProxOp<S, IMPL>& op, int64_t r, int64_t begin, int64_t end) {
+  constexpr int N = 8;
+  using B = Block<S, N>;
+  const B c0 = splat_block<S, N>(op.k.c0), lo0 = splat_block<S, N>(op.k.lo0), c2 = splat_block<S, N>(op.k.c2),
+          lo2 = splat_block<S, N>(op.k.lo2), c3 = splat_block<S, N>(op.k.c3), zero = splat_block<S, N>(op.k.zero),
+          one = splat_block<S, N>(op.k.one);
+  const S* x = op.x.p + op.x.at(r, 0);
+  S* out = op.out.p + op.out.at(r, 0);
   int64_t j = begin;
-  for (; j + Block::kValues <= end; j += Block::kValues)
-    store_block(out + j, scad_small_edge(load_block<8>(x + j), c0, lo0, c2, lo2, c3, zero, one));
+  for (; j + B::kValues <= end; j += B::kValues)
+    store_block(out + j, scad_small<IMPL == kScadSmallEdge>(load_block<S, N>(x + j), c0, lo0, c2, lo2, c3, zero, one));
   return j;
 }
 #else
 template <class Op>
-inline int64_t lanes16_columns(const Op&, int64_t, int64_t begin, int64_t) {
+inline int64_t block_columns(const Op&, int64_t, int64_t begin, int64_t) {
   return begin;
 }
 #endif
@@ -162,7 +167,7 @@ inline void simd_columns(const Op& op, int64_t r, int64_t begin, int64_t end) {
   constexpr int64_t lanes = Lanes > 0 ? Lanes : kVectorBytes / static_cast<int64_t>(sizeof(typename Op::T));
   constexpr int64_t block = 2 * lanes;
   int64_t j0 = begin;
-  if constexpr (Lanes16<Op>::value) j0 = lanes16_columns(op, r, begin, end);
+  if constexpr (LaneBlocks<Op>::value) j0 = block_columns(op, r, begin, end);
   for (; j0 + block <= end; j0 += block) simd_range<Lanes>(op, r, j0, j0 + block);
   simd_range<Lanes>(op, r, j0, end);
 }

@@ -13,10 +13,11 @@
 //      In cache these loops are bound by the vector pipes, not by memory: a subtraction can run
 //      as an FMA with a factor of 1 (same bits, fk_sub_m) on the multiply pipes while the add
 //      pipes take the compares and max/min, and the sign goes back with one OR where the result
-//      is >= +0. In-cache time over L1's (64 K values, 1 thread, AVX-512, AMD EPYC Zen 5, kernel
-//      only): SCAD 2.3 -> 1.2 (small step, c3 a <= 1: one-term thresholds and one FMA; 1.4 with
-//      two-term ones and integer max/min, fk_imax) and 1.8 -> 1.1 (large), MCP 1.4 -> 1.1 (firm)
-//      and 1.0 (hard), in float32 and float64 alike (docs/performance.md, "MCP and SCAD in cache").
+//      is >= +0. SCAD's small step is written once for a lane type (scad_small), so that the
+//      AVX-512 variant runs it on blocks of vectors whose cap and sign are one vrangeps. In-cache
+//      time over L1's per call (64 K values, 1 thread, AVX-512, AMD EPYC Zen 5): SCAD small step
+//      1.0 (float32; float64 1.15), near its regime edge (two-term thresholds, float32) 1.2, large
+//      step 1.1; MCP 1.1 (firm) and 1.0 (hard) (docs/performance.md, "MCP and SCAD in cache").
 //
 // Regimes (all exact, checked against brute-force 1-D minimisation in tests/test_prox_bruteforce.py):
 //   MCP(lam, gamma),  s <  gamma : firm threshold                    (kMcpFirm)
@@ -310,7 +311,7 @@ FK_HD T fk_min_keep_nan(T x, T z) { return z < x ? z : x; }
 // sign bit) this is copysign(r, v) in one OR. Bit operations, so the compiler cannot re-derive the
 // result from the loaded v (it turned copysign(|v|, v) into a second, masked load of v). A -0 r (only
 // from a tiny negative difference flushed to zero under FTZ) keeps its sign bit, in every variant alike
-// (kScadSmallEdge's integer max gives +0 there).
+// (SCAD's small step's integer max gives +0 there).
 FK_HD float fk_bits_or(float a, float b) { return bits_to_float(float_to_bits(a) | float_to_bits(b)); }
 FK_HD float fk_bits_xor(float a, float b) { return bits_to_float(float_to_bits(a) ^ float_to_bits(b)); }
 FK_HD float fk_sign_bit(float v) { return bits_to_float(float_to_bits(v) & 0x80000000u); }
@@ -347,43 +348,72 @@ FK_HD float fk_imax(float x, float z) {
   const int32_t a = fk_int_bits(x), b = fk_int_bits(z);
   return fk_from_int_bits(a > b ? a : b);
 }
+
 FK_HD float fk_imin(float x, float z) {
   const int32_t a = fk_int_bits(x), b = fk_int_bits(z);
   return fk_from_int_bits(a < b ? a : b);
 }
 
-// |v|, and copysign(max(u0, min(mid, t)), v) for t = |v| and +0 <= u0 <= t (or all three t's NaN):
-// the lane-generic formula's last step (below). Here the min comes first, so that the compiler keeps
-// it a min (taken last, GCC merged it with the sign's OR into a compare and a blend: 2 more
-// instructions in AVX2); csrc/cpu/lanes_avx512.h takes the max first and then min(., t) and the sign
-// as one vrangeps. Both are the same value: with u0 <= t, max(u0, min(mid, t)) = min(max(u0, mid), t).
-// A NaN t gives mid's NaN (t's, made quiet by the subtractions) with v's sign, in both.
+// The steps of scad_small below that differ by lane type. |v|; max(x, 0); mid's identity cap, either
+// on t - a lam (fk_cap_q: mid = t + c3 min(t - a lam, 0) is then <= t) or on the result; and
+// copysign(max(u0, mid) capped at t, v), for t = |v| and +0 <= u0 <= t (or all three t's NaN).
+// - float32 takes its max with 0 and of the pieces as integer max of the bit patterns (fk_imax, off
+//   the add pipes), and caps the result: max(u0, min(mid, t)), with the min first so that the compiler
+//   keeps it a min (taken last, GCC merged it with the sign's OR into a compare and a blend, 2 more
+//   instructions in AVX2). csrc/cpu/lanes_avx512.h takes the max first and then min(., t) and the
+//   sign as one vrangeps: with u0 <= t, max(u0, min(mid, t)) = min(max(u0, mid), t).
+// - float64 takes float max (AVX2 has no 64-bit integer max: 2 instructions) and caps t - a lam
+//   (its min with t was a compare and a masked AND in AVX-512, 1.32 x L1 in cache against 1.16).
+// The same values in every form; an integer max gives +0 where a float max keeps a -0 (a tiny
+// negative t - s lam flushed to zero under FTZ). A NaN t gives its NaN, made quiet by the
+// subtractions, with v's sign.
 FK_HD float fk_magnitude(float v) { return bits_to_float(float_to_bits(v) & 0x7fffffffu); }
+FK_HD double fk_magnitude(double v) { return bits_to_double(double_to_bits(v) & 0x7fffffffffffffffull); }
+FK_HD float fk_max0(float x, float zero) { return fk_imax(x, zero); }
+FK_HD double fk_max0(double x, double zero) { return fk_max_keep_nan(x, zero); }
+FK_HD float fk_cap_q(float q, float /*zero*/) { return q; }
+FK_HD double fk_cap_q(double q, double zero) { return fk_min_keep_nan(q, zero); }
 FK_HD float fk_max_cap_sign(float u0, float mid, float t, float v) {
   return fk_bits_or(fk_imax(u0, t < mid ? t : mid), fk_sign_bit(v));
 }
+FK_HD double fk_max_cap_sign(double u0, double mid, double /*t*/, double v) {
+  return fk_bits_or(fk_max_keep_nan(u0, mid), fk_sign_bit(v));
+}
 
-// kScadSmallEdge in float32: kScadSmall's map (see prox_elem) with both thresholds two-term. There
-// c3 = s / (a-1-s) has c3 a > 1 (up to unbounded as s -> a - 1), so t - a lam, which c3 multiplies,
-// must be exact to one rounding of the difference (a lam's own rounding times c3 would cost more than
-// an ulp of the result), and so must t - s lam near s lam (tests/test_prox_regime_edge.py holds every
-// result to 2 ulps). Written once for a lane type V: float (every CPU variant's compiled loops, the
-// device) and the AVX-512 variant's 16-lane vector, which its prox loop runs on whole vectors
-// (csrc/cpu/kernels.cpp, Lanes16), with the same bits.
-//   u0 = max(t - s lam, 0); mid = t + c3 (t - a lam); result max(u0, mid) capped at t, v's sign.
-// mid is below t up to a lam and above it past a lam, so the cap is the identity piece; u0 >= +0,
-// so the integer max (fk_imax: off the add pipes, which the four subtractions take) is the max of
-// the values. In 16 lanes the cap and the sign are one vrangeps (the smaller magnitude of v and r,
-// with v's sign): 9 vector instructions a vector (and, 4 sub, 2 integer max, fma, range) against the
-// compiled loop's 10 (its cap is a min, its sign an OR). One subtraction is an FMA (fk_sub_m), so the
-// add pipes take 3 subtractions and the range. In cache (AMD Zen 5, 64 K values, 1 thread, the loops
-// alone) 2.35-2.5 against 3.0 us; L1's soft threshold 1.95 us.
-template <class V>
-FK_HD auto scad_small_edge(V v, V c0, V lo0, V c2, V lo2, V c3, V zero, V one) {
+// SCAD's small step (s < a - 1), for a lane type V: float or double (every CPU variant's compiled
+// loops, the device) and, in float32, the AVX-512 variant's blocks of 16-lane vectors, which its prox
+// loop runs on whole blocks (csrc/cpu/kernels.cpp, LaneBlocks), with the same bits.
+// Pieces: 0 (t <= s lam), t - s lam (t <= (1+s) lam), t - c3 (a lam - t) (t <= a lam), t. The map is
+// continuous and convex-then-linear: the steeper third piece mid = t + c3 (t - a lam) (slope 1 + c3)
+// meets the second at (1+s) lam, lies below it before and above it after, and lies below t up to
+// a lam and above it past a lam, so the result is max(t - s lam, 0, mid) capped at t, with no
+// boundary tests; the product and the sum are one FMA (fk_fma: same bits in every variant and on
+// the device). In AVX-512 blocks the cap and v's sign are one vrangeps (the smaller magnitude of v
+// and r, with v's sign).
+// TwoTerm (kScadSmallEdge in float32: c3 = s / (a-1-s) has c3 a > 1, up to unbounded as s -> a - 1):
+// t - a lam, which c3 multiplies, must be exact to one rounding of the difference (a lam's own
+// rounding times c3 would cost more than an ulp of the result), and so must t - s lam near s lam
+// (tests/test_prox_regime_edge.py holds every result to 2 ulps): both thresholds are two-term. Else
+// (kScadSmall, c3 a <= 1, see plan_prox; float64 always: its lo terms are 0) one rounding of a lam
+// costs less than an ulp of the result and t - s lam is L1's own soft threshold. Error bounds:
+// tests/test_prox_scad_small.py. One subtraction of each is an FMA (fk_sub_m) on the multiply pipes.
+// Per AVX-512 vector: two-term 9 instructions (and, 4 sub, 2 integer max, fma, range), one-term 7,
+// against the compiled loops' 10 and 8 (their cap is a min, their sign an OR) and L1's 4. In cache
+// (AMD Zen 5, 64 K float32 values, 1 thread, the loops alone) the two-term block loop takes 2.37
+// against the compiled loop's 3.0 us; L1's soft threshold 1.95 us.
+template <bool TwoTerm, class V>
+FK_HD auto scad_small(V v, V c0, V lo0, V c2, V lo2, V c3, V zero, V one) {
   const V t = fk_magnitude(v);
-  const V u0 = fk_imax(fk_sub_m(t - c0, lo0, one), zero);
-  const V mid = fk_fma(c3, (t - c2) - lo2, t);
-  return fk_max_cap_sign(u0, mid, t, v);
+  V e0, e2;  // t - s lam, t - a lam
+  if constexpr (TwoTerm) {
+    e0 = fk_sub_m(t - c0, lo0, one);
+    e2 = (t - c2) - lo2;
+  } else {
+    (void)lo0, (void)lo2;
+    e0 = t - c0;
+    e2 = fk_sub_m(t, c2, one);
+  }
+  return fk_max_cap_sign(fk_max0(e0, zero), fk_fma(c3, fk_cap_q(e2, zero), t), t, v);
 }
 
 template <int IMPL, typename T>
@@ -421,31 +451,8 @@ FK_HD T prox_elem(T v, const ProxCoef<T>& k) {
     const T sign = fk_sign_bit(v), t = fk_bits_xor(v, sign);
     return fk_bits_or(t <= k.c4 ? T(0) : t, sign);
   } else if constexpr (IMPL == kScadSmall || IMPL == kScadSmallEdge) {
-    // Pieces: 0 (t <= s lam), t - s lam (t <= (1+s) lam), t - c3 (a lam - t) (t <= a lam), t.
-    // The map is continuous and convex-then-linear: the steeper third piece (slope 1 + c3) meets
-    // the second at (1+s) lam, lies below it before and above it after, so the result is
-    // max(t - s lam, 0, t + c3 min(t - a lam, 0)) with no boundary tests; the product and the
-    // sum are one FMA (fk_fma: same bits in every variant and on the device). Every result is
-    // >= +0 (or t's NaN), so OR-ing v's sign bit back is the copysign.
-    // kScadSmall (c3 a <= 1, see plan_prox) takes one-term thresholds: t - s lam is the soft
-    // threshold, as exact as L1's (one rounding of s lam, multiplied by no slope), and a lam's
-    // rounding costs less than an ulp of the result. kScadSmallEdge, in float32, keeps both
-    // two-term thresholds (scad_small_edge). In float64 the lo terms are 0: float64 runs kScadSmall
-    // for both (impl_for). Error bounds: tests/test_prox_scad_small.py.
-    // Per vector (AVX-512, one-term): and, 2 sub, min, fma, 2 max, ternary-logic OR = 8 vector
-    // instructions against L1's 4 (and, compare, masked sub, ternary logic).
-    // (Integer max/min in the one-term kernel measured no faster, the loop alone 2.37 against 2.32 us
-    // per 64 K values: 8 instructions on 4 pipes either way.)
-    if constexpr (IMPL == kScadSmallEdge && sizeof(T) == sizeof(float)) {
-      return scad_small_edge(v, k.c0, k.lo0, k.c2, k.lo2, k.c3, k.zero, k.one);
-    }
-    const T sign = fk_sign_bit(v), t = fk_bits_xor(v, sign);
-    T u0 = t - k.c0;
-    T q = fk_sub_m(t, k.c2, k.one);  // on the multiply pipes: the add pipes take the max/min
-    q = fk_min_keep_nan(q, k.zero);  // identity above a lam; NaN: q, mid and u0 are all NaN
-    const T mid = fk_fma(k.c3, q, t);
-    u0 = fk_max_keep_nan(u0, k.zero);
-    return fk_bits_or(fk_max_keep_nan(u0, mid), sign);
+    constexpr bool two_term = IMPL == kScadSmallEdge && sizeof(T) == sizeof(float);
+    return scad_small<two_term>(v, k.c0, k.lo0, k.c2, k.lo2, k.c3, k.zero, k.one);
   } else if constexpr (IMPL == kScadLarge) {
     // The candidates' objectives are compared once, on the host: t <= c4 (the tie point t*, the
     // largest T value whose x1 objective is at most x3's, see scad_large_tie) picks x1. Above it
