@@ -110,6 +110,22 @@ def test_za1_step_streaming_z_has_the_same_bits_in_every_variant_and_thread_coun
                     assert torch.equal(_bits(g), _bits(w)), (n, offset, isa, threads)
 
 
+@pytest.mark.parametrize("case", [c for c in PROX_CASES if c[0] in ("l1", "mcp", "scad")], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_prox_pass_from_dram_prefetches_and_keeps_the_same_bits_in_every_variant(case, dtype):
+    # over 4 MiB (csrc/cpu/kernels.cpp, kPrefetchMinBytes) a prox pass runs its prefetching loops,
+    # instantiations of their own; 1,200,003 values, offset 5: a tail, and no buffer on a cache line
+    kind, step, p1, p2 = case
+    op = (1, lambda b: fk.raw.prox_(b[0], kind, step, p1, p2))
+    n = 1_200_003
+    for offset in (0, 5):
+        want = _run(op, n, dtype, offset, "baseline", 1)
+        for isa in VARIANTS:
+            for threads in (1, 2):
+                got = _run(op, n, dtype, offset, isa, threads)
+                assert torch.equal(_bits(got[0]), _bits(want[0])), (case, offset, isa, threads)
+
+
 @pytest.mark.parametrize("cols", [0, 1, 63, 64, 65, 4096, 70_003, 5_844_756 * 2 + 1, 11_689_512])
 @pytest.mark.parametrize("threads", [1, 2, 3, 16])
 def test_each_threads_share_starts_on_a_cache_line_and_the_shares_tile_the_row(cols, threads):
