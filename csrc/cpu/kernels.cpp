@@ -136,13 +136,13 @@ struct PrefetchX : std::false_type {};
 template <typename S, int IMPL>
 struct PrefetchX<ProxOp<S, IMPL>> : std::true_type {};
 
-// Prefetches the lines of x's elements [j + ahead, j + ahead + n) of row r.
+// Prefetches the lines kPrefetchAhead bytes past x's elements [j, j + n) of row r (the address is
+// formed as an integer: near the end of x it lies past the buffer, where a pointer may not point).
 template <class Op>
 inline void prefetch_x(const Op& op, int64_t r, int64_t j, int64_t n) {
-  using S = std::remove_cv_t<std::remove_pointer_t<decltype(op.x.p)>>;
-  constexpr int64_t ahead = kPrefetchAhead / static_cast<int64_t>(sizeof(S));
-  const char* p = reinterpret_cast<const char*>(op.x.p + op.x.at(r, j) + ahead);
-  for (int64_t b = 0; b < n * static_cast<int64_t>(sizeof(S)); b += 64) __builtin_prefetch(p + b, 0, 3);
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(*op.x.p));
+  const uintptr_t at = reinterpret_cast<uintptr_t>(op.x.p + op.x.at(r, j)) + kPrefetchAhead;
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(reinterpret_cast<const void*>(at + b), 0, 3);
 }
 
 // Ops whose formula is written for a lane type (prox.h, scad_small) and run here on blocks of
