@@ -195,7 +195,7 @@ inline void simd_columns(const Op& op, int64_t r, int64_t begin, int64_t end) {
   constexpr int64_t block = 2 * lanes;
   int64_t j0 = begin;
   if constexpr (LaneBlocks<Op>::value) j0 = block_columns<Far>(op, r, begin, end);
-  if constexpr (Far && PrefetchX<Op>::value) {
+  if constexpr (Far) {
     for (; j0 + block <= end; j0 += block) {
       prefetch_x(op, r, j0, block);
       simd_range<Lanes>(op, r, j0, j0 + block);
@@ -246,10 +246,15 @@ void cpu_for_each(const Op& op, int64_t rows, int64_t cols) {
     const WorkerFpMode fp(fp_mode);
     const Op local = op;  // a private copy: its scalars cannot alias the buffers being written
     const ColumnShare share = cpu_column_share(cols, omp_get_thread_num(), omp_get_num_threads());
-    if (rows * cols * static_cast<int64_t>(sizeof(typename Op::T)) > kPrefetchMinBytes && PrefetchX<Op>::value) {
-      for (int64_t r = 0; r < rows; ++r) simd_columns<Lanes, true>(local, r, share.begin, share.end);
-    } else {
-      for (int64_t r = 0; r < rows; ++r) simd_columns<Lanes>(local, r, share.begin, share.end);
+    const bool far = rows * cols * static_cast<int64_t>(sizeof(typename Op::T)) > kPrefetchMinBytes;
+    for (int64_t r = 0; r < rows; ++r) {
+      if constexpr (PrefetchX<Op>::value) {  // only prox ops get a prefetching instantiation
+        if (far) {
+          simd_columns<Lanes, true>(local, r, share.begin, share.end);
+          continue;
+        }
+      }
+      simd_columns<Lanes>(local, r, share.begin, share.end);
     }
   }
 }

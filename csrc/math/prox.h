@@ -319,13 +319,13 @@ FK_HD double fk_bits_or(double a, double b) { return bits_to_double(double_to_bi
 FK_HD double fk_bits_xor(double a, double b) { return bits_to_double(double_to_bits(a) ^ double_to_bits(b)); }
 FK_HD double fk_sign_bit(double v) { return bits_to_double(double_to_bits(v) & 0x8000000000000000ull); }
 
-// max and min of two floats compared as signed 32-bit integers (their bit patterns): for x, z not
-// both negative this is the order of their values, with +0 above -0 and a NaN without its sign bit
-// above every number; so fk_imax(x, +0) is max(x, 0) with +0 (never -0) for x <= 0, and
-// fk_imin(x, +0) is min(x, 0). Integer operations: every variant and the device give the same bits
-// in every FP mode. One vpmaxsd / vpminsd in AVX2 and AVX-512, which AMD Zen 5 issues on any of its
-// four vector pipes (1 per cycle each), while a float max or min shares the two add pipes with the
-// subtractions. (The bits go through __builtin_bit_cast: through memcpy, GCC 12 compared and blended.)
+// max of two floats compared as signed 32-bit integers (their bit patterns): for x, z not both
+// negative this is the order of their values, with +0 above -0 and a NaN without its sign bit above
+// every number; so fk_imax(x, +0) is max(x, 0) with +0 (never -0) for x <= 0. Integer operations:
+// every variant and the device give the same bits in every FP mode. One vpmaxsd in AVX2 and AVX-512,
+// which AMD Zen 5 issues on any of its four vector pipes (1 per cycle each), while a float max or min
+// shares the two add pipes with the subtractions. (The bits go through __builtin_bit_cast: through
+// memcpy, GCC 12 compared and blended.)
 FK_HD int32_t fk_int_bits(float x) {
 #if defined(__CUDA_ARCH__)
   return __float_as_int(x);
@@ -349,14 +349,11 @@ FK_HD float fk_imax(float x, float z) {
   return fk_from_int_bits(a > b ? a : b);
 }
 
-FK_HD float fk_imin(float x, float z) {
-  const int32_t a = fk_int_bits(x), b = fk_int_bits(z);
-  return fk_from_int_bits(a < b ? a : b);
-}
-
-// The steps of scad_small below that differ by lane type. |v|; max(x, 0); mid's identity cap, either
-// on t - a lam (fk_cap_q: mid = t + c3 min(t - a lam, 0) is then <= t) or on the result; and
-// copysign(max(u0, mid) capped at t, v), for t = |v| and +0 <= u0 <= t (or all three t's NaN).
+// The steps of scad_small below that differ by lane type. |v| (as bits: with fk_abs, fabs, GCC
+// compiled float64's step in AVX-512 to 1.18-1.20 x L1 in cache instead of 1.13-1.14); max(x, 0);
+// mid's identity cap, either on t - a lam (fk_cap_q: mid = t + c3 min(t - a lam, 0) is then <= t)
+// or on the result; and copysign(max(u0, mid) capped at t, v), for t = |v| and +0 <= u0 <= t (or all
+// three t's NaN).
 // - float32 takes its max with 0 and of the pieces as integer max of the bit patterns (fk_imax, off
 //   the add pipes), and caps the result: max(u0, min(mid, t)), with the min first so that the compiler
 //   keeps it a min (taken last, GCC merged it with the sign's OR into a compare and a blend, 2 more
