@@ -9,6 +9,7 @@ with ``executor="sequential"`` in one process (the ground truth: only summation 
 
 from __future__ import annotations
 
+import glob
 import os
 import socket
 import time
@@ -42,6 +43,35 @@ def spawn_ranks(fn, world: int, *args, timeout: float = 300) -> None:
             for p in ctx.processes:
                 p.kill()
             pytest.fail(f"{world} ranks did not finish within {timeout} s")
+
+
+# torch's names for a process group's threads: gloo's workers and event loop, the TCPStore server on rank 0
+GROUP_THREADS = ("gloo", "tcpstore")
+
+
+def group_threads() -> list:
+    """This process's threads that belong to a torch.distributed group, by name ([] where /proc is missing)."""
+    names = []
+    for path in glob.glob("/proc/self/task/*/comm"):
+        try:
+            with open(path) as f:
+                names.append(f.read().strip())
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return sorted(n for n in names if any(k in n for k in GROUP_THREADS))
+
+
+def finish_released() -> None:
+    """A rank's normal end: ``launch.finish()``, then check that nothing of the group still runs. A group kept
+    alive past destroy_process_group (a reference left in the library, or one that torch.distributed.nn bound
+    as a default argument when torch._dynamo was imported after the group existed) keeps its threads until
+    interpreter teardown, where they abort the rank now and then (SIGABRT) after its results are written."""
+    from python_algos.experiments.launch import finish
+
+    finish(ok=True)
+    left = group_threads()
+    if left:
+        raise AssertionError(f"the process group's threads still run after finish(): {left}")
 
 
 def problem(seed: int = 0):
@@ -115,7 +145,7 @@ def rank_main(rank: int, world: int, port: int, out_dir: str, names: list, inner
     except BaseException:
         finish(ok=False)
         raise
-    finish(ok=True)
+    finish_released()
 
 
 def rank_error_main(rank: int, world: int, port: int, out_dir: str, kind: str) -> None:
@@ -152,7 +182,6 @@ def rank_auto_main(rank: int, world: int, port: int, out_dir: str, n: int) -> No
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     import python_algos as pa
-    from python_algos.experiments.launch import finish
 
     g = torch.Generator().manual_seed(0)
     data = [(torch.randn(4, 3, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)]
@@ -160,7 +189,7 @@ def rank_auto_main(rank: int, world: int, port: int, out_dir: str, n: int) -> No
     cs = pa.DistributedClients(nn.Linear(3, 2), loss, data, inner="auto")
     with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
         f.write(cs.inner_executor)
-    finish()
+    finish_released()
 
 
 # --- reductions of client rows (metric code reading a client stack) --------------------------------
@@ -230,18 +259,30 @@ def rows_results(cs) -> dict:
     return out
 
 
+def rank_cli_main(rank: int, world: int, port: int, out_dir: str, argv: list) -> None:
+    """The command line on this rank, as torchrun starts it; records its exit code and the group's threads left
+    when it returned (its last step is launch.finish())."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    from python_algos.experiments.cli.commands import main
+
+    code = main([*argv, "--out", os.path.join(out_dir, "run")])
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(f"{code} {group_threads()}")
+
+
 def rank_rows_main(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     import python_algos as pa
-    from python_algos.experiments.launch import finish
 
     cs = pa.DistributedClients(model(), loss, problem(), inner="sequential")
     out = rows_results(cs)
     out["objective"] = objective(cs)
     torch.save(out, os.path.join(out_dir, f"rows.rank{rank}.pt"))
-    finish()
+    finish_released()
 
 
 def objective(cs):

@@ -153,6 +153,15 @@ def test_inner_auto_chooses_as_one_process_with_every_client_would(tmp_path):
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)] == [one.executor] * 2 == ["batched"] * 2
 
 
+@pytest.mark.processes
+def test_a_cli_run_leaves_no_thread_of_the_group_on_any_rank(tmp_path):
+    """The command line's run on 2 ranks with the batched executor inside (torch.func, which imports
+    torch._dynamo after the group exists): when ``main`` returns, no thread of the group still runs."""
+    argv = [a if a != "sequential" else "batched" for a in CLI]
+    _spawn(C.rank_cli_main, 2, str(tmp_path), argv, timeout=240)
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)] == ["0 []"] * 2
+
+
 def test_unsupported_inner_executor_is_rejected():
     import python_algos as pa
 

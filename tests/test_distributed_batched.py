@@ -105,7 +105,7 @@ def rank_main(rank: int, world: int, port: int, out_dir: str, names: list) -> No
     except BaseException:
         finish(ok=False)
         raise
-    finish(ok=True)
+    _dist_cases.finish_released()
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,7 +179,6 @@ def rank_objective_main(rank: int, world: int, port: int, out_dir: str, names: l
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from python_algos.clients.distributed import DistributedClients
-    from python_algos.experiments.launch import finish
 
     out = {}
     for dt, dtype in DTYPES.items():
@@ -191,7 +190,7 @@ def rank_objective_main(rank: int, world: int, port: int, out_dir: str, names: l
         rows = _stack(dtype, cs.dim)[cs.lo : cs.hi]
         out[f"sum_rows-{dt}"] = cs.report(SumRows(), _dist_cases.RowsState(rows), None)
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
-    finish(ok=True)
+    _dist_cases.finish_released()
 
 
 class SumRows:

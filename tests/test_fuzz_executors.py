@@ -33,6 +33,7 @@ import time
 import warnings
 from typing import Callable, Optional
 
+import _dist_cases
 import numpy as np
 import pytest
 import torch
@@ -432,7 +433,6 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str, seeds: list) -> N
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     from python_algos.clients import DistributedClients
-    from python_algos.experiments.launch import finish
 
     out = {}
     for seed in seeds:
@@ -452,7 +452,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str, seeds: list) -> N
             g = torch.empty_like(x0)
             out[(seed, inner)] = (cs.lo, X, cs.full_objective_(x0, g), g)
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
-    finish(ok=True)
+    _dist_cases.finish_released()
 
 
 @pytest.mark.processes

@@ -139,7 +139,9 @@ class DistributedClients(ClientSet):
             raise ValueError(f"inner (the executor of each rank's clients) must be one of {names}, got {inner!r}")
         first = next(iter(model.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
-        self.group = process_group.ensure_group(device, timeout)
+        # the collectives below use the default group without holding it: a reference kept here would keep its gloo
+        # threads and store server alive past destroy_process_group (see process_group._unbind_world_defaults)
+        process_group.ensure_group(device, timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         n = len(data)
         self.num_clients = n
@@ -174,7 +176,7 @@ class DistributedClients(ClientSet):
         if hasattr(self.inner, "longest_client"):  # a batched inner pads batches up to the run's longest client
             longest = torch.tensor([self.inner.longest_client()], device=self._collective_device(device))
             if self.world_size > 1:
-                dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self.group)
+                dist.all_reduce(longest, op=dist.ReduceOp.MAX)
             self.inner.pad_to = int(longest)  # as one process does: not its shard's, which would change the bits
             # every client's size, to lay a pass out as one process's, and the clients that may decide the
             # loss's kind, so a rank pads batches as one process over every client (run_kind: the few clients it
@@ -184,7 +186,7 @@ class DistributedClients(ClientSet):
             both[1, self.lo : self.hi] = torch.tensor(candidates(self.inner.labels(), loss_fn),
                                                       device=longest.device)
             if self.world_size > 1:
-                dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
+                dist.all_reduce(both, op=dist.ReduceOp.MAX)
             self.inner.run_sizes = both[0].tolist()
             self.inner.judge(run_separability(model, loss_fn, self.inner.run_sizes, both[1].tolist(),
                                               lambda i: client_data(data[i], self.inner.dtype, self.inner.device)))
@@ -261,7 +263,7 @@ class DistributedClients(ClientSet):
         sums = block_sums(S[head : head + whole]) if whole else None  # RowSum.add_'s, before anything arrives
         buf = torch.empty(2 * d + 1, dtype=S.dtype, device=S.device) if self.world_size > 1 else None  # state()
         if self.rank > 0:
-            dist.recv(buf, src=self.rank - 1, group=self.group)
+            dist.recv(buf, src=self.rank - 1)
             self._count(0, buf, metric)
             acc.load(buf)
         acc.add_(S[:head])
@@ -272,10 +274,10 @@ class DistributedClients(ClientSet):
             return acc.sum()
         if self.rank < last:
             acc.state(buf)
-            dist.send(buf, dst=self.rank + 1, group=self.group)
+            dist.send(buf, dst=self.rank + 1)
             self._count(buf, 0, metric)
         out = acc.sum() if self.rank == last else torch.empty(d, dtype=S.dtype, device=S.device)
-        dist.broadcast(out, src=last, group=self.group)
+        dist.broadcast(out, src=last)
         if self.rank == last:
             self._count(out, 0, metric)
         else:
@@ -308,10 +310,10 @@ class DistributedClients(ClientSet):
             for q, send_idx, off, cnt in plan["ops"]:
                 if send_idx.numel():
                     buf = X.index_select(0, send_idx)
-                    ops.append(dist.P2POp(dist.isend, buf, q, group=self.group))
+                    ops.append(dist.P2POp(dist.isend, buf, q))
                     self.comm.sent_bytes += buf.numel() * self._itemsize
                 if cnt:
-                    ops.append(dist.P2POp(dist.irecv, got[off : off + cnt], q, group=self.group))
+                    ops.append(dist.P2POp(dist.irecv, got[off : off + cnt], q))
                     self.comm.recv_bytes += cnt * self.dim * self._itemsize
             for req in dist.batch_isend_irecv(ops):
                 req.wait()
@@ -403,7 +405,7 @@ class DistributedClients(ClientSet):
             self.inner.agree_pads()
         buf = torch.zeros(3 + 2 * d + 1 if batched else d + 1, dtype=torch.float64, device=self.device)
         if self.rank > 0:
-            dist.recv(buf, src=self.rank - 1, group=self.group)
+            dist.recv(buf, src=self.rank - 1)
             self.metric_bytes += buf.numel() * buf.element_size()
         if batched:
             sums = (RowSum(1, torch.float64, self.device), RowSum(d, self.dtype, self.device))  # losses, grads
@@ -423,13 +425,13 @@ class DistributedClients(ClientSet):
         if self.world_size == 1:
             return f
         if self.rank < last:
-            dist.send(buf, dst=self.rank + 1, group=self.group)
+            dist.send(buf, dst=self.rank + 1)
             self.metric_bytes += buf.numel() * buf.element_size()
         out = torch.empty(d + 1, dtype=torch.float64, device=self.device)
         if self.rank == last:
             out[:d].copy_(grad_out)
             out[d] = f
-        dist.broadcast(out, src=last, group=self.group)
+        dist.broadcast(out, src=last)
         self.metric_bytes += out.numel() * out.element_size()
         grad_out.copy_(out[:d])
         return float(out[d])
@@ -465,13 +467,13 @@ class DistributedClients(ClientSet):
         on the others): a metric's reduction over the clients (_reduce_over_clients)."""
         nbytes = rows.numel() * rows.element_size()
         if self.rank > 0:
-            dist.send(rows.contiguous(), dst=0, group=self.group)
+            dist.send(rows.contiguous(), dst=0)
             self.metric_bytes += nbytes
             return None
         full = torch.empty((self.num_clients, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
         full[: self.hi].copy_(rows)
         for q, (lo, hi) in enumerate(self.bounds[1:], start=1):
-            dist.recv(full[lo:hi], src=q, group=self.group)
+            dist.recv(full[lo:hi], src=q)
         self.metric_bytes += full.numel() * full.element_size() - nbytes
         return full
 
@@ -485,7 +487,7 @@ class DistributedClients(ClientSet):
             plain = rows.as_subclass(torch.Tensor)
             row = plain[i - self.lo].clone() if owner == self.rank else torch.empty_like(plain[0])
         if self.world_size > 1:
-            dist.broadcast(row, src=owner, group=self.group)
+            dist.broadcast(row, src=owner)
         self.metric_bytes += row.numel() * row.element_size()
         return row
 
@@ -496,7 +498,7 @@ class DistributedClients(ClientSet):
         """The element-wise maximum of ``t`` (int64, on the CPU) over the ranks."""
         if self.world_size > 1:
             out = t.to(self._collective_device(self.device))
-            dist.all_reduce(out, op=dist.ReduceOp.MAX, group=self.group)
+            dist.all_reduce(out, op=dist.ReduceOp.MAX)
             return out.cpu()
         return t
 
@@ -510,7 +512,7 @@ class DistributedClients(ClientSet):
             return
         digest = hashlib.sha1(x.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
         got = [None] * self.world_size
-        dist.all_gather_object(got, digest, group=self.group)
+        dist.all_gather_object(got, digest)
         if len(set(got)) != 1:
             raise RuntimeError(f"{what} differs between ranks ({', '.join(g[:8] for g in got)}): the replicated server "
                                f"state diverged (different devices or a nondeterministic kernel)")
@@ -650,7 +652,7 @@ def _reduce_over_clients(func, args, kwargs, ctx):
             full = cs._gather_rows(plain)
             if full is not None:
                 out = func(full, *args[1:], **kwargs)
-            dist.broadcast(out, src=0, group=cs.group)
+            dist.broadcast(out, src=0)
             cs.metric_bytes += out.numel() * out.element_size()
         return out
 

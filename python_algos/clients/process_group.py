@@ -58,6 +58,7 @@ def ensure_group(device: torch.device = torch.device("cpu"), timeout: Optional[f
     if not dist.is_available():
         raise RuntimeError("executor 'distributed' needs torch.distributed, which this torch build lacks")
     device = torch.device(device)
+    _unbind_world_defaults()
     if dist.is_initialized():
         backend = dist.get_backend()
         if device.type == "cpu" and backend == "nccl":
@@ -74,6 +75,28 @@ def ensure_group(device: torch.device = torch.device("cpu"), timeout: Optional[f
     else:  # a plain script: a group of one
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=td)
     return dist.group.WORLD
+
+
+def _unbind_world_defaults() -> None:
+    """Keep ``torch.distributed.nn.functional`` from holding the default group past its destruction.
+
+    That module's collectives take ``group=group.WORLD`` as a default argument, evaluated when it is first
+    imported; ``torch._dynamo`` imports it, and ``torch.func`` (the batched executor) imports ``torch._dynamo``
+    on first use. Imported after the group exists, the defaults keep the group alive past
+    ``destroy_process_group``: its gloo threads and TCPStore server then run until interpreter teardown,
+    where they can abort the process (SIGABRT, "terminate called without an active exception") after the
+    run has finished. Imported before the group exists, the defaults are None, which every collective
+    reads as the default group; a group made earlier (by the caller) is replaced by None in them."""
+    from types import FunctionType
+
+    import torch.distributed.nn.functional as functional
+
+    if not dist.is_initialized():
+        return
+    world = dist.group.WORLD
+    for f in vars(functional).values():
+        if isinstance(f, FunctionType) and f.__defaults__ and any(d is world for d in f.__defaults__):
+            f.__defaults__ = tuple(None if d is world else d for d in f.__defaults__)
 
 
 def _attempt_store(timeout: datetime.timedelta):
