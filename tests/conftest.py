@@ -1,4 +1,6 @@
 
+import signal
+
 import pytest
 import torch
 
@@ -11,6 +13,23 @@ ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _hangup_as_in_a_terminal(request):
+    """A test of what SIGHUP does (its id names SIGHUP) runs with SIGHUP's default action, as a command
+    started from a terminal has it. Under ``nohup`` the test process ignores SIGHUP and every command it
+    starts inherits that, and the library keeps an ignored SIGHUP ignored on purpose (runfolder/signals.py):
+    those tests would see no hang-up at all."""
+    hup = getattr(signal, "SIGHUP", None)
+    if hup is None or "SIGHUP" not in request.node.name or signal.getsignal(hup) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(hup, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(hup, signal.SIG_IGN)
 
 
 @pytest.fixture(scope="module")
