@@ -3,7 +3,7 @@
 ``launch.finish()`` (the end of every distributed command) ends with ``destroy_process_group``; the group's
 gloo threads and its TCPStore server must end there, not at interpreter teardown, where they now and then
 abort a rank that has already written its results (SIGABRT, "terminate called without an active
-exception": 2 of the last 3 CI runs lost one test to it). Two things kept the group alive:
+exception": a CI run and a rehearsal before it each lost one test to it). Two things kept the group alive:
 
 - ``DistributedClients`` held the group (``self.group``), so a script still holding its executor when it
   leaves kept the group;
