@@ -195,13 +195,10 @@ inline void simd_columns(const Op& op, int64_t r, int64_t begin, int64_t end) {
   constexpr int64_t block = 2 * lanes;
   int64_t j0 = begin;
   if constexpr (LaneBlocks<Op>::value) j0 = block_columns<Far>(op, r, begin, end);
-  if constexpr (Far) {
-    for (; j0 + block <= end; j0 += block) {
-      prefetch_x(op, r, j0, block);
-      simd_range<Lanes>(op, r, j0, j0 + block);
-    }
+  for (; j0 + block <= end; j0 += block) {
+    if constexpr (Far) prefetch_x(op, r, j0, block);
+    simd_range<Lanes>(op, r, j0, j0 + block);
   }
-  for (; j0 + block <= end; j0 += block) simd_range<Lanes>(op, r, j0, j0 + block);
   simd_range<Lanes>(op, r, j0, end);
 }
 
